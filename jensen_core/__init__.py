@@ -1,0 +1,31 @@
+"""jensen_core: quantized, bit-packed chunk KV cache with Jensen-bias-corrected attention.
+
+Pure torch (plus einops and safetensors); never imports ComfyUI. Paper: "Quantized Keys Steal
+Attention: Bias Correction for KV-Cache Compression in Video Diffusion".
+"""
+from .attention import CacheEntry, cached_attention
+from .bias import MODES, jensen_bias, log_sinhc
+from .cache import ChunkCache, window_bytes
+from .hadamard import fwht, rotate, unrotate
+from .packing import pack_codes, unpack_codes
+from .quant import QuantizedTensor, quantize
+from .spec import QuantSpec
+
+__all__ = [
+    "MODES",
+    "CacheEntry",
+    "ChunkCache",
+    "QuantSpec",
+    "QuantizedTensor",
+    "cached_attention",
+    "fwht",
+    "jensen_bias",
+    "log_sinhc",
+    "pack_codes",
+    "quantize",
+    "rotate",
+    "unpack_codes",
+    "unrotate",
+    "window_bytes",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,118 @@
+"""The Jensen bias b of quantized cached keys (paper Eqs. 12, 15, 22-23, 25), materialised.
+
+``jensen_bias`` returns the full ``(..., q_tokens, k_tokens)`` bias matrix: it is the reference for
+tests and diagnostics. Attention itself uses the low-rank fast path in :mod:`jensen_core.attention`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .hadamard import rotate
+from .quant import QuantizedTensor
+
+MODES = ("taylor", "exact", "per_channel", "none")
+_TABLE_MAX_VALUES = 1024  # distinct step sizes up to which the exact bias uses a lookup table
+_QUERY_BLOCK = 256
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"correction mode {mode!r} is not supported; use one of {MODES}")
+
+
+def log_sinhc(alpha: Tensor) -> Tensor:
+    """``log(sinh(a) / a)``, stable for every ``a`` (even in ``a``; 0 at ``a = 0``).
+
+    Small ``|a|``: the series ``a^2/6 - a^4/180 + a^6/2835``; otherwise
+    ``|a| + log1p(-exp(-2|a|)) - log 2 - log|a|``, which never overflows.
+    Evaluate in float64 where precision matters: the second form cancels for small ``|a|``.
+    """
+    a = alpha.abs()
+    small = a < 0.1
+    a2 = a * a
+    series = a2 / 6 - a2 * a2 / 180 + a2 * a2 * a2 / 2835
+    a_big = torch.where(small, torch.ones_like(a), a)
+    big = a_big + torch.log1p(-torch.exp(-2 * a_big)) - math.log(2.0) - torch.log(a_big)
+    return torch.where(small, series, big)
+
+
+def query_group_norms(q: Tensor, group_size: int) -> Tensor:
+    """nu: squared norm of each query group, float32, shape ``(..., q_tokens, head_dim // group_size)``."""
+    qf = q.to(torch.float32)
+    return qf.reshape(*q.shape[:-1], q.shape[-1] // group_size, group_size).square().sum(-1)
+
+
+def taylor_weights(step: Tensor, head_dim: int) -> Tensor:
+    """W = Delta^2 / (24 d): the key side of the rank-G Taylor bias ``b = nu @ W^T`` (Eq. 15)."""
+    return step.square() / (24.0 * head_dim)
+
+
+def _rotated_query(q: Tensor, k_quant: QuantizedTensor) -> Tensor:
+    if k_quant.spec.rotation == "hadamard":
+        return rotate(q.to(torch.float32), k_quant.spec.seed)
+    return q
+
+
+def _exact_bias(q: Tensor, step: Tensor, head_dim: int, group_size: int) -> Tensor:
+    """Eq. 12 with per-group steps. ``q`` (..., M, D), ``step`` (..., N, G) -> (..., M, N) float32.
+
+    Steps take few distinct values (FP8 E4M3 has 127 positive ones), so for each query and group
+    ``F(a) = sum_c log_sinhc(q_c * a)`` is tabulated at the distinct ``a = Delta / (2 sqrt d)`` and
+    gathered: O(M d V + M N G) instead of O(M N d). With many distinct steps it evaluates directly.
+    """
+    lead = q.shape[:-2]
+    M, N, G = q.shape[-2], step.shape[-2], step.shape[-1]
+    qg = q.to(torch.float64).reshape(*lead, M, G, group_size)
+    a = step.to(torch.float64) / (2.0 * math.sqrt(head_dim))
+    values, inverse = torch.unique(a, return_inverse=True)
+    out = torch.empty(*lead, M, N, dtype=torch.float32, device=q.device)
+    for m0 in range(0, M, _QUERY_BLOCK):
+        qb = qg[..., m0 : m0 + _QUERY_BLOCK, :, :]  # (..., mb, G, g)
+        if values.numel() <= _TABLE_MAX_VALUES:
+            # table (..., mb, G, V), then b[m, i] = sum_j table[m, j, inverse[i, j]]
+            table = log_sinhc(qb.unsqueeze(-1) * values).sum(-2)
+            mb = qb.shape[-3]
+            acc = torch.zeros(*lead, mb, N, dtype=torch.float64, device=q.device)
+            for j in range(G):
+                t_j = table[..., j, :]  # (..., mb, V)
+                idx = inverse[..., j].unsqueeze(-2).expand(*lead, mb, N)
+                acc += torch.gather(t_j, -1, idx)
+        else:
+            # direct: (..., mb, 1, G, g) * (..., 1, N, G, 1)
+            acc = log_sinhc(qb.unsqueeze(-4) * a.unsqueeze(-3).unsqueeze(-1)).sum((-1, -2))
+        out[..., m0 : m0 + _QUERY_BLOCK, :] = acc.to(torch.float32)
+    return out
+
+
+def jensen_bias(q: Tensor, k_quant: QuantizedTensor, mode: str = "taylor") -> Tensor:
+    """The bias ``b`` to subtract from the scores of quantized cached keys, float32, ``(..., M, N)``.
+
+    ``q`` is the query in the model's (unrotated) space, shape ``(..., M, head_dim)``; ``k_quant``
+    the quantized cached keys ``(..., N, head_dim)``. With a Hadamard-rotated cache the rotated
+    query's group norms are used (App. F).
+
+    modes: ``taylor`` (Eq. 15), ``exact`` (Eq. 12, numerically stable), ``per_channel`` (App. E:
+    one shared ``b`` per query from the token-averaged ``Delta^2`` of each group, Taylor form),
+    ``none`` (zeros).
+    """
+    check_mode(mode)
+    if q.shape[-1] != k_quant.head_dim:
+        raise ValueError(f"query head_dim {q.shape[-1]} does not match the keys' head_dim {k_quant.head_dim}")
+    d, g = k_quant.head_dim, k_quant.spec.group_size
+    lead = torch.broadcast_shapes(q.shape[:-2], k_quant.shape[:-2])
+    M, N = q.shape[-2], k_quant.tokens
+    if mode == "none":
+        return torch.zeros(*lead, M, N, dtype=torch.float32, device=q.device)
+    qr = _rotated_query(q, k_quant)
+    step = k_quant.step_sizes()
+    if mode == "exact":
+        return _exact_bias(qr, step, d, g)
+    nu = query_group_norms(qr, g)
+    w = taylor_weights(step, d)
+    if mode == "per_channel":
+        w_mean = w.mean(dim=-2, keepdim=True)  # (..., 1, G)
+        return (nu @ w_mean.transpose(-1, -2)).expand(*lead, M, N)
+    return nu @ w.transpose(-1, -2)

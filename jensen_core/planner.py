@@ -1,0 +1,125 @@
+"""Projected KV-cache size of a chunk-wise autoregressive video run, before anything runs.
+
+One source for the numbers the UI shows: the web extension asks the server, which calls
+:func:`plan_cache`. The byte counts are exact for the cache :class:`ChunkCache` keeps (packed
+codes + scales + zero-points per token and group).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .cache import window_bytes
+from .spec import QuantSpec
+
+# (layers, heads, head_dim) of models users run; head_dim 128 as ComfyUI's Wan detection sets it
+MODEL_PRESETS: dict[str, tuple[int, int, int]] = {
+    "wan2.1-1.3b": (30, 12, 128),
+    "wan2.1-14b": (40, 40, 128),
+}
+
+WAN_VAE_TIME_STRIDE = 4
+WAN_VAE_SPACE_STRIDE = 8
+WAN_PATCH = (1, 2, 2)
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    latent_frames: int
+    tokens_per_latent_frame: int
+    chunks: int
+    cached_chunks_peak: int
+    cached_tokens_peak: int
+    bf16_bytes: int
+    quantized_bytes: int
+    effective_bits_k: float
+    effective_bits_v: float
+    effective_bits: float
+    compression: float
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["warnings"] = list(self.warnings)
+        d["bf16_mib"] = self.bf16_bytes / 2**20
+        d["quantized_mib"] = self.quantized_bytes / 2**20
+        return d
+
+
+def wan_latent_shape(width: int, height: int, frames: int) -> tuple[int, int, int]:
+    """(latent frames, latent height, latent width) of a Wan 2.1 video."""
+    return (frames - 1) // WAN_VAE_TIME_STRIDE + 1, height // WAN_VAE_SPACE_STRIDE, width // WAN_VAE_SPACE_STRIDE
+
+
+def plan_cache(
+    *,
+    latent_frames: int,
+    latent_height: int,
+    latent_width: int,
+    chunk_frames: int,
+    window_chunks: int,
+    layers: int,
+    heads: int,
+    head_dim: int,
+    spec_k: QuantSpec | None,
+    spec_v: QuantSpec | None,
+    cfg_branches: int = 1,
+    batch: int = 1,
+) -> CachePlan:
+    """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
+
+    The last chunk is never written to the cache (nothing reads it), so the peak holds
+    ``min(window, chunks - 1)`` chunks. Problems that would make the run fail or behave
+    unexpectedly come back in ``warnings`` rather than as exceptions, for the UI to show.
+    """
+    for name, v in (("latent_frames", latent_frames), ("chunk_frames", chunk_frames), ("layers", layers),
+                    ("heads", heads), ("head_dim", head_dim), ("cfg_branches", cfg_branches), ("batch", batch)):
+        if v < 1:
+            raise ValueError(f"{name}={v} must be at least 1")
+    if window_chunks < 0:
+        raise ValueError(f"window_chunks={window_chunks} must be 0 (all) or positive")
+    warnings: list[str] = []
+    ph, pw = WAN_PATCH[1], WAN_PATCH[2]
+    tokens_per_frame = (latent_height // ph) * (latent_width // pw)
+    chunks = math.ceil(latent_frames / chunk_frames)
+    held = chunks - 1 if window_chunks == 0 else min(window_chunks, chunks - 1)
+    if window_chunks and window_chunks >= chunks:
+        warnings.append(
+            f"window of {window_chunks} chunks is not smaller than the video's {chunks} chunks: "
+            "every chunk stays cached (same as window 0)"
+        )
+    if latent_frames % chunk_frames:
+        warnings.append(
+            f"{latent_frames} latent frames do not split into chunks of {chunk_frames}: the last chunk has "
+            f"{latent_frames % chunk_frames} frame(s)"
+        )
+    for side, spec in (("key", spec_k), ("value", spec_v)):
+        if spec is None:
+            continue
+        try:
+            spec.check_head_dim(head_dim)
+        except ValueError as exc:
+            warnings.append(f"{side} cache: {exc}")
+    # tokens of each held chunk (the last chunk may be shorter, but it is never cached)
+    held_tokens = held * chunk_frames * tokens_per_frame
+    per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
+    valid = not any("does not divide" in w or "power-of-two" in w for w in warnings)
+    bf16 = 2 * per_side * 2
+    quant = window_bytes(spec_k, spec_v, per_side) if valid else bf16
+    ebk = spec_k.effective_bits if spec_k else 16.0
+    ebv = spec_v.effective_bits if spec_v else 16.0
+    eb = (ebk + ebv) / 2
+    return CachePlan(
+        latent_frames=latent_frames,
+        tokens_per_latent_frame=tokens_per_frame,
+        chunks=chunks,
+        cached_chunks_peak=held,
+        cached_tokens_peak=held_tokens,
+        bf16_bytes=bf16,
+        quantized_bytes=quant,
+        effective_bits_k=ebk,
+        effective_bits_v=ebv,
+        effective_bits=eb,
+        compression=16.0 / eb,
+        warnings=tuple(warnings),
+    )

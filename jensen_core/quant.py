@@ -1,0 +1,206 @@
+"""Group-wise per-token asymmetric RTN quantization with real bit-packing (paper Eq. 1).
+
+Storage per group: a step size ``delta`` (``scale_format``, FP8 E4M3 by default) and the grid
+origin ``m`` (``zero_format``, BF16 by default); a value is reconstructed as ``m + code * delta``.
+Storing the origin ``m = -z * delta`` is the same 16 bits as storing the integer zero-point ``z``.
+
+The metadata is chosen so that the stored grid always covers the group's ``[min, max]`` and the
+round-trip error is at most ``delta / 2`` for every element, with ``delta`` the *stored* step:
+
+1. ``m`` = the largest value of ``zero_format`` at or below the group minimum (rounded down, so
+   BF16 rounding of the zero-point can never push the grid above the minimum);
+2. ``delta`` = ``(max - m) / (2**bits - 1)`` rounded *up* to ``scale_format`` (an FP8 scale rounded
+   down would clip the top of the range; a tiny range rounds up to the smallest subnormal instead
+   of underflowing to 0); a constant group that ``m`` represents exactly gets ``delta = 0``;
+3. FP8 E4M3 saturates at 448: a tensor whose steps exceed it falls back to BF16 scales, logged.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .hadamard import rotate, unrotate
+from .packing import pack_codes, unpack_codes
+from .spec import FLOAT_FORMATS, QuantSpec
+
+logger = logging.getLogger("jensen_kv")
+
+FP8_MAX = 448.0
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32}
+
+
+def _step(c: Tensor, up: bool) -> Tensor:
+    """Move each value of a floating tensor one representable step toward +inf (up) or -inf."""
+    bits = c.view(_INT_VIEW[c.element_size()])
+    itype = bits.dtype
+    info = torch.iinfo(itype)
+    sign_bit = info.min  # 0x80.. as a signed integer
+    is_zero = (bits == 0) | (bits == sign_bit)
+    negative = bits < 0
+    one = torch.ones((), dtype=itype, device=c.device)
+    # sign-magnitude layout: for positives the integer grows with the value, for negatives it shrinks
+    if up:
+        moved = torch.where(negative, bits - one, bits + one)
+    else:
+        moved = torch.where(negative, bits + one, bits - one)
+    smallest = torch.full_like(bits, 1 if up else sign_bit + 1)
+    return torch.where(is_zero, smallest, moved).view(c.dtype)
+
+
+def round_to_format(v: Tensor, dtype: torch.dtype, up: bool) -> Tensor:
+    """Round float64 ``v`` to ``dtype``, toward +inf (``up``) or -inf, exactly (no double rounding)."""
+    c = v.to(dtype)
+    wrong = c.to(torch.float64) < v if up else c.to(torch.float64) > v
+    if bool(wrong.any()):
+        c = torch.where(wrong, _step(c, up), c)
+    return c
+
+
+@dataclass(eq=False)
+class QuantizedTensor:
+    """A packed, quantized tensor of shape ``(..., tokens, head_dim)``.
+
+    ``packed`` holds the codes bit-packed along ``head_dim``; ``scale`` and ``zero`` hold one step
+    size and grid origin per group, shape ``(..., tokens, head_dim // group_size)``. With
+    ``spec.rotation == "hadamard"`` the codes describe the *rotated* tensor.
+    """
+
+    packed: Tensor
+    scale: Tensor
+    zero: Tensor
+    spec: QuantSpec
+    shape: torch.Size
+    dtype: torch.dtype
+    scale_format: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape[-1]
+
+    @property
+    def tokens(self) -> int:
+        return self.shape[-2]
+
+    @property
+    def device(self) -> torch.device:
+        return self.packed.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes really stored: packed codes plus scales plus zero-points."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.zero))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def effective_bits(self) -> float:
+        return self.nbytes * 8 / self.numel
+
+    def step_sizes(self) -> Tensor:
+        """Stored step size per group, float32, shape ``(..., tokens, head_dim // group_size)``."""
+        return self.scale.to(torch.float32)
+
+    def codes(self) -> Tensor:
+        """The unpacked integer codes, uint8, shape ``(..., tokens, head_dim)``."""
+        return unpack_codes(self.packed, self.spec.bits, self.head_dim)
+
+    def dequantize(self, dtype: torch.dtype | None = None, rotated: bool = False, out: Tensor | None = None) -> Tensor:
+        """Reconstruct ``m + code * delta``.
+
+        ``rotated=True`` returns the tensor in the rotated space the codes live in (what attention
+        uses, with the query rotated too); the default un-rotates to the original space.
+        ``out`` (a view of shape ``(..., tokens, head_dim)``, e.g. a slice of a larger buffer) is
+        written in place, avoiding a temporary copy.
+        """
+        dtype = dtype or (out.dtype if out is not None else self.dtype)
+        g = self.spec.group_size
+        grouped = (*self.shape[:-1], self.head_dim // g, g)
+        codes = unpack_codes(self.packed, self.spec.bits, self.head_dim).view(grouped).to(dtype)
+        zero = self.zero.to(dtype).unsqueeze(-1)
+        scale = self.scale.to(dtype).unsqueeze(-1)
+        need_unrotate = self.spec.rotation == "hadamard" and not rotated
+        if out is not None and not need_unrotate:
+            torch.addcmul(zero, codes, scale, out=out.view(grouped))
+            return out
+        x = torch.addcmul(zero, codes, scale).view(self.shape)
+        if need_unrotate:
+            x = unrotate(x, self.spec.seed)
+        if out is not None:
+            out.copy_(x)
+            return out
+        return x
+
+
+def check_finite(name: str, x: Tensor) -> None:
+    if not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(
+            f"{name} contains {bad} NaN or Inf value(s); the model produced non-finite activations "
+            "(check the model dtype, e.g. fp16 overflow, and the inputs) - nothing was cached"
+        )
+
+
+def quantize(x: Tensor, spec: QuantSpec) -> QuantizedTensor:
+    """Quantize ``x`` of shape ``(..., tokens, head_dim)`` group-wise per token (paper Eq. 1)."""
+    if not isinstance(spec, QuantSpec):
+        raise TypeError(f"spec must be a QuantSpec, got {type(spec).__name__}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise ValueError(f"quantize expects a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
+    if x.dim() < 2:
+        raise ValueError(f"quantize expects (..., tokens, head_dim), got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
+    head_dim = x.shape[-1]
+    spec.check_head_dim(head_dim)
+    check_finite("tensor to quantize", x)
+
+    xf = x.to(torch.float32)
+    if spec.rotation == "hadamard":
+        xf = rotate(xf, spec.seed)
+    g = spec.group_size
+    G = head_dim // g
+    xg = xf.reshape(*x.shape[:-1], G, g)
+    mn, mx = torch.aminmax(xg, dim=-1)
+    mn64, mx64 = mn.to(torch.float64), mx.to(torch.float64)
+
+    zero_dtype = FLOAT_FORMATS[spec.zero_format][0]
+    zero = round_to_format(mn64, zero_dtype, up=False)
+    zero64 = zero.to(torch.float64)
+    if not bool(torch.isfinite(zero64).all()):
+        raise ValueError(
+            f"values down to {float(mn64.min()):.4g} do not fit zero_format {spec.zero_format!r}; "
+            "use zero_format 'bf16' or 'fp32'"
+        )
+    qmax = spec.levels - 1
+    need = (mx64 - zero64) / qmax
+
+    scale_format = spec.scale_format
+    if scale_format == "fp8_e4m3" and float(need.max()) > FP8_MAX:
+        logger.warning(
+            "jensen_kv: a step size of %.4g exceeds FP8 E4M3's maximum %.0f; storing this tensor's "
+            "scales as bf16 instead (range too large for fp8 scales at %d bits)",
+            float(need.max()), FP8_MAX, spec.bits,
+        )
+        scale_format = "bf16"
+    scale = round_to_format(need, FLOAT_FORMATS[scale_format][0], up=True)
+    scale32 = scale.to(torch.float32)
+    if not bool(torch.isfinite(scale32).all()) or not bool(torch.isfinite(zero + scale32 * qmax).all()):
+        raise ValueError(
+            f"the value range {float(mn64.min()):.4g}..{float(mx64.max()):.4g} is too large to quantize; "
+            "rescale the tensor or keep this cache in full precision"
+        )
+
+    zero32 = zero.to(torch.float32).unsqueeze(-1)
+    safe = torch.where(scale32 > 0, scale32, torch.ones_like(scale32)).unsqueeze(-1)
+    codes = torch.round((xg - zero32) / safe).clamp_(0, qmax)
+    codes = torch.where((scale32 > 0).unsqueeze(-1), codes, torch.zeros_like(codes))
+    packed = pack_codes(codes.to(torch.uint8).reshape(x.shape), spec.bits)
+    return QuantizedTensor(
+        packed=packed, scale=scale, zero=zero, spec=spec, shape=x.shape, dtype=x.dtype, scale_format=scale_format
+    )

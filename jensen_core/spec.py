@@ -1,0 +1,107 @@
+"""QuantSpec: the frozen, self-validating description of how a KV tensor is quantized."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SUPPORTED_BITS = (2, 3, 4, 8)
+ROTATIONS = ("none", "hadamard")
+
+# storage format name -> (torch dtype, bits per stored value)
+FLOAT_FORMATS: dict[str, tuple[torch.dtype, int]] = {
+    "fp8_e4m3": (torch.float8_e4m3fn, 8),
+    "bf16": (torch.bfloat16, 16),
+    "fp16": (torch.float16, 16),
+    "fp32": (torch.float32, 32),
+}
+ZERO_FORMATS = ("bf16", "fp16", "fp32")
+
+
+def _divisors_hint(head_dim: int) -> str:
+    ok = [g for g in (8, 16, 32, 64, 128, 256) if g <= head_dim and head_dim % g == 0]
+    if not ok:
+        return "head_dim must be a multiple of 8 to be quantized"
+    return "use " + ", ".join(str(g) for g in ok[:-1]) + (" or " if len(ok) > 1 else "") + str(ok[-1])
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How to quantize cached keys or values.
+
+    Group-wise, per-token, asymmetric round-to-nearest along ``head_dim`` (paper Eq. 1):
+    each token's ``head_dim`` channels are split into groups of ``group_size``; every group
+    stores a step size (``scale_format``) and a grid origin (``zero_format``).
+
+    ``rotation="hadamard"`` applies a seeded randomized Hadamard rotation (QuaRot) before
+    quantization; queries are rotated the same way at attention time.
+    """
+
+    bits: int = 2
+    group_size: int = 32
+    rotation: str = "none"
+    scale_format: str = "fp8_e4m3"
+    zero_format: str = "bf16"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or self.bits not in SUPPORTED_BITS:
+            raise ValueError(f"bits={self.bits!r} is not supported; use one of {SUPPORTED_BITS}")
+        g = self.group_size
+        if isinstance(g, bool) or not isinstance(g, int) or g < 8 or g > 256 or g & (g - 1):
+            raise ValueError(
+                f"group_size={g!r} is not supported; use a power of two from 8 to 256 "
+                "(8, 16, 32, 64, 128 or 256) that divides head_dim"
+            )
+        if self.rotation not in ROTATIONS:
+            raise ValueError(f"rotation={self.rotation!r} is not supported; use one of {ROTATIONS}")
+        if self.scale_format not in FLOAT_FORMATS:
+            raise ValueError(
+                f"scale_format={self.scale_format!r} is not supported; use one of {tuple(FLOAT_FORMATS)}"
+            )
+        if self.zero_format not in ZERO_FORMATS:
+            raise ValueError(f"zero_format={self.zero_format!r} is not supported; use one of {ZERO_FORMATS}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
+
+    @property
+    def levels(self) -> int:
+        return 2**self.bits
+
+    @property
+    def scale_bits(self) -> int:
+        return FLOAT_FORMATS[self.scale_format][1]
+
+    @property
+    def zero_bits(self) -> int:
+        return FLOAT_FORMATS[self.zero_format][1]
+
+    @property
+    def effective_bits(self) -> float:
+        """Stored bits per element: bits + (scale bits + zero bits) / group_size (paper Eq. 21)."""
+        return self.bits + (self.scale_bits + self.zero_bits) / self.group_size
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Raise a ValueError naming the fix when this spec cannot quantize ``head_dim`` channels."""
+        if head_dim % self.group_size:
+            raise ValueError(
+                f"group_size {self.group_size} does not divide head_dim {head_dim}; {_divisors_hint(head_dim)}"
+            )
+        if self.rotation == "hadamard" and head_dim & (head_dim - 1):
+            raise ValueError(
+                f"rotation='hadamard' needs a power-of-two head_dim, got {head_dim}; use rotation='none'"
+            )
+
+    def to_dict(self) -> dict:
+        return {
+            "bits": self.bits,
+            "group_size": self.group_size,
+            "rotation": self.rotation,
+            "scale_format": self.scale_format,
+            "zero_format": self.zero_format,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "QuantSpec":
+        return cls(**d)
