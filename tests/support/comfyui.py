@@ -1,0 +1,159 @@
+"""Finding a ComfyUI checkout and running a throwaway ComfyUI server for tests.
+
+ComfyUI is looked up, in order, through ``COMFYUI_PATH``, by walking up from the pack (a pack
+normally lives in ``ComfyUI/custom_nodes/<pack>``), and at ``/opt/ComfyUI``. Tests that need it
+skip with the reason when none is found.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PACK_ROOT = Path(__file__).resolve().parents[2]
+PACK_DIRNAME = "comfyui-jensen-kv"
+TEST_NODES_DIR = PACK_ROOT / "tests" / "comfy_test_nodes"
+
+
+def _is_comfyui(p: Path) -> bool:
+    return (p / "comfy" / "model_patcher.py").is_file() and (p / "main.py").is_file()
+
+
+def find_comfyui() -> Path | None:
+    env = os.environ.get("COMFYUI_PATH")
+    if env and _is_comfyui(Path(env)):
+        return Path(env).resolve()
+    for parent in PACK_ROOT.parents:
+        if _is_comfyui(parent):
+            return parent
+    if _is_comfyui(Path("/opt/ComfyUI")):
+        return Path("/opt/ComfyUI")
+    return None
+
+
+SKIP_REASON = (
+    "ComfyUI not found: set COMFYUI_PATH, install the pack under ComfyUI/custom_nodes/, "
+    "or put a checkout at /opt/ComfyUI (see README, 'Tests')"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_base_dir(base: Path, extra_custom_nodes: list[Path] = ()) -> Path:
+    """A ComfyUI base directory with this pack (and optional test-only packs) in custom_nodes."""
+    for sub in ("custom_nodes", "models/diffusion_models", "models/vae", "models/text_encoders", "input", "output", "temp", "user"):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    link = base / "custom_nodes" / PACK_DIRNAME
+    if not link.exists():
+        link.symlink_to(PACK_ROOT, target_is_directory=True)
+    for extra in extra_custom_nodes:
+        dst = base / "custom_nodes" / extra.name
+        if not dst.exists():
+            dst.symlink_to(extra.resolve(), target_is_directory=True)
+    return base
+
+
+class ComfyServer:
+    """A ComfyUI server process on a free loopback port; use as a context manager."""
+
+    def __init__(self, comfy_dir: Path, base_dir: Path, extra_args: list[str] = (), startup_timeout: float = 180.0):
+        self.comfy_dir = comfy_dir
+        self.base_dir = base_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = base_dir / "server.log"
+        self.extra_args = list(extra_args)
+        self.startup_timeout = startup_timeout
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "ComfyServer":
+        cmd = [
+            sys.executable, str(self.comfy_dir / "main.py"), "--cpu", "--listen", "127.0.0.1",
+            "--port", str(self.port), "--base-directory", str(self.base_dir), "--disable-auto-launch",
+            "--database-url", "sqlite:///:memory:", *self.extra_args,
+        ]
+        self._log = open(self.log_path, "w")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, cwd=self.comfy_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI exited with {self.proc.returncode} during start-up:\n{self.log_tail()}")
+            try:
+                self.get("/object_info/KSampler", timeout=5)
+                return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                time.sleep(0.5)
+        self.__exit__(None, None, None)
+        raise RuntimeError(f"ComfyUI did not answer within {self.startup_timeout:.0f} s:\n{self.log_tail()}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, 9)
+                self.proc.wait(timeout=10)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def log_tail(self, n: int = 80) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def get(self, path: str, timeout: float = 30):
+        with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            return json.loads(r.read() or b"null")
+
+    def post(self, path: str, payload: dict | None = None, timeout: float = 30):
+        data = json.dumps(payload or {}).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                body = r.read()
+                return r.status, json.loads(body) if body else None
+        except urllib.error.HTTPError as e:
+            body = e.read()
+            try:
+                return e.code, json.loads(body)
+            except ValueError:
+                return e.code, body.decode(errors="replace")
+
+    def wait_for_prompt(self, prompt_id: str, timeout: float = 600) -> dict:
+        """Poll /history until the prompt finishes; return its history entry."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            hist = self.get(f"/history/{prompt_id}")
+            if hist and prompt_id in hist and hist[prompt_id].get("status", {}).get("completed") is not None:
+                entry = hist[prompt_id]
+                if entry["status"].get("status_str") in ("success", "error") or entry["status"]["completed"]:
+                    return entry
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ComfyUI died while running the prompt:\n{self.log_tail()}")
+            time.sleep(0.5)
+        raise TimeoutError(f"prompt {prompt_id} did not finish in {timeout:.0f} s:\n{self.log_tail()}")
+
+
+def which_chromium() -> str | None:
+    for c in ("/usr/bin/chromium", "/usr/bin/chromium-browser", shutil.which("chromium") or ""):
+        if c and Path(c).is_file():
+            return c
+    return None
