@@ -26,14 +26,15 @@ def check_mode(mode: str) -> None:
 def log_sinhc(alpha: Tensor) -> Tensor:
     """``log(sinh(a) / a)``, stable for every ``a`` (even in ``a``; 0 at ``a = 0``).
 
-    Small ``|a|``: the series ``a^2/6 - a^4/180 + a^6/2835``; otherwise
+    Small ``|a|`` (< 0.1): the series ``a^2/6 - a^4/180 + a^6/2835 - a^8/37800``; otherwise
     ``|a| + log1p(-exp(-2|a|)) - log 2 - log|a|``, which never overflows.
     Evaluate in float64 where precision matters: the second form cancels for small ``|a|``.
     """
     a = alpha.abs()
     small = a < 0.1
     a2 = a * a
-    series = a2 / 6 - a2 * a2 / 180 + a2 * a2 * a2 / 2835
+    a4 = a2 * a2
+    series = a2 / 6 - a4 / 180 + a4 * a2 / 2835 - a4 * a4 / 37800
     a_big = torch.where(small, torch.ones_like(a), a)
     big = a_big + torch.log1p(-torch.exp(-2 * a_big)) - math.log(2.0) - torch.log(a_big)
     return torch.where(small, series, big)

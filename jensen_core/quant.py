@@ -102,6 +102,27 @@ class QuantizedTensor:
     def effective_bits(self) -> float:
         return self.nbytes * 8 / self.numel
 
+    def __getitem__(self, idx) -> "QuantizedTensor":
+        """Index the dimensions before ``head_dim`` (batch, heads, tokens); ``head_dim`` stays whole."""
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        if any(i is Ellipsis or i is None for i in idx) or len(idx) > len(self.shape) - 1:
+            raise IndexError("QuantizedTensor indexes only the dimensions before head_dim, without ... or None")
+        packed = self.packed[idx]
+        return QuantizedTensor(
+            packed=packed, scale=self.scale[idx], zero=self.zero[idx], spec=self.spec,
+            shape=torch.Size((*packed.shape[:-1], self.head_dim)), dtype=self.dtype, scale_format=self.scale_format,
+        )
+
+    def flatten_leading(self) -> "QuantizedTensor":
+        """View with the dimensions before (tokens, head_dim) flattened into one."""
+        lead = (-1, *self.shape[-2:-1])
+        return QuantizedTensor(
+            packed=self.packed.reshape(*lead, self.packed.shape[-1]), scale=self.scale.reshape(*lead, self.scale.shape[-1]),
+            zero=self.zero.reshape(*lead, self.zero.shape[-1]), spec=self.spec,
+            shape=torch.Size((math.prod(self.shape[:-2]), *self.shape[-2:])), dtype=self.dtype, scale_format=self.scale_format,
+        )
+
     def step_sizes(self) -> Tensor:
         """Stored step size per group, float32, shape ``(..., tokens, head_dim // group_size)``."""
         return self.scale.to(torch.float32)
@@ -203,4 +224,22 @@ def quantize(x: Tensor, spec: QuantSpec) -> QuantizedTensor:
     packed = pack_codes(codes.to(torch.uint8).reshape(x.shape), spec.bits)
     return QuantizedTensor(
         packed=packed, scale=scale, zero=zero, spec=spec, shape=x.shape, dtype=x.dtype, scale_format=scale_format
+    )
+
+
+def cat_quantized(parts: list[QuantizedTensor]) -> QuantizedTensor:
+    """Concatenate quantized tensors along the token axis (same spec and scale format)."""
+    if not parts:
+        raise ValueError("cat_quantized needs at least one tensor")
+    first = parts[0]
+    for p in parts[1:]:
+        if p.spec != first.spec or p.scale_format != first.scale_format or p.shape[:-2] != first.shape[:-2] or p.head_dim != first.head_dim:
+            raise ValueError("cat_quantized: tensors differ in spec, scale format or leading shape")
+    if len(parts) == 1:
+        return first
+    packed = torch.cat([p.packed for p in parts], dim=-2)
+    return QuantizedTensor(
+        packed=packed, scale=torch.cat([p.scale for p in parts], dim=-2), zero=torch.cat([p.zero for p in parts], dim=-2),
+        spec=first.spec, shape=torch.Size((*packed.shape[:-1], first.head_dim)), dtype=first.dtype,
+        scale_format=first.scale_format,
     )

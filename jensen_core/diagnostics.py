@@ -1,0 +1,108 @@
+"""Attention diagnostics: how much a quantized (and corrected) cache moves attention.
+
+For the current chunk's queries over [cached chunks, current chunk]:
+- ``delta_ps``: shift of the attention mass on the cached block, ``P_S_hat - P_S`` (paper Eq. 9),
+  per query; positive = cached keys steal attention from the current chunk;
+- ``jsd``: Jensen-Shannon divergence (nats) between the quantized and reference attention rows;
+- ``output_mse``: mean squared error of the attention output against the reference.
+The reference is full-precision (fp32) attention over the unquantized keys and values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .bias import check_mode, jensen_bias
+from .quant import QuantizedTensor
+
+
+@dataclass
+class ShiftStats:
+    """Per-query ``delta_ps`` and ``jsd`` (flattened over batch, heads, queries) and the output MSE."""
+
+    delta_ps: Tensor
+    jsd: Tensor
+    output_mse: float
+
+    @property
+    def median_delta_ps(self) -> float:
+        return float(self.delta_ps.median())
+
+    @property
+    def mean_jsd(self) -> float:
+        return float(self.jsd.mean())
+
+    def summary(self) -> dict:
+        d = self.delta_ps
+        return {
+            "median_delta_ps": float(d.median()),
+            "q25_delta_ps": float(d.quantile(0.25)) if d.numel() < 2**24 else float("nan"),
+            "q75_delta_ps": float(d.quantile(0.75)) if d.numel() < 2**24 else float("nan"),
+            "mean_jsd": self.mean_jsd,
+            "output_mse": self.output_mse,
+        }
+
+
+def _dequant(t: QuantizedTensor | Tensor) -> Tensor:
+    return t.dequantize(dtype=torch.float32) if isinstance(t, QuantizedTensor) else t.to(torch.float32)
+
+
+def attention_shift(
+    q: Tensor,
+    k_cached: Tensor,
+    v_cached: Tensor,
+    k_cur: Tensor,
+    v_cur: Tensor,
+    k_quant: QuantizedTensor | Tensor | None,
+    v_quant: QuantizedTensor | Tensor | None = None,
+    correction: str = "none",
+    strength: float = 1.0,
+    query_stride: int = 1,
+) -> ShiftStats:
+    """Compare attention over a quantized cache (optionally corrected) with the full-precision one.
+
+    ``q`` (..., M, d) are the current chunk's queries, ``k_cached``/``v_cached`` (..., N, d) the
+    unquantized cached keys/values (the reference), ``k_quant``/``v_quant`` their quantized forms
+    (``None`` = not quantized; a plain tensor = a lossy copy, e.g. BF16, that gets no correction), ``k_cur``/``v_cur`` the current chunk. ``query_stride`` evaluates
+    every n-th query only (diagnostics on long chunks). Materialises one (M, N) score matrix per
+    (batch, head): meant for sampled layers and heads, not for the sampling loop.
+    """
+    check_mode(correction)
+    if query_stride < 1:
+        raise ValueError(f"query_stride={query_stride} must be at least 1")
+    q = q[..., ::query_stride, :]
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d)
+    k_hat = _dequant(k_quant) if k_quant is not None else k_cached.to(torch.float32)
+    v_hat = _dequant(v_quant) if v_quant is not None else v_cached.to(torch.float32)
+    qf = q.to(torch.float32).reshape(-1, *q.shape[-2:])
+    flat = lambda t: t.to(torch.float32).reshape(-1, *t.shape[-2:])  # noqa: E731
+    kc, vc, kr, vr, kh, vh = map(flat, (k_cached, v_cached, k_cur, v_cur, k_hat, v_hat))
+    kq = k_quant.flatten_leading() if isinstance(k_quant, QuantizedTensor) and correction != "none" else None
+    n_cached = kc.shape[-2]
+    dps, jsd = [], []
+    sq_err, count = 0.0, 0
+    for i in range(qf.shape[0]):
+        qi = qf[i]
+        s_cur = (qi @ kr[i].T) * scale
+        p_ref = torch.softmax(torch.cat([(qi @ kc[i].T) * scale, s_cur], dim=-1), dim=-1)
+        s_hat = (qi @ kh[i].T) * scale
+        if kq is not None:
+            s_hat = s_hat - strength * jensen_bias(qi, kq[i], correction)
+        p_hat = torch.softmax(torch.cat([s_hat, s_cur], dim=-1), dim=-1)
+        dps.append(p_hat[:, :n_cached].sum(-1) - p_ref[:, :n_cached].sum(-1))
+        mid = 0.5 * (p_ref + p_hat)
+        jsd.append(0.5 * _kl(p_ref, mid) + 0.5 * _kl(p_hat, mid))
+        o_ref = p_ref[:, :n_cached] @ vc[i] + p_ref[:, n_cached:] @ vr[i]
+        o_hat = p_hat[:, :n_cached] @ vh[i] + p_hat[:, n_cached:] @ vr[i]
+        sq_err += float((o_hat - o_ref).square().sum())
+        count += o_ref.numel()
+    return ShiftStats(delta_ps=torch.cat(dps), jsd=torch.cat(jsd), output_mse=sq_err / max(count, 1))
+
+
+def _kl(a: Tensor, b: Tensor) -> Tensor:
+    """KL(a || b) along the last axis, in nats; 0 log 0 = 0."""
+    return torch.where(a > 0, a * (torch.log(a.clamp_min(1e-38)) - torch.log(b.clamp_min(1e-38))), torch.zeros_like(a)).sum(-1)

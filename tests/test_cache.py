@@ -1,0 +1,185 @@
+"""ChunkCache: append, eviction, bytes, persistence, and bad input that leaves it unchanged."""
+import pytest
+import torch
+
+from jensen_core import ChunkCache, QuantSpec, QuantizedTensor
+from jensen_core.planner import plan_cache
+
+
+def _chunk(seed, B=1, H=2, T=12, D=64, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(B, H, T, D, generator=g) * scale, torch.randn(B, H, T, D, generator=g)
+
+
+def _fill(cache, n, **kw):
+    chunks = [_chunk(i, **kw) for i in range(n)]
+    for k, v in chunks:
+        cache.append(k, v)
+    return chunks
+
+
+def test_sliding_window_evicts_oldest_whole_chunks_without_requantizing():
+    cache = ChunkCache(QuantSpec(), QuantSpec(bits=4), window_chunks=2)
+    _fill(cache, 2)
+    kept = cache.entries[1]
+    kept_packed = kept.k.packed.clone()
+    k3, v3 = _chunk(2)
+    cache.append(k3, v3)
+    assert cache.num_chunks == 2 and cache.chunks_evicted == 1
+    assert cache.entries[0] is kept and torch.equal(cache.entries[0].k.packed, kept_packed)
+    # the newest entry holds chunk 2, the oldest kept one chunk 1
+    assert (cache.entries[1].k.dequantize(torch.float32) - k3).abs().max() < 2.0
+    k1 = _chunk(1)[0]
+    assert (cache.entries[0].k.dequantize(torch.float32) - k1).abs().mean() < (cache.entries[0].k.dequantize(torch.float32) - k3).abs().mean()
+
+
+def test_bytes_bf16_bytes_and_effective_bits():
+    cache = ChunkCache(QuantSpec(bits=2, group_size=32), QuantSpec(bits=4, group_size=32))
+    _fill(cache, 3, T=10, D=128)
+    n = 3 * 1 * 2 * 10 * 128
+    groups = n // 32
+    assert cache.nbytes == (n * 2 // 8 + groups * 3) + (n * 4 // 8 + groups * 3)
+    assert cache.bf16_nbytes == 2 * n * 2
+    assert cache.effective_bits == pytest.approx((2.75 + 4.75) / 2)
+    full = ChunkCache(None, None)
+    _fill(full, 3, T=10, D=128)
+    assert full.nbytes == 2 * n * 4 and full.effective_bits == 32.0  # fp32 tensors kept as given
+
+
+def test_planner_matches_the_bytes_a_run_really_stores():
+    layers, branches, heads, D, T, chunks, window = 2, 2, 2, 64, 12, 5, 3
+    spec_k, spec_v = QuantSpec(bits=2, group_size=16), QuantSpec(bits=3, group_size=32)
+    caches = [ChunkCache(spec_k, spec_v, window_chunks=window) for _ in range(layers * branches)]
+    peak = 0
+    for c in range(chunks - 1):  # the last chunk is never written
+        for i, cache in enumerate(caches):
+            cache.append(*_chunk(100 * c + i, H=heads, T=T, D=D))
+        peak = max(peak, sum(cache.nbytes for cache in caches))
+    plan = plan_cache(latent_frames=chunks * 3, latent_height=2, latent_width=8, chunk_frames=3, window_chunks=window,
+                      layers=layers, heads=heads, head_dim=D, spec_k=spec_k, spec_v=spec_v, cfg_branches=branches)
+    assert T == 3 * plan.tokens_per_latent_frame
+    assert plan.quantized_bytes == peak
+    assert plan.bf16_bytes == sum(cache.bf16_nbytes for cache in caches)
+
+
+@pytest.mark.parametrize("spec_v", [QuantSpec(bits=4, rotation="hadamard", seed=2), None])
+def test_safetensors_round_trip_is_bit_identical(tmp_path, spec_v):
+    spec_k = QuantSpec(bits=3, group_size=16, rotation="hadamard", seed=2)
+    cache = ChunkCache(spec_k, spec_v, window_chunks=4)
+    _fill(cache, 3)
+    path = str(tmp_path / "cache.safetensors")
+    cache.save(path)
+    other = ChunkCache(spec_k, spec_v)
+    other.load(path)
+    assert other.num_chunks == 3 and other.nbytes == cache.nbytes
+    for a, b in zip(cache.entries, other.entries):
+        for x, y in ((a.k, b.k), (a.v, b.v)):
+            if isinstance(x, QuantizedTensor):
+                assert torch.equal(x.packed, y.packed) and torch.equal(x.scale.view(torch.uint8), y.scale.view(torch.uint8))
+                assert torch.equal(x.zero, y.zero) and x.shape == y.shape and x.scale_format == y.scale_format
+            else:
+                assert torch.equal(x, y)
+    q, k, v = _chunk(99)[0], *_chunk(98)
+    assert torch.equal(cache.attend(q, k, v), other.attend(q, k, v))
+
+
+def test_loading_a_file_saved_under_another_spec_or_shape_is_rejected(tmp_path):
+    cache = ChunkCache(QuantSpec(bits=2), QuantSpec(bits=2))
+    _fill(cache, 2)
+    path = str(tmp_path / "c.safetensors")
+    cache.save(path)
+    with pytest.raises(ValueError, match="saved with specs"):
+        ChunkCache(QuantSpec(bits=4), QuantSpec(bits=2)).load(path)
+    other = ChunkCache(QuantSpec(bits=2), QuantSpec(bits=2))
+    other.append(*_chunk(5, H=4))
+    with pytest.raises(ValueError, match="heads 2"):
+        other.load(path)
+    assert other.num_chunks == 1  # unchanged
+    with pytest.raises(ValueError, match="not a jensen-kv cache file"):
+        other.load_state_dict({"x": torch.zeros(1)})
+
+
+def test_clear_frees_everything():
+    cache = ChunkCache(QuantSpec(), QuantSpec())
+    _fill(cache, 2)
+    cache.clear()
+    assert cache.num_chunks == 0 and cache.nbytes == 0
+    cache.append(*_chunk(0, H=5))  # a new layout is accepted after clear()
+    assert cache.num_chunks == 1
+
+
+# --------------------------------------------------------------------------- bad input
+def _snapshot(cache):
+    return [id(e) for e in cache.entries], cache.nbytes, cache.chunks_appended
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: QuantSpec(group_size=48), r"group_size=48 .*power of two"),
+        (lambda: QuantSpec(bits=5), r"bits=5 is not supported; use one of \(2, 3, 4, 8\)"),
+        (lambda: QuantSpec(rotation="random"), "rotation='random'"),
+        (lambda: QuantSpec(scale_format="fp4"), "scale_format='fp4'"),
+        (lambda: QuantSpec(zero_format="fp8_e4m3"), "zero_format='fp8_e4m3'"),
+        (lambda: ChunkCache(QuantSpec(), QuantSpec(), window_chunks=-1), "window_chunks=-1"),
+    ],
+)
+def test_bad_specs_name_the_value_and_the_fix(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_group_size_not_dividing_head_dim_names_the_fix():
+    cache = ChunkCache(QuantSpec(group_size=64), QuantSpec(group_size=64))
+    with pytest.raises(ValueError, match=r"group_size 64 does not divide head_dim 96; use 8, 16 or 32"):
+        cache.append(*_chunk(0, D=96))
+    assert cache.num_chunks == 0
+
+
+@pytest.mark.parametrize("where", ["k", "v"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_inf_is_rejected_and_the_cache_is_unchanged(where, bad):
+    cache = ChunkCache(QuantSpec(), QuantSpec(), window_chunks=2)
+    _fill(cache, 2)
+    before = _snapshot(cache)
+    k, v = _chunk(7)
+    (k if where == "k" else v)[0, 1, 3, 5] = bad
+    with pytest.raises(ValueError, match=rf"^{where} contains 1 NaN or Inf"):
+        cache.append(k, v)
+    assert _snapshot(cache) == before
+
+
+@pytest.mark.parametrize(
+    "chunk, match",
+    [
+        (lambda: _chunk(0, T=0), "empty chunk"),
+        (lambda: _chunk(0, H=3), "heads 3, .* heads 2,"),
+        (lambda: tuple(t.double() for t in _chunk(0)), "dtype torch.float64 differs"),
+        (lambda: tuple(t.to("meta") for t in _chunk(0)), "lives on meta"),
+        (lambda: (_chunk(0)[0], _chunk(0, T=3)[1]), "must have the same shape"),
+        (lambda: (_chunk(0)[0][0], _chunk(0)[1][0]), r"\(batch, heads, tokens, head_dim\)"),
+    ],
+)
+def test_bad_chunks_are_rejected_and_the_cache_is_unchanged(chunk, match):
+    cache = ChunkCache(QuantSpec(), None)
+    _fill(cache, 1)
+    before = _snapshot(cache)
+    with pytest.raises(ValueError, match=match):
+        cache.append(*chunk())
+    assert _snapshot(cache) == before
+
+
+def test_bad_attend_inputs_are_clear_errors():
+    cache = ChunkCache(QuantSpec(), QuantSpec())
+    _fill(cache, 1)
+    q, k, v = _chunk(3)[0], *_chunk(4)
+    with pytest.raises(ValueError, match="correction mode 'taylr' is not supported"):
+        cache.attend(q, k, v, correction="taylr")
+    with pytest.raises(ValueError, match="do not match the query's batch, heads"):
+        cache.attend(*(t[:, :1] for t in (q, k, v)))
+    with pytest.raises(ValueError, match="share a dtype"):
+        cache.attend(q.double(), k, v)
+    with pytest.raises(ValueError, match="strength=nan"):
+        cache.attend(q, k, v, strength=float("nan"))
+    with pytest.raises(ValueError, match="current chunk is empty"):
+        cache.attend(q, k[..., :0, :], v[..., :0, :])
