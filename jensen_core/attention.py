@@ -1,6 +1,6 @@
 """Attention of the current chunk over [cached quantized chunks, current chunk], bias-corrected.
 
-The fast path folds the Taylor correction (Eq. 15) into one SDPA call. The bias is low rank,
+The fast path folds the Taylor correction (Eq. 15) into the SDPA kernel. The bias is low rank,
 ``b = nu W^T`` with ``nu_mj = ||q_mj||^2`` and ``W_ij = Delta_ij^2 / (24 d)``, so appending
 ``G = d / g`` channels,
 
@@ -8,14 +8,19 @@ The fast path folds the Taylor correction (Eq. 15) into one SDPA call. The bias 
 
 makes any SDPA kernel with scale ``1/sqrt(d)`` compute ``q.k/sqrt(d) - lambda * b`` with no bias
 matrix. Values are zero-padded to the same width (a multiple of 8) so the fused kernel runs.
-The cached K/V are dequantized straight into these per-call buffers: the only transient is one
-layer's window in the compute dtype, never a full-precision copy of the whole cache.
+
+Memory: cached chunks are dequantized one at a time straight into a chunk-sized buffer and
+attended with a kernel that also returns the log-sum-exp; the partial results are merged exactly.
+The transient is about one chunk's K/V in the compute dtype - never a full-precision copy of the
+cache, nor even of one layer's window. (Where no kernel reports its log-sum-exp, one buffer holds
+the layer's window instead.)
 """
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +29,8 @@ from torch import Tensor
 from .bias import _exact_bias, check_mode, query_group_norms, taylor_weights
 from .hadamard import rotate, unrotate
 from .quant import QuantizedTensor
+
+logger = logging.getLogger("jensen_kv")
 
 
 @dataclass(eq=False)
@@ -118,6 +125,10 @@ def cached_attention(
     ``exact`` (Eq. 12) materialises the score matrix head by head and is much slower - meant for
     diagnostics and ablations; ``none`` is plain attention. The correction is scaled by
     ``strength`` and touches cached keys only; it is skipped when the keys are not quantized.
+
+    Where the SDPA kernel reports its log-sum-exp (CPU, CUDA), the cached chunks are streamed one
+    at a time and the partial results merged, so the transient memory is about one chunk's K/V
+    rather than the whole window; elsewhere one buffer holds the window.
     """
     check_mode(correction)
     entries = list(cache_entries)
@@ -125,8 +136,7 @@ def cached_attention(
     if not entries:
         return F.scaled_dot_product_attention(q, k_cur, v_cur)
 
-    B, H, M, D = q.shape
-    dtype = q.dtype
+    D = q.shape[-1]
     kseed, vseed = _rotation_seed(entries[0].k), _rotation_seed(entries[0].v)
     qr = rotate(q, kseed) if kseed is not None else q
     kcr = rotate(k_cur, kseed) if kseed is not None else k_cur
@@ -137,22 +147,100 @@ def cached_attention(
         correction = "none"
     if correction == "exact":
         out = _exact_attention(qr, kcr, vcr, entries, float(strength))
-        return unrotate(out, vseed) if vseed is not None else out
+    else:
+        G = D // entries[0].k.spec.group_size if correction != "none" else 0
+        plan = _Plan(D=D, G=G, Dp=D if G == 0 else -(-(D + G) // 8) * 8, correction=correction)
+        qbuf = _extended_query(qr, plan, float(strength))
+        if lse_supported(q.device, q.dtype, plan.Dp) and lse_supported(q.device, q.dtype, D):
+            out = _streamed(qr, qbuf, kcr, vcr, entries, plan)
+        else:
+            out = _concatenated(qbuf, kcr, vcr, entries, plan)
+    return unrotate(out, vseed) if vseed is not None else out
 
+
+@dataclass(frozen=True)
+class _Plan:
+    D: int  # head_dim
+    G: int  # appended correction channels (d / g, or 0)
+    Dp: int  # padded width: D + G rounded up to a multiple of 8
+    correction: str
+
+
+def _extended_query(qr: Tensor, plan: _Plan, strength: float) -> Tensor:
+    """q' = [q, -sqrt(d) * lambda * nu, 0...] (just q without correction)."""
+    if plan.G == 0:
+        return qr
+    D, G = plan.D, plan.G
+    qbuf = qr.new_empty(*qr.shape[:-1], plan.Dp)
+    qbuf[..., :D] = qr
+    qbuf[..., D : D + G] = query_group_norms(qr, D // G) * (-math.sqrt(D) * strength)
+    qbuf[..., D + G :] = 0
+    return qbuf
+
+
+def _key_weights(entries: list[CacheEntry], plan: _Plan) -> list[Tensor | None]:
+    """W per entry: Delta^2/(24 d) (taylor), or the window's token mean of it (per_channel, App. E)."""
+    if plan.G == 0:
+        return [None] * len(entries)
+    ws = [taylor_weights(e.k.step_sizes(), plan.D) for e in entries]
+    if plan.correction == "per_channel":
+        mean = sum(w.sum(-2, keepdim=True) for w in ws) / sum(e.tokens for e in entries)
+        ws = [mean.expand_as(w) for w in ws]
+    return ws
+
+
+def _streamed(qr: Tensor, qbuf: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], plan: _Plan) -> Tensor:
+    """One SDPA call per cached chunk and one for the current chunk, merged by log-sum-exp."""
+    D, G, Dp = plan.D, plan.G, plan.Dp
+    B, H = qbuf.shape[:2]
+    scale = 1.0 / math.sqrt(D)
+    acc = lse = None
+    bufs: dict[int, tuple[Tensor, Tensor]] = {}
+    for e, w in zip(entries, _key_weights(entries, plan)):
+        t = e.tokens
+        if t not in bufs:  # chunks usually share one size: the buffers are reused
+            kb = qbuf.new_empty(B, H, t, Dp)
+            vb = qbuf.new_empty(B, H, t, Dp)
+            if Dp > D:
+                kb[..., D + G :] = 0
+                vb[..., D:] = 0
+            bufs[t] = (kb, vb)
+        kb, vb = bufs[t]
+        _fill(kb[..., :D], e.k)
+        _fill(vb[..., :D], e.v)
+        if w is not None:
+            kb[..., D : D + G] = w
+        acc, lse = _merge(acc, lse, *sdpa_with_lse(qbuf, kb, vb, scale), D)
+    bufs.clear()
+    acc, lse = _merge(acc, lse, *sdpa_with_lse(qr, kcr, vcr, scale), D)  # the current chunk: never corrected
+    return acc.to(qbuf.dtype)
+
+
+def _merge(acc: Tensor | None, lse: Tensor | None, out: Tensor, out_lse: Tensor, D: int) -> tuple[Tensor, Tensor]:
+    """Combine two softmax-normalised partial attentions over disjoint key sets (fp32)."""
+    out = out[..., :D].to(torch.float32)
+    if acc is None:
+        return out, out_lse
+    new = torch.logaddexp(lse, out_lse)
+    acc.mul_(torch.exp(lse - new).unsqueeze(-1)).add_(out * torch.exp(out_lse - new).unsqueeze(-1))
+    return acc, new
+
+
+def _concatenated(qbuf: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], plan: _Plan) -> Tensor:
+    """One SDPA call over a buffer holding the whole window (where no kernel reports its LSE)."""
+    D, G, Dp = plan.D, plan.G, plan.Dp
+    B, H = qbuf.shape[:2]
     n_cached = sum(e.tokens for e in entries)
-    N = n_cached + k_cur.shape[-2]
-    G = D // entries[0].k.spec.group_size if correction != "none" else 0
-    Dp = D if G == 0 else -(-(D + G) // 8) * 8
-
-    kbuf = torch.empty(B, H, N, Dp, dtype=dtype, device=q.device)
-    vbuf = torch.empty(B, H, N, Dp, dtype=dtype, device=q.device)
+    N = n_cached + kcr.shape[-2]
+    kbuf = qbuf.new_empty(B, H, N, Dp)
+    vbuf = qbuf.new_empty(B, H, N, Dp)
     s = 0
-    for e in entries:
+    for e, w in zip(entries, _key_weights(entries, plan)):
         t = e.tokens
         _fill(kbuf[:, :, s : s + t, :D], e.k)
         _fill(vbuf[:, :, s : s + t, :D], e.v)
-        if G and correction == "taylor":
-            kbuf[:, :, s : s + t, D : D + G] = taylor_weights(e.k.step_sizes(), D)
+        if w is not None:
+            kbuf[:, :, s : s + t, D : D + G] = w
         s += t
     kbuf[:, :, n_cached:, :D] = kcr
     vbuf[:, :, n_cached:, :D] = vcr
@@ -160,20 +248,65 @@ def cached_attention(
         vbuf[..., D:] = 0
         kbuf[:, :, n_cached:, D:] = 0
         kbuf[:, :, :n_cached, D + G :] = 0
-        if correction == "per_channel":
-            # App. E: one shared bias per query, from the token-averaged Delta^2 of each group
-            w_sum = sum(taylor_weights(e.k.step_sizes(), D).sum(-2, keepdim=True) for e in entries)
-            kbuf[:, :, :n_cached, D : D + G] = (w_sum / n_cached).to(dtype)
-        qbuf = torch.empty(B, H, M, Dp, dtype=dtype, device=q.device)
-        qbuf[..., :D] = qr
-        qbuf[..., D : D + G] = query_group_norms(qr, D // G) * (-math.sqrt(D) * float(strength))
-        qbuf[..., D + G :] = 0
-    else:
-        qbuf = qr
     out = F.scaled_dot_product_attention(qbuf, kbuf, vbuf, scale=1.0 / math.sqrt(D))
-    if Dp > D:
-        out = out[..., :D]
-    return unrotate(out, vseed) if vseed is not None else out.contiguous()
+    return out[..., :D] if Dp > D else out
+
+
+# --------------------------------------------------------------------------- SDPA with log-sum-exp
+_LSE_OK: dict[tuple[str, torch.dtype, int], bool] = {}
+_FORCE_CONCAT = False  # tests flip this to exercise the single-buffer path
+
+
+def _sdpa_lse_raw(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
+        return out, lse
+    if q.device.type == "cuda":
+        if q.dtype in (torch.float16, torch.bfloat16):
+            try:
+                r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
+                return r[0], r[1]
+            except RuntimeError:
+                pass
+        r = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
+        return r[0], r[1][..., : q.shape[-2]]
+    raise NotImplementedError(q.device.type)
+
+
+def sdpa_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """SDPA that also returns the fp32 log-sum-exp of each query's scores, ``(..., M)``."""
+    out, lse = _sdpa_lse_raw(q, k, v, scale)
+    return out, lse.to(torch.float32)
+
+
+def lse_supported(device: torch.device, dtype: torch.dtype, width: int) -> bool:
+    """Whether :func:`sdpa_with_lse` works here; checked once per (device, dtype, width) on a tiny problem.
+
+    The kernels that report the log-sum-exp are private PyTorch ops, so they are verified against
+    a plain computation before use; on any mismatch or error the single-buffer path is used.
+    """
+    if _FORCE_CONCAT:
+        return False
+    key = (str(device), dtype, width)
+    ok = _LSE_OK.get(key)
+    if ok is None:
+        try:
+            gen = torch.Generator().manual_seed(0)
+            q, k, v = (torch.randn(1, 2, n, width, generator=gen).to(device=device, dtype=dtype) for n in (5, 11, 11))
+            out, lse = sdpa_with_lse(q, k, v, 0.3)
+            s = (q.float() @ k.float().transpose(-1, -2)) * 0.3
+            tol = 1e-4 if dtype == torch.float32 else 5e-2
+            ok = bool(
+                out.shape == q.shape and lse.shape == q.shape[:-1]
+                and torch.allclose(lse, torch.logsumexp(s, -1), atol=tol, rtol=tol)
+                and torch.allclose(out.float(), torch.softmax(s, -1) @ v.float(), atol=tol, rtol=tol)
+            )
+        except Exception:  # noqa: BLE001 - any failure means: don't use it
+            ok = False
+        if not ok:
+            logger.info("jensen_kv: SDPA with log-sum-exp unavailable on %s/%s (width %d): one buffer per window", device, dtype, width)
+        _LSE_OK[key] = ok
+    return ok
 
 
 def _exact_attention(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], strength: float) -> Tensor:

@@ -102,7 +102,7 @@ class QuantizedTensor:
     def effective_bits(self) -> float:
         return self.nbytes * 8 / self.numel
 
-    def __getitem__(self, idx) -> "QuantizedTensor":
+    def __getitem__(self, idx) -> QuantizedTensor:
         """Index the dimensions before ``head_dim`` (batch, heads, tokens); ``head_dim`` stays whole."""
         if not isinstance(idx, tuple):
             idx = (idx,)
@@ -114,7 +114,7 @@ class QuantizedTensor:
             shape=torch.Size((*packed.shape[:-1], self.head_dim)), dtype=self.dtype, scale_format=self.scale_format,
         )
 
-    def flatten_leading(self) -> "QuantizedTensor":
+    def flatten_leading(self) -> QuantizedTensor:
         """View with the dimensions before (tokens, head_dim) flattened into one."""
         lead = (-1, *self.shape[-2:-1])
         return QuantizedTensor(

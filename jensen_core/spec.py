@@ -103,5 +103,5 @@ class QuantSpec:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "QuantSpec":
+    def from_dict(cls, d: dict) -> QuantSpec:
         return cls(**d)

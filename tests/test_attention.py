@@ -5,7 +5,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from jensen_core import CacheEntry, QuantSpec, cached_attention, fwht, jensen_bias, quantize, rotate, unrotate
+from jensen_core import (
+    CacheEntry,
+    QuantSpec,
+    attention,
+    cached_attention,
+    fwht,
+    jensen_bias,
+    quantize,
+    rotate,
+    unrotate,
+)
 from jensen_core.bias import query_group_norms, taylor_weights
 from jensen_core.hadamard import rotation_matrix
 from jensen_core.quant import cat_quantized
@@ -40,10 +50,22 @@ def _reference(entries, q, kc, vc, mode, strength):
     return torch.softmax(s, -1) @ torch.cat([v_hat, vc], -2)
 
 
+@pytest.fixture(params=["streamed", "one-buffer"])
+def path(request, monkeypatch):
+    """Both implementations of the fast path: LSE-merged chunk streaming and one window buffer."""
+    monkeypatch.setattr(attention, "_FORCE_CONCAT", request.param == "one-buffer")
+    return request.param
+
+
+def test_streaming_is_available_on_this_machine():
+    assert attention.lse_supported(torch.device("cpu"), torch.float32, 72)
+    assert attention.lse_supported(torch.device("cpu"), torch.bfloat16, 64)
+
+
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
 @pytest.mark.parametrize("mode", ["taylor", "per_channel", "exact", "none"])
 @pytest.mark.parametrize("strength", [1.0, 0.4, 2.5])
-def test_fast_path_equals_materialised_reference(rotation, mode, strength):
+def test_fast_path_equals_materialised_reference(rotation, mode, strength, path):
     entries, q, kc, vc = _setup(rotation)
     out = cached_attention(q, kc, vc, entries, correction=mode, strength=strength)
     ref = _reference(entries, q, kc, vc, mode, strength)
@@ -51,13 +73,21 @@ def test_fast_path_equals_materialised_reference(rotation, mode, strength):
 
 
 @pytest.mark.parametrize("g", [8, 16, 64])
-def test_fast_path_for_other_group_sizes_and_bits(g):
+def test_fast_path_for_other_group_sizes_and_bits(g, path):
     entries, q, kc, vc = _setup("none", bits=3, g=g, D=64, v_bits=8)
     torch.testing.assert_close(cached_attention(q, kc, vc, entries, "taylor"), _reference(entries, q, kc, vc, "taylor", 1.0),
                                rtol=1e-4, atol=2e-5)
 
 
-def test_correction_never_touches_the_current_chunk():
+def test_chunks_of_different_lengths_are_streamed_correctly(path):
+    entries, q, kc, vc = _setup("none", T=24)
+    short, *_ = _setup("none", T=7)
+    entries = entries[:2] + [short[0]] + entries[2:]
+    torch.testing.assert_close(cached_attention(q, kc, vc, entries, "taylor"), _reference(entries, q, kc, vc, "taylor", 1.0),
+                               rtol=1e-4, atol=2e-5)
+
+
+def test_correction_never_touches_the_current_chunk(path):
     entries, q, kc, vc = _setup("none")
     D = q.shape[-1]
     out = cached_attention(q, kc, vc, entries, correction="taylor")
@@ -124,7 +154,7 @@ def test_full_precision_entries_and_mixed_dtypes():
     torch.testing.assert_close(out, ref)
 
 
-def test_bf16_compute_stays_close_to_fp32():
+def test_bf16_compute_stays_close_to_fp32(path):
     entries, q, kc, vc = _setup("hadamard")
     err = {}
     for mode in ("none", "taylor"):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from jensen_core import ChunkCache, QuantSpec, QuantizedTensor
+from jensen_core import ChunkCache, QuantizedTensor, QuantSpec
 from jensen_core.planner import plan_cache
 
 
