@@ -1,0 +1,161 @@
+"""Benchmark of one corrected attention call at the demo's shapes (not a test).
+
+    python benchmarks/attention.py                 # fp32 and bf16 on the CPU
+    python benchmarks/attention.py --device cuda   # the same code on a GPU (SDPA picks a fused kernel)
+
+Every configuration runs in the same process, interleaved round by round, and each ratio is the
+median of the per-round ratios, so a machine that gets busier or quieter hurts all sides alike.
+Targets (issue 2):
+  time(INT2 + Taylor) / time(INT2, no correction)      <= 1.10
+  time(INT2 cache + correction) / time(SDPA, unquantized same keys) <= 1.50
+  peak extra memory of one attend / one layer's window (K+V, compute dtype) <= 1.0
+  stored bytes / BF16 bytes == effective_bits / 16 within 1%
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jensen_core import ChunkCache, QuantSpec, attention  # noqa: E402
+from jensen_core.workload import make_workload  # noqa: E402
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _rss():
+    s = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmRSS:\s+(\d+)", s).group(1)) * 1024, int(re.search(r"VmHWM:\s+(\d+)", s).group(1)) * 1024
+
+
+def peak_extra_bytes(fn, device) -> int:
+    """Peak memory above what was allocated before ``fn`` ran (CUDA allocator, or the process's RSS)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        del out
+        return peak
+    Path("/proc/self/clear_refs").write_text("5")  # resets the peak RSS (VmHWM) of this process
+    base, _ = _rss()
+    out = fn()
+    _, hwm = _rss()
+    del out
+    return hwm - base
+
+
+def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk_tokens: int, cached_chunks: int) -> dict:
+    w = make_workload(heads=heads, chunk_tokens=chunk_tokens, cached_chunks=cached_chunks, dtype=dtype)
+    move = lambda t: t.to(device)  # noqa: E731
+    q, k_cur, v_cur = map(move, (w.q, w.k_cur, w.v_cur))
+    k_all = torch.cat([move(k) for k in w.k_cached] + [k_cur], dim=-2)
+    v_all = torch.cat([move(v) for v in w.v_cached] + [v_cur], dim=-2)
+    caches = {}
+    for name, rot in (("RTN", "none"), ("QuaRot", "hadamard")):
+        spec = QuantSpec(bits=2, group_size=32, rotation=rot)
+        c = ChunkCache(spec, spec)
+        for k, v in zip(w.k_cached, w.v_cached):
+            c.append(move(k), move(v))
+        caches[name] = c
+    calls = {
+        "SDPA, unquantized": lambda: F.scaled_dot_product_attention(q, k_all, v_all),
+        "INT2 RTN": lambda: caches["RTN"].attend(q, k_cur, v_cur, correction="none"),
+        "INT2 RTN + Taylor": lambda: caches["RTN"].attend(q, k_cur, v_cur, correction="taylor"),
+        "INT2 QuaRot": lambda: caches["QuaRot"].attend(q, k_cur, v_cur, correction="none"),
+        "INT2 QuaRot + Taylor": lambda: caches["QuaRot"].attend(q, k_cur, v_cur, correction="taylor"),
+    }
+    for fn in calls.values():  # warm-up (kernel selection, the LSE self-check)
+        fn()
+    times = {name: [] for name in calls}
+    names = list(calls)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            _sync(device)
+            t0 = time.perf_counter()
+            out = calls[name]()
+            _sync(device)
+            times[name].append(time.perf_counter() - t0)
+            del out
+
+    def ratio(a, b):
+        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+    window = 2 * k_all.numel() * k_all.element_size()  # one layer's K+V over the whole window
+    mem = {}
+    for label, force in (("streamed", False), ("one buffer", True)):
+        attention._FORCE_CONCAT = force
+        try:
+            mem[label] = max(peak_extra_bytes(calls["INT2 RTN + Taylor"], device) for _ in range(3)) / window
+        finally:
+            attention._FORCE_CONCAT = False
+    c = caches["RTN"]
+    return {
+        "ms": {n: 1000 * statistics.median(t) for n, t in times.items()},
+        "taylor_vs_plain": ratio("INT2 RTN + Taylor", "INT2 RTN"),
+        "taylor_vs_plain_quarot": ratio("INT2 QuaRot + Taylor", "INT2 QuaRot"),
+        "int2_vs_sdpa": ratio("INT2 RTN + Taylor", "SDPA, unquantized"),
+        "int2_vs_sdpa_quarot": ratio("INT2 QuaRot + Taylor", "SDPA, unquantized"),
+        "mem": mem,
+        "window_mib": window / 2**20,
+        "bytes_ratio": c.nbytes / c.bf16_nbytes,
+        "bits_ratio": c.effective_bits / 16,
+        "spec_bits_ratio": QuantSpec().effective_bits / 16,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--chunk-tokens", type=int, default=1560)
+    ap.add_argument("--cached-chunks", type=int, default=4)
+    args = ap.parse_args(argv)
+    device = torch.device(args.device)
+    print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads; {args.heads} heads x 128, "
+          f"{args.chunk_tokens} tokens/chunk, {args.cached_chunks} cached chunks + current; {args.rounds} interleaved rounds")
+    ok = True
+    for dname in args.dtypes.split(","):
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dname]
+        r = run(dtype, device, args.rounds, args.heads, args.chunk_tokens, args.cached_chunks)
+        print(f"\n== {dname} ==")
+        for name, ms in r["ms"].items():
+            print(f"  {name:<24}{ms:9.1f} ms")
+        checks = [
+            ("INT2 + Taylor / INT2 (RTN)", r["taylor_vs_plain"], 1.10),
+            ("INT2 + Taylor / INT2 (QuaRot)", r["taylor_vs_plain_quarot"], 1.10),
+            ("INT2 + Taylor / SDPA unquantized (RTN)", r["int2_vs_sdpa"], 1.50),
+            ("INT2 + Taylor / SDPA unquantized (QuaRot)", r["int2_vs_sdpa_quarot"], 1.50),
+            ("peak extra memory / window K+V (streamed)", r["mem"]["streamed"], 1.0),
+        ]
+        for label, value, target in checks:
+            met = value <= target
+            ok &= met
+            print(f"  {label:<44}{value:7.3f}  (target <= {target:.2f}: {'met' if met else 'MISSED'})")
+        print(f"  {'  same, single-buffer fallback path':<44}{r['mem']['one buffer']:7.3f}  (window = {r['window_mib']:.1f} MiB)")
+        dev = abs(r["bytes_ratio"] / r["bits_ratio"] - 1)
+        ok &= dev <= 0.01
+        print(f"  stored / BF16 bytes {r['bytes_ratio']:.5f} vs effective_bits/16 {r['spec_bits_ratio']:.5f} "
+              f"(deviation {dev:.2%}, target <= 1%: {'met' if dev <= 0.01 else 'MISSED'})")
+    print("\nall targets met" if ok else "\nsome targets MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
