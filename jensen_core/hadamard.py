@@ -24,9 +24,12 @@ def fwht(x: Tensor) -> Tensor:
     """Orthonormal fast Walsh-Hadamard transform along the last axis (length a power of two).
 
     ``O(n log n)`` butterflies instead of an ``n x n`` matmul; the result equals ``x @ H_n / sqrt(n)``.
+    Half-precision inputs are transformed in float32 (more accurate, and much faster on CPUs).
     """
     n = x.shape[-1]
     _check_pow2(n)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return fwht(x.float()).to(x.dtype)
     lead = x.shape[:-1]
     y = x.reshape(-1, n)
     h = 1
@@ -50,14 +53,20 @@ def random_signs(n: int, seed: int, device=None, dtype=torch.float32) -> Tensor:
     return _signs_cpu(n, seed).to(device=device, dtype=dtype)
 
 
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
 def rotate(x: Tensor, seed: int) -> Tensor:
     """Apply the seeded randomized Hadamard rotation to the last axis of ``x``."""
-    return fwht(x * random_signs(x.shape[-1], seed, x.device, x.dtype))
+    xf = x.to(_compute_dtype(x))
+    return fwht(xf * random_signs(x.shape[-1], seed, x.device, xf.dtype)).to(x.dtype)
 
 
 def unrotate(x: Tensor, seed: int) -> Tensor:
     """Inverse of :func:`rotate` (the rotation is orthogonal: its inverse is its transpose)."""
-    return fwht(x) * random_signs(x.shape[-1], seed, x.device, x.dtype)
+    xf = x.to(_compute_dtype(x))
+    return (fwht(xf) * random_signs(x.shape[-1], seed, x.device, xf.dtype)).to(x.dtype)
 
 
 def rotation_matrix(n: int, seed: int, dtype=torch.float64) -> Tensor:
