@@ -78,7 +78,7 @@ class ComfyServer:
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "ComfyServer":
+    def __enter__(self) -> ComfyServer:
         cmd = [
             sys.executable, str(self.comfy_dir / "main.py"), "--cpu", "--listen", "127.0.0.1",
             "--port", str(self.port), "--base-directory", str(self.base_dir), "--disable-auto-launch",
@@ -157,3 +157,45 @@ def which_chromium() -> str | None:
         if c and Path(c).is_file():
             return c
     return None
+
+
+# ----------------------------------------------------------------------------- in-process ComfyUI
+PACK_MODULE = "comfyui_jensen_kv"
+
+
+def setup_inprocess_comfyui(cpu: bool = True) -> Path:
+    """Make ComfyUI importable in this process, on the CPU (``args.cpu`` set before model_management loads).
+
+    ``cpu=False`` leaves ComfyUI's device choice (benchmarks on a GPU).
+
+    ComfyUI's folder goes first on ``sys.path`` so that its top-level ``nodes`` module wins over the
+    pack's ``nodes`` package (the pack itself is imported as :data:`PACK_MODULE`, see :func:`import_pack`).
+    """
+    comfy_dir = find_comfyui()
+    if comfy_dir is None:
+        raise RuntimeError(SKIP_REASON)
+    if str(comfy_dir) not in sys.path:
+        sys.path.insert(0, str(comfy_dir))
+    import comfy.cli_args
+
+    comfy.cli_args.args.cpu = cpu
+    return comfy_dir
+
+
+def import_pack():
+    """Import this pack as the package ``comfyui_jensen_kv`` (as ComfyUI does, so relative imports work)."""
+    import importlib.util
+
+    if PACK_MODULE in sys.modules:
+        return sys.modules[PACK_MODULE]
+    spec = importlib.util.spec_from_file_location(
+        PACK_MODULE, PACK_ROOT / "__init__.py", submodule_search_locations=[str(PACK_ROOT)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACK_MODULE] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[PACK_MODULE]
+        raise
+    return module

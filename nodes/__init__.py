@@ -1,0 +1,38 @@
+"""ComfyUI nodes of comfyui-jensen-kv (V3 schema), registered by the root ``comfy_entrypoint``.
+
+Imported only inside ComfyUI: every module here may import ``comfy`` and ``comfy_api``. Pack code
+uses relative imports (ComfyUI has its own top-level ``nodes`` module).
+"""
+from __future__ import annotations
+
+import logging
+
+from comfy_api.latest import ComfyExtension, io
+
+from .bias_correction import JensenKVBiasCorrection
+from .chunked_ar_sampler import JensenKVChunkedARSampler
+from .chunked_ar_sampler_simple import JensenKVChunkedARSamplerSimple
+from .quantize_kv_cache import JensenKVQuantizeKVCache
+
+logger = logging.getLogger("jensen_kv")
+
+try:
+    from . import routes  # noqa: F401 - registers the pack's HTTP routes (cache planner) on import
+except ImportError:
+    logger.warning("jensen_kv: the HTTP routes (nodes/routes.py) did not load; the web planner is unavailable",
+                   exc_info=True)
+
+NODES: list[type[io.ComfyNode]] = [
+    JensenKVQuantizeKVCache,
+    JensenKVBiasCorrection,
+    JensenKVChunkedARSampler,
+    JensenKVChunkedARSamplerSimple,
+]
+
+
+class JensenKVExtension(ComfyExtension):
+    async def get_node_list(self) -> list[type[io.ComfyNode]]:
+        return list(NODES)
+
+
+__all__ = ["NODES", "JensenKVExtension"]

@@ -1,0 +1,58 @@
+"""Jensen Bias Correction: subtract the Jensen bias from the scores of quantized cached keys."""
+from __future__ import annotations
+
+from comfy_api.latest import io, ui
+
+from .common import CATEGORY, check_combo_values, logger, node_message
+from .config import CORRECTION_CHOICES, STRENGTH_MAX, correction_to_mode, get_config, set_config
+
+NOTHING_TO_CORRECT = (
+    "Jensen Bias Correction: nothing to correct - no Quantize KV Cache with quantized keys upstream, so the "
+    "cache keeps full-precision keys. Put Quantize KV Cache (key_bits 2-8) before this node; the model passes "
+    "through unchanged."
+)
+
+
+class JensenKVBiasCorrection(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="JensenKVBiasCorrection",
+            display_name="Jensen Bias Correction",
+            category=CATEGORY,
+            description=(
+                "Quantized cached keys steal attention (Jensen's inequality inflates exp of noisy scores). "
+                "This subtracts the expected inflation from cached-key scores only. Needs Quantize KV Cache upstream."
+            ),
+            inputs=[
+                io.Model.Input("model", tooltip="The MODEL from Quantize KV Cache."),
+                io.Combo.Input("mode", options=list(CORRECTION_CHOICES), default="taylor",
+                               tooltip="taylor: (1/24d)·sum Δ²‖q_group‖², fused into attention at ~no cost (recommended). "
+                                       "exact: log(sinh α/α) per channel, slow, for checks. per_channel: one shared bias "
+                                       "per query. off: no correction (the uncorrected A/B)."),
+                io.Float.Input("strength", default=1.0, min=0.0, max=STRENGTH_MAX, step=0.05,
+                               tooltip="Multiplier of the correction; 1.0 removes the bias in expectation, 0 disables it."),
+            ],
+            outputs=[io.Model.Output(tooltip="A clone of the model with the correction set (or the input model when "
+                                             "there is nothing to correct).")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def validate_inputs(cls, mode=None):
+        return check_combo_values(cls, mode=mode)
+
+    @classmethod
+    def execute(cls, model, mode, strength) -> io.NodeOutput:
+        correction = correction_to_mode(mode)
+        config = get_config(model.model_options)
+        if config is None or not config.keys_quantized:
+            logger.warning("jensen_kv: %s", NOTHING_TO_CORRECT)
+            node_message(cls, NOTHING_TO_CORRECT)
+            return io.NodeOutput(model, ui=ui.PreviewText(NOTHING_TO_CORRECT))
+        config = config.with_correction(correction, strength)
+        m = model.clone()
+        set_config(m, config)
+        text = f"KV cache: {config.describe()}"
+        logger.info("jensen_kv: %s", text)
+        return io.NodeOutput(m, ui=ui.PreviewText(text))

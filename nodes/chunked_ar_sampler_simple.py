@@ -1,0 +1,53 @@
+"""Chunked AR Video Sampler (KSampler): the same sampler with KSampler-style steps / sampler / scheduler."""
+from __future__ import annotations
+
+import comfy.samplers
+from comfy_api.latest import io
+
+from .chunked_ar_sampler import DESCRIPTION, common_head_inputs, common_tail_inputs, outputs, sample_node
+from .common import CATEGORY, check_combo_values
+
+
+def ksampler_sigmas(model, steps: int, sampler_name: str, scheduler: str):
+    """The sigmas KSampler would use (including its per-sampler adjustments), on the CPU."""
+    ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
+                                 scheduler=scheduler, denoise=1.0, model_options=model.model_options)
+    return ks.sigmas.cpu()
+
+
+class JensenKVChunkedARSamplerSimple(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="JensenKVChunkedARSamplerSimple",
+            display_name="Chunked AR Video Sampler (KSampler)",
+            category=CATEGORY,
+            description=DESCRIPTION,
+            inputs=[
+                *common_head_inputs(),
+                io.Int.Input("steps", default=4, min=1, max=10000,
+                             tooltip="Denoising steps per chunk (Self-Forcing / CausVid: 4)."),
+                io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                               tooltip="Classifier-free guidance; 1 runs the cond branch only (distilled few-step "
+                                       "models), >1 keeps a second cache for the uncond branch."),
+                io.Combo.Input("sampler_name", options=list(comfy.samplers.KSampler.SAMPLERS), default="euler",
+                               tooltip="ComfyUI sampler used for every chunk."),
+                io.Combo.Input("scheduler", options=list(comfy.samplers.KSampler.SCHEDULERS), default="simple",
+                               tooltip="ComfyUI scheduler giving each chunk's sigmas (with the model's shift)."),
+                *common_tail_inputs(),
+            ],
+            outputs=outputs(),
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def validate_inputs(cls, sampler_name=None, scheduler=None):
+        return check_combo_values(cls, sampler_name=sampler_name, scheduler=scheduler)
+
+    @classmethod
+    def execute(cls, model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler, chunk_frames=3,
+                window_chunks=0, context_noise=0.0) -> io.NodeOutput:
+        sigmas = ksampler_sigmas(model, steps, sampler_name, scheduler)
+        sampler = comfy.samplers.sampler_object(sampler_name)
+        return sample_node(cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames,
+                           window_chunks, context_noise)

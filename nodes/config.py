@@ -1,0 +1,131 @@
+"""The KV-cache configuration that "Quantize KV Cache" and "Jensen Bias Correction" attach to a MODEL.
+
+A frozen, self-validating dataclass stored under ``model_options["transformer_options"]["jensen_kv"]``
+of a *cloned* ModelPatcher; the Chunked AR sampler reads it. No ComfyUI import here, so the
+config is testable anywhere.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..jensen_core import MODES, QuantSpec
+
+CONFIG_KEY = "jensen_kv"
+
+BITS_CHOICES = ("2", "3", "4", "8", "off")
+GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
+ROTATION_CHOICES = ("none", "hadamard")
+SCALE_FORMAT_CHOICES = ("fp8_e4m3", "bf16", "fp16", "fp32")
+CORRECTION_CHOICES = ("taylor", "exact", "per_channel", "off")
+STRENGTH_MAX = 4.0
+
+
+def parse_bits(value: str | int, what: str) -> int | None:
+    """"2" -> 2, "off" -> None; anything else is a ValueError naming the choices."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return None
+    try:
+        bits = int(value)
+    except (TypeError, ValueError):
+        bits = None
+    if bits is None or str(bits) not in BITS_CHOICES:
+        raise ValueError(f"{what}={value!r} is not supported; use one of {', '.join(BITS_CHOICES)}")
+    return bits
+
+
+def correction_to_mode(correction: str) -> str:
+    """The node's vocabulary ("off") to jensen_core's ("none")."""
+    if correction not in CORRECTION_CHOICES:
+        raise ValueError(f"mode={correction!r} is not supported; use one of {', '.join(CORRECTION_CHOICES)}")
+    return "none" if correction == "off" else correction
+
+
+def mode_to_correction(mode: str) -> str:
+    return "off" if mode == "none" else mode
+
+
+@dataclass(frozen=True)
+class JensenKVConfig:
+    """How the Chunked AR sampler stores and reads its KV cache.
+
+    ``spec_k`` / ``spec_v``: how cached keys / values are quantized (``None`` keeps that side in the
+    model's own precision). ``correction``: a ``jensen_core`` mode ("taylor", "exact",
+    "per_channel" or "none") applied to the scores of cached keys, scaled by ``strength``.
+    """
+
+    spec_k: QuantSpec | None = None
+    spec_v: QuantSpec | None = None
+    correction: str = "none"
+    strength: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("spec_k", "spec_v"):
+            s = getattr(self, name)
+            if s is not None and not isinstance(s, QuantSpec):
+                raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
+        if self.correction not in MODES:
+            raise ValueError(f"correction={self.correction!r} is not supported; use one of {MODES}")
+        s = self.strength
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= STRENGTH_MAX:
+            raise ValueError(f"strength={s!r} must be a number from 0 to {STRENGTH_MAX:g} (1.0 applies the full correction)")
+
+    @property
+    def keys_quantized(self) -> bool:
+        return self.spec_k is not None
+
+    @property
+    def quantized(self) -> bool:
+        return self.spec_k is not None or self.spec_v is not None
+
+    @property
+    def effective_correction(self) -> str:
+        """What attention really applies: nothing when the keys are not quantized or strength is 0."""
+        if not self.keys_quantized or self.strength == 0:
+            return "none"
+        return self.correction
+
+    def with_correction(self, correction: str, strength: float) -> JensenKVConfig:
+        return replace(self, correction=correction, strength=float(strength))
+
+    def with_specs(self, spec_k: QuantSpec | None, spec_v: QuantSpec | None) -> JensenKVConfig:
+        return replace(self, spec_k=spec_k, spec_v=spec_v)
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """ValueError naming the fix when a spec cannot quantize this model's head_dim."""
+        for side, spec in (("key", self.spec_k), ("value", self.spec_v)):
+            if spec is not None:
+                try:
+                    spec.check_head_dim(head_dim)
+                except ValueError as exc:
+                    raise ValueError(f"Quantize KV Cache ({side}s): {exc}") from None
+
+    def describe(self) -> str:
+        def side(spec: QuantSpec | None) -> str:
+            if spec is None:
+                return "full precision"
+            return f"INT{spec.bits} ({spec.effective_bits:g} bits)"
+
+        parts = [f"keys {side(self.spec_k)}", f"values {side(self.spec_v)}"]
+        spec = self.spec_k or self.spec_v
+        if spec is not None:
+            parts.append(f"group {spec.group_size}, rotation {spec.rotation}, scales {spec.scale_format}")
+        corr = mode_to_correction(self.effective_correction)
+        parts.append(f"correction {corr}" + (f" x{self.strength:g}" if corr != "off" else ""))
+        return "; ".join(parts)
+
+
+def get_config(model_options: dict) -> JensenKVConfig | None:
+    """The config on a ModelPatcher's ``model_options`` (None when no Quantize KV Cache ran upstream)."""
+    cfg = (model_options or {}).get("transformer_options", {}).get(CONFIG_KEY)
+    if cfg is not None and not isinstance(cfg, JensenKVConfig):
+        raise TypeError(
+            f"model_options['transformer_options'][{CONFIG_KEY!r}] holds a {type(cfg).__name__}, not a "
+            "JensenKVConfig; it was set by something other than the Quantize KV Cache node"
+        )
+    return cfg
+
+
+def set_config(model_patcher, config: JensenKVConfig) -> None:
+    """Store ``config`` on ``model_patcher`` (call it on a clone only)."""
+    model_patcher.model_options.setdefault("transformer_options", {})[CONFIG_KEY] = config

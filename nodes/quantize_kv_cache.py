@@ -1,0 +1,94 @@
+"""Quantize KV Cache: attach a quantized-cache spec to a (cloned) MODEL."""
+from __future__ import annotations
+
+from comfy_api.latest import io
+
+from ..jensen_core import QuantSpec
+from .common import CATEGORY, advanced, check_combo_values, logger
+from .config import (
+    BITS_CHOICES,
+    GROUP_SIZE_CHOICES,
+    ROTATION_CHOICES,
+    SCALE_FORMAT_CHOICES,
+    JensenKVConfig,
+    get_config,
+    parse_bits,
+    set_config,
+)
+
+
+def model_head_dim(model) -> int | None:
+    """head_dim of a Wan-style model's self-attention, or None when it has no such blocks."""
+    try:
+        return int(model.get_model_object("diffusion_model.blocks.0.self_attn").head_dim)
+    except (AttributeError, IndexError, TypeError, KeyError):
+        return None
+
+
+def build_config(model, key_bits: str, value_bits: str, group_size: str, rotation: str, scale_format: str,
+                 rotation_seed: int) -> JensenKVConfig:
+    try:
+        g = int(group_size)
+    except (TypeError, ValueError):
+        g = None
+    if g is None or group_size not in GROUP_SIZE_CHOICES:
+        raise ValueError(f"group_size={group_size!r} is not supported; use one of {', '.join(GROUP_SIZE_CHOICES)}")
+    specs = []
+    for what, bits in (("key_bits", key_bits), ("value_bits", value_bits)):
+        b = parse_bits(bits, what)
+        specs.append(None if b is None else QuantSpec(bits=b, group_size=g, rotation=rotation,
+                                                      scale_format=scale_format, seed=int(rotation_seed)))
+    upstream = get_config(model.model_options)
+    config = (upstream or JensenKVConfig()).with_specs(*specs)
+    head_dim = model_head_dim(model)
+    if head_dim is not None:
+        config.check_head_dim(head_dim)
+    return config
+
+
+class JensenKVQuantizeKVCache(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="JensenKVQuantizeKVCache",
+            display_name="Quantize KV Cache",
+            category=CATEGORY,
+            description=(
+                "Store the Chunked AR sampler's KV cache in 2-8 bits (group-wise RTN, bit-packed). "
+                "Returns a copy of the model; the input model is unchanged."
+            ),
+            inputs=[
+                io.Model.Input("model", tooltip="A Wan 2.1 text-to-video model (e.g. Self-Forcing, CausVid, SkyReels-V2 from UNETLoader)."),
+                io.Combo.Input("key_bits", options=list(BITS_CHOICES), default="2",
+                               tooltip="Bits per cached key element; 'off' keeps keys in the model's precision. "
+                                       "Low bits inflate attention on cached keys; add Jensen Bias Correction."),
+                io.Combo.Input("value_bits", options=list(BITS_CHOICES), default="2",
+                               tooltip="Bits per cached value element; 'off' keeps values in the model's precision."),
+                io.Combo.Input("group_size", options=list(GROUP_SIZE_CHOICES), default="32",
+                               tooltip="Channels sharing one scale and zero-point; must divide the head dim (128 for Wan). "
+                                       "Smaller = more accurate, more metadata (INT2 at 32: 2.75 bits/element)."),
+                io.Combo.Input("rotation", options=list(ROTATION_CHOICES), default="hadamard",
+                               tooltip="Randomized Hadamard rotation before quantization (QuaRot): spreads outlier "
+                                       "channels, usually better at 2-3 bits. Needs a power-of-two head dim."),
+                advanced(io.Combo.Input("scale_format", options=list(SCALE_FORMAT_CHOICES), default="fp8_e4m3",
+                                        tooltip="Storage format of each group's step size (fp8_e4m3 = 8 bits, as in the paper; "
+                                                "falls back to bf16 for a tensor whose steps exceed 448).")),
+                advanced(io.Int.Input("rotation_seed", default=0, min=0, max=2**31 - 1,
+                                      tooltip="Seed of the random signs of the Hadamard rotation (ignored with rotation 'none').")),
+            ],
+            outputs=[io.Model.Output(tooltip="A clone of the model carrying the KV-cache spec for the Chunked AR sampler.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, key_bits=None, value_bits=None, group_size=None, rotation=None, scale_format=None):
+        return check_combo_values(cls, key_bits=key_bits, value_bits=value_bits, group_size=group_size,
+                                  rotation=rotation, scale_format=scale_format)
+
+    @classmethod
+    def execute(cls, model, key_bits, value_bits, group_size, rotation, scale_format="fp8_e4m3",
+                rotation_seed=0) -> io.NodeOutput:
+        config = build_config(model, key_bits, value_bits, group_size, rotation, scale_format, rotation_seed)
+        m = model.clone()
+        set_config(m, config)
+        logger.info("jensen_kv: KV cache %s", config.describe())
+        return io.NodeOutput(m)

@@ -1,0 +1,75 @@
+"""Fixtures for tests that run ComfyUI in this process (tiny Wan models, the pack imported as ComfyUI does)."""
+from __future__ import annotations
+
+import pytest
+from support import comfyui as support_comfyui
+
+HAVE_COMFYUI = support_comfyui.find_comfyui() is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.comfyui)
+            if not HAVE_COMFYUI:
+                item.add_marker(pytest.mark.skip(reason=support_comfyui.SKIP_REASON))
+
+
+@pytest.fixture(scope="session")
+def comfy():
+    """ComfyUI importable in-process on the CPU; returns its folder."""
+    if not HAVE_COMFYUI:
+        pytest.skip(support_comfyui.SKIP_REASON)
+    return support_comfyui.setup_inprocess_comfyui()
+
+
+@pytest.fixture(scope="session")
+def pack(comfy):
+    """The pack, imported as the package ``comfyui_jensen_kv``."""
+    return support_comfyui.import_pack()
+
+
+@pytest.fixture(scope="session")
+def nodes(pack):
+    import importlib
+
+    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.nodes")
+
+
+@pytest.fixture(scope="session")
+def jk(pack):
+    """The pack's own ``jensen_core`` (the classes the nodes use)."""
+    import importlib
+
+    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.jensen_core")
+
+
+@pytest.fixture(scope="session")
+def loop(pack):
+    import importlib
+
+    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.nodes.chunk_loop")
+
+
+@pytest.fixture
+def tiny(comfy):
+    """A fresh tiny Wan ModelPatcher (fp32, CPU, 2 layers x 2 heads x 32)."""
+    from support import wan_tiny
+
+    return wan_tiny.build_patcher(seed=0)
+
+
+@pytest.fixture(scope="session")
+def euler(comfy):
+    import comfy.samplers
+
+    return comfy.samplers.sampler_object("euler")
+
+
+@pytest.fixture(autouse=True)
+def _reset_interrupt(request):
+    yield
+    if "comfy" in request.fixturenames:
+        import comfy.model_management
+
+        comfy.model_management.interrupt_current_processing(False)

@@ -1,0 +1,161 @@
+"""The four nodes called as ComfyUI calls them (V3 ``execute``), in-process on a tiny Wan."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+from support import wan_tiny
+
+REPORT_KEYS = {
+    "cache_bytes", "bf16_bytes", "cache_mib", "bf16_mib", "effective_bits", "chunks", "chunk_frames", "window_chunks",
+    "seconds_per_chunk", "key_bits", "value_bits", "group_size", "rotation", "correction", "strength", "layers",
+    "heads", "head_dim", "cfg_branches", "tokens_per_frame",
+}
+
+
+def _schema(node_cls):
+    s = node_cls.define_schema()
+    s.finalize()
+    return s
+
+
+def test_schemas_follow_the_contract(nodes):
+    expected = {
+        "JensenKVQuantizeKVCache": ("Quantize KV Cache", ["model", "key_bits", "value_bits", "group_size", "rotation",
+                                                          "scale_format", "rotation_seed"], ["MODEL"]),
+        "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength"], ["MODEL"]),
+        "JensenKVChunkedARSampler": ("Chunked AR Video Sampler",
+                                     ["model", "positive", "negative", "latent", "seed", "cfg", "sampler", "sigmas",
+                                      "chunk_frames", "window_chunks", "context_noise"], ["LATENT", "JENSEN_KV_REPORT"]),
+        "JensenKVChunkedARSamplerSimple": ("Chunked AR Video Sampler (KSampler)",
+                                           ["model", "positive", "negative", "latent", "seed", "steps", "cfg",
+                                            "sampler_name", "scheduler", "chunk_frames", "window_chunks",
+                                            "context_noise"], ["LATENT", "JENSEN_KV_REPORT"]),
+    }
+    assert {n.define_schema().node_id for n in nodes.NODES} == set(expected)
+    for node_cls in nodes.NODES:
+        s = _schema(node_cls)
+        display, inputs, outputs = expected[s.node_id]
+        assert s.display_name == display and s.category == "jensen_kv"
+        assert [i.id for i in s.inputs] == inputs
+        assert [o.io_type for o in s.outputs] == outputs
+        for i in s.inputs:
+            assert i.tooltip and len(i.tooltip) > 20, f"{s.node_id}.{i.id} needs a tooltip"
+    q = {i.id: i for i in _schema(nodes.JensenKVQuantizeKVCache).inputs}
+    assert q["key_bits"].options == ["2", "3", "4", "8", "off"] and q["key_bits"].default == "2"
+    assert q["group_size"].options == ["8", "16", "32", "64", "128", "256"] and q["group_size"].default == "32"
+    assert q["rotation"].default == "hadamard" and q["scale_format"].default == "fp8_e4m3"
+    assert q["scale_format"].as_dict()["advanced"] is True and q["rotation_seed"].as_dict()["advanced"] is True
+    assert "advanced" not in q["key_bits"].as_dict()
+    j = {i.id: i for i in _schema(nodes.JensenKVBiasCorrection).inputs}
+    assert j["mode"].options == ["taylor", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
+    assert (j["strength"].default, j["strength"].min, j["strength"].max, j["strength"].step) == (1.0, 0.0, 4.0, 0.05)
+    c = {i.id: i for i in _schema(nodes.JensenKVChunkedARSampler).inputs}
+    assert c["chunk_frames"].default == 3 and c["window_chunks"].default == 0 and c["cfg"].default == 1.0
+    assert c["context_noise"].default == 0.0 and c["context_noise"].as_dict()["advanced"] is True
+
+
+def test_quantize_returns_a_clone_with_a_frozen_config(nodes, tiny):
+    out = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "4", "16", "hadamard", "fp8_e4m3", 5).args[0]
+    assert out is not tiny and "jensen_kv" not in tiny.model_options["transformer_options"]
+    cfg = out.model_options["transformer_options"]["jensen_kv"]
+    assert type(cfg).__name__ == "JensenKVConfig"
+    assert (cfg.spec_k.bits, cfg.spec_v.bits, cfg.spec_k.group_size, cfg.spec_k.seed) == (2, 4, 16, 5)
+    assert cfg.correction == "none"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.strength = 2.0
+    off = nodes.JensenKVQuantizeKVCache.execute(tiny, "off", "3", "8", "none", "bf16", 0).args[0]
+    c2 = off.model_options["transformer_options"]["jensen_kv"]
+    assert c2.spec_k is None and c2.spec_v.bits == 3 and c2.spec_v.scale_format == "bf16"
+
+
+def test_quantize_rejects_a_group_size_that_does_not_divide_head_dim(nodes, tiny):
+    with pytest.raises(ValueError, match="group_size 64 does not divide head_dim 32; use 8, 16 or 32"):
+        nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "64", "none", "fp8_e4m3", 0)
+    with pytest.raises(ValueError, match="group_size='48' is not supported; use one of 8, 16, 32, 64, 128, 256"):
+        nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "48", "none", "fp8_e4m3", 0)
+    with pytest.raises(ValueError, match="key_bits='5' is not supported; use one of 2, 3, 4, 8, off"):
+        nodes.JensenKVQuantizeKVCache.execute(tiny, "5", "2", "32", "none", "fp8_e4m3", 0)
+
+
+def test_jensen_without_quantized_keys_says_there_is_nothing_to_correct(nodes, tiny, caplog):
+    caplog.set_level(logging.WARNING, logger="jensen_kv")
+    out = nodes.JensenKVBiasCorrection.execute(tiny, "taylor", 1.0)
+    assert out.args[0] is tiny  # passed through untouched
+    assert "nothing to correct" in out.ui.as_dict()["text"][0]
+    assert any("nothing to correct" in r.getMessage() for r in caplog.records)
+    values_only = nodes.JensenKVQuantizeKVCache.execute(tiny, "off", "2", "16", "none", "fp8_e4m3", 0).args[0]
+    out2 = nodes.JensenKVBiasCorrection.execute(values_only, "taylor", 1.0)
+    assert out2.args[0] is values_only and "nothing to correct" in out2.ui.as_dict()["text"][0]
+
+
+def test_jensen_sets_mode_and_strength_on_a_clone(nodes, tiny):
+    q = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0).args[0]
+    for mode, core in (("taylor", "taylor"), ("exact", "exact"), ("per_channel", "per_channel"), ("off", "none")):
+        out = nodes.JensenKVBiasCorrection.execute(q, mode, 0.5)
+        cfg = out.args[0].model_options["transformer_options"]["jensen_kv"]
+        assert (cfg.correction, cfg.strength) == (core, 0.5)
+        assert out.args[0] is not q
+    assert q.model_options["transformer_options"]["jensen_kv"].correction == "none"
+
+
+def _sampler_inputs(tiny):
+    import comfy.samplers
+
+    sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", 2)
+    return dict(positive=wan_tiny.conditioning(1, 13, 32), negative=wan_tiny.conditioning(2, 13, 32),
+                latent=wan_tiny.video_latent(5), seed=4, cfg=1.0, sampler=comfy.samplers.sampler_object("euler"),
+                sigmas=sigmas, chunk_frames=2, window_chunks=0, context_noise=0.0)
+
+
+def test_sampler_node_outputs_latent_report_and_ui(nodes, tiny):
+    model = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0).args[0]
+    model = nodes.JensenKVBiasCorrection.execute(model, "taylor", 1.0).args[0]
+    inputs = _sampler_inputs(tiny)
+    out = nodes.JensenKVChunkedARSampler.execute(model, **inputs)
+    latent, report = out.args
+    assert latent["samples"].shape == (1, 16, 5, 8, 8) and torch.isfinite(latent["samples"]).all()
+    assert inputs["latent"]["samples"].abs().sum() == 0  # input latent untouched
+    assert set(report) == REPORT_KEYS
+    assert report["chunks"] == 3 and len(report["seconds_per_chunk"]) == 3
+    assert report["effective_bits"] == pytest.approx(2 + 24 / 16)
+    assert report["cache_mib"] == report["cache_bytes"] / 2**20
+    assert out.ui["jensen_kv_report"] == [report]
+    text = out.ui["text"][0]
+    assert "3 chunks of 2 latent frames" in text and "MiB" in text and "correction: taylor" in text
+    # the FP baseline: no patch nodes, full-precision cache in the model's dtype (fp32 here)
+    base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[1]
+    assert base["key_bits"] == "off" and base["correction"] == "off" and base["effective_bits"] == 32.0
+    assert base["cache_bytes"] == 2 * base["bf16_bytes"] and base["bf16_bytes"] == report["bf16_bytes"]
+
+
+def test_ksampler_variant_equals_sampler_with_the_same_sigmas(nodes, tiny):
+    import comfy.samplers
+
+    inputs = _sampler_inputs(tiny)
+    for name in ("sampler", "sigmas", "cfg"):
+        inputs.pop(name)
+    simple = nodes.JensenKVChunkedARSamplerSimple.execute(tiny, steps=3, cfg=1.0, sampler_name="euler",
+                                                          scheduler="normal", **inputs).args[0]
+    ks = comfy.samplers.KSampler(tiny, steps=3, device=tiny.load_device, sampler="euler", scheduler="normal")
+    full = nodes.JensenKVChunkedARSampler.execute(tiny, cfg=1.0, sampler=comfy.samplers.sampler_object("euler"),
+                                                  sigmas=ks.sigmas, **inputs).args[0]
+    assert torch.equal(simple["samples"], full["samples"])
+
+
+@pytest.mark.parametrize("key_bits,value_bits,mode", [("2", "2", "exact"), ("3", "2", "per_channel"),
+                                                      ("off", "4", "taylor"), ("8", "off", "off")])
+def test_every_mode_and_side_samples(nodes, tiny, key_bits, value_bits, mode):
+    inputs = _sampler_inputs(tiny)
+    base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[0]["samples"]
+    m = nodes.JensenKVQuantizeKVCache.execute(tiny, key_bits, value_bits, "16", "hadamard", "fp8_e4m3", 0).args[0]
+    m = nodes.JensenKVBiasCorrection.execute(m, mode, 1.0).args[0]
+    latent, report = nodes.JensenKVChunkedARSampler.execute(m, **inputs).args
+    assert torch.isfinite(latent["samples"]).all()
+    assert not torch.equal(latent["samples"], base)  # the cache really is quantized
+    assert (report["key_bits"], report["value_bits"]) == tuple(int(b) if b != "off" else "off"
+                                                               for b in (key_bits, value_bits))
+    # the correction applies to quantized keys only
+    assert report["correction"] == (mode if key_bits != "off" else "off")
