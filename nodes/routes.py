@@ -1,0 +1,318 @@
+"""HTTP routes the web extension asks for every number it shows.
+
+One source for the formula: the web extension (``web/jensen_kv.js``) only displays what these
+handlers return; the numbers come from :mod:`jensen_core` (``QuantSpec.effective_bits``,
+``planner.plan_cache``, ``planner.wan_latent_shape``, ``planner.MODEL_PRESETS``).
+
+Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
+
+- ``GET /jensen_kv/options`` - choices, defaults and model presets for the UI;
+- ``GET /jensen_kv/spec?key_bits=2&value_bits=2&group_size=32&...`` - effective bits of a key / value
+  spec and its compression against BF16 (``head_dim`` optional: adds the divisibility check);
+- ``GET /jensen_kv/plan?width=832&height=480&frames=81&chunk_frames=3&...`` - the projected peak cache
+  size of a run at BF16 and at the chosen setting, with warnings.
+
+A bad query value answers HTTP 400 with ``{"error": ..., "param": ..., "value": ..., "fix": ...}``.
+The pure functions :func:`options`, :func:`spec_summary` and :func:`plan_summary` do the work and
+import without ComfyUI; :func:`register` attaches them to ``PromptServer.instance.routes``.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Mapping
+
+from ..jensen_core.planner import MODEL_PRESETS, plan_cache, wan_latent_shape
+from ..jensen_core.spec import QuantSpec
+from .config import BITS_CHOICES, GROUP_SIZE_CHOICES, ROTATION_CHOICES, SCALE_FORMAT_CHOICES
+
+logger = logging.getLogger("jensen_kv")
+
+ROUTE_PREFIX = "/jensen_kv"
+
+# The node's own widget choices (nodes/config.py), so the planner accepts exactly what the node does.
+GROUP_CHOICES: tuple[int, ...] = tuple(int(g) for g in GROUP_SIZE_CHOICES)
+SCALE_CHOICES: tuple[str, ...] = tuple(SCALE_FORMAT_CHOICES)
+CUSTOM_PRESET = "custom"
+PRESET_LABELS = {"wan2.1-1.3b": "Wan 2.1 1.3B", "wan2.1-14b": "Wan 2.1 14B", CUSTOM_PRESET: "custom"}
+
+DEFAULTS: dict[str, object] = {
+    "key_bits": "2",
+    "value_bits": "2",
+    "group_size": 32,
+    "rotation": "hadamard",
+    "scale_format": "fp8_e4m3",
+    "width": 832,
+    "height": 480,
+    "frames": 81,
+    "batch": 1,
+    "chunk_frames": 3,
+    "window_chunks": 0,
+    "cfg_branches": 1,
+    "preset": "wan2.1-1.3b",
+}
+
+# name -> (min, max, what it is / how to fix it)
+_INT_RANGES: dict[str, tuple[int, int, str]] = {
+    "width": (16, 16384, "the video width in pixels, e.g. width=832"),
+    "height": (16, 16384, "the video height in pixels, e.g. height=480"),
+    "frames": (1, 16384, "the number of video frames, e.g. frames=81 (Wan: 4k+1)"),
+    "batch": (1, 4096, "the latent batch size, e.g. batch=1"),
+    "chunk_frames": (1, 1024, "latent frames per chunk, e.g. chunk_frames=3"),
+    "window_chunks": (0, 4096, "chunks kept in the cache, 0 = all, e.g. window_chunks=0"),
+    "cfg_branches": (1, 2, "1 when cfg is 1, 2 when cfg > 1 (cond and uncond are both cached)"),
+    "layers": (1, 1000, "transformer blocks of the model, e.g. layers=30 for Wan 1.3B"),
+    "heads": (1, 1024, "attention heads per block, e.g. heads=12 for Wan 1.3B"),
+    "head_dim": (1, 4096, "channels per attention head, e.g. head_dim=128 for Wan"),
+    "group_size": (1, 4096, "one of 8, 16, 32, 64, 128, 256"),
+}
+
+SPEC_PARAMS = ("key_bits", "value_bits", "group_size", "rotation", "scale_format", "head_dim")
+PLAN_PARAMS = (*SPEC_PARAMS, "width", "height", "frames", "batch", "chunk_frames", "window_chunks",
+               "cfg_branches", "preset", "layers", "heads")
+
+
+class ParamError(ValueError):
+    """A query value the routes cannot use; ``to_json()`` is the HTTP 400 body."""
+
+    def __init__(self, param: str, value: object, problem: str, fix: str):
+        self.param, self.value, self.problem, self.fix = param, value, problem, fix
+        shown = param if value is None else f"{param}={value!r}"
+        super().__init__(f"{shown} {problem}; {fix}")
+
+    def to_json(self) -> dict:
+        return {"error": str(self), "param": self.param, "value": self.value, "fix": self.fix}
+
+
+def _check_known(params: Mapping[str, str], allowed: tuple[str, ...]) -> None:
+    for name in params:
+        if name not in allowed:
+            raise ParamError(name, params[name], "is not a known parameter",
+                             "use only " + ", ".join(allowed))
+
+
+def _get(params: Mapping[str, str], name: str) -> object:
+    v = params.get(name)
+    return DEFAULTS.get(name) if v is None or str(v).strip() == "" else str(v).strip()
+
+
+def _int(params: Mapping[str, str], name: str, default: object = None) -> int:
+    raw = params.get(name)
+    raw = default if raw is None or str(raw).strip() == "" else str(raw).strip()
+    lo, hi, what = _INT_RANGES[name]
+    if raw is None:
+        raise ParamError(name, None, "is missing", f"give {what}")
+    try:
+        v = int(raw)
+    except (TypeError, ValueError):
+        raise ParamError(name, raw, "is not an integer", f"give {what}") from None
+    if not lo <= v <= hi:
+        raise ParamError(name, v, f"is out of range {lo}..{hi}", f"give {what}")
+    return v
+
+
+def _choice(params: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    v = str(_get(params, name))
+    if v not in choices:
+        raise ParamError(name, v, "is not supported", "use one of " + ", ".join(choices))
+    return v
+
+
+def _side_spec(params: Mapping[str, str], side: str) -> QuantSpec | None:
+    bits = _choice(params, f"{side}_bits", BITS_CHOICES)
+    if bits == "off":
+        return None
+    group = _int(params, "group_size", DEFAULTS["group_size"])
+    if group not in GROUP_CHOICES:
+        raise ParamError("group_size", group, "is not supported",
+                         "use one of " + ", ".join(map(str, GROUP_CHOICES)) + " (it must divide head_dim)")
+    return QuantSpec(
+        bits=int(bits),
+        group_size=group,
+        rotation=_choice(params, "rotation", ROTATION_CHOICES),
+        scale_format=_choice(params, "scale_format", SCALE_CHOICES),
+    )
+
+
+def _side_summary(spec: QuantSpec | None) -> dict:
+    if spec is None:
+        return {"quantized": False, "bits": None, "effective_bits": 16.0,
+                "note": "kept at the model's precision (counted as BF16)"}
+    return {"quantized": True, "bits": spec.bits, "effective_bits": spec.effective_bits,
+            "scale_bits": spec.scale_bits, "zero_bits": spec.zero_bits, "group_size": spec.group_size}
+
+
+def _head_dim_errors(spec_k: QuantSpec | None, spec_v: QuantSpec | None, head_dim: int) -> list[str]:
+    """What would stop the run for this head_dim, once per distinct message."""
+    found: dict[str, list[str]] = {}
+    for side, spec in (("key", spec_k), ("value", spec_v)):
+        if spec is None:
+            continue
+        try:
+            spec.check_head_dim(head_dim)
+        except ValueError as exc:
+            found.setdefault(str(exc), []).append(side)
+    return [f"{' and '.join(sides)} cache: {msg}" for msg, sides in found.items()]
+
+
+def options(params: Mapping[str, str] | None = None) -> dict:
+    """Choices, defaults and model presets, so the UI hard-codes none of them."""
+    _check_known(params or {}, ())
+    presets = {name: {"layers": l_, "heads": h, "head_dim": d, "label": PRESET_LABELS.get(name, name)}
+               for name, (l_, h, d) in MODEL_PRESETS.items()}
+    return {
+        "bits": list(BITS_CHOICES),
+        "group_size": list(GROUP_CHOICES),
+        "rotation": list(ROTATION_CHOICES),
+        "scale_format": list(SCALE_CHOICES),
+        "presets": presets,
+        "custom_preset": CUSTOM_PRESET,
+        "defaults": dict(DEFAULTS),
+        "ranges": {k: {"min": lo, "max": hi, "hint": what} for k, (lo, hi, what) in _INT_RANGES.items()},
+    }
+
+
+def spec_summary(params: Mapping[str, str]) -> dict:
+    """Effective bits of the key and value specs and their compression against BF16.
+
+    ``head_dim`` is optional; when given, a group size (or rotation) that cannot quantize it comes
+    back in ``errors`` (the sampler would stop with the same message).
+    """
+    _check_known(params, SPEC_PARAMS)
+    spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
+    k, v = _side_summary(spec_k), _side_summary(spec_v)
+    eb = (k["effective_bits"] + v["effective_bits"]) / 2
+    head_dim = _int(params, "head_dim") if params.get("head_dim") not in (None, "") else None
+    errors = _head_dim_errors(spec_k, spec_v, head_dim) if head_dim is not None else []
+    return {
+        "key": k,
+        "value": v,
+        "effective_bits": eb,
+        "compression": 16.0 / eb,
+        "head_dim": head_dim,
+        "errors": errors,
+    }
+
+
+def _resolve_model(params: Mapping[str, str]) -> tuple[str, int, int, int]:
+    preset = str(_get(params, "preset"))
+    if preset != CUSTOM_PRESET and preset not in MODEL_PRESETS:
+        raise ParamError("preset", preset, "is not a known model preset",
+                         "use one of " + ", ".join((*MODEL_PRESETS, CUSTOM_PRESET)))
+    base = MODEL_PRESETS.get(preset)
+    dims = []
+    for i, name in enumerate(("layers", "heads", "head_dim")):
+        given = params.get(name)
+        if given is None or str(given).strip() == "":
+            if base is None:
+                raise ParamError(name, None, "is missing", f"preset=custom needs layers, heads and head_dim: give {_INT_RANGES[name][2]}")
+            dims.append(base[i])
+        else:
+            dims.append(_int(params, name))
+    layers, heads, head_dim = dims
+    # name the preset the dimensions really are (explicit values override the preset)
+    match = next((n for n, d in MODEL_PRESETS.items() if d == (layers, heads, head_dim)), CUSTOM_PRESET)
+    return match, layers, heads, head_dim
+
+
+def plan_summary(params: Mapping[str, str]) -> dict:
+    """Projected peak cache size of a chunk-wise AR run, at BF16 and at the chosen setting.
+
+    The bytes come from :func:`jensen_core.planner.plan_cache`; this function only parses and
+    validates the query and adds what the UI needs to display (MiB, savings, the errors that would
+    stop the run as distinct from warnings).
+    """
+    _check_known(params, PLAN_PARAMS)
+    spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
+    preset, layers, heads, head_dim = _resolve_model(params)
+    spec = spec_summary({**{k: v for k, v in params.items() if k in SPEC_PARAMS}, "head_dim": str(head_dim)})
+    width, height = _int(params, "width", DEFAULTS["width"]), _int(params, "height", DEFAULTS["height"])
+    frames = _int(params, "frames", DEFAULTS["frames"])
+    chunk_frames = _int(params, "chunk_frames", DEFAULTS["chunk_frames"])
+    window = _int(params, "window_chunks", DEFAULTS["window_chunks"])
+    cfg_branches = _int(params, "cfg_branches", DEFAULTS["cfg_branches"])
+    batch = _int(params, "batch", DEFAULTS["batch"])
+
+    latent_frames, latent_h, latent_w = wan_latent_shape(width, height, frames)
+    notes = []
+    if width % 16 or height % 16:
+        notes.append(f"{width}x{height} is not a multiple of 16: Wan works on {latent_w // 2 * 16}x{latent_h // 2 * 16} "
+                     "(use multiples of 16, e.g. 832x480)")
+    if (frames - 1) % 4:
+        notes.append(f"{frames} frames: Wan's VAE keeps 4k+1 frames, so this is {latent_frames} latent frames "
+                     f"({(latent_frames - 1) * 4 + 1} video frames)")
+    if latent_h < 2 or latent_w < 2:
+        raise ParamError("width" if latent_w < 2 else "height", width if latent_w < 2 else height,
+                         "is too small for one Wan patch", "use at least 16 pixels")
+
+    errors = _head_dim_errors(spec_k, spec_v, head_dim)
+    plan = plan_cache(
+        latent_frames=latent_frames, latent_height=latent_h, latent_width=latent_w,
+        chunk_frames=chunk_frames, window_chunks=window, layers=layers, heads=heads, head_dim=head_dim,
+        spec_k=spec_k, spec_v=spec_v, cfg_branches=cfg_branches, batch=batch,
+    )
+    d = plan.to_dict()
+    # plan_cache repeats the head_dim problems as warnings; they are errors here (the run would stop)
+    warnings = [w for w in d.pop("warnings") if not w.startswith(("key cache: ", "value cache: "))]
+    runnable = not errors
+    quant_bytes = d["quantized_bytes"] if runnable else None
+    d.update(
+        spec=spec,
+        errors=errors,
+        warnings=warnings + notes,
+        runnable=runnable,
+        quantized_bytes=quant_bytes,
+        quantized_mib=d["quantized_mib"] if runnable else None,
+        saved_bytes=(d["bf16_bytes"] - quant_bytes) if runnable else None,
+        bytes_ratio=(d["bf16_bytes"] / quant_bytes) if runnable and quant_bytes else None,
+        model={"preset": preset, "layers": layers, "heads": heads, "head_dim": head_dim},
+        video={"width": width, "height": height, "frames": frames, "batch": batch,
+               "latent_height": latent_h, "latent_width": latent_w},
+        chunk_frames=chunk_frames,
+        window_chunks=window,
+        cfg_branches=cfg_branches,
+    )
+    return d
+
+
+# ---------------------------------------------------------------------------------------- server glue
+def _json_handler(fn):
+    async def handler(request):
+        from aiohttp import web
+
+        try:
+            body = fn(request.rel_url.query)
+        except ParamError as exc:
+            return web.json_response(exc.to_json(), status=400)
+        except ValueError as exc:  # a check in jensen_core the parsing above did not anticipate
+            return web.json_response({"error": str(exc), "param": None, "value": None,
+                                      "fix": "change the value the message names"}, status=400)
+        return web.json_response(body)
+
+    handler.__name__ = f"jensen_kv_{fn.__name__}"
+    return handler
+
+
+ROUTES = {"options": options, "spec": spec_summary, "plan": plan_summary}
+
+
+def register(route_table=None) -> bool:
+    """Attach the routes to ``PromptServer.instance.routes`` (or ``route_table``); idempotent."""
+    if route_table is None:
+        # ComfyUI's main.py imports its ``server`` module before it loads custom nodes; anywhere else
+        # (pytest, scripts) there is no server to attach to, and importing one would start ComfyUI.
+        server = sys.modules.get("server")
+        instance = getattr(getattr(server, "PromptServer", None), "instance", None)
+        if instance is None:
+            logger.debug("jensen_kv: no running ComfyUI server; web routes not registered")
+            return False
+        route_table = instance.routes
+    existing = {getattr(r, "path", None) for r in route_table}
+    for name, fn in ROUTES.items():
+        path = f"{ROUTE_PREFIX}/{name}"
+        if path not in existing:
+            route_table.get(path)(_json_handler(fn))
+    return True
+
+
+register()

@@ -1,0 +1,61 @@
+"""Build workflows/*.json with the real front end (run by hand after changing workflow_specs.py).
+
+    python tests/web/build_workflows.py
+
+Starts a throwaway ComfyUI server with the pack (and placeholder model files, so the loaders list
+the names), opens the UI in headless Chromium, builds each spec with LiteGraph and writes what
+``app.graph.serialize()`` returns - the same JSON as the UI's Save.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from support.browser import (  # noqa: E402
+    browser_skip_reason,
+    launch_chromium,
+    open_comfyui,
+    write_frontend_settings,
+    write_placeholder_models,
+)
+from support.comfyui import PACK_ROOT, ComfyServer, find_comfyui, make_base_dir  # noqa: E402
+from workflow_specs import BUILD_JS, MODEL_FILES, WORKFLOWS  # noqa: E402
+
+
+def main() -> int:
+    reason = browser_skip_reason()
+    comfy = find_comfyui()
+    if reason or comfy is None:
+        print(reason or "ComfyUI not found", file=sys.stderr)
+        return 2
+    from playwright.sync_api import sync_playwright
+
+    out_dir = PACK_ROOT / "workflows"
+    out_dir.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = make_base_dir(Path(tmp))
+        write_frontend_settings(base)
+        write_placeholder_models(base, MODEL_FILES)
+        with ComfyServer(comfy, base) as server, sync_playwright() as p:
+            browser = launch_chromium(p)
+            page = browser.new_page()
+            open_comfyui(page, server.url)
+            for spec in WORKFLOWS:
+                data = page.evaluate(BUILD_JS, spec)
+                data["id"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfyui-jensen-kv/{spec['name']}"))  # stable
+                path = out_dir / f"{spec['name']}.json"
+                path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+                print(f"wrote {path.relative_to(PACK_ROOT)}: {len(data['nodes'])} nodes, {len(data['links'])} links")
+            browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

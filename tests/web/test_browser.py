@@ -1,0 +1,357 @@
+"""The web extension and the workflows in the real front end: headless Chromium against a live ComfyUI.
+
+One ComfyUI server (the pack, the test-only node pack, placeholder model files and a tiny Wan
+checkpoint in a temporary base directory) and one browser page serve every test in this module.
+Screenshots go to ``artifacts/browser/``.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from support.browser import (
+    VIEWPORT,
+    browser_skip_reason,
+    launch_chromium,
+    open_comfyui,
+    write_frontend_settings,
+    write_placeholder_models,
+)
+from support.comfyui import PACK_ROOT, SKIP_REASON, TEST_NODES_DIR, ComfyServer, find_comfyui, make_base_dir
+from workflow_specs import BUILD_JS, MODEL_FILES, TINY_UNET, tiny_workflow
+
+pytestmark = [pytest.mark.comfyui, pytest.mark.server, pytest.mark.browser, pytest.mark.slow]
+
+ARTIFACTS = PACK_ROOT / "artifacts" / "browser"
+WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOWS = sorted(WORKFLOW_DIR.glob("*.json"))
+QUANT = "JensenKVQuantizeKVCache"
+SAMPLERS = ("JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple")
+MISSING_NODES_TITLE = "Some Nodes Are Missing"  # LoadWorkflowWarning dialog of comfyui-frontend-package 1.27
+
+
+class UI:
+    def __init__(self, page, server, base: Path, errors: list[str]):
+        self.page, self.server, self.base, self.errors = page, server, base, errors
+
+    def shot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        path = ARTIFACTS / f"{name}.png"
+        self.page.screenshot(path=str(path))
+        return path
+
+    def load(self, workflow: dict) -> None:
+        self.page.evaluate("async (wf) => { await app.loadGraphData(wf); }", workflow)
+        self.page.wait_for_timeout(300)
+
+    def focus(self, node_type: str, scale: float = 1.0) -> None:
+        """Zoom to 100% on the first node of this type (DOM widgets hide when zoomed far out)."""
+        self.page.evaluate(
+            """([t, scale]) => { const n = app.graph.nodes.find((n) => n.type === t);
+                 app.canvas.ds.scale = scale; app.canvas.centerOnNode(n); app.canvas.setDirty(true, true); }""",
+            [node_type, scale])
+        self.page.wait_for_timeout(300)
+
+    def panel(self, node_type: str = QUANT, name: str = "jensen_kv_panel"):
+        """The DOM element of the pack's panel on the first node of this type."""
+        return self.page.evaluate_handle(
+            """([t, name]) => app.graph.nodes.find((n) => n.type === t)?.widgets?.find((w) => w.name === name)?.element""",
+            [node_type, name]).as_element()
+
+    def read_planner(self) -> dict:
+        el = self.panel()
+        assert el is not None, "no planner panel on Quantize KV Cache"
+
+        def q(sel):
+            return el.query_selector(f"[data-jkv='{sel}']")
+
+        return {
+            "bits_text": q("bits").text_content(),
+            "effective_bits": float(q("bits").get_attribute("data-effective-bits") or "nan"),
+            "compression": float(q("bits").get_attribute("data-compression") or "nan"),
+            "warnings": q("warnings").text_content(),
+            "bf16_bytes": int(q("bf16").get_attribute("data-bytes")) if q("bf16") else None,
+            "quant_bytes": int(q("quant").get_attribute("data-bytes")) if q("quant") and q("quant").get_attribute("data-bytes") else None,
+            "quant_text": q("quant").text_content() if q("quant") else None,
+            "summary": q("planner-summary").text_content(),
+            "measured": q("measured").text_content(),
+        }
+
+    def wait_planner(self, predicate_js: str, timeout_ms: int = 10_000) -> dict:
+        """Wait until ``predicate_js`` (a JS expression over ``el``, the panel) holds, then read the panel."""
+        self.page.wait_for_function(
+            f"""(t) => {{ const el = app.graph.nodes.find((n) => n.type === t)?.widgets
+                         ?.find((w) => w.name === 'jensen_kv_panel')?.element; return !!el && ({predicate_js}); }}""",
+            arg=QUANT, timeout=timeout_ms)
+        return self.read_planner()
+
+    def set_widget(self, node_type: str, name: str, value) -> None:
+        """Change a widget as the canvas does: new value, then the widget's callback."""
+        self.page.evaluate(
+            """([t, name, value]) => { const n = app.graph.nodes.find((n) => n.type === t);
+                 const w = n.widgets.find((w) => w.name === name); w.value = value;
+                 w.callback?.(w.value, app.canvas, n); app.graph.setDirtyCanvas(true, true); }""",
+            [node_type, name, value])
+
+    def missing_nodes_dialog_shown(self) -> bool:
+        return self.page.get_by_text(MISSING_NODES_TITLE).count() > 0
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    reason = browser_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    comfy = find_comfyui()
+    if comfy is None:
+        pytest.skip(SKIP_REASON)
+    from playwright.sync_api import sync_playwright
+
+    base = make_base_dir(tmp_path_factory.mktemp("comfy_base"),
+                         extra_custom_nodes=[TEST_NODES_DIR] if (TEST_NODES_DIR / "__init__.py").is_file() else [])
+    write_frontend_settings(base)
+    write_placeholder_models(base, MODEL_FILES)
+    tiny_checkpoint = write_tiny_checkpoint(base)
+    errors: list[str] = []
+    with ComfyServer(comfy, base) as server, sync_playwright() as p:
+        browser = launch_chromium(p)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.on("pageerror", lambda e: errors.append(f"{e}\n{e.stack}"))
+        page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+        open_comfyui(page, server.url)
+        ui = UI(page, server, base, errors)
+        ui.tiny_checkpoint = tiny_checkpoint
+        yield ui
+        browser.close()
+
+
+def write_tiny_checkpoint(base: Path) -> str | None:
+    """A random tiny Wan that UNETLoader detects as wan2.1 (None when the test-node pack is absent)."""
+    if not (TEST_NODES_DIR / "__init__.py").is_file():
+        return None
+    import torch
+    from safetensors.torch import save_file
+    from support import comfyui as support_comfyui
+    from support import wan_tiny
+
+    support_comfyui.setup_inprocess_comfyui()
+    sd = wan_tiny.state_dict_for_file(seed=0)
+    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(base / "models" / "diffusion_models" / TINY_UNET))
+    return TINY_UNET
+
+
+def our_errors(errors: list[str]) -> list[str]:
+    """Page errors that come from this pack's extension (the front end logs unrelated ones here)."""
+    return [e for e in errors if "jensen" in e.lower()]
+
+
+# ---------------------------------------------------------------------------------------------- tests
+def test_extension_is_served_and_its_routes_answer_through_the_page(ui):
+    ext = ui.server.get("/extensions")
+    assert "/extensions/comfyui-jensen-kv/jensen_kv.js" in ext
+    body = ui.page.evaluate("""async () => {
+        const { api } = await import('/scripts/api.js');
+        const ok = await (await api.fetchApi('/jensen_kv/spec?key_bits=4&value_bits=4&group_size=64')).json();
+        const bad = await api.fetchApi('/jensen_kv/plan?group_size=12');
+        return { ok, status: bad.status, bad: await bad.json() };
+    }""")
+    assert body["ok"]["effective_bits"] == 4 + 24 / 64
+    assert body["status"] == 400 and body["bad"]["param"] == "group_size"
+
+
+def test_missing_node_dialog_is_detected(ui):
+    """Positive control for the check below: a workflow with an unknown node does show the dialog."""
+    wf = json.loads(WORKFLOWS[0].read_text())
+    wf["nodes"][1]["type"] = "JensenKVNodeThatDoesNotExist"
+    ui.load(wf)
+    ui.page.get_by_text(MISSING_NODES_TITLE).first.wait_for(timeout=10_000)
+    assert ui.page.get_by_text("JensenKVNodeThatDoesNotExist").count() > 0
+    ui.shot("00_missing_node_dialog_positive_control")
+    ui.page.keyboard.press("Escape")
+    ui.page.get_by_text(MISSING_NODES_TITLE).first.wait_for(state="detached", timeout=10_000)
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.stem)
+def test_workflow_loads_without_missing_nodes(ui, path):
+    wf = json.loads(path.read_text())
+    ui.load(wf)
+    ui.page.wait_for_timeout(700)
+    assert not ui.missing_nodes_dialog_shown(), f"{path.name}: the front end reports missing nodes"
+    assert ui.page.get_by_text("Invalid workflow").count() == 0, f"{path.name}: fails the front end's schema check"
+    ui.shot(f"01_loaded_{path.stem}")
+    loaded = ui.page.evaluate("""() => app.graph.nodes.map((n) => ({ type: n.type, ok: n.type in LiteGraph.registered_node_types,
+                                   widgets: (n.widgets ?? []).filter((w) => w.serialize !== false).map((w) => w.value) }))""")
+    assert [n["type"] for n in loaded] == [n["type"] for n in wf["nodes"]]
+    assert all(n["ok"] for n in loaded), [n["type"] for n in loaded if not n["ok"]]
+    # the front end kept every widget value of the file (nothing reset as invalid, nothing shifted)
+    for n_file, n_ui in zip(wf["nodes"], loaded):
+        assert n_ui["widgets"] == (n_file.get("widgets_values") or []), n_file["type"]
+    if any(n["type"] == QUANT for n in loaded):
+        ui.wait_planner("el.querySelector('[data-jkv=quant]')")
+        ui.focus(QUANT, 0.9)
+        ui.shot(f"01_loaded_{path.stem}_quantize_node")
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
+def _plan_bytes(**kw):
+    """The projection, straight from jensen_core (what the UI must display)."""
+    from jensen_core import QuantSpec
+    from jensen_core.planner import plan_cache, wan_latent_shape
+
+    lf, lh, lw = wan_latent_shape(kw.pop("width"), kw.pop("height"), kw.pop("frames"))
+    bits_k, bits_v, g = kw.pop("key_bits"), kw.pop("value_bits"), kw.pop("group_size")
+    spec = lambda b: None if b == "off" else QuantSpec(bits=int(b), group_size=g, rotation="hadamard")  # noqa: E731
+    p = plan_cache(latent_frames=lf, latent_height=lh, latent_width=lw, spec_k=spec(bits_k), spec_v=spec(bits_v), **kw)
+    return p.bf16_bytes, p.quantized_bytes
+
+
+def test_planner_follows_bits_group_size_and_window(ui):
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.focus(QUANT)
+    wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
+    r = ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
+    assert r["bits_text"].startswith("K 2.75 bits · V 2.75 bits → 5.82× smaller than BF16"), r["bits_text"]
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(key_bits="2", value_bits="2", group_size=32, **wan13)
+    assert r["warnings"] == ""
+    print("\nplanner, Self-Forcing 832x480x81, INT2 g32:", r["summary"])
+    ui.shot("02_planner_int2_g32")
+
+    ui.set_widget(QUANT, "key_bits", "4")
+    r = ui.wait_planner("el.querySelector('[data-jkv=bits]').textContent.includes('K 4.75 bits')")
+    assert r["effective_bits"] == pytest.approx((4.75 + 2.75) / 2)
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(key_bits="4", value_bits="2", group_size=32, **wan13)
+    print("planner, K INT4 / V INT2:", r["summary"])
+
+    ui.set_widget(QUANT, "group_size", "128")
+    r = ui.wait_planner("el.querySelector('[data-jkv=bits]').textContent.includes('K 4.188 bits')")
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(key_bits="4", value_bits="2", group_size=128, **wan13)
+    print("planner, group 128:", r["summary"])
+    ui.shot("03_planner_int4_int2_g128")
+
+    ui.set_widget(QUANT, "group_size", "256")
+    r = ui.wait_planner("el.querySelector('[data-jkv=warnings]').textContent.includes('does not divide')")
+    assert "group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128" in r["warnings"]
+    assert r["quant_bytes"] is None and "cannot run" in r["quant_text"]
+    assert ui.page.locator("[data-jkv=warnings]").first.is_visible()
+    ui.shot("04_warning_group_size_does_not_divide_head_dim")
+
+    ui.set_widget(QUANT, "group_size", "32")
+    ui.set_widget("JensenKVChunkedARSampler", "window_chunks", 9)  # the video has 7 chunks
+    r = ui.wait_planner("el.querySelector('[data-jkv=warnings]').textContent.includes('window of 9 chunks')")
+    assert "not smaller than the video's 7 chunks" in r["warnings"]
+    ui.focus(QUANT)
+    ui.shot("05_warning_window_exceeds_video")
+
+    ui.set_widget("JensenKVChunkedARSampler", "window_chunks", 2)
+    r = ui.wait_planner("!el.querySelector('[data-jkv=warnings]').textContent.includes('window of')")
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
+        key_bits="4", value_bits="2", group_size=32, **{**wan13, "window_chunks": 2})
+
+    # model preset from the planner's own select: Wan 14B
+    el = ui.panel()
+    el.query_selector("[data-jkv=preset]").select_option("wan2.1-14b")
+    r = ui.wait_planner("el.querySelector('[data-jkv=in-layers]').value === '40'")
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
+        key_bits="4", value_bits="2", group_size=32, **{**wan13, "window_chunks": 2, "layers": 40, "heads": 40})
+    print("planner, Wan 14B, window 2:", r["summary"])
+    ui.shot("06_planner_wan14b_window2")
+
+    # a bad planner value: the server's message (value and fix) shows on the node
+    el.query_selector("[data-jkv=follow]").uncheck()
+    width = el.query_selector("[data-jkv=in-width]")
+    ui.page.wait_for_function("(w) => !w.disabled", arg=width)
+    width.fill("5")
+    width.press("Tab")
+    r = ui.wait_planner("el.querySelector('[data-jkv=warnings]').textContent.includes('width=5')")
+    assert "width=5 is out of range 16..16384; give the video width in pixels, e.g. width=832" in r["warnings"]
+    ui.shot("06b_planner_bad_value_message")
+    width.fill("832")
+    width.press("Tab")
+    ui.wait_planner("!el.querySelector('[data-jkv=warnings]').textContent.includes('width=5')")
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
+def test_planner_counts_both_cfg_branches_for_skyreels(ui):
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_skyreels_v2_df_cfg_int2_jensen.json").read_text()))
+    ui.focus(QUANT)
+    r = ui.wait_planner("el.querySelector('[data-jkv=in-cfg_branches]')?.value === '2'"
+                        " && el.querySelector('[data-jkv=quant]')?.dataset.bytes")
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
+        key_bits="2", value_bits="2", group_size=32, width=960, height=544, frames=97, chunk_frames=5,
+        window_chunks=0, layers=30, heads=12, head_dim=128, cfg_branches=2)
+    print("\nplanner, SkyReels-V2 DF 960x544x97, cfg 6:", r["summary"])
+    ui.shot("07_planner_skyreels_cfg2")
+
+
+def test_queue_tiny_model_and_report_matches_planner(ui):
+    """Run the tiny-model workflow from the UI: the report lands on the sampler and equals the plan."""
+    if ui.tiny_checkpoint is None:
+        pytest.skip(f"the test-only node pack {TEST_NODES_DIR} is absent (it provides the random conditioning)")
+    t0 = time.monotonic()
+    wf = ui.page.evaluate(BUILD_JS, tiny_workflow())  # build with LiteGraph, save as the UI would ...
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "tiny_workflow.json").write_text(json.dumps(wf, indent=1))
+    ui.load(wf)  # ... and load it like a user's file
+    assert not ui.missing_nodes_dialog_shown()
+
+    # the planner, told the tiny model's dimensions by typing them (2 layers, 1 head of 128)
+    ui.focus(QUANT)
+    el = ui.panel()
+    for name, value in (("layers", "2"), ("heads", "1"), ("head_dim", "128")):
+        box = el.query_selector(f"[data-jkv=in-{name}]")
+        box.fill(value)
+        box.press("Tab")
+    planned = ui.wait_planner("el.querySelector('[data-jkv=preset]').value === 'custom'"
+                              " && el.querySelector('[data-jkv=in-cfg_branches]').value === '2'"
+                              " && el.querySelector('[data-jkv=quant]')?.dataset.bytes")
+    expected = _plan_bytes(key_bits="2", value_bits="2", group_size=32, width=32, height=32, frames=13,
+                           chunk_frames=2, window_chunks=0, layers=2, heads=1, head_dim=128, cfg_branches=2)
+    assert (planned["bf16_bytes"], planned["quant_bytes"]) == expected
+    ui.shot("08_tiny_planner_before_run")
+
+    # queue it with the Run button and wait for the sampler's report to appear on the node
+    with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
+        ui.page.get_by_role("button", name="Run").first.click()
+    body = queued.value.json()
+    assert queued.value.status == 200 and not body.get("node_errors"), body
+    ui.page.wait_for_function(
+        """() => !!app.graph.nodes.find((n) => n.type === 'JensenKVChunkedARSampler')?.widgets
+               ?.find((w) => w.name === 'jensen_kv_report')?.element?.querySelector('[data-jkv=report-text]')""",
+        timeout=240_000)
+    entry = ui.server.wait_for_prompt(body["prompt_id"], timeout=120)
+    assert entry["status"]["status_str"] == "success", (entry["status"], ui.server.log_tail())
+    report = entry["outputs"][str(_node_id(wf, "JensenKVChunkedARSampler"))]["jensen_kv_report"][0]
+
+    box = ui.panel("JensenKVChunkedARSampler", "jensen_kv_report").query_selector("[data-jkv=report-text]")
+    shown = box.text_content()
+    assert int(box.get_attribute("data-cache-bytes")) == report["cache_bytes"]
+    assert shown.startswith(f"KV cache {report['cache_bytes'] / 2**10:.1f} KiB (BF16 {report['bf16_bytes'] / 2**10:.1f} KiB)")
+    assert "s/chunk:" in shown and len(report["seconds_per_chunk"]) == report["chunks"] == 2
+    for secs in report["seconds_per_chunk"]:
+        assert f"{secs:.2f}" in shown
+    # the planner's projection is what the cache really held
+    assert report["cache_bytes"] == planned["quant_bytes"], (report, planned)
+    assert report["bf16_bytes"] == planned["bf16_bytes"]
+    after = ui.wait_planner("el.querySelector('[data-jkv=measured]').dataset.bytes")
+    assert int(ui.panel().query_selector("[data-jkv=measured]").get_attribute("data-bytes")) == report["cache_bytes"]
+    print(f"\ntiny run ({_elapsed(t0)}): report on the sampler: {shown!r}")
+    print(f"planner: {planned['summary']}; measured line: {after['measured']!r}")
+    ui.focus("JensenKVChunkedARSampler")
+    ui.shot("09_tiny_report_on_sampler")
+    ui.focus(QUANT)
+    ui.shot("10_tiny_planner_with_measured")
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
+def _node_id(wf: dict, node_type: str) -> int:
+    return next(n["id"] for n in wf["nodes"] if n["type"] == node_type)
+
+
+def test_no_errors_from_the_extension(ui):
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
+def _elapsed(t0: float) -> str:
+    return f"{time.monotonic() - t0:.1f} s"

@@ -1,0 +1,199 @@
+"""The numbers the web UI shows: nodes/routes.py, tested without a server.
+
+The route functions must agree with jensen_core (one source for the formula), reject bad query
+values with a message that names the value and the fix, and project exactly the bytes a real
+``ChunkCache`` holds.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+import torch
+from support.pack import load_pack_module
+
+from jensen_core import ChunkCache, QuantSpec
+from jensen_core.planner import MODEL_PRESETS, plan_cache
+
+routes = load_pack_module("nodes.routes")
+
+
+# ------------------------------------------------------------------------------------------- spec
+@pytest.mark.parametrize("bits", ["2", "3", "4", "8"])
+@pytest.mark.parametrize("group", ["8", "32", "128"])
+@pytest.mark.parametrize("scale", ["fp8_e4m3", "bf16", "fp32"])
+def test_spec_effective_bits_come_from_quantspec(bits, group, scale):
+    out = routes.spec_summary({"key_bits": bits, "value_bits": bits, "group_size": group, "scale_format": scale})
+    expected = QuantSpec(bits=int(bits), group_size=int(group), scale_format=scale).effective_bits
+    assert out["key"]["effective_bits"] == expected
+    assert out["value"]["effective_bits"] == expected
+    assert out["compression"] == pytest.approx(16.0 / expected)
+
+
+def test_spec_defaults_are_the_node_defaults_int2_g32_fp8():
+    out = routes.spec_summary({})
+    assert out["effective_bits"] == 2.75  # paper Eq. 21: 2 + (8 + 16) / 32
+    assert out["compression"] == pytest.approx(16 / 2.75)
+    assert out["errors"] == []
+
+
+def test_spec_off_side_counts_as_bf16():
+    out = routes.spec_summary({"key_bits": "2", "value_bits": "off"})
+    assert out["value"] == {"quantized": False, "bits": None, "effective_bits": 16.0,
+                            "note": "kept at the model's precision (counted as BF16)"}
+    assert out["effective_bits"] == pytest.approx((2.75 + 16) / 2)
+
+
+def test_spec_head_dim_check_names_the_fix():
+    out = routes.spec_summary({"group_size": "256", "head_dim": "128"})
+    assert out["errors"] == ["key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128"]
+    out = routes.spec_summary({"group_size": "256", "head_dim": "128", "value_bits": "off"})
+    assert out["errors"] == ["key cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128"]
+    assert routes.spec_summary({"group_size": "32", "head_dim": "128"})["errors"] == []
+
+
+# ------------------------------------------------------------------------------------------- plan
+def test_plan_matches_plan_cache_for_wan_1_3b_defaults():
+    out = routes.plan_summary({})
+    ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
+                     layers=30, heads=12, head_dim=128, spec_k=QuantSpec(2, 32, "hadamard"),
+                     spec_v=QuantSpec(2, 32, "hadamard"))
+    assert out["bf16_bytes"] == ref.bf16_bytes
+    assert out["quantized_bytes"] == ref.quantized_bytes
+    assert out["tokens_per_latent_frame"] == 1560 and out["chunks"] == 7 and out["cached_chunks_peak"] == 6
+    assert out["model"] == {"preset": "wan2.1-1.3b", "layers": 30, "heads": 12, "head_dim": 128}
+    assert out["runnable"] and out["errors"] == [] and out["warnings"] == []
+    assert out["bytes_ratio"] == pytest.approx(16 / 2.75, rel=1e-6)
+
+
+def test_plan_14b_preset_and_cfg_branches_scale_linearly():
+    one = routes.plan_summary({"preset": "wan2.1-14b"})
+    two = routes.plan_summary({"preset": "wan2.1-14b", "cfg_branches": "2"})
+    m = one["model"]
+    assert (m["layers"], m["heads"], m["head_dim"]) == MODEL_PRESETS["wan2.1-14b"]
+    assert two["bf16_bytes"] == 2 * one["bf16_bytes"]
+    assert two["quantized_bytes"] == 2 * one["quantized_bytes"]
+
+
+def test_plan_explicit_dims_override_preset_and_are_echoed():
+    out = routes.plan_summary({"preset": "wan2.1-14b", "layers": "30", "heads": "12", "head_dim": "128"})
+    assert out["model"]["preset"] == "wan2.1-1.3b"  # the dimensions are the 1.3B's
+    out = routes.plan_summary({"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32"})
+    assert out["model"] == {"preset": "custom", "layers": 2, "heads": 2, "head_dim": 32}
+
+
+def test_plan_window_smaller_than_video_caps_the_peak():
+    full = routes.plan_summary({"window_chunks": "0"})
+    win = routes.plan_summary({"window_chunks": "2"})
+    assert win["cached_chunks_peak"] == 2
+    assert win["quantized_bytes"] * 3 == full["quantized_bytes"]  # 2 of the 6 cached chunks
+
+
+def test_plan_warns_when_window_exceeds_the_video():
+    out = routes.plan_summary({"window_chunks": "7"})
+    assert any("window of 7 chunks is not smaller than the video's 7 chunks" in w for w in out["warnings"])
+    assert out["runnable"]
+
+
+def test_plan_group_size_not_dividing_head_dim_is_an_error_not_a_number():
+    out = routes.plan_summary({"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32", "group_size": "64"})
+    assert not out["runnable"]
+    assert out["quantized_bytes"] is None and out["quantized_mib"] is None
+    assert out["errors"] == ["key and value cache: group_size 64 does not divide head_dim 32; use 8, 16 or 32"]
+    assert not any("does not divide" in w for w in out["warnings"])  # listed once, as an error
+
+
+def test_plan_notes_odd_sizes_and_frame_counts():
+    out = routes.plan_summary({"width": "850", "frames": "82"})
+    joined = " ".join(out["warnings"])
+    assert "850x480 is not a multiple of 16" in joined
+    assert "82 frames" in joined and "21 latent frames" in joined
+
+
+def test_plan_projection_equals_bytes_a_real_cache_holds():
+    """Fill real ChunkCaches with the shapes the plan describes: the bytes must agree exactly."""
+    q = {"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32", "width": "64", "height": "48",
+         "frames": "17", "chunk_frames": "2", "window_chunks": "0", "cfg_branches": "2", "group_size": "16",
+         "key_bits": "2", "value_bits": "3"}
+    out = routes.plan_summary(q)
+    assert out["latent_frames"] == 5 and out["chunks"] == 3 and out["cached_chunks_peak"] == 2
+    spec_k, spec_v = QuantSpec(2, 16, "hadamard"), QuantSpec(3, 16, "hadamard")
+    tokens = 2 * out["tokens_per_latent_frame"]
+    g = torch.Generator().manual_seed(0)
+    caches = [ChunkCache(spec_k, spec_v) for _ in range(2 * 2)]  # layers x cfg branches
+    for cache in caches:
+        for _ in range(out["cached_chunks_peak"]):
+            k, v = (torch.randn(1, 2, tokens, 32, generator=g) for _ in range(2))
+            cache.append(k, v)
+    assert sum(c.nbytes for c in caches) == out["quantized_bytes"]
+    assert sum(c.bf16_nbytes for c in caches) == out["bf16_bytes"]
+
+
+# ------------------------------------------------------------------------------------- bad values
+@pytest.mark.parametrize(
+    "params, param, words",
+    [
+        ({"width": "abc"}, "width", ["width='abc' is not an integer", "video width in pixels"]),
+        ({"width": "8"}, "width", ["out of range 16..16384"]),
+        ({"key_bits": "5"}, "key_bits", ["key_bits='5' is not supported", "2, 3, 4, 8, off"]),
+        ({"group_size": "48"}, "group_size", ["group_size=48 is not supported", "8, 16, 32, 64, 128, 256"]),
+        ({"scale_format": "fp8"}, "scale_format", ["fp8_e4m3, bf16, fp16, fp32"]),
+        ({"rotation": "random"}, "rotation", ["none, hadamard"]),
+        ({"preset": "wan2.2"}, "preset", ["wan2.1-1.3b, wan2.1-14b, custom"]),
+        ({"preset": "custom"}, "layers", ["layers is missing", "preset=custom needs layers, heads and head_dim"]),
+        ({"cfg_branches": "3"}, "cfg_branches", ["out of range 1..2", "cfg > 1"]),
+        ({"window_chunks": "-1"}, "window_chunks", ["0 = all"]),
+        ({"chunk_frame": "3"}, "chunk_frame", ["not a known parameter", "chunk_frames"]),
+    ],
+)
+def test_plan_rejects_bad_values_naming_value_and_fix(params, param, words):
+    with pytest.raises(routes.ParamError) as exc:
+        routes.plan_summary(params)
+    body = exc.value.to_json()
+    assert body["param"] == param
+    for w in words:
+        assert w in body["error"], body["error"]
+    assert body["fix"] and body["fix"] in body["error"]
+
+
+def test_options_lists_the_node_choices_and_presets():
+    from jensen_kv_pack_under_test.nodes import config
+
+    opt = routes.options()
+    assert opt["bits"] == list(config.BITS_CHOICES)
+    assert [str(g) for g in opt["group_size"]] == list(config.GROUP_SIZE_CHOICES)
+    assert opt["scale_format"] == list(config.SCALE_FORMAT_CHOICES)
+    assert {k: (v["layers"], v["heads"], v["head_dim"]) for k, v in opt["presets"].items()} == MODEL_PRESETS
+    json.dumps(opt)  # served as JSON
+    with pytest.raises(routes.ParamError):
+        routes.options({"x": "1"})
+
+
+# ---------------------------------------------------------------------------------- aiohttp glue
+def test_registered_handlers_answer_json_and_400():
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    table = web.RouteTableDef()
+    assert routes.register(table)
+    assert routes.register(table)  # idempotent: no duplicate routes
+    paths = [r.path for r in table]
+    assert sorted(paths) == ["/jensen_kv/options", "/jensen_kv/plan", "/jensen_kv/spec"]
+    handlers = {r.path: r.handler for r in table}
+
+    async def call(path, query=""):
+        resp = await handlers[path](make_mocked_request("GET", f"{path}?{query}"))
+        return resp.status, json.loads(resp.body)
+
+    status, body = asyncio.run(call("/jensen_kv/spec", "key_bits=4&group_size=64"))
+    assert status == 200 and body["key"]["effective_bits"] == 4 + 24 / 64
+    status, body = asyncio.run(call("/jensen_kv/plan", "group_size=12"))
+    assert status == 400 and body["param"] == "group_size" and "group_size=12" in body["error"]
+    status, body = asyncio.run(call("/jensen_kv/plan", "frames=81&width=832&height=480"))
+    assert status == 200 and math.isclose(body["quantized_mib"], body["quantized_bytes"] / 2**20)
+
+
+def test_register_without_a_server_is_a_no_op():
+    assert routes.register() is False

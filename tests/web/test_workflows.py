@@ -1,0 +1,316 @@
+"""The shipped workflows (workflows/*.json, UI format) against a live ComfyUI's /object_info.
+
+Every node type exists, every widget value is valid for its input (combo value among the options,
+numbers in range, the right kind), every link joins an output and an input of the same type,
+every required socket is connected; plus what each workflow promises (INT2 + Jensen, cfg, the A/B
+arms) and a Note that names every model file the loaders use, in the folder ComfyUI reads it from.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from support.browser import write_placeholder_models
+from support.comfyui import PACK_ROOT, SKIP_REASON, ComfyServer, find_comfyui, make_base_dir
+from workflow_specs import MODEL_FILES, WORKFLOWS
+
+WORKFLOW_DIR = PACK_ROOT / "workflows"
+FILES = sorted(WORKFLOW_DIR.glob("*.json"))
+FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}  # virtual nodes of the front end
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CLIPLoader": "text_encoders", "VAELoader": "vae"}
+SAMPLERS = {"JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"}
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def by_name(name: str) -> dict:
+    return load(WORKFLOW_DIR / f"{name}.json")
+
+
+# ------------------------------------------------------------------------------ graph helpers
+class Graph:
+    def __init__(self, wf: dict):
+        self.wf = wf
+        self.nodes = {n["id"]: n for n in wf["nodes"]}
+        self.links = {lk[0]: lk for lk in wf["links"]}
+
+    def of_type(self, t: str) -> list[dict]:
+        return [n for n in self.wf["nodes"] if n["type"] == t]
+
+    def upstream(self, node: dict, input_name: str) -> dict | None:
+        for inp in node.get("inputs", []):
+            if inp["name"] == input_name and inp.get("link") is not None:
+                return self.nodes[self.links[inp["link"]][1]]
+        return None
+
+    def model_chain(self, node: dict) -> list[str]:
+        """Types of the nodes feeding ``node``'s MODEL input, nearest first."""
+        chain, n = [], self.upstream(node, "model")
+        while n is not None:
+            chain.append(n["type"])
+            n = self.upstream(n, "model")
+        return chain
+
+    def note_text(self) -> str:
+        notes = self.of_type("Note") + self.of_type("MarkdownNote")
+        assert notes, "every shipped workflow needs a Note saying which model files go where"
+        return "\n".join(n["widgets_values"][0] for n in notes)
+
+
+def widget_values(node: dict, info: dict) -> dict:
+    """Map a UI node's positional widgets_values to input names, as the front end does."""
+    order = [*info["input_order"].get("required", []), *info["input_order"].get("optional", [])]
+    specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+    values = list(node.get("widgets_values") or [])
+    out, i = {}, 0
+    for name in order:
+        spec = specs[name]
+        kind = "COMBO" if isinstance(spec[0], list) else spec[0]
+        opts = spec[1] if len(spec) > 1 else {}
+        if kind not in WIDGET_TYPES or opts.get("forceInput"):
+            continue
+        assert i < len(values), f"{node['type']} #{node['id']}: no widget value for {name}"
+        out[name] = values[i]
+        i += 1
+        if opts.get("control_after_generate") or (kind == "INT" and name in ("seed", "noise_seed")):
+            out[f"{name}:control_after_generate"] = values[i]
+            i += 1
+    assert i == len(values), f"{node['type']} #{node['id']}: {len(values) - i} widget value(s) left over: {values[i:]}"
+    return out
+
+
+def check_value(where: str, spec: list, value) -> None:
+    kind = "COMBO" if isinstance(spec[0], list) else spec[0]
+    opts = spec[1] if len(spec) > 1 else {}
+    if kind == "COMBO":
+        choices = spec[0] if isinstance(spec[0], list) else opts.get("options", [])
+        assert value in choices, f"{where}: {value!r} is not one of {choices}"
+    elif kind in ("INT", "FLOAT"):
+        ok = isinstance(value, int) if kind == "INT" else isinstance(value, (int, float))
+        assert ok and not isinstance(value, bool), f"{where}: {value!r} is not a{'n INT' if kind == 'INT' else ' FLOAT'}"
+        if "min" in opts:
+            assert value >= opts["min"], f"{where}: {value} < min {opts['min']}"
+        if "max" in opts:
+            assert value <= opts["max"], f"{where}: {value} > max {opts['max']}"
+    elif kind == "STRING":
+        assert isinstance(value, str), f"{where}: {value!r} is not a string"
+    elif kind == "BOOLEAN":
+        assert isinstance(value, bool), f"{where}: {value!r} is not a boolean"
+
+
+def validate(wf: dict, object_info: dict) -> list[str]:
+    """All problems of one workflow against /object_info (empty list = valid)."""
+    problems = []
+    g = Graph(wf)
+    for node in wf["nodes"]:
+        t = node["type"]
+        if t in FRONTEND_ONLY:
+            continue
+        info = object_info.get(t)
+        if info is None:
+            problems.append(f"node #{node['id']}: type {t!r} is not on the server (missing node)")
+            continue
+        specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+        try:
+            for name, value in widget_values(node, info).items():
+                where = f"{t} #{node['id']} {name}"
+                if name.endswith(":control_after_generate"):
+                    if value not in CONTROL_VALUES:
+                        problems.append(f"{where}: {value!r} is not one of {sorted(CONTROL_VALUES)}")
+                    continue
+                check_value(where, specs[name], value)
+        except AssertionError as exc:
+            problems.append(str(exc))
+        # every required socket (non-widget input) is connected
+        for name in info["input_order"].get("required", []):
+            spec = specs[name]
+            kind = "COMBO" if isinstance(spec[0], list) else spec[0]
+            if kind in WIDGET_TYPES and not (len(spec) > 1 and spec[1].get("forceInput")):
+                continue
+            inp = next((i for i in node.get("inputs", []) if i["name"] == name), None)
+            if inp is None or inp.get("link") is None:
+                problems.append(f"{t} #{node['id']}: required input {name!r} ({kind}) is not connected")
+    for link_id, origin, oslot, target, tslot, ltype in wf["links"]:
+        src, dst = g.nodes.get(origin), g.nodes.get(target)
+        if src is None or dst is None:
+            problems.append(f"link {link_id}: joins a node that does not exist ({origin} -> {target})")
+            continue
+        s_info, d_info = object_info.get(src["type"]), object_info.get(dst["type"])
+        if s_info is None or d_info is None:
+            continue
+        out_type = s_info["output"][oslot]
+        in_name = dst["inputs"][tslot]["name"]
+        d_specs = {**d_info["input"].get("required", {}), **d_info["input"].get("optional", {})}
+        in_spec = d_specs.get(in_name)
+        if in_spec is None:
+            problems.append(f"link {link_id}: {dst['type']} has no input {in_name!r}")
+            continue
+        in_type = "COMBO" if isinstance(in_spec[0], list) else in_spec[0]
+        if not (out_type == in_type == ltype or "*" in (out_type, in_type)):
+            problems.append(f"link {link_id}: {src['type']}.{s_info['output_name'][oslot]} ({out_type}) -> "
+                            f"{dst['type']}.{in_name} ({in_type}), link says {ltype}")
+        if dst["inputs"][tslot].get("link") != link_id:
+            problems.append(f"link {link_id}: {dst['type']}.{in_name} does not point back to it")
+        if link_id not in (src["outputs"][oslot].get("links") or []):
+            problems.append(f"link {link_id}: {src['type']} output {oslot} does not list it")
+    return problems
+
+
+# ------------------------------------------------------------------------------ offline checks
+def test_the_three_workflows_are_shipped():
+    names = {p.stem for p in FILES}
+    assert names == {spec["name"] for spec in WORKFLOWS}, "run: python tests/web/build_workflows.py"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_ui_format_and_note_names_every_model_file(path):
+    wf = load(path)
+    assert wf["version"] == 0.4 and isinstance(wf["nodes"], list) and isinstance(wf["links"], list)
+    assert wf["last_node_id"] == max(n["id"] for n in wf["nodes"])
+    g = Graph(wf)
+    note = g.note_text()
+    for t, folder in LOADER_FOLDERS.items():
+        for node in g.of_type(t):
+            name = node["widgets_values"][0]
+            assert name in MODEL_FILES[folder], f"{t} uses {name!r}, not a file listed in MODEL_FILES[{folder!r}]"
+            assert f"models/{folder}/{name}" in note, f"the Note does not say models/{folder}/{name}"
+    for node in g.of_type("CLIPLoader"):
+        assert node["widgets_values"][1] == "wan", "the umt5 text encoder loads with CLIPLoader type 'wan'"
+    assert g.of_type("SaveVideo"), "each workflow saves a video"
+
+
+def test_self_forcing_is_int2_jensen_few_step_3_frame_chunks_cfg1():
+    g = Graph(by_name("jensen_kv_self_forcing_t2v_int2_jensen"))
+    (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
+    assert g.model_chain(sampler)[:2] == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache"]
+    (quant,) = g.of_type("JensenKVQuantizeKVCache")
+    assert quant["widgets_values"][:2] == ["2", "2"]
+    (jensen,) = g.of_type("JensenKVBiasCorrection")
+    assert jensen["widgets_values"][0] == "taylor"
+    seed, control, cfg, chunk, window, noise = sampler["widgets_values"]
+    assert (cfg, chunk, control) == (1, 3, "fixed")
+    sched = g.upstream(sampler, "sigmas")
+    assert sched["type"] == "BasicScheduler" and sched["widgets_values"][1] <= 8, "a few-step schedule"
+    assert g.upstream(sampler, "sampler")["widgets_values"] == ["lcm"]
+
+
+def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt():
+    g = Graph(by_name("jensen_kv_skyreels_v2_df_cfg_int2_jensen"))
+    (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
+    assert sampler["widgets_values"][3] > 1, "cfg > 1: both CFG branches cached"
+    neg = g.upstream(sampler, "negative")
+    assert neg["type"] == "CLIPTextEncode" and neg["widgets_values"][0].strip()
+    assert g.model_chain(sampler)[:2] == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache"]
+
+
+def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():
+    g = Graph(by_name("jensen_kv_ab_bf16_int2_jensen"))
+    samplers = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
+    assert len(samplers) == 3
+    assert len({tuple(s["widgets_values"]) for s in samplers}) == 1, "same seed, cfg, chunking for all arms"
+    assert all(s["widgets_values"][1] == "fixed" for s in samplers)
+    arms = sorted(tuple(t for t in g.model_chain(s) if t.startswith("JensenKV")) for s in samplers)
+    assert arms == [(), ("JensenKVBiasCorrection", "JensenKVQuantizeKVCache"), ("JensenKVQuantizeKVCache",)]
+    # all three decoded and stitched into the one saved video
+    (save,) = g.of_type("SaveVideo")
+    seen, todo = set(), [save]
+    while todo:
+        n = todo.pop()
+        seen.add(n["id"])
+        todo += [g.nodes[g.links[i["link"]][1]] for i in n.get("inputs", []) if i.get("link") is not None]
+    assert {s["id"] for s in samplers} <= seen
+    assert len(g.of_type("ImageStitch")) == 2
+
+
+# ------------------------------------------------------------------------------ live server
+@pytest.fixture(scope="module")
+def object_info():
+    comfy = find_comfyui()
+    if comfy is None:
+        pytest.skip(SKIP_REASON)
+    with tempfile.TemporaryDirectory() as tmp:
+        base = make_base_dir(Path(tmp))
+        write_placeholder_models(base, MODEL_FILES)  # so the loaders' file combos list the names
+        with ComfyServer(comfy, base) as server:
+            info = server.get("/object_info")
+            info["__templates__"] = server.get("/api/workflow_templates")
+            yield info
+
+
+@pytest.mark.comfyui
+@pytest.mark.server
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_workflow_is_valid_against_live_object_info(path, object_info):
+    assert "JensenKVQuantizeKVCache" in object_info, "the pack's nodes did not load on the server"
+    problems = validate(load(path), object_info)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.comfyui
+@pytest.mark.server
+def test_validator_catches_broken_workflows(object_info):
+    """The checks above can fail: break a copy of a workflow in each way they look for."""
+    wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
+    assert validate(wf, object_info) == []
+
+    def broken(mutate):
+        w = json.loads(json.dumps(wf))
+        mutate(w)
+        return " ".join(validate(w, object_info))
+
+    def node(w, t):
+        return next(n for n in w["nodes"] if n["type"] == t)
+
+    assert "missing node" in broken(lambda w: node(w, "VAEDecode").update(type="VAEDecodeNope"))
+    assert "'5' is not one of" in broken(lambda w: node(w, "JensenKVQuantizeKVCache")["widgets_values"].__setitem__(0, "5"))
+    assert "> max" in broken(lambda w: node(w, "JensenKVBiasCorrection")["widgets_values"].__setitem__(1, 9.0))
+    assert "is not one of" in broken(lambda w: node(w, "UNETLoader")["widgets_values"].__setitem__(0, "nope.safetensors"))
+    assert "left over" in broken(lambda w: node(w, "VAELoader")["widgets_values"].append("x"))
+
+    def retype(w):
+        w["links"][0][5] = "CLIP"
+    assert "link says CLIP" in broken(retype)
+
+    def cut(w):
+        s = node(w, "JensenKVChunkedARSampler")
+        inp = next(i for i in s["inputs"] if i["name"] == "latent")
+        inp["link"] = None
+    assert "required input 'latent'" in broken(cut)
+
+
+@pytest.mark.comfyui
+@pytest.mark.server
+def test_server_offers_the_workflows_as_templates(object_info):
+    """ComfyUI lists a pack's workflows/ (or example_workflows/) in its template browser."""
+    listed = object_info["__templates__"]
+    ours = next((v for k, v in listed.items() if k.endswith("comfyui-jensen-kv")), None)
+    assert ours is not None, listed
+    assert sorted(ours) == sorted(p.stem for p in FILES)
+
+
+@pytest.mark.comfyui
+@pytest.mark.server
+def test_planner_defaults_and_ranges_match_the_nodes(object_info):
+    """The planner route accepts what the nodes accept and starts where they start."""
+    from support.pack import load_pack_module
+
+    routes = load_pack_module("nodes.routes")
+    q = object_info["JensenKVQuantizeKVCache"]["input"]["required"]
+    for name in ("key_bits", "value_bits", "group_size", "rotation", "scale_format"):
+        opts = q[name][1]
+        assert str(routes.DEFAULTS[name]) == opts["default"], name
+    assert [str(g) for g in routes.GROUP_CHOICES] == q["group_size"][1]["options"]
+    assert list(routes.BITS_CHOICES) == q["key_bits"][1]["options"]
+    s = object_info["JensenKVChunkedARSampler"]["input"]["required"]
+    for name in ("chunk_frames", "window_chunks"):
+        assert routes.DEFAULTS[name] == s[name][1]["default"], name
+        lo, hi, _ = routes._INT_RANGES[name]
+        assert (lo, hi) == (s[name][1]["min"], s[name][1]["max"]), name
+    e = object_info["EmptyHunyuanLatentVideo"]["input"]["required"]
+    assert routes._INT_RANGES["width"][:2] == (e["width"][1]["min"], e["width"][1]["max"])

@@ -1,0 +1,510 @@
+// Jensen KV web extension: shows what the KV cache will cost, and what it did cost.
+//
+// - On "Quantize KV Cache": a live line with the effective bits of the key / value cache and the
+//   compression against BF16, a warning line, and a memory planner (video size, chunking, model
+//   dimensions -> projected peak cache size at BF16 and at the chosen setting).
+// - On the chunked AR samplers: the report of the last run (cache MiB, seconds per chunk).
+//
+// Every number comes from the server (nodes/routes.py, which calls jensen_core); this file only
+// collects inputs, asks /jensen_kv/spec and /jensen_kv/plan, and displays the answers. There is
+// deliberately no copy of the formula here.
+import { app } from "../../scripts/app.js";
+import { api } from "../../scripts/api.js";
+
+const QUANT_NODE = "JensenKVQuantizeKVCache";
+const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"]);
+const PANEL = "jensen_kv_panel";
+const REPORT = "jensen_kv_report";
+const STATE_KEY = "jensen_kv_planner";
+const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale_format"];
+// planner fields that "follow the workflow" reads from the latent and sampler nodes
+const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "cfg_branches"];
+const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "cfg_branches"];
+const POLL_MS = 300;
+
+const FIELD_INFO = {
+  preset: ["model", "Model whose attention the cache holds; presets fill layers, heads and head_dim."],
+  layers: ["layers", "Transformer blocks (each caches its own keys and values)."],
+  heads: ["heads", "Attention heads per block."],
+  head_dim: ["head dim", "Channels per head; the group size must divide it."],
+  width: ["width", "Video width in pixels (Wan: a multiple of 16)."],
+  height: ["height", "Video height in pixels (Wan: a multiple of 16)."],
+  frames: ["frames", "Video frames (Wan: 4k+1, e.g. 81 = 21 latent frames)."],
+  batch: ["batch", "Videos sampled at once (latent batch size)."],
+  chunk_frames: ["chunk", "Latent frames per chunk (the sampler's chunk_frames)."],
+  window_chunks: ["window", "Finished chunks kept in the cache; 0 keeps them all (the sampler's window_chunks)."],
+  cfg_branches: ["cfg branches", "1 when cfg is 1; 2 when cfg > 1 (cond and uncond keys are both cached)."],
+};
+
+// ------------------------------------------------------------------------------------------ server
+let optionsPromise = null;
+function getOptions() {
+  if (!optionsPromise) {
+    optionsPromise = getJSON("/jensen_kv/options").catch((err) => {
+      optionsPromise = null; // retry on the next refresh
+      throw err;
+    });
+  }
+  return optionsPromise;
+}
+
+async function getJSON(path, params) {
+  const given = Object.entries(params ?? {}).filter(([, v]) => v != null && v !== "");
+  const query = given.length ? "?" + new URLSearchParams(given).toString() : "";
+  const res = await api.fetchApi(path + query);
+  let body = null;
+  try {
+    body = await res.json();
+  } catch (_) {
+    /* not JSON: handled below */
+  }
+  if (!res.ok) {
+    const err = new Error(body?.error ?? `${path} answered HTTP ${res.status}`);
+    err.param = body?.param;
+    throw err;
+  }
+  return body;
+}
+
+// ------------------------------------------------------------------------------------------ helpers
+function el(tag, attrs = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) if (c != null) e.append(c);
+  return e;
+}
+
+const fmt = (x, d) => x.toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: d });
+// sizes as MiB (KiB below 1 MiB, where MiB would round to 0.00x)
+const bytesText = (bytes) => (bytes == null ? "–" : bytes < 2 ** 20 ? `${fmt(bytes / 2 ** 10, 1)} KiB` : `${fmt(bytes / 2 ** 20, 1)} MiB`);
+const num = (x, d = 2) => (x == null ? "–" : Number(x).toLocaleString("en-US", { maximumFractionDigits: d }));
+const widgetValue = (node, name) => node.widgets?.find((w) => w.name === name)?.value;
+
+function injectStyle() {
+  if (document.getElementById("jensen-kv-style")) return;
+  const css = `
+  .jkv-panel { font: 11px/1.35 sans-serif; color: var(--fg-color, #ddd); width: 100%; height: 100%;
+               overflow: hidden auto; box-sizing: border-box; padding: 2px 4px; }
+  .jkv-line { white-space: normal; }
+  .jkv-bits { font-weight: 600; }
+  .jkv-warn { color: #f0b040; margin-top: 2px; }
+  .jkv-warn.jkv-error, .jkv-error { color: var(--error-text, #ff6b6b); }
+  .jkv-warn:empty { display: none; }
+  .jkv-panel details { margin-top: 3px; }
+  .jkv-panel summary { cursor: pointer; }
+  .jkv-grid { display: grid; grid-template-columns: repeat(3, auto minmax(0, 1fr)); gap: 2px 4px; margin: 3px 0; align-items: center; }
+  .jkv-grid label { opacity: 0.8; text-align: right; white-space: nowrap; }
+  .jkv-grid .jkv-wide { grid-column: 2 / -1; }
+  .jkv-grid input, .jkv-grid select { width: 100%; min-width: 0; box-sizing: border-box; font-size: 11px;
+               background: var(--comfy-input-bg, #222); color: var(--input-text, #ddd);
+               border: 1px solid var(--border-color, #555); border-radius: 3px; padding: 0 2px; }
+  .jkv-grid input:disabled { opacity: 0.6; }
+  .jkv-table td { padding: 0 6px 0 0; }
+  .jkv-table td:first-child { opacity: 0.8; }
+  .jkv-num { font-variant-numeric: tabular-nums; }
+  .jkv-report { font: 11px/1.35 sans-serif; color: var(--fg-color, #ddd); white-space: pre-wrap; padding: 2px 4px;
+               width: 100%; height: 100%; overflow: hidden auto; box-sizing: border-box; }
+  `;
+  document.head.append(el("style", { id: "jensen-kv-style", text: css }));
+}
+
+function addPanelWidget(node, name, element, estimateHeight) {
+  // stop the canvas from treating typing in our inputs as shortcuts (e.g. Delete removes the node)
+  for (const type of ["keydown", "keyup", "keypress"]) element.addEventListener(type, (e) => e.stopPropagation());
+  const margin = 4;
+  const widget = node.addDOMWidget(name, name, element, {
+    serialize: false,
+    hideOnZoom: true,
+    margin,
+    // measured once the element is on the page (content + the panel's padding + the widget's
+    // margins), estimated before (the canvas mounts DOM widgets only while they are visible)
+    // (only once it has the node's width: a freshly mounted element may be narrow, its text tall)
+    getMinHeight: () => {
+      const laidOut = element.isConnected && element.clientWidth >= 0.6 * node.size[0];
+      const h = laidOut ? element.firstElementChild?.scrollHeight ?? 0 : 0;
+      return h > 0 ? h + 6 + 2 * margin : estimateHeight();
+    },
+  });
+  widget.serialize = false; // keep widgets_values of saved workflows free of display-only widgets
+  return widget;
+}
+
+function fitNode(node) {
+  const size = node.computeSize();
+  node.setSize([Math.max(node.size[0], size[0]), size[1]]);
+  node.setDirtyCanvas?.(true, true);
+}
+
+// ------------------------------------------------------------------------------- graph following
+function downstreamSampler(node) {
+  const seen = new Set([node.id]);
+  let frontier = [node];
+  for (let depth = 0; depth < 8 && frontier.length; depth++) {
+    const next = [];
+    for (const n of frontier) {
+      for (let slot = 0; slot < (n.outputs?.length ?? 0); slot++) {
+        for (const m of n.getOutputNodes(slot) ?? []) {
+          if (seen.has(m.id)) continue;
+          seen.add(m.id);
+          if (SAMPLER_NODES.has(m.type)) return m;
+          next.push(m);
+        }
+      }
+    }
+    frontier = next;
+  }
+  return null;
+}
+
+function upstreamLatent(sampler) {
+  const slot = sampler.inputs?.findIndex((i) => i.name === "latent") ?? -1;
+  let n = slot >= 0 ? sampler.getInputNode(slot) : null;
+  // walk through pass-through nodes (reroutes, latent batch tools) until a node states the size
+  for (let depth = 0; n && depth < 6; depth++) {
+    if (widgetValue(n, "width") != null && widgetValue(n, "height") != null) return n;
+    const idx = n.inputs?.findIndex((i) => i.type === "LATENT" || i.type === "*") ?? -1;
+    n = idx >= 0 ? n.getInputNode(idx) : null;
+  }
+  return null;
+}
+
+function fromWorkflow(node) {
+  const found = {};
+  const sampler = downstreamSampler(node);
+  if (!sampler) return { found, sampler: null };
+  for (const name of ["chunk_frames", "window_chunks"]) {
+    const v = widgetValue(sampler, name);
+    if (v != null) found[name] = v;
+  }
+  const cfg = widgetValue(sampler, "cfg");
+  if (cfg != null) found.cfg_branches = Number(cfg) > 1 ? 2 : 1;
+  const latent = upstreamLatent(sampler);
+  if (latent) {
+    for (const [field, name] of [["width", "width"], ["height", "height"], ["frames", "length"], ["batch", "batch_size"]]) {
+      const v = widgetValue(latent, name);
+      if (v != null) found[field] = v;
+    }
+  }
+  return { found, sampler };
+}
+
+// ----------------------------------------------------------------------------- quantize node panel
+const quantNodes = new Set();
+
+function plannerState(node, defaults) {
+  const props = (node.properties ??= {});
+  const s = (props[STATE_KEY] ??= {});
+  for (const [k, v] of Object.entries(defaults)) if (s[k] == null) s[k] = v;
+  s.follow ??= true;
+  s.open ??= true;
+  return s;
+}
+
+function buildQuantPanel(node) {
+  const ui = { inputs: {} };
+  ui.bits = el("div", { class: "jkv-line jkv-bits jkv-num", "data-jkv": "bits",
+    title: "Stored bits per cached element, scales and zero-points included (bits + (scale + zero bits) / group size), and how much smaller that is than a BF16 cache. Computed by the server (jensen_core).",
+    text: "…" });
+  ui.warn = el("div", { class: "jkv-line jkv-warn", "data-jkv": "warnings" });
+  ui.summary = el("summary", { "data-jkv": "planner-summary",
+    title: "Projected peak size of the KV cache over a whole run: every layer and CFG branch, keys and values." }, "Memory planner");
+  const grid = el("div", { class: "jkv-grid" });
+  ui.preset = el("select", { "data-jkv": "preset", class: "jkv-wide", title: FIELD_INFO.preset[1] });
+  grid.append(el("label", { text: FIELD_INFO.preset[0], title: FIELD_INFO.preset[1] }), ui.preset);
+  for (const name of ["layers", "heads", "head_dim", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "cfg_branches"]) {
+    const input = el("input", { type: "number", step: "1", "data-jkv": `in-${name}`, title: FIELD_INFO[name][1] });
+    ui.inputs[name] = input;
+    grid.append(el("label", { text: FIELD_INFO[name][0], title: FIELD_INFO[name][1] }), input);
+  }
+  ui.follow = el("input", { type: "checkbox", "data-jkv": "follow" });
+  const followLabel = el("label", { class: "jkv-line",
+    title: "Read width, height, frames and batch from the latent node, and chunk, window and cfg from the sampler this model feeds." },
+    ui.follow, " follow the workflow (latent size, chunk, window, cfg)");
+  ui.result = el("table", { class: "jkv-table jkv-num", "data-jkv": "plan" });
+  ui.measured = el("div", { class: "jkv-line jkv-num", "data-jkv": "measured" });
+  ui.details = el("details", { open: "" }, ui.summary, grid, followLabel, ui.result, ui.measured);
+  const content = el("div", {}, ui.bits, ui.warn, ui.details);
+  ui.root = el("div", { class: "jkv-panel" }, content);
+  return ui;
+}
+
+function attachQuantPanel(node) {
+  injectStyle();
+  const ui = buildQuantPanel(node);
+  node.jensenKv = { ui, key: null, busy: false, plan: null, spec: null, error: null, options: null };
+  addPanelWidget(node, PANEL, ui.root, () => (ui.details.open ? 330 : 70));
+  node.setSize([Math.max(node.size[0], 340), node.size[1]]);
+  quantNodes.add(node);
+
+  const edited = (name, value) => {
+    const s = node.properties?.[STATE_KEY];
+    if (!s) return;
+    s[name] = value;
+    if (["layers", "heads", "head_dim"].includes(name)) s.preset = "custom";
+    schedule(node);
+  };
+  for (const [name, input] of Object.entries(ui.inputs)) {
+    input.addEventListener("change", () => edited(name, input.value === "" ? null : Number(input.value)));
+  }
+  ui.preset.addEventListener("change", () => {
+    const s = node.properties?.[STATE_KEY];
+    const p = node.jensenKv.options?.presets?.[ui.preset.value];
+    if (!s) return;
+    s.preset = ui.preset.value;
+    if (p) Object.assign(s, { layers: p.layers, heads: p.heads, head_dim: p.head_dim });
+    schedule(node);
+  });
+  ui.follow.addEventListener("change", () => edited("follow", ui.follow.checked));
+  ui.details.addEventListener("toggle", () => {
+    const s = node.properties?.[STATE_KEY];
+    if (s) s.open = ui.details.open;
+    requestAnimationFrame(() => fitNode(node));
+  });
+  // react at once to the node's own widgets (the poll below catches everything else)
+  for (const w of node.widgets ?? []) {
+    if (!SPEC_WIDGETS.includes(w.name)) continue;
+    const cb = w.callback;
+    w.callback = function (...args) {
+      const r = cb?.apply(this, args);
+      schedule(node);
+      return r;
+    };
+  }
+  schedule(node);
+}
+
+function requestFor(node, state) {
+  const spec = {};
+  for (const name of SPEC_WIDGETS) {
+    const v = widgetValue(node, name);
+    if (v != null) spec[name] = String(v);
+  }
+  const { found, sampler } = state.follow ? fromWorkflow(node) : { found: {}, sampler: null };
+  const values = { ...state, ...found };
+  const plan = { ...spec, preset: values.preset };
+  for (const name of ["layers", "heads", "head_dim", ...FOLLOWED]) {
+    if (values[name] != null && values[name] !== "") plan[name] = String(values[name]);
+  }
+  const report = sampler?.jensenKvReport ?? null;
+  return { spec: { ...spec, head_dim: plan.head_dim }, plan, found, sampler, report, values };
+}
+
+function schedule(node) {
+  // the poll loop compares the request with the last one; make the next tick see a change
+  if (node.jensenKv) node.jensenKv.key = null;
+  queueMicrotask(() => refresh(node));
+}
+
+async function refresh(node) {
+  const st = node.jensenKv;
+  if (!st || st.busy) return;
+  let options;
+  try {
+    options = st.options ?? (st.options = await getOptions());
+  } catch (err) {
+    renderError(node, `planner unavailable: ${err.message}`);
+    return;
+  }
+  const defaults = Object.fromEntries(PLANNER_FIELDS.map((k) => [k, options.defaults[k]]));
+  const state = plannerState(node, { ...defaults, ...presetDims(options, options.defaults.preset) });
+  const req = requestFor(node, state);
+  // remember what the workflow says, so unticking "follow" starts from the values shown
+  Object.assign(state, req.found);
+  const key = keyOf(req);
+  if (key === st.key) return;
+  st.key = key;
+  st.busy = true;
+  try {
+    const [spec, plan] = await Promise.allSettled([getJSON("/jensen_kv/spec", req.spec), getJSON("/jensen_kv/plan", req.plan)]);
+    st.spec = spec.status === "fulfilled" ? spec.value : null;
+    st.plan = plan.status === "fulfilled" ? plan.value : null;
+    st.error = [...new Set([spec, plan].filter((r) => r.status === "rejected").map((r) => r.reason.message))];
+    render(node, options, state, req);
+  } finally {
+    st.busy = false;
+  }
+  // inputs may have changed while the request was in flight
+  if (requestKey(node) !== st.key) schedule(node);
+}
+
+function requestKey(node) {
+  const st = node.jensenKv;
+  const state = node.properties?.[STATE_KEY];
+  if (!st?.options || !state) return null;
+  return keyOf(requestFor(node, state));
+}
+
+// what a refresh depends on: the two queries and the last measured report
+const keyOf = (req) => JSON.stringify([req.spec, req.plan, req.report?.cache_bytes ?? null]);
+
+function presetDims(options, name) {
+  const p = options.presets?.[name];
+  return p ? { layers: p.layers, heads: p.heads, head_dim: p.head_dim } : {};
+}
+
+function renderError(node, message) {
+  const ui = node.jensenKv.ui;
+  ui.bits.textContent = "–";
+  ui.warn.className = "jkv-line jkv-warn jkv-error";
+  ui.warn.textContent = message;
+}
+
+function render(node, options, state, req) {
+  const { ui, spec, plan, error } = node.jensenKv;
+  // live line
+  if (spec) {
+    const side = (s) => (s.quantized ? `${num(s.effective_bits, 3)} bits` : "BF16");
+    ui.bits.textContent = `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
+    ui.bits.dataset.effectiveBits = spec.effective_bits;
+    ui.bits.dataset.compression = spec.compression;
+  } else {
+    ui.bits.textContent = "–";
+  }
+  // warnings: errors (the run would stop) first, then warnings
+  const errors = [...(error ?? []), ...(plan?.errors ?? spec?.errors ?? [])];
+  const warnings = plan?.warnings ?? [];
+  ui.warn.className = "jkv-line jkv-warn" + (errors.length ? " jkv-error" : "");
+  ui.warn.textContent = [...errors, ...warnings].map((m) => `⚠ ${m}`).join("\n");
+  ui.warn.style.whiteSpace = "pre-wrap";
+
+  // planner inputs (do not overwrite what the user is typing)
+  if (!ui.preset.options.length) {
+    for (const [name, p] of Object.entries(options.presets)) ui.preset.append(el("option", { value: name, text: p.label }));
+    ui.preset.append(el("option", { value: options.custom_preset, text: "custom" }));
+  }
+  const shownPreset = plan?.model?.preset ?? state.preset;
+  if (document.activeElement !== ui.preset) ui.preset.value = shownPreset;
+  for (const [name, input] of Object.entries(ui.inputs)) {
+    const range = options.ranges?.[name];
+    if (range) { input.min = range.min; input.max = range.max; }
+    const followed = state.follow && req.found[name] != null;
+    input.disabled = followed;
+    input.title = FIELD_INFO[name][1] + (followed ? " (from the workflow; untick 'follow' to edit)" : "");
+    if (document.activeElement !== input) input.value = req.values[name] ?? "";
+  }
+  ui.follow.checked = !!state.follow;
+  if (ui.details.open !== !!state.open) ui.details.open = !!state.open;
+
+  // planner results
+  ui.result.replaceChildren();
+  if (plan) {
+    const row = (label, value, attrs = {}) => ui.result.append(el("tr", {}, el("td", { text: label }), el("td", { ...attrs, text: value })));
+    const v = plan.video;
+    row("latent", `${plan.latent_frames} frames × ${v.latent_height}×${v.latent_width} → ${num(plan.tokens_per_latent_frame, 0)} tokens/frame`);
+    row("chunks", `${plan.chunks} of ${plan.chunk_frames}; peak ${plan.cached_chunks_peak} cached (${num(plan.cached_tokens_peak, 0)} tokens)`);
+    row("BF16 cache", `${bytesText(plan.bf16_bytes)}`, { "data-jkv": "bf16", "data-bytes": plan.bf16_bytes });
+    row("this setting", plan.runnable ? `${bytesText(plan.quantized_bytes)} (${num(plan.effective_bits, 3)} bits)` : "cannot run: see the warning above",
+      { "data-jkv": "quant", "data-bytes": plan.quantized_bytes ?? "", class: plan.runnable ? "" : "jkv-error" });
+    if (plan.runnable) row("saves", `${bytesText(plan.saved_bytes)} (${num(plan.bytes_ratio, 2)}× smaller)`, { "data-jkv": "saved" });
+    ui.summary.textContent = plan.runnable
+      ? `Memory planner: ${bytesText(plan.quantized_bytes)} (BF16 ${bytesText(plan.bf16_bytes)})`
+      : "Memory planner: cannot run (see warning)";
+  } else {
+    ui.summary.textContent = "Memory planner";
+  }
+  const r = req.report;
+  ui.measured.textContent = r
+    ? `last run (sampler): ${bytesText(r.cache_bytes)} measured, BF16 ${bytesText(r.bf16_bytes)}`
+    : "";
+  if (r) ui.measured.dataset.bytes = r.cache_bytes;
+  requestAnimationFrame(() => fitNode(node));
+}
+
+// ----------------------------------------------------------------------------------- sampler report
+function attachReport(node) {
+  injectStyle();
+  const box = el("div", { class: "jkv-report", "data-jkv": "report",
+    title: "What the KV cache cost in the last run of this node (measured by the sampler)." },
+  el("div", { text: "KV cache report: run the workflow to see what the cache cost." }));
+  addPanelWidget(node, REPORT, box, () => (node.jensenKvReport ? 96 : 30));
+  node.jensenKvReportBox = box;
+}
+
+function showReport(node, report) {
+  node.jensenKvReport = report;
+  const box = node.jensenKvReportBox;
+  if (!box) return;
+  const spc = report.seconds_per_chunk ?? [];
+  const total = spc.reduce((a, b) => a + b, 0);
+  const bits = (b) => (b === "off" || b == null ? "BF16" : `INT${b}`);
+  const quant = report.key_bits === "off" && report.value_bits === "off"
+    ? "full precision"
+    : `K ${bits(report.key_bits)} / V ${bits(report.value_bits)}, g${report.group_size}, ${report.rotation}`;
+  const corr = report.correction && report.correction !== "off" ? `, Jensen ${report.correction} ×${num(report.strength, 2)}` : "";
+  const lines = [
+    `KV cache ${bytesText(report.cache_bytes)} (BF16 ${bytesText(report.bf16_bytes)}) · ${num(report.effective_bits, 3)} bits`,
+    `${quant}${corr}`,
+    `${report.chunks} chunks × ${report.chunk_frames} latent frames, window ${report.window_chunks || "all"} · ${report.layers} layers × ${report.heads} heads × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
+    `s/chunk: ${spc.map((s) => fmt(s, 2)).join(" ")} (total ${fmt(total, 2)} s)`,
+  ];
+  const content = el("div", { "data-jkv": "report-text", "data-cache-bytes": report.cache_bytes, "data-bf16-bytes": report.bf16_bytes }, lines.join("\n"));
+  box.replaceChildren(content);
+  fitNode(node);
+  requestAnimationFrame(() => fitNode(node)); // again once the browser has laid the text out
+  // let planners that feed this sampler show the measured bytes next to their projection
+  for (const q of quantNodes) if (q.graph === node.graph) schedule(q);
+}
+
+// ------------------------------------------------------------------------------------- registration
+app.registerExtension({
+  name: "jensen_kv.ui",
+  async beforeRegisterNodeDef(nodeType, nodeData) {
+    if (nodeData?.name === QUANT_NODE) {
+      const created = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function (...args) {
+        const r = created?.apply(this, args);
+        try {
+          attachQuantPanel(this);
+        } catch (err) {
+          console.error("jensen_kv: could not add the planner panel", err);
+        }
+        return r;
+      };
+      const configured = nodeType.prototype.onConfigure;
+      nodeType.prototype.onConfigure = function (...args) {
+        const r = configured?.apply(this, args);
+        schedule(this);
+        return r;
+      };
+      const removed = nodeType.prototype.onRemoved;
+      nodeType.prototype.onRemoved = function (...args) {
+        quantNodes.delete(this);
+        return removed?.apply(this, args);
+      };
+    } else if (SAMPLER_NODES.has(nodeData?.name)) {
+      const created = nodeType.prototype.onNodeCreated;
+      nodeType.prototype.onNodeCreated = function (...args) {
+        const r = created?.apply(this, args);
+        try {
+          attachReport(this);
+        } catch (err) {
+          console.error("jensen_kv: could not add the report panel", err);
+        }
+        return r;
+      };
+      const executed = nodeType.prototype.onExecuted;
+      nodeType.prototype.onExecuted = function (output) {
+        const r = executed?.apply(this, arguments);
+        const report = output?.[REPORT]?.[0];
+        if (report) showReport(this, report);
+        return r;
+      };
+    }
+  },
+  setup() {
+    // one cheap loop: re-ask the server only when a node's request would change (widgets, planner
+    // inputs, or - when following the workflow - the latent and sampler values)
+    setInterval(() => {
+      for (const node of quantNodes) {
+        if (!node.graph) { quantNodes.delete(node); continue; }
+        const st = node.jensenKv;
+        if (st && !st.busy && requestKey(node) !== st.key) refresh(node);
+      }
+    }, POLL_MS);
+  },
+});
