@@ -65,11 +65,14 @@ def plan_cache(
     spec_v: QuantSpec | None,
     cfg_branches: int = 1,
     batch: int = 1,
+    full_bytes: int = 2,
 ) -> CachePlan:
     """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
 
     The last chunk is never written to the cache (nothing reads it), so the peak holds
-    ``min(window, chunks - 1)`` chunks. Problems that would make the run fail or behave
+    ``min(window, chunks - 1)`` chunks. ``full_bytes`` is the element size of a side that is not
+    quantized (the cache keeps it in the model's dtype: 2 for BF16/FP16 models, 4 for FP32).
+    Problems that would make the run fail or behave
     unexpectedly come back in ``warnings`` rather than as exceptions, for the UI to show.
     """
     for name, v in (("latent_frames", latent_frames), ("chunk_frames", chunk_frames), ("layers", layers),
@@ -105,9 +108,9 @@ def plan_cache(
     per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
     valid = not any("does not divide" in w or "power-of-two" in w for w in warnings)
     bf16 = 2 * per_side * 2
-    quant = window_bytes(spec_k, spec_v, per_side) if valid else bf16
-    ebk = spec_k.effective_bits if spec_k else 16.0
-    ebv = spec_v.effective_bits if spec_v else 16.0
+    quant = window_bytes(spec_k, spec_v, per_side, full_bytes=full_bytes) if valid else bf16
+    ebk = spec_k.effective_bits if spec_k else 8.0 * full_bytes
+    ebv = spec_v.effective_bits if spec_v else 8.0 * full_bytes
     eb = (ebk + ebv) / 2
     return CachePlan(
         latent_frames=latent_frames,

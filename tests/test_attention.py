@@ -141,6 +141,20 @@ def test_rotation_is_orthogonal_and_leaves_unquantized_attention_unchanged():
         torch.testing.assert_close(out[rot], ref, rtol=0, atol=0.02)
 
 
+def test_matmul_and_butterfly_rotations_agree(monkeypatch):
+    from jensen_core import hadamard
+
+    x = torch.randn(3, 7, 128, generator=torch.Generator().manual_seed(0))
+    fast = (rotate(x, 5), unrotate(x, 5), rotate(x.bfloat16(), 5))
+    monkeypatch.setattr(hadamard, "MATMUL_MAX_DIM", 0)
+    butterflies = (rotate(x, 5), unrotate(x, 5), rotate(x.bfloat16(), 5))
+    for a, b in zip(fast, butterflies):
+        # both round the same float32 result to bf16 at the end: at most one bf16 ulp apart
+        tol = 1e-5 if a.dtype == torch.float32 else 2**-7
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    torch.testing.assert_close(unrotate(rotate(x, 5), 5), x, rtol=1e-5, atol=1e-5)
+
+
 def test_non_power_of_two_rotation_is_a_clear_error():
     with pytest.raises(ValueError, match="power-of-two head_dim, got 96"):
         quantize(torch.randn(1, 1, 4, 96), QuantSpec(group_size=32, rotation="hadamard"))

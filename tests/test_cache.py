@@ -62,6 +62,15 @@ def test_planner_matches_the_bytes_a_run_really_stores():
     assert plan.bf16_bytes == sum(cache.bf16_nbytes for cache in caches)
 
 
+def test_planner_counts_unquantized_sides_in_the_model_dtype():
+    cache = ChunkCache(QuantSpec(bits=2, group_size=16), None)  # values kept as given (fp32 here)
+    cache.append(*_chunk(0, H=2, T=12, D=64))
+    plan = plan_cache(latent_frames=6, latent_height=2, latent_width=8, chunk_frames=3, window_chunks=0, layers=1,
+                      heads=2, head_dim=64, spec_k=QuantSpec(bits=2, group_size=16), spec_v=None, full_bytes=4)
+    assert plan.quantized_bytes == cache.nbytes
+    assert plan.effective_bits_v == 32.0
+
+
 @pytest.mark.parametrize("spec_v", [QuantSpec(bits=4, rotation="hadamard", seed=2), None])
 def test_safetensors_round_trip_is_bit_identical(tmp_path, spec_v):
     spec_k = QuantSpec(bits=3, group_size=16, rotation="hadamard", seed=2)
