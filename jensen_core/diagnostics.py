@@ -19,6 +19,20 @@ from .bias import check_mode, jensen_bias
 from .quant import QuantizedTensor
 
 
+def quantile(sorted_values: Tensor, q: float) -> float:
+    """Linearly interpolated ``q``-quantile of an ascending 1-D tensor (numpy's default; any size)."""
+    n = sorted_values.numel()
+    if n == 0:
+        raise ValueError("quantile of an empty set of samples")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q={q} must be between 0 and 1")
+    pos = q * (n - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, n - 1)
+    a, b = float(sorted_values[lo]), float(sorted_values[hi])
+    return a + (b - a) * (pos - lo)
+
+
 @dataclass
 class ShiftStats:
     """Per-query ``delta_ps`` and ``jsd`` (flattened over batch, heads, queries) and the output MSE."""
@@ -29,18 +43,18 @@ class ShiftStats:
 
     @property
     def median_delta_ps(self) -> float:
-        return float(self.delta_ps.median())
+        return quantile(self.delta_ps.sort().values, 0.5)
 
     @property
     def mean_jsd(self) -> float:
         return float(self.jsd.mean())
 
     def summary(self) -> dict:
-        d = self.delta_ps
+        d = self.delta_ps.sort().values
         return {
-            "median_delta_ps": float(d.median()),
-            "q25_delta_ps": float(d.quantile(0.25)) if d.numel() < 2**24 else float("nan"),
-            "q75_delta_ps": float(d.quantile(0.75)) if d.numel() < 2**24 else float("nan"),
+            "median_delta_ps": quantile(d, 0.5),
+            "q25_delta_ps": quantile(d, 0.25),
+            "q75_delta_ps": quantile(d, 0.75),
             "mean_jsd": self.mean_jsd,
             "output_mse": self.output_mse,
         }

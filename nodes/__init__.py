@@ -12,6 +12,7 @@ from comfy_api.latest import ComfyExtension, io
 from .bias_correction import JensenKVBiasCorrection
 from .chunked_ar_sampler import JensenKVChunkedARSampler
 from .chunked_ar_sampler_simple import JensenKVChunkedARSamplerSimple
+from .diagnostics import JensenKVDiagnostics, JensenKVDiagnosticsPlot
 from .quantize_kv_cache import JensenKVQuantizeKVCache
 
 logger = logging.getLogger("jensen_kv")
@@ -28,11 +29,13 @@ NODES: list[type[io.ComfyNode]] = [
     JensenKVChunkedARSampler,
     JensenKVChunkedARSamplerSimple,
 ]
+#: attention diagnostics (issue 5): KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
+DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
 
 
 class JensenKVExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return list(NODES)
+        return [*NODES, *DIAGNOSTICS_NODES]
 
 
-__all__ = ["NODES", "JensenKVExtension"]
+__all__ = ["DIAGNOSTICS_NODES", "NODES", "JensenKVExtension"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import JensenKVConfig, get_config, mode_to_correction
+from .diagnostics_observer import combine_observers, make_diagnostics
 from .observer import PHASE_DENOISE, PHASE_WRITE
 from .wan_adapter import WanCacheRun, WanKVAdapter
 
@@ -211,7 +212,10 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     write_sampler = comfy.samplers.KSAMPLER(_write_once)
     tokens_per_frame = (latent_image.shape[-2] // 2) * (latent_image.shape[-1] // 2)
 
-    run = WanCacheRun(config, window_chunks, adapter.num_layers, observer=observer)
+    diagnostics = make_diagnostics(model.model_options, num_layers=adapter.num_layers, heads=adapter.heads,
+                                   steps=steps, window_chunks=window_chunks, correction=config.effective_correction,
+                                   strength=config.strength, keys_quantized=config.keys_quantized)
+    run = WanCacheRun(config, window_chunks, adapter.num_layers, observer=combine_observers(observer, diagnostics))
     work = model.clone()
     out = latent_image.clone()
     seconds: list[float] = []
@@ -251,6 +255,10 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     finally:
         adapter.remove(work)
         run.free()
+        if diagnostics is not None:
+            diagnostics.free()
     report = build_report(run, adapter, config, plan, window_chunks=window_chunks, seconds=seconds, cfg=cfg,
                           tokens_per_frame=tokens_per_frame, model_dtype=model.model_dtype())
+    if diagnostics is not None:
+        report["diagnostics"] = diagnostics.summary()
     return ChunkedARResult(samples=out, report=report, seconds_per_chunk=seconds, denoise_seconds=denoise_seconds)

@@ -1,0 +1,119 @@
+"""KV Cache Diagnostics (MODEL -> MODEL) and KV Cache Diagnostics Plot (report -> IMAGE, STRING).
+
+The first node marks a cloned MODEL; the Chunked AR sampler then compares, for the sampled layers,
+heads and steps, the attention over its quantized cache (with and without the Jensen correction)
+against full-precision attention on the same queries, and puts the numbers in its report under
+``diagnostics``. The second node turns that report into the paper's Fig. 4 (ΔP_S histograms before
+and after correction) and a text summary. Without the first node the sampler runs no diagnostics
+and pays nothing.
+"""
+from __future__ import annotations
+
+from comfy_api.latest import io, ui
+
+from .common import CATEGORY, JensenKVReport, advanced, logger, node_message
+from .diagnostics_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
+from .diagnostics_plot import diagnostics_text, image_tensor, render_histogram
+
+NO_DIAGNOSTICS = (
+    "KV Cache Diagnostics Plot: this report has no diagnostics. Put KV Cache Diagnostics on the MODEL "
+    "before the Chunked AR sampler (e.g. after Jensen Bias Correction) and run it again."
+)
+
+
+def _model_size(model) -> tuple[int | None, int | None]:
+    """(layers, heads) of a Wan-like MODEL, or (None, None) when it has no such blocks."""
+    try:
+        blocks = model.get_model_object("diffusion_model.blocks")
+        return len(blocks), int(blocks[0].self_attn.num_heads)
+    except (AttributeError, IndexError, TypeError, KeyError):
+        return None, None
+
+
+class JensenKVDiagnostics(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="JensenKVDiagnostics",
+            display_name="KV Cache Diagnostics",
+            category=CATEGORY,
+            description=(
+                "Measure what the quantized KV cache does to attention: the Chunked AR sampler compares its "
+                "attention over the cache, without and with the Jensen correction, against full-precision "
+                "attention on the same queries (attention-mass shift ΔP_S, JSD, output MSE) and adds the numbers "
+                "to its report; feed the report to KV Cache Diagnostics Plot. Costs time and memory only when "
+                "this node is in the graph."
+            ),
+            inputs=[
+                io.Model.Input("model", tooltip="The MODEL going to the Chunked AR sampler (anywhere on its path: "
+                                                "before or after Quantize KV Cache / Jensen Bias Correction)."),
+                io.String.Input("layers", default="every 8",
+                                tooltip=f"Transformer blocks to measure: {SELECTION_HELP}. Each sampled layer keeps "
+                                        "a full-precision copy of its cached K/V (sampled heads only) for the run."),
+                io.String.Input("heads", default="all",
+                                tooltip=f"Attention heads to measure in each sampled layer: {SELECTION_HELP}."),
+                io.String.Input("steps", default="all",
+                                tooltip=f"Denoising steps (0-based, per chunk) to measure: {SELECTION_HELP}. "
+                                        "Chunk 0 has no cache and is never measured."),
+                io.Int.Input("query_stride", default=4, min=1, max=4096,
+                             tooltip="Measure every n-th query of the chunk (1 = all). The reference materialises "
+                                     "one (queries/n x cached keys) score matrix per head: raise n for long videos."),
+            ],
+            outputs=[io.Model.Output(tooltip="A clone of the model that asks the Chunked AR sampler for diagnostics.")],
+            hidden=[io.Hidden.unique_id],
+        )
+
+    @classmethod
+    def execute(cls, model, layers, heads, steps, query_stride) -> io.NodeOutput:
+        request = DiagnosticsRequest(layers=layers, heads=heads, steps=steps, query_stride=int(query_stride))
+        n_layers, n_heads = _model_size(model)
+        if n_layers is not None:  # check the indices now rather than after a long run
+            resolve_selection(request.layers, n_layers, "layers")
+            resolve_selection(request.heads, n_heads, "heads")
+        m = model.clone()
+        set_request(m, request)
+        text = f"Attention diagnostics: {request.describe()}"
+        logger.info("jensen_kv: %s", text)
+        return io.NodeOutput(m, ui=ui.PreviewText(text))
+
+
+class JensenKVDiagnosticsPlot(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="JensenKVDiagnosticsPlot",
+            display_name="KV Cache Diagnostics Plot",
+            category=CATEGORY,
+            description=(
+                "ΔP_S histograms before (purple) and after (orange) the Jensen correction, like the paper's Fig. 4, "
+                "and the numbers: median and IQR of ΔP_S, mean JSD and attention-output MSE against full precision."
+            ),
+            inputs=[
+                JensenKVReport.Input("report", tooltip="The report of a Chunked AR sampler whose MODEL went through "
+                                                      "KV Cache Diagnostics."),
+                advanced(io.Int.Input("width", default=960, min=320, max=4096, step=8,
+                                      tooltip="Width of the plot in pixels (the text scales with it).")),
+                advanced(io.Int.Input("height", default=540, min=240, max=4096, step=8,
+                                      tooltip="Height of the plot in pixels.")),
+            ],
+            outputs=[
+                io.Image.Output(display_name="IMAGE", tooltip="The histogram plot (1 x H x W x 3)."),
+                io.String.Output(display_name="STRING", tooltip="The numbers as text."),
+            ],
+            hidden=[io.Hidden.unique_id],
+            is_output_node=True,
+        )
+
+    @classmethod
+    def execute(cls, report, width=960, height=540) -> io.NodeOutput:
+        if not isinstance(report, dict):
+            raise ValueError(f"report must be a Chunked AR sampler's report (a dict), got {type(report).__name__}")
+        diag = report.get("diagnostics")
+        if diag is None:
+            raise ValueError(NO_DIAGNOSTICS)
+        text = diagnostics_text(diag)
+        image = image_tensor(render_histogram(diag, int(width), int(height)))
+        logger.info("jensen_kv: %s", text.replace("\n", " | "))
+        node_message(cls, text)
+        preview = ui.PreviewImage(image, cls=cls).as_dict()
+        return io.NodeOutput(image, text, ui={**preview, "text": [text]})
