@@ -31,11 +31,11 @@ def main():
     for n in (64, 128, 256):
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(1, 12, 1560, n).to(dtype)
-            mm = _time(lambda: hadamard.rotate(x, 0))
+            mm = _time(lambda x=x: hadamard.rotate(x, 0))
             old = hadamard.MATMUL_MAX_DIM
             hadamard.MATMUL_MAX_DIM = 0
             try:
-                bf = _time(lambda: hadamard.rotate(x, 0))
+                bf = _time(lambda x=x: hadamard.rotate(x, 0))
             finally:
                 hadamard.MATMUL_MAX_DIM = old
             print(f"  n={n:<4}{str(dtype).removeprefix('torch.'):<9} butterflies {bf:7.2f} ms   matmul {mm:7.2f} ms   ratio {bf / mm:5.2f}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from .chunk_loop import report_text, run_chunked_ar
-from .common import CATEGORY, UI_REPORT_KEY, JensenKVReport, advanced, logger, node_message
+from .common import CATEGORY, UI_REPORT_KEY, JensenKVReport, advanced, logger
 
 DESCRIPTION = (
     "Chunk-wise autoregressive sampling for Self-Forcing / CausVid / SkyReels-V2 (Wan 2.1 T2V): each chunk of latent "
@@ -55,7 +55,7 @@ def sample_node(node_cls, model, positive, negative, latent, seed, cfg, sampler,
     out["samples"] = result.samples
     text = report_text(result.report)
     logger.info("jensen_kv: %s", text.replace("\n", " "))
-    node_message(node_cls, text)
+    # the report is shown on the node by web/jensen_kv.js from the ui payload (no progress text: it would repeat it)
     return io.NodeOutput(out, result.report, ui={UI_REPORT_KEY: [result.report], "text": [text]})
 
 
