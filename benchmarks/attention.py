@@ -5,6 +5,8 @@
 
 Every configuration runs in the same process, interleaved round by round, and each ratio is the
 median of the per-round ratios, so a machine that gets busier or quieter hurts all sides alike.
+On the CPU the ratios use the process's CPU time (other processes on a shared machine inflate
+wall time, not the CPU time our threads spend); wall-clock ratios are printed next to them.
 Targets (issue 2):
   time(INT2 + Taylor) / time(INT2, no correction)      <= 1.10
   time(INT2 cache + correction) / time(SDPA, unquantized same keys) <= 1.50
@@ -14,8 +16,10 @@ Targets (issue 2):
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,6 +43,24 @@ def _rss():
     return int(re.search(r"VmRSS:\s+(\d+)", s).group(1)) * 1024, int(re.search(r"VmHWM:\s+(\d+)", s).group(1)) * 1024
 
 
+def exact_rss_accounting() -> None:
+    """Make freed large blocks go back to the OS at once (glibc mallopt M_MMAP_THRESHOLD = 64 KiB).
+
+    Only in the child process that measures memory: every allocation then faults in fresh pages,
+    which would slow the timed calls.
+
+    Otherwise glibc reuses freed heap memory without touching RSS, and an attend that runs after
+    another one shows no growth at all; with every large tensor in its own mapping, the peak RSS
+    above the baseline is the peak of live tensor memory.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
+    except OSError:
+        print("(no glibc: peak memory figures may under-count)")
+
+
 def peak_extra_bytes(fn, device) -> int:
     """Peak memory above what was allocated before ``fn`` ran (CUDA allocator, or the process's RSS)."""
     if device.type == "cuda":
@@ -56,6 +78,41 @@ def peak_extra_bytes(fn, device) -> int:
     _, hwm = _rss()
     del out
     return hwm - base
+
+
+def _setup(dtype, device, heads, chunk_tokens, cached_chunks):
+    w = make_workload(heads=heads, chunk_tokens=chunk_tokens, cached_chunks=cached_chunks, dtype=dtype)
+    move = lambda t: t.to(device)  # noqa: E731
+    q, k_cur, v_cur = map(move, (w.q, w.k_cur, w.v_cur))
+    spec = QuantSpec(bits=2, group_size=32, rotation="none")
+    cache = ChunkCache(spec, spec)
+    for k, v in zip(w.k_cached, w.v_cached):
+        cache.append(move(k), move(v))
+    window = 2 * (cached_chunks + 1) * q.numel() * q.element_size()  # one layer's K+V over the whole window
+    return q, k_cur, v_cur, cache, window
+
+
+def measure_memory(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
+    """Peak extra memory of one corrected attend / one layer's window, both fast-path variants."""
+    q, k_cur, v_cur, cache, window = _setup(dtype, device, heads, chunk_tokens, cached_chunks)
+    call = lambda: cache.attend(q, k_cur, v_cur, correction="taylor")  # noqa: E731
+    call()
+    mem = {"window_mib": window / 2**20}
+    for label, force in (("streamed", False), ("one buffer", True)):
+        attention._FORCE_CONCAT = force
+        try:
+            mem[label] = max(peak_extra_bytes(call, device) for _ in range(3)) / window
+        finally:
+            attention._FORCE_CONCAT = False
+    return mem
+
+
+def memory_in_child(dname: str, device: torch.device, args) -> dict:
+    """Run :func:`measure_memory` in a fresh process whose allocator returns freed memory at once."""
+    cmd = [sys.executable, __file__, "--memory-child", "--dtypes", dname, "--device", str(device), "--heads", str(args.heads),
+           "--chunk-tokens", str(args.chunk_tokens), "--cached-chunks", str(args.cached_chunks)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk_tokens: int, cached_chunks: int) -> dict:
@@ -81,37 +138,34 @@ def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk
     for fn in calls.values():  # warm-up (kernel selection, the LSE self-check)
         fn()
     times = {name: [] for name in calls}
+    cpu = {name: [] for name in calls}
     names = list(calls)
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             out = calls[name]()
             _sync(device)
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
             del out
+    primary = cpu if device.type == "cpu" else times
 
-    def ratio(a, b):
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+    def ratio(a, b, t=None):
+        t = t or primary
+        return statistics.median(x / y for x, y in zip(t[a], t[b]))
 
-    window = 2 * k_all.numel() * k_all.element_size()  # one layer's K+V over the whole window
-    mem = {}
-    for label, force in (("streamed", False), ("one buffer", True)):
-        attention._FORCE_CONCAT = force
-        try:
-            mem[label] = max(peak_extra_bytes(calls["INT2 RTN + Taylor"], device) for _ in range(3)) / window
-        finally:
-            attention._FORCE_CONCAT = False
     c = caches["RTN"]
     return {
         "ms": {n: 1000 * statistics.median(t) for n, t in times.items()},
+        "cpu_ms": {n: 1000 * statistics.median(t) for n, t in cpu.items()},
+        "wall_taylor_vs_plain": ratio("INT2 RTN + Taylor", "INT2 RTN", times),
+        "wall_int2_vs_sdpa": ratio("INT2 RTN + Taylor", "SDPA, unquantized", times),
         "taylor_vs_plain": ratio("INT2 RTN + Taylor", "INT2 RTN"),
         "taylor_vs_plain_quarot": ratio("INT2 QuaRot + Taylor", "INT2 QuaRot"),
         "int2_vs_sdpa": ratio("INT2 RTN + Taylor", "SDPA, unquantized"),
         "int2_vs_sdpa_quarot": ratio("INT2 QuaRot + Taylor", "SDPA, unquantized"),
-        "mem": mem,
-        "window_mib": window / 2**20,
         "bytes_ratio": c.nbytes / c.bf16_nbytes,
         "bits_ratio": c.effective_bits / 16,
         "spec_bits_ratio": QuantSpec().effective_bits / 16,
@@ -122,21 +176,33 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--chunk-tokens", type=int, default=1560)
     ap.add_argument("--cached-chunks", type=int, default=4)
+    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.memory_child:
+        exact_rss_accounting()
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtypes]
+        print(json.dumps(measure_memory(dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)))
+        return 0
     print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads; {args.heads} heads x 128, "
           f"{args.chunk_tokens} tokens/chunk, {args.cached_chunks} cached chunks + current; {args.rounds} interleaved rounds")
     ok = True
     for dname in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dname]
         r = run(dtype, device, args.rounds, args.heads, args.chunk_tokens, args.cached_chunks)
+        r["mem"] = memory_in_child(dname, device, args) if device.type == "cpu" else measure_memory(
+            dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)
+        r["window_mib"] = r["mem"]["window_mib"]
         print(f"\n== {dname} ==")
         for name, ms in r["ms"].items():
-            print(f"  {name:<24}{ms:9.1f} ms")
+            print(f"  {name:<24}{ms:9.1f} ms wall {r['cpu_ms'][name]:9.1f} ms CPU")
+        clock = "CPU time" if device.type == "cpu" else "wall time"
+        print(f"  ratios below: medians of per-round {clock} ratios (wall-clock: INT2+Taylor/INT2 "
+              f"{r['wall_taylor_vs_plain']:.3f}, INT2+Taylor/SDPA {r['wall_int2_vs_sdpa']:.3f})")
         checks = [
             ("INT2 + Taylor / INT2 (RTN)", r["taylor_vs_plain"], 1.10),
             ("INT2 + Taylor / INT2 (QuaRot)", r["taylor_vs_plain_quarot"], 1.10),

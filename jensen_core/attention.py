@@ -217,12 +217,12 @@ def _streamed(qr: Tensor, qbuf: Tensor, kcr: Tensor, vcr: Tensor, entries: list[
 
 
 def _merge(acc: Tensor | None, lse: Tensor | None, out: Tensor, out_lse: Tensor, D: int) -> tuple[Tensor, Tensor]:
-    """Combine two softmax-normalised partial attentions over disjoint key sets (fp32)."""
-    out = out[..., :D].to(torch.float32)
+    """Fold one softmax-normalised partial attention over a disjoint key set into ``acc`` (float32, in place)."""
+    out = out[..., :D]
     if acc is None:
-        return out, out_lse
+        return out.to(torch.float32), out_lse
     new = torch.logaddexp(lse, out_lse)
-    acc.mul_(torch.exp(lse - new).unsqueeze(-1)).add_(out * torch.exp(out_lse - new).unsqueeze(-1))
+    acc.mul_(torch.exp(lse - new).unsqueeze(-1)).addcmul_(out, torch.exp(out_lse - new).unsqueeze(-1))
     return acc, new
 
 

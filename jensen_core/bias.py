@@ -41,9 +41,12 @@ def log_sinhc(alpha: Tensor) -> Tensor:
 
 
 def query_group_norms(q: Tensor, group_size: int) -> Tensor:
-    """nu: squared norm of each query group, float32, shape ``(..., q_tokens, head_dim // group_size)``."""
-    qf = q.to(torch.float32)
-    return qf.reshape(*q.shape[:-1], q.shape[-1] // group_size, group_size).square().sum(-1)
+    """nu: squared norm of each query group, float32, shape ``(..., q_tokens, head_dim // group_size)``.
+
+    A reduction kernel (accumulating in float32 even for half inputs), so no query-sized temporary.
+    """
+    groups = q.reshape(*q.shape[:-1], q.shape[-1] // group_size, group_size)
+    return torch.linalg.vector_norm(groups, dim=-1).to(torch.float32).square()
 
 
 def taylor_weights(step: Tensor, head_dim: int) -> Tensor:
