@@ -7,6 +7,7 @@ skip with the reason when none is found.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -27,7 +28,8 @@ def _is_comfyui(p: Path) -> bool:
     return (p / "comfy" / "model_patcher.py").is_file() and (p / "main.py").is_file()
 
 
-def find_comfyui() -> Path | None:
+def locate_comfyui() -> Path | None:
+    """The first ComfyUI checkout found, importable or not."""
     env = os.environ.get("COMFYUI_PATH")
     if env and _is_comfyui(Path(env)):
         return Path(env).resolve()
@@ -39,10 +41,35 @@ def find_comfyui() -> Path | None:
     return None
 
 
-SKIP_REASON = (
-    "ComfyUI not found: set COMFYUI_PATH, install the pack under ComfyUI/custom_nodes/, "
-    "or put a checkout at /opt/ComfyUI (see README, 'Tests')"
-)
+# modules ComfyUI imports at start-up (requirements.txt, plus requests which it imports but does not list)
+_COMFYUI_MODULES = ("aiohttp", "yarl", "yaml", "PIL", "scipy", "tqdm", "psutil", "alembic", "sqlalchemy", "av",
+                    "torchsde", "torchvision", "einops", "transformers", "tokenizers", "sentencepiece", "safetensors",
+                    "kornia", "spandrel", "pydantic", "pydantic_settings", "comfyui_frontend_package", "requests")
+
+
+def missing_comfyui_requirements() -> list[str]:
+    return [m for m in _COMFYUI_MODULES if importlib.util.find_spec(m) is None]
+
+
+_LOCATED = locate_comfyui()
+_MISSING = missing_comfyui_requirements() if _LOCATED is not None else []
+
+
+def find_comfyui() -> Path | None:
+    """A ComfyUI checkout that can run here (its requirements installed), else None (see SKIP_REASON)."""
+    return _LOCATED if _LOCATED is not None and not _MISSING else None
+
+
+if _LOCATED is None:
+    SKIP_REASON = (
+        "ComfyUI not found: set COMFYUI_PATH, install the pack under ComfyUI/custom_nodes/, "
+        "or put a checkout at /opt/ComfyUI (see README, 'Tests')"
+    )
+else:
+    SKIP_REASON = (
+        f"ComfyUI found at {_LOCATED} but its requirements are not installed ({', '.join(_MISSING)} missing): "
+        f"pip install -r {_LOCATED}/requirements.txt requests"
+    )
 
 
 def free_port() -> int:

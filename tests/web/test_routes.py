@@ -173,6 +173,7 @@ def test_options_lists_the_node_choices_and_presets():
 
 # ---------------------------------------------------------------------------------- aiohttp glue
 def test_registered_handlers_answer_json_and_400():
+    pytest.importorskip("aiohttp", reason="aiohttp (a ComfyUI requirement) is not installed")
     from aiohttp import web
     from aiohttp.test_utils import make_mocked_request
 
