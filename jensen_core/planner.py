@@ -31,19 +31,39 @@ class CachePlan:
     cached_chunks_peak: int
     cached_tokens_peak: int
     bf16_bytes: int
-    quantized_bytes: int
+    quantized_bytes: int | None  # None when ``errors`` say the run cannot start
     effective_bits_k: float
     effective_bits_v: float
     effective_bits: float
     compression: float
     warnings: tuple[str, ...]
+    errors: tuple[str, ...] = ()
+
+    @property
+    def runnable(self) -> bool:
+        return not self.errors
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["warnings"] = list(self.warnings)
+        d["errors"] = list(self.errors)
+        d["runnable"] = self.runnable
         d["bf16_mib"] = self.bf16_bytes / 2**20
-        d["quantized_mib"] = self.quantized_bytes / 2**20
+        d["quantized_mib"] = None if self.quantized_bytes is None else self.quantized_bytes / 2**20
         return d
+
+
+def head_dim_problems(spec_k: QuantSpec | None, spec_v: QuantSpec | None, head_dim: int) -> list[str]:
+    """What stops a cache with these specs from holding ``head_dim``-wide heads (one line per distinct problem)."""
+    found: dict[str, list[str]] = {}
+    for side, spec in (("key", spec_k), ("value", spec_v)):
+        if spec is None:
+            continue
+        try:
+            spec.check_head_dim(head_dim)
+        except ValueError as exc:
+            found.setdefault(str(exc), []).append(side)
+    return [f"{' and '.join(sides)} cache: {msg}" for msg, sides in found.items()]
 
 
 def wan_latent_shape(width: int, height: int, frames: int) -> tuple[int, int, int]:
@@ -72,8 +92,8 @@ def plan_cache(
     The last chunk is never written to the cache (nothing reads it), so the peak holds
     ``min(window, chunks - 1)`` chunks. ``full_bytes`` is the element size of a side that is not
     quantized (the cache keeps it in the model's dtype: 2 for BF16/FP16 models, 4 for FP32).
-    Problems that would make the run fail or behave
-    unexpectedly come back in ``warnings`` rather than as exceptions, for the UI to show.
+    Problems come back for the UI to show rather than as exceptions: ``errors`` would stop the run
+    (then ``quantized_bytes`` is None), ``warnings`` are surprises that would not.
     """
     for name, v in (("latent_frames", latent_frames), ("chunk_frames", chunk_frames), ("layers", layers),
                     ("heads", heads), ("head_dim", head_dim), ("cfg_branches", cfg_branches), ("batch", batch)):
@@ -96,19 +116,12 @@ def plan_cache(
             f"{latent_frames} latent frames do not split into chunks of {chunk_frames}: the last chunk has "
             f"{latent_frames % chunk_frames} frame(s)"
         )
-    for side, spec in (("key", spec_k), ("value", spec_v)):
-        if spec is None:
-            continue
-        try:
-            spec.check_head_dim(head_dim)
-        except ValueError as exc:
-            warnings.append(f"{side} cache: {exc}")
+    errors = head_dim_problems(spec_k, spec_v, head_dim)
     # tokens of each held chunk (the last chunk may be shorter, but it is never cached)
     held_tokens = held * chunk_frames * tokens_per_frame
     per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
-    valid = not any("does not divide" in w or "power-of-two" in w for w in warnings)
     bf16 = 2 * per_side * 2
-    quant = window_bytes(spec_k, spec_v, per_side, full_bytes=full_bytes) if valid else bf16
+    quant = None if errors else window_bytes(spec_k, spec_v, per_side, full_bytes=full_bytes)
     ebk = spec_k.effective_bits if spec_k else 8.0 * full_bytes
     ebv = spec_v.effective_bits if spec_v else 8.0 * full_bytes
     eb = (ebk + ebv) / 2
@@ -125,4 +138,5 @@ def plan_cache(
         effective_bits=eb,
         compression=16.0 / eb,
         warnings=tuple(warnings),
+        errors=tuple(errors),
     )

@@ -115,17 +115,27 @@ class JensenKVConfig:
         return "; ".join(parts)
 
 
+def get_option(model_options: dict | None, key: str, cls: type, producer: str):
+    """The ``cls`` instance a node of this pack stored under ``transformer_options[key]``, or None."""
+    value = (model_options or {}).get("transformer_options", {}).get(key)
+    if value is not None and not isinstance(value, cls):
+        raise TypeError(
+            f"model_options['transformer_options'][{key!r}] holds a {type(value).__name__}, not a "
+            f"{cls.__name__}; it was set by something other than the {producer} node"
+        )
+    return value
+
+
+def set_option(model_patcher, key: str, value) -> None:
+    """Store ``value`` under ``transformer_options[key]`` of ``model_patcher`` (call it on a clone only)."""
+    model_patcher.model_options.setdefault("transformer_options", {})[key] = value
+
+
 def get_config(model_options: dict) -> JensenKVConfig | None:
     """The config on a ModelPatcher's ``model_options`` (None when no Quantize KV Cache ran upstream)."""
-    cfg = (model_options or {}).get("transformer_options", {}).get(CONFIG_KEY)
-    if cfg is not None and not isinstance(cfg, JensenKVConfig):
-        raise TypeError(
-            f"model_options['transformer_options'][{CONFIG_KEY!r}] holds a {type(cfg).__name__}, not a "
-            "JensenKVConfig; it was set by something other than the Quantize KV Cache node"
-        )
-    return cfg
+    return get_option(model_options, CONFIG_KEY, JensenKVConfig, "Quantize KV Cache")
 
 
 def set_config(model_patcher, config: JensenKVConfig) -> None:
     """Store ``config`` on ``model_patcher`` (call it on a clone only)."""
-    model_patcher.model_options.setdefault("transformer_options", {})[CONFIG_KEY] = config
+    set_option(model_patcher, CONFIG_KEY, config)

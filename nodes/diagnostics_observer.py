@@ -31,6 +31,7 @@ from ..jensen_core import QuantizedTensor
 from ..jensen_core.diagnostics import attention_shift
 from ..jensen_core.quant import cat_quantized
 from ..jensen_core.shift_summary import ShiftAccumulator, common_histogram
+from .config import get_option, set_option
 from .observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 
 logger = logging.getLogger("jensen_kv")
@@ -118,18 +119,12 @@ class DiagnosticsRequest:
 
 
 def get_request(model_options: dict | None) -> DiagnosticsRequest | None:
-    req = (model_options or {}).get("transformer_options", {}).get(REQUEST_KEY)
-    if req is not None and not isinstance(req, DiagnosticsRequest):
-        raise TypeError(
-            f"model_options['transformer_options'][{REQUEST_KEY!r}] holds a {type(req).__name__}, not a "
-            "DiagnosticsRequest; it was set by something other than the KV Cache Diagnostics node"
-        )
-    return req
+    return get_option(model_options, REQUEST_KEY, DiagnosticsRequest, "KV Cache Diagnostics")
 
 
 def set_request(model_patcher, request: DiagnosticsRequest) -> None:
     """Store ``request`` on ``model_patcher`` (call it on a clone only)."""
-    model_patcher.model_options.setdefault("transformer_options", {})[REQUEST_KEY] = request
+    set_option(model_patcher, REQUEST_KEY, request)
 
 
 # ------------------------------------------------------------------------------------------ observer

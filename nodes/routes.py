@@ -22,7 +22,7 @@ import logging
 import sys
 from collections.abc import Mapping
 
-from ..jensen_core.planner import MODEL_PRESETS, plan_cache, wan_latent_shape
+from ..jensen_core.planner import MODEL_PRESETS, head_dim_problems, plan_cache, wan_latent_shape
 from ..jensen_core.spec import QuantSpec
 from .config import BITS_CHOICES, GROUP_SIZE_CHOICES, ROTATION_CHOICES, SCALE_FORMAT_CHOICES
 
@@ -142,19 +142,6 @@ def _side_summary(spec: QuantSpec | None) -> dict:
             "scale_bits": spec.scale_bits, "zero_bits": spec.zero_bits, "group_size": spec.group_size}
 
 
-def _head_dim_errors(spec_k: QuantSpec | None, spec_v: QuantSpec | None, head_dim: int) -> list[str]:
-    """What would stop the run for this head_dim, once per distinct message."""
-    found: dict[str, list[str]] = {}
-    for side, spec in (("key", spec_k), ("value", spec_v)):
-        if spec is None:
-            continue
-        try:
-            spec.check_head_dim(head_dim)
-        except ValueError as exc:
-            found.setdefault(str(exc), []).append(side)
-    return [f"{' and '.join(sides)} cache: {msg}" for msg, sides in found.items()]
-
-
 def options(params: Mapping[str, str] | None = None) -> dict:
     """Choices, defaults and model presets, so the UI hard-codes none of them."""
     _check_known(params or {}, ())
@@ -183,7 +170,7 @@ def spec_summary(params: Mapping[str, str]) -> dict:
     k, v = _side_summary(spec_k), _side_summary(spec_v)
     eb = (k["effective_bits"] + v["effective_bits"]) / 2
     head_dim = _int(params, "head_dim") if params.get("head_dim") not in (None, "") else None
-    errors = _head_dim_errors(spec_k, spec_v, head_dim) if head_dim is not None else []
+    errors = head_dim_problems(spec_k, spec_v, head_dim) if head_dim is not None else []
     return {
         "key": k,
         "value": v,
@@ -245,24 +232,16 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         raise ParamError("width" if latent_w < 2 else "height", width if latent_w < 2 else height,
                          "is too small for one Wan patch", "use at least 16 pixels")
 
-    errors = _head_dim_errors(spec_k, spec_v, head_dim)
     plan = plan_cache(
         latent_frames=latent_frames, latent_height=latent_h, latent_width=latent_w,
         chunk_frames=chunk_frames, window_chunks=window, layers=layers, heads=heads, head_dim=head_dim,
         spec_k=spec_k, spec_v=spec_v, cfg_branches=cfg_branches, batch=batch,
     )
     d = plan.to_dict()
-    # plan_cache repeats the head_dim problems as warnings; they are errors here (the run would stop)
-    warnings = [w for w in d.pop("warnings") if not w.startswith(("key cache: ", "value cache: "))]
-    runnable = not errors
-    quant_bytes = d["quantized_bytes"] if runnable else None
+    runnable, quant_bytes = plan.runnable, plan.quantized_bytes
     d.update(
         spec=spec,
-        errors=errors,
-        warnings=warnings + notes,
-        runnable=runnable,
-        quantized_bytes=quant_bytes,
-        quantized_mib=d["quantized_mib"] if runnable else None,
+        warnings=d["warnings"] + notes,
         saved_bytes=(d["bf16_bytes"] - quant_bytes) if runnable else None,
         bytes_ratio=(d["bf16_bytes"] / quant_bytes) if runnable and quant_bytes else None,
         model={"preset": preset, "layers": layers, "heads": heads, "head_dim": head_dim},

@@ -192,3 +192,11 @@ def test_bad_attend_inputs_are_clear_errors():
         cache.attend(q, k, v, strength=float("nan"))
     with pytest.raises(ValueError, match="current chunk is empty"):
         cache.attend(q, k[..., :0, :], v[..., :0, :])
+
+
+def test_planner_reports_a_group_size_that_cannot_run_as_an_error():
+    plan = plan_cache(latent_frames=9, latent_height=4, latent_width=4, chunk_frames=3, window_chunks=0, layers=1,
+                      heads=2, head_dim=128, spec_k=QuantSpec(group_size=256), spec_v=QuantSpec(group_size=256))
+    assert plan.errors == ("key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128",)
+    assert not plan.runnable and plan.quantized_bytes is None and plan.to_dict()["quantized_mib"] is None
+    assert plan.bf16_bytes > 0
