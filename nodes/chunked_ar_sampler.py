@@ -26,6 +26,12 @@ def common_head_inputs() -> list:
     ]
 
 
+def cfg_input() -> io.Float.Input:
+    return io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                          tooltip="Classifier-free guidance; 1 runs the cond branch only (distilled few-step "
+                                  "models), >1 keeps a second cache for the uncond branch.")
+
+
 def common_tail_inputs() -> list:
     return [
         io.Int.Input("chunk_frames", default=3, min=1, max=1024,
@@ -69,9 +75,7 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             description=DESCRIPTION,
             inputs=[
                 *common_head_inputs(),
-                io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
-                               tooltip="Classifier-free guidance; 1 runs the cond branch only (distilled few-step "
-                                       "models), >1 keeps a second cache for the uncond branch."),
+                cfg_input(),
                 io.Sampler.Input("sampler", tooltip="Any ComfyUI sampler (KSamplerSelect, ...); used for every chunk."),
                 io.Sigmas.Input("sigmas", tooltip="The noise schedule of one chunk (BasicScheduler, or a few-step "
                                                   "Self-Forcing / CausVid schedule); reused for every chunk."),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import comfy.samplers
 from comfy_api.latest import io
 
-from .chunked_ar_sampler import DESCRIPTION, common_head_inputs, common_tail_inputs, outputs, sample_node
+from .chunked_ar_sampler import DESCRIPTION, cfg_input, common_head_inputs, common_tail_inputs, outputs, sample_node
 from .common import CATEGORY, check_combo_values
 
 
@@ -27,9 +27,7 @@ class JensenKVChunkedARSamplerSimple(io.ComfyNode):
                 *common_head_inputs(),
                 io.Int.Input("steps", default=4, min=1, max=10000,
                              tooltip="Denoising steps per chunk (Self-Forcing / CausVid: 4)."),
-                io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
-                               tooltip="Classifier-free guidance; 1 runs the cond branch only (distilled few-step "
-                                       "models), >1 keeps a second cache for the uncond branch."),
+                cfg_input(),
                 io.Combo.Input("sampler_name", options=list(comfy.samplers.KSampler.SAMPLERS), default="euler",
                                tooltip="ComfyUI sampler used for every chunk."),
                 io.Combo.Input("scheduler", options=list(comfy.samplers.KSampler.SCHEDULERS), default="simple",
