@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")
-    loop = importlib.import_module(f"{pack.__name__}.nodes.chunk_loop")
+    loop = importlib.import_module(f"{pack.__name__}.runtime.chunk_loop")
 
     arch = dict(dim=args.dim, ffn_dim=args.ffn, num_heads=args.heads, num_layers=args.layers, text_dim=64, text_len=32)
     model = wan_tiny.build_patcher(seed=0, device=args.device, **arch)

@@ -167,8 +167,8 @@ def wan_part(settings: list[Setting], args, out: Path) -> tuple[dict[Setting, di
 
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")
-    loop = importlib.import_module(f"{pack.__name__}.nodes.chunk_loop")
-    plot = importlib.import_module(f"{pack.__name__}.nodes.diagnostics_plot")
+    loop = importlib.import_module(f"{pack.__name__}.runtime.chunk_loop")
+    plot = importlib.import_module(f"{pack.__name__}.runtime.diagnostics_plot")
 
     b = sampler_bench.parse_args([])
     arch = dict(dim=b.dim, ffn_dim=b.ffn, num_heads=b.heads, num_layers=b.layers, text_dim=64, text_len=32)

@@ -1,7 +1,8 @@
-"""ComfyUI nodes of comfyui-jensen-kv (V3 schema), registered by the root ``comfy_entrypoint``.
+"""ComfyUI nodes of comfyui-jensen-kv (V3 schema), one file per node, registered by the root ``comfy_entrypoint``.
 
-Imported only inside ComfyUI: every module here may import ``comfy`` and ``comfy_api``. Pack code
-uses relative imports (ComfyUI has its own top-level ``nodes`` module).
+Imported only inside ComfyUI: every module here may import ``comfy`` and ``comfy_api``. Node modules
+hold schemas and hand the work to ``runtime/`` (which never imports them back). Pack code uses
+relative imports (ComfyUI has its own top-level ``nodes`` module).
 """
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ from comfy_api.latest import ComfyExtension, io
 from .bias_correction import JensenKVBiasCorrection
 from .chunked_ar_sampler import JensenKVChunkedARSampler
 from .chunked_ar_sampler_simple import JensenKVChunkedARSamplerSimple
-from .diagnostics import JensenKVDiagnostics, JensenKVDiagnosticsPlot
+from .diagnostics import JensenKVDiagnostics
+from .diagnostics_plot import JensenKVDiagnosticsPlot
 from .quantize_kv_cache import JensenKVQuantizeKVCache
 
 logger = logging.getLogger("jensen_kv")
 
 try:
-    from . import routes  # noqa: F401 - registers the pack's HTTP routes (cache planner) on import
+    from ..web import routes  # noqa: F401 - registers the pack's HTTP routes (cache planner) on import
 except ImportError:
-    logger.warning("jensen_kv: the HTTP routes (nodes/routes.py) did not load; the web planner is unavailable",
+    logger.warning("jensen_kv: the HTTP routes (web/routes.py) did not load; the web planner is unavailable",
                    exc_info=True)
 
 NODES: list[type[io.ComfyNode]] = [

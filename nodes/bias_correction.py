@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
+from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, correction_to_mode, get_config, set_config
 from .common import CATEGORY, check_combo_values, logger, node_message
-from .config import CORRECTION_CHOICES, STRENGTH_MAX, correction_to_mode, get_config, set_config
 
 NOTHING_TO_CORRECT = (
     "Jensen Bias Correction: nothing to correct - no Quantize KV Cache with quantized keys upstream, so the "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from .chunk_loop import report_text, run_chunked_ar
+from ..runtime.chunk_loop import report_text, run_chunked_ar
 from .common import CATEGORY, UI_REPORT_KEY, JensenKVReport, advanced, logger
 
 DESCRIPTION = (

@@ -1,24 +1,17 @@
-"""KV Cache Diagnostics (MODEL -> MODEL) and KV Cache Diagnostics Plot (report -> IMAGE, STRING).
+"""KV Cache Diagnostics (MODEL -> MODEL): ask the Chunked AR sampler for attention diagnostics.
 
-The first node marks a cloned MODEL; the Chunked AR sampler then compares, for the sampled layers,
-heads and steps, the attention over its quantized cache (with and without the Jensen correction)
-against full-precision attention on the same queries, and puts the numbers in its report under
-``diagnostics``. The second node turns that report into the paper's Fig. 4 (ΔP_S histograms before
-and after correction) and a text summary. Without the first node the sampler runs no diagnostics
-and pays nothing.
+The node marks a cloned MODEL; the Chunked AR sampler then compares, for the sampled layers, heads
+and steps, the attention over its quantized cache (with and without the Jensen correction) against
+full-precision attention on the same queries, and puts the numbers in its report under
+``diagnostics`` (see ``runtime/diagnostics_observer.py``). Without this node the sampler runs no
+diagnostics and pays nothing. KV Cache Diagnostics Plot (``diagnostics_plot.py``) draws the report.
 """
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from .common import CATEGORY, JensenKVReport, advanced, logger, node_message
-from .diagnostics_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
-from .diagnostics_plot import diagnostics_text, image_tensor, render_histogram
-
-NO_DIAGNOSTICS = (
-    "KV Cache Diagnostics Plot: this report has no diagnostics. Put KV Cache Diagnostics on the MODEL "
-    "before the Chunked AR sampler (e.g. after Jensen Bias Correction) and run it again."
-)
+from ..runtime.diagnostics_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
+from .common import CATEGORY, logger
 
 
 def _model_size(model) -> tuple[int | None, int | None]:
@@ -75,45 +68,3 @@ class JensenKVDiagnostics(io.ComfyNode):
         text = f"Attention diagnostics: {request.describe()}"
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(m, ui=ui.PreviewText(text))
-
-
-class JensenKVDiagnosticsPlot(io.ComfyNode):
-    @classmethod
-    def define_schema(cls) -> io.Schema:
-        return io.Schema(
-            node_id="JensenKVDiagnosticsPlot",
-            display_name="KV Cache Diagnostics Plot",
-            category=CATEGORY,
-            description=(
-                "ΔP_S histograms before (purple) and after (orange) the Jensen correction, like the paper's Fig. 4, "
-                "and the numbers: median and IQR of ΔP_S, mean JSD and attention-output MSE against full precision."
-            ),
-            inputs=[
-                JensenKVReport.Input("report", tooltip="The report of a Chunked AR sampler whose MODEL went through "
-                                                      "KV Cache Diagnostics."),
-                advanced(io.Int.Input("width", default=960, min=320, max=4096, step=8,
-                                      tooltip="Width of the plot in pixels (the text scales with it).")),
-                advanced(io.Int.Input("height", default=540, min=240, max=4096, step=8,
-                                      tooltip="Height of the plot in pixels.")),
-            ],
-            outputs=[
-                io.Image.Output(display_name="IMAGE", tooltip="The histogram plot (1 x H x W x 3)."),
-                io.String.Output(display_name="STRING", tooltip="The numbers as text."),
-            ],
-            hidden=[io.Hidden.unique_id],
-            is_output_node=True,
-        )
-
-    @classmethod
-    def execute(cls, report, width=960, height=540) -> io.NodeOutput:
-        if not isinstance(report, dict):
-            raise ValueError(f"report must be a Chunked AR sampler's report (a dict), got {type(report).__name__}")
-        diag = report.get("diagnostics")
-        if diag is None:
-            raise ValueError(NO_DIAGNOSTICS)
-        text = diagnostics_text(diag)
-        image = image_tensor(render_histogram(diag, int(width), int(height)))
-        logger.info("jensen_kv: %s", text.replace("\n", " | "))
-        node_message(cls, text)
-        preview = ui.PreviewImage(image, cls=cls).as_dict()
-        return io.NodeOutput(image, text, ui={**preview, "text": [text]})

@@ -4,8 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..jensen_core import QuantSpec
-from .common import CATEGORY, advanced, check_combo_values, logger
-from .config import (
+from ..runtime.config import (
     BITS_CHOICES,
     GROUP_SIZE_CHOICES,
     ROTATION_CHOICES,
@@ -15,6 +14,7 @@ from .config import (
     parse_bits,
     set_config,
 )
+from .common import CATEGORY, advanced, check_combo_values, logger
 
 
 def model_head_dim(model) -> int | None:

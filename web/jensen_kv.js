@@ -5,7 +5,7 @@
 //   dimensions -> projected peak cache size at BF16 and at the chosen setting).
 // - On the chunked AR samplers: the report of the last run (cache MiB, seconds per chunk).
 //
-// Every number comes from the server (nodes/routes.py, which calls jensen_core); this file only
+// Every number comes from the server (web/routes.py, which calls jensen_core); this file only
 // collects inputs, asks /jensen_kv/spec and /jensen_kv/plan, and displays the answers. There is
 // deliberately no copy of the formula here.
 import { app } from "../../scripts/app.js";

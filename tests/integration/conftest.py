@@ -48,7 +48,7 @@ def jk(pack):
 def loop(pack):
     import importlib
 
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.nodes.chunk_loop")
+    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.chunk_loop")
 
 
 @pytest.fixture

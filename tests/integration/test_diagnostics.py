@@ -31,12 +31,12 @@ CHUNK = 2
 
 @pytest.fixture(scope="module")
 def diag_nodes(pack):
-    return importlib.import_module(f"{pack.__name__}.nodes.diagnostics")
+    return importlib.import_module(f"{pack.__name__}.nodes")  # both diagnostics nodes, one file each
 
 
 @pytest.fixture(scope="module")
 def diag_obs(pack):
-    return importlib.import_module(f"{pack.__name__}.nodes.diagnostics_observer")
+    return importlib.import_module(f"{pack.__name__}.runtime.diagnostics_observer")
 
 
 def _sigmas(model, steps=STEPS):

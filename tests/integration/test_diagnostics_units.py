@@ -12,9 +12,9 @@ import pytest
 import torch
 from support.pack import load_pack_module
 
-obs_mod = load_pack_module("nodes.diagnostics_observer")
-plot_mod = load_pack_module("nodes.diagnostics_plot")
-events = load_pack_module("nodes.observer")
+obs_mod = load_pack_module("runtime.diagnostics_observer")
+plot_mod = load_pack_module("runtime.diagnostics_plot")
+events = load_pack_module("runtime.observer")
 core = load_pack_module("jensen_core")
 diagnostics = load_pack_module("jensen_core.diagnostics")
 summ = load_pack_module("jensen_core.shift_summary")

@@ -1,4 +1,4 @@
-"""The numbers the web UI shows: nodes/routes.py, tested without a server.
+"""The numbers the web UI shows: web/routes.py, tested without a server.
 
 The route functions must agree with jensen_core (one source for the formula), reject bad query
 values with a message that names the value and the fix, and project exactly the bytes a real
@@ -17,7 +17,7 @@ from support.pack import load_pack_module
 from jensen_core import ChunkCache, QuantSpec
 from jensen_core.planner import MODEL_PRESETS, plan_cache
 
-routes = load_pack_module("nodes.routes")
+routes = load_pack_module("web.routes")
 
 
 # ------------------------------------------------------------------------------------------- spec
@@ -159,7 +159,7 @@ def test_plan_rejects_bad_values_naming_value_and_fix(params, param, words):
 
 
 def test_options_lists_the_node_choices_and_presets():
-    from jensen_kv_pack_under_test.nodes import config
+    from jensen_kv_pack_under_test.runtime import config
 
     opt = routes.options()
     assert opt["bits"] == list(config.BITS_CHOICES)

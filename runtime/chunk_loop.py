@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .cache_run import CacheRun
 from .config import JensenKVConfig, get_config, mode_to_correction
 from .diagnostics_observer import combine_observers, make_diagnostics
+from .families import ModelFamily, detect
 from .observer import PHASE_DENOISE, PHASE_WRITE
-from .wan_adapter import WanCacheRun, WanKVAdapter
 
 logger = logging.getLogger("jensen_kv")
 
@@ -103,7 +104,7 @@ def _interrupt_check() -> None:
     comfy.model_management.throw_exception_if_processing_interrupted()
 
 
-def build_report(run: WanCacheRun, adapter: WanKVAdapter, config: JensenKVConfig, plan: ChunkPlan, *,
+def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, plan: ChunkPlan, *,
                  window_chunks: int, seconds: list[float], cfg: float, tokens_per_frame: int,
                  model_dtype: torch.dtype) -> dict:
     spec = config.spec_k or config.spec_v
@@ -183,7 +184,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     import comfy.utils
 
     samples = _validate(latent, sigmas, cfg, window_chunks, context_noise)
-    adapter = WanKVAdapter(model)
+    adapter = detect(model)
     config = get_config(model.model_options) or JensenKVConfig()
     config.check_head_dim(adapter.head_dim)
     for name, cond in (("positive", positive), ("negative", negative)):
@@ -215,7 +216,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     diagnostics = make_diagnostics(model.model_options, num_layers=adapter.num_layers, heads=adapter.heads,
                                    steps=steps, window_chunks=window_chunks, correction=config.effective_correction,
                                    strength=config.strength, keys_quantized=config.keys_quantized)
-    run = WanCacheRun(config, window_chunks, adapter.num_layers, observer=combine_observers(observer, diagnostics))
+    run = CacheRun(config, window_chunks, adapter.num_layers, observer=combine_observers(observer, diagnostics))
     work = model.clone()
     out = latent_image.clone()
     seconds: list[float] = []

@@ -24,13 +24,13 @@ from collections.abc import Mapping
 
 from ..jensen_core.planner import MODEL_PRESETS, head_dim_problems, plan_cache, wan_latent_shape
 from ..jensen_core.spec import QuantSpec
-from .config import BITS_CHOICES, GROUP_SIZE_CHOICES, ROTATION_CHOICES, SCALE_FORMAT_CHOICES
+from ..runtime.config import BITS_CHOICES, GROUP_SIZE_CHOICES, ROTATION_CHOICES, SCALE_FORMAT_CHOICES
 
 logger = logging.getLogger("jensen_kv")
 
 ROUTE_PREFIX = "/jensen_kv"
 
-# The node's own widget choices (nodes/config.py), so the planner accepts exactly what the node does.
+# The node's own widget choices (runtime/config.py), so the planner accepts exactly what the node does.
 GROUP_CHOICES: tuple[int, ...] = tuple(int(g) for g in GROUP_SIZE_CHOICES)
 SCALE_CHOICES: tuple[str, ...] = tuple(SCALE_FORMAT_CHOICES)
 CUSTOM_PRESET = "custom"

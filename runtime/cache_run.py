@@ -1,0 +1,131 @@
+"""Per-run state of a Chunked AR run: the KV caches of every (layer, CFG branch) and the chunk being made.
+
+Family-independent: a model family's adapter (``runtime/families/``) routes each self-attention
+call of the patched model to :meth:`CacheRun.attend` with post-RoPE q, k, v of shape
+(batch, heads, tokens, head_dim); this class picks the cache of that layer and CFG branch,
+attends over it with :meth:`jensen_core.ChunkCache.attend` and, in the write phase, appends the
+chunk. No ComfyUI import here.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..jensen_core import ChunkCache
+from .config import JensenKVConfig, mode_to_correction
+from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+
+
+class CacheRun:
+    """Per-run state: the caches of every (layer, CFG branch), the current chunk and phase."""
+
+    def __init__(self, config: JensenKVConfig, window_chunks: int, num_layers: int, observer=None):
+        self.config = config
+        self.num_layers = num_layers
+        self.window_chunks = window_chunks or None
+        self.correction = config.effective_correction
+        self.strength = float(config.strength)
+        self.observer = observer
+        self._wants = getattr(observer, "wants", None)
+        self.caches: dict[tuple[int, int], ChunkCache] = {}
+        self._written: dict[tuple[int, int], int] = {}
+        self.branches_written: set[int] = set()
+        self.phase = PHASE_DENOISE
+        self.chunk = 0
+        self.frame_offset = 0
+        self.step = 0
+        self.peak_bytes = 0
+        self.peak_bf16_bytes = 0
+        self.active = True
+
+    # ------------------------------------------------------------ chunk lifecycle
+    def begin(self, chunk: int, frame_offset: int, phase: str) -> None:
+        self.chunk, self.frame_offset, self.phase, self.step = chunk, frame_offset, phase, 0
+
+    def end_write(self) -> None:
+        """After a write pass: check every layer got the chunk for every branch, and record the peak size."""
+        now = {key for key, c in self._written.items() if c == self.chunk}
+        branches = {b for _, b in now} or {0}
+        expected = {(layer, b) for layer in range(self.num_layers) for b in branches | self.branches_written}
+        missing = sorted(expected - now)
+        if missing:
+            raise RuntimeError(
+                f"the cache-writing pass of chunk {self.chunk} did not reach every self-attention layer and CFG "
+                f"branch (missing (layer, branch) {missing[:4]}{' ...' if len(missing) > 4 else ''}); another "
+                "patch may skip Wan blocks or model calls (e.g. a step cache); remove it for chunked AR sampling"
+            )
+        total = sum(c.nbytes for c in self.caches.values())
+        bf16 = sum(c.bf16_nbytes for c in self.caches.values())
+        if total > self.peak_bytes:
+            self.peak_bytes, self.peak_bf16_bytes = total, bf16
+        self.phase = PHASE_DENOISE
+
+    @property
+    def branches(self) -> list[int]:
+        """The CFG branches that were cached (0 = cond, 1 = uncond); survives :meth:`free`."""
+        return sorted(self.branches_written)
+
+    def free(self) -> None:
+        """Drop every cached chunk (called in ``finally``; safe to call twice)."""
+        for cache in self.caches.values():
+            cache.clear()
+        self.caches.clear()
+        self._written.clear()
+        self.active = False
+
+    # ------------------------------------------------------------ attention
+    def _slots(self, batch: int, transformer_options: dict | None) -> list[tuple[int, slice]]:
+        labels = (transformer_options or {}).get("cond_or_uncond") or [0]
+        n = len(labels)
+        if batch % n:
+            raise RuntimeError(f"batch {batch} does not split into the {n} CFG slots {labels}")
+        if len(set(labels)) != n:
+            raise ValueError(
+                f"the Chunked AR sampler keeps one KV cache per CFG branch, but this call batches the branches "
+                f"{[BRANCH_NAMES.get(b, b) for b in labels]}: use a single conditioning entry for positive and one "
+                "for negative (merge them with ConditioningConcat / ConditioningAverage first)"
+            )
+        per = batch // n
+        return [(label, slice(i * per, (i + 1) * per)) for i, label in enumerate(labels)]
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, transformer_options: dict | None) -> Tensor:
+        """Attention of the current chunk for every CFG slot; in the write phase also caches k, v."""
+        if not self.active:
+            raise RuntimeError("this Chunked AR run has finished; its cache is freed")
+        outs = []
+        for branch, sl in self._slots(q.shape[0], transformer_options):
+            key = (layer, branch)
+            cache = self.caches.get(key)
+            if cache is None and self.chunk > 0 and self.phase == PHASE_DENOISE:
+                raise RuntimeError(
+                    f"CFG branch {BRANCH_NAMES.get(branch, branch)!r} reached layer {layer} at chunk {self.chunk} "
+                    "but no cache was written for it (the cache-writing pass ran without that branch); "
+                    "keep cfg the same for the whole run"
+                )
+            qb, kb, vb = q[sl], k[sl], v[sl]
+            if cache is None or cache.num_chunks == 0:
+                out = F.scaled_dot_product_attention(qb, kb, vb)
+            else:
+                out = cache.attend(qb, kb, vb, correction=self.correction, strength=self.strength)
+            if self.observer is not None and (
+                self._wants is None or self._wants(layer, self.chunk, self.phase, self.step)
+            ):
+                self.observer(AttentionEvent(
+                    layer=layer, branch=branch, chunk=self.chunk, frame_offset=self.frame_offset,
+                    phase=self.phase, step=self.step, q=qb, k=kb, v=vb, cache=cache, out=out,
+                    correction=mode_to_correction(self.correction), strength=self.strength,
+                ))
+            if self.phase == PHASE_WRITE:
+                if self._written.get(key) == self.chunk:
+                    raise RuntimeError(
+                        f"layer {layer}, branch {BRANCH_NAMES.get(branch, branch)!r} was written twice for chunk "
+                        f"{self.chunk}; the cache-writing pass must run the model exactly once"
+                    )
+                if cache is None:
+                    cache = self.caches[key] = ChunkCache(self.config.spec_k, self.config.spec_v, self.window_chunks)
+                cache.append(kb, vb)
+                self._written[key] = self.chunk
+                self.branches_written.add(branch)
+            outs.append(out)
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

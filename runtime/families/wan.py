@@ -1,0 +1,235 @@
+"""Wan 2.1 text-to-video: routes every self-attention layer of a Wan model through a per-run KV cache.
+
+How it reaches the model (all on a *clone* of the ModelPatcher, undone in :meth:`WanFamily.remove`):
+
+- self-attention: ``add_object_patch("diffusion_model.blocks.{i}.self_attn.forward", fn)``; ``fn``
+  recomputes q, k, v exactly like ``WanSelfAttention.forward`` (projections, RMS norms, RoPE) and
+  hands them to :meth:`runtime.cache_run.CacheRun.attend`. Cross-attention to the text is left alone.
+- RoPE offset: a ``WrappersMP.DIFFUSION_MODEL`` wrapper recomputes the rotary frequencies with the
+  current chunk's absolute first frame (``rope_encode(..., t_start=offset)``) and calls
+  ``forward_orig``; ComfyUI v0.3.64's ``_forward`` always starts the time axis at 0.
+- CFG: ``transformer_options["cond_or_uncond"]`` says which batch slot is cond (0) or uncond (1).
+
+Which models: ComfyUI's ``WAN21`` / ``WanModel`` and their subclasses (e.g. newer ComfyUI's
+``WAN21_CausalAR`` / ``CausalWanModel`` for Causal Forcing checkpoints), when their self-attention
+modules have the parts the patch uses (probed, not assumed from the class name). Variants that feed
+extra latents into the token sequence (reference latents, time-concatenated latents, Bernini's
+``context_latents``) are refused: their extra tokens have no place in a cache of finished chunks.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+
+import torch
+from torch import Tensor
+
+from .base import ModelFamily, Probe
+
+logger = logging.getLogger("jensen_kv")
+
+WRAPPER_KEY = "jensen_kv_rope_offset"
+SELF_ATTN_KEY = "diffusion_model.blocks.{}.self_attn.forward"
+SUPPORTED = (
+    "Wan 2.1 text-to-video (ComfyUI model class WAN21 or a subclass such as WAN21_CausalAR, model_type 't2v', "
+    "16 latent channels): Wan 2.1 T2V 1.3B / 14B and the chunk-wise autoregressive checkpoints built on it "
+    "(Self-Forcing, CausVid, SkyReels-V2 T2V / DF, Causal Forcing), loaded as wan2.1 through UNETLoader"
+)
+#: what the self-attention patch reads from each block's self-attention module
+ATTN_PARTS = ("q", "k", "v", "o", "norm_q", "norm_k", "num_heads", "head_dim")
+#: extra latent inputs that would add tokens to the sequence (refused at run time)
+EXTRA_LATENT_INPUTS = ("reference_latent", "context_latents", "time_dim_concat")
+
+
+def _probe_attention(dm) -> str | None:
+    """None when every block's self-attention has what the patch uses, else the finding."""
+    blocks = getattr(dm, "blocks", None)
+    if blocks is None or len(blocks) == 0:
+        return "has no transformer blocks (diffusion_model.blocks)"
+    for i, blk in enumerate(blocks):
+        attn = getattr(blk, "self_attn", None)
+        if attn is None:
+            return f"has no self_attn in block {i}"
+        missing = [p for p in ATTN_PARTS if not hasattr(attn, p)]
+        if missing:
+            return (f"has a self-attention ({type(attn).__name__}, block {i}) without {missing}, which the Jensen KV "
+                    "patch recomputes q, k, v from")
+        if int(attn.num_heads) * int(attn.head_dim) != int(getattr(dm, "dim", attn.num_heads * attn.head_dim)):
+            return f"has a self-attention whose heads x head_dim ({attn.num_heads} x {attn.head_dim}) is not the model width"
+    for name in ("rope_encode", "forward_orig"):
+        if not callable(getattr(dm, name, None)):
+            return f"has no {name}() (the RoPE frame offset needs it)"
+    try:
+        params = inspect.signature(dm.rope_encode).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "t_start" not in params:
+        return "has a rope_encode() without t_start (the RoPE frame offset needs it)"
+    return None
+
+
+class WanFamily(ModelFamily):
+    name = "Wan 2.1 T2V"
+    supported = SUPPORTED
+    latent_channels = 16
+    patch = (1, 2, 2)
+
+    @classmethod
+    def probe(cls, model_patcher) -> Probe:
+        import comfy.model_base
+        from comfy.ldm.wan.model import WanModel
+
+        base = getattr(model_patcher, "model", None)
+        dm = getattr(base, "diffusion_model", None)
+        is_base, is_dm = isinstance(base, comfy.model_base.WAN21), isinstance(dm, WanModel)
+        if not (is_base or is_dm):
+            return Probe(False)
+        if not (is_base and is_dm):
+            return Probe(True, f"pairs {type(base).__name__} with {type(dm).__name__}, which is not a WAN21 + WanModel")
+        if getattr(base, "image_to_video", False) or getattr(dm, "model_type", None) != "t2v":
+            return Probe(True, f"is an image-to-video or other variant (model_type {getattr(dm, 'model_type', None)!r})")
+        if getattr(dm, "in_dim", None) != 16 or tuple(getattr(dm, "patch_size", ())) != cls.patch:
+            return Probe(True, f"has {getattr(dm, 'in_dim', '?')} input channels / patch {getattr(dm, 'patch_size', '?')} "
+                               "(a control or Fun variant)")
+        if getattr(dm, "ref_conv", None) is not None:
+            return Probe(True, "has a reference-latent input (ref_conv), whose tokens have no place in a chunk cache")
+        if type(dm).forward_orig is not WanModel.forward_orig:
+            return Probe(True, f"is a WanModel subclass with its own forward_orig ({type(dm).__name__}: VACE, camera, "
+                               "audio or another variant with extra inputs a chunk cache cannot hold)")
+        if type(base).extra_conds is not comfy.model_base.WAN21.extra_conds:
+            return Probe(True, f"adds conditioning inputs of its own ({type(base).__name__}.extra_conds, e.g. control "
+                               "or reference latents a chunk cache cannot hold)")
+        problem = _probe_attention(dm)
+        if problem is not None:
+            return Probe(True, f"{problem}; probed {type(dm).__name__}")
+        return Probe(True)
+
+    def __init__(self, model_patcher):
+        self.dm = model_patcher.model.diffusion_model
+        self.num_layers = len(self.dm.blocks)
+        first = self.dm.blocks[0].self_attn
+        self.heads, self.head_dim = int(first.num_heads), int(first.head_dim)
+        self.keys = [SELF_ATTN_KEY.format(i) for i in range(self.num_layers)]
+        self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
+
+    # ------------------------------------------------------------------ latent geometry
+    def tokens_per_frame(self, latent_shape) -> int:
+        return (latent_shape[-2] // self.patch[1]) * (latent_shape[-1] // self.patch[2])
+
+    def check_latent(self, samples) -> None:
+        if samples.ndim != 5:
+            raise ValueError(
+                f"the latent has shape {tuple(samples.shape)}; a Wan video latent is (batch, 16, frames, height, width): "
+                "make it with EmptyHunyuanLatentVideo (or Wan's image-to-video nodes' latent output)"
+            )
+        if samples.shape[-1] % 2 or samples.shape[-2] % 2:
+            raise ValueError(
+                f"latent height {samples.shape[-2]} and width {samples.shape[-1]} must be even (Wan patches 2x2): "
+                "use a video width and height that are multiples of 16"
+            )
+
+    def fingerprint(self) -> dict:
+        return {**super().fingerprint(), "dim": int(getattr(self.dm, "dim", self.heads * self.head_dim)),
+                "ffn_dim": int(getattr(self.dm, "ffn_dim", 0)), "text_dim": int(getattr(self.dm, "text_dim", 0))}
+
+    # ------------------------------------------------------------------ patches
+    def install(self, work, run) -> None:
+        """Patch ``work`` (a clone made for this run only); refuses to replace another pack's patch."""
+        import comfy.patcher_extension
+
+        foreign = [(k, work.object_patches[k]) for k in self.keys if k in work.object_patches]
+        if foreign:
+            key, patch = foreign[0]
+            what = getattr(patch, "__qualname__", None) or type(patch).__qualname__
+            module = getattr(patch, "__module__", None) or type(patch).__module__
+            raise ValueError(
+                f"the MODEL already carries an object patch on {key} ({what} from {module}"
+                f"{f', and {len(foreign) - 1} more blocks' if len(foreign) > 1 else ''}), put there by another node "
+                "pack. The Chunked AR sampler must replace every Wan self-attention with its cached attention and will "
+                "not silently drop that patch: remove the node that adds it (or apply it after sampling)."
+            )
+        for i, key in enumerate(self.keys):
+            module = work.get_model_object(f"diffusion_model.blocks.{i}.self_attn")
+            work.add_object_patch(key, CachedSelfAttention(run, i, module))
+        work.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
+                                  make_rope_offset_wrapper(run))
+
+    def remove(self, work) -> None:
+        """Undo this run's object patches on the shared model (ComfyUI keeps it loaded, patched).
+
+        Only our keys are restored from the shared backup, so patches of other packs stay as
+        ComfyUI left them; the next load re-applies whatever patcher is used then.
+        """
+        import comfy.patcher_extension
+        import comfy.utils
+
+        backup = work.object_patches_backup
+        for key in self.keys:
+            if key in backup:
+                comfy.utils.set_attr(work.model, key, backup.pop(key))
+            work.object_patches.pop(key, None)
+        work.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY)
+
+
+class CachedSelfAttention:
+    """Stands in for ``WanSelfAttention.forward`` of one layer (installed as an object patch).
+
+    Takes (and ignores) extra keyword arguments such as ``kv_cache=None``, with which newer
+    ComfyUI's ``CausalWanModel`` calls its self-attention outside its own AR sampler.
+    """
+
+    def __init__(self, run, layer: int, module: torch.nn.Module):
+        self.run, self.layer, self.module = run, layer, module
+
+    def __call__(self, x: Tensor, freqs: Tensor, transformer_options: dict | None = None, **kwargs) -> Tensor:
+        from comfy.ldm.flux.math import apply_rope1
+
+        if kwargs.get("kv_cache") is not None:
+            raise ValueError("this Wan model was called with its own kv_cache (ComfyUI's AR video sampler) while "
+                             "patched by the Chunked AR sampler; use one of the two samplers, not both")
+        m = self.module
+        b, s = x.shape[:2]
+        n, d = m.num_heads, m.head_dim
+        q = apply_rope1(m.norm_q(m.q(x)).view(b, s, n, d), freqs).transpose(1, 2)
+        k = apply_rope1(m.norm_k(m.k(x)).view(b, s, n, d), freqs).transpose(1, 2)
+        v = m.v(x).view(b, s, n, d).transpose(1, 2)
+        out = self.run.attend(self.layer, q, k, v, transformer_options)
+        return m.o(out.transpose(1, 2).reshape(b, s, n * d))
+
+
+def _rope_accepts_options(dm) -> bool:
+    try:
+        return "transformer_options" in inspect.signature(dm.rope_encode).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def make_rope_offset_wrapper(run):
+    """A DIFFUSION_MODEL wrapper: Wan's ``_forward`` with the time axis of RoPE starting at the chunk's frame."""
+    import comfy.ldm.common_dit
+
+    def rope_offset_wrapper(executor, x, timestep, context, clip_fea=None, time_dim_concat=None,
+                            transformer_options=None, **kwargs):
+        dm = executor.class_obj
+        extra = {"time_dim_concat": time_dim_concat, **kwargs}
+        given = [name for name in EXTRA_LATENT_INPUTS if extra.get(name) is not None]
+        if given:
+            raise ValueError(
+                f"this Wan model receives extra latent inputs ({', '.join(given)}), which add tokens that a cache of "
+                "finished chunks cannot hold; Chunked AR sampling supports plain text-to-video Wan 2.1 only"
+            )
+        transformer_options = {} if transformer_options is None else transformer_options
+        if transformer_options.get("ar_state") is not None:
+            raise ValueError("transformer_options carries ComfyUI's own ar_state (its AR video sampler); the Chunked AR "
+                             "sampler keeps its own cache: use one of the two samplers, not both")
+        _, _, t, h, w = x.shape
+        x = comfy.ldm.common_dit.pad_to_patch_size(x, dm.patch_size)
+        opts = {"transformer_options": transformer_options} if _rope_accepts_options(dm) else {}
+        # float32 positions: exact integers (bf16 would round frame indices above 256)
+        freqs = dm.rope_encode(t, h, w, t_start=run.frame_offset, device=x.device, dtype=torch.float32, **opts)
+        out = dm.forward_orig(x, timestep, context, clip_fea=clip_fea, freqs=freqs,
+                              transformer_options=transformer_options,
+                              **{k: v for k, v in kwargs.items() if k not in EXTRA_LATENT_INPUTS})
+        return out[:, :, :t, :h, :w]
+
+    return rope_offset_wrapper

@@ -1,0 +1,113 @@
+"""The house rules: which room may import which (README, "How it works").
+
+    jensen_core/  pure torch           -> imports no ComfyUI module and nothing else of the pack
+    runtime/      runs during sampling -> may import jensen_core and ComfyUI, never nodes/
+    web/          routes + extension   -> may import jensen_core and runtime/config, never nodes/
+    nodes/        one file per node    -> may import everything above
+
+Checked statically (every import statement of every file, including those inside functions) and,
+for jensen_core, dynamically in a fresh interpreter.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMFY_MODULES = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "nodes", "server", "folder_paths",
+                 "latent_preview", "node_helpers", "execution", "comfyui_version"}
+
+
+def _imports(path: Path) -> list[tuple[int, str, int]]:
+    """(line, module, level) of every import in ``path``; level > 0 for relative imports."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name, 0) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level and not mod:  # from . import x / from .. import x
+                out += [(node.lineno, a.name, node.level) for a in node.names]
+            else:
+                out.append((node.lineno, mod, node.level))
+    return out
+
+
+def _resolve(path: Path, module: str, level: int) -> str:
+    """A relative import as a pack-root dotted path (``runtime.config``); absolute imports unchanged."""
+    if level == 0:
+        return module
+    pkg = path.parent.relative_to(ROOT).parts
+    base = pkg[: len(pkg) - (level - 1)] if level > 1 else pkg
+    return ".".join([*base, module] if module else base)
+
+
+def _py_files(room: str) -> list[Path]:
+    return sorted((ROOT / room).rglob("*.py"))
+
+
+def violations(room: str, forbidden_pack_rooms: set[str], allow_comfy: bool) -> list[str]:
+    found = []
+    for path in _py_files(room):
+        for line, module, level in _imports(path):
+            top = module.split(".")[0]
+            where = f"{path.relative_to(ROOT)}:{line}"
+            if level == 0 and not allow_comfy and top in COMFY_MODULES:
+                found.append(f"{where} imports ComfyUI module {module!r}")
+            if level > 0:
+                target = _resolve(path, module, level)
+                if target.split(".")[0] in forbidden_pack_rooms:
+                    found.append(f"{where} imports {target!r} (room {target.split('.')[0]}/)")
+    return found
+
+
+def test_jensen_core_imports_no_comfyui_and_no_other_room():
+    assert violations("jensen_core", {"nodes", "runtime", "web", "tools"}, allow_comfy=False) == []
+
+
+def test_runtime_never_imports_a_node_module():
+    assert violations("runtime", {"nodes"}, allow_comfy=True) == []
+
+
+def test_web_routes_never_import_a_node_module_or_comfyui_at_import_time():
+    assert violations("web", {"nodes"}, allow_comfy=True) == []
+
+
+def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
+    """Positive control: the checker flags a relative import into nodes/ and a ComfyUI import."""
+    fake_root = tmp_path
+    (fake_root / "runtime").mkdir()
+    (fake_root / "runtime" / "bad.py").write_text("def f():\n    from ..nodes import common\n    import comfy.utils\n")
+    (fake_root / "jensen_core").mkdir()
+    (fake_root / "jensen_core" / "bad.py").write_text("import comfy.model_management\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", fake_root)
+    assert violations("runtime", {"nodes"}, allow_comfy=True) == ["runtime/bad.py:2 imports 'nodes' (room nodes/)"]
+    assert violations("jensen_core", {"nodes"}, allow_comfy=False) == [
+        "jensen_core/bad.py:1 imports ComfyUI module 'comfy.model_management'"]
+
+
+@pytest.mark.parametrize("room", ["jensen_core", "runtime", "nodes", "web"])
+def test_rooms_exist_as_packages(room):
+    assert (ROOT / room / "__init__.py").is_file()
+
+
+def test_importing_jensen_core_loads_no_comfyui_module():
+    code = ("import sys, jensen_core, jensen_core.planner, jensen_core.toy_video, jensen_core.demo\n"
+            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(COMFY_MODULES)!r})\n"
+            "print(bad)\nsys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_node_modules_are_one_node_each():
+    """nodes/: every module defines at most one io.ComfyNode class (plus shared helpers in common.py)."""
+    for path in _py_files("nodes"):
+        tree = ast.parse(path.read_text())
+        classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
+                   and any(getattr(b, "attr", getattr(b, "id", "")) == "ComfyNode" for b in n.bases)]
+        assert len(classes) <= 1, f"{path.relative_to(ROOT)} defines {classes}: one node per file"
