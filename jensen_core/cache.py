@@ -22,10 +22,13 @@ class ChunkCache:
 
     ``spec_k`` / ``spec_v`` quantize keys / values (``None`` keeps them as given: the
     full-precision baseline). ``window_chunks`` keeps only the last N chunks (``None`` or 0 = all);
-    eviction drops whole chunks and never re-quantizes what stays.
+    eviction drops whole chunks and never re-quantizes what stays. ``sink_chunks`` keeps the first
+    N chunks ever appended for good (an attention sink, as Self-Forcing's ``sink_size`` and
+    LongLive's frame sink), outside the window: the cache holds at most ``sink + window`` chunks.
     """
 
-    def __init__(self, spec_k: QuantSpec | None = None, spec_v: QuantSpec | None = None, window_chunks: int | None = None):
+    def __init__(self, spec_k: QuantSpec | None = None, spec_v: QuantSpec | None = None, window_chunks: int | None = None,
+                 sink_chunks: int = 0):
         for name, s in (("spec_k", spec_k), ("spec_v", spec_v)):
             if s is not None and not isinstance(s, QuantSpec):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
@@ -33,7 +36,11 @@ class ChunkCache:
             raise ValueError(f"window_chunks={window_chunks!r} must be a non-negative integer (0 or None keeps every chunk)")
         self.spec_k = spec_k
         self.spec_v = spec_v
+        if isinstance(sink_chunks, bool) or not isinstance(sink_chunks, int) or sink_chunks < 0:
+            raise ValueError(f"sink_chunks={sink_chunks!r} must be a non-negative integer (0 = no attention sink)")
         self.window_chunks = window_chunks or None
+        self.sink_chunks = sink_chunks
+        self._sink_held = 0  # how many of the oldest entries are sink chunks (never evicted)
         self._entries: deque[CacheEntry] = deque()
         self._layout: tuple | None = None  # (batch, heads, head_dim, dtype, device) of the first chunk
         self.chunks_appended = 0
@@ -72,6 +79,7 @@ class ChunkCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._sink_held = 0
         self._layout = None
 
     # ----------------------------------------------------------------- writing
@@ -120,9 +128,28 @@ class ChunkCache:
             self._layout = (k.shape[0], k.shape[1], k.shape[-1], k.dtype, k.device)
         self._entries.append(entry)
         self.chunks_appended += 1
-        while self.window_chunks is not None and len(self._entries) > self.window_chunks:
-            self._entries.popleft()
+        if self._sink_held < self.sink_chunks:
+            self._sink_held += 1
+            return
+        while self.window_chunks is not None and len(self._entries) - self._sink_held > self.window_chunks:
+            del self._entries[self._sink_held]  # the oldest chunk of the window; the sink stays
             self.chunks_evicted += 1
+
+    def copy(self) -> ChunkCache:
+        """A new cache holding the same chunks (stored tensors are shared, never modified in place)."""
+        other = ChunkCache(self.spec_k, self.spec_v, self.window_chunks, self.sink_chunks)
+        other._entries = deque(self._entries)
+        other._sink_held, other._layout = self._sink_held, self._layout
+        other.chunks_appended, other.chunks_evicted = self.chunks_appended, self.chunks_evicted
+        return other
+
+    def to(self, device: str | torch.device) -> ChunkCache:
+        """Move every cached chunk to ``device`` (after loading a file on the CPU); returns self."""
+        device = torch.device(device)
+        self._entries = deque(CacheEntry(k=_move(e.k, device), v=_move(e.v, device)) for e in self._entries)
+        if self._layout is not None:
+            self._layout = (*self._layout[:4], device)
+        return self
 
     # ----------------------------------------------------------------- reading
     def attend(self, q: Tensor, k_cur: Tensor, v_cur: Tensor, correction: str = "taylor", strength: float = 1.0) -> Tensor:
@@ -138,6 +165,8 @@ class ChunkCache:
             "spec_k": self.spec_k.to_dict() if self.spec_k else None,
             "spec_v": self.spec_v.to_dict() if self.spec_v else None,
             "window_chunks": self.window_chunks,
+            "sink_chunks": self.sink_chunks,
+            "sink_held": self._sink_held,
             "layout": None if self._layout is None else {
                 "batch": self._layout[0], "heads": self._layout[1], "head_dim": self._layout[2],
                 "dtype": str(self._layout[3]).removeprefix("torch."),
@@ -190,13 +219,22 @@ class ChunkCache:
             for name in ("k", "v"):
                 parts[name] = _load_part(sd, f"chunk{i}.{name}", cm[name], self.spec_k if name == "k" else self.spec_v)
             entries.append(CacheEntry(**parts))
+        if int(meta.get("sink_chunks", 0)) != self.sink_chunks:
+            raise ValueError(
+                f"the file was saved with sink_chunks={meta.get('sink_chunks', 0)} but this cache uses "
+                f"{self.sink_chunks}; create the ChunkCache with the file's sink to load it"
+            )
+        held = int(meta.get("sink_held", 0))
+        if not 0 <= held <= min(self.sink_chunks, len(entries)):
+            raise ValueError(f"cache file records {held} sink chunks, which does not fit its {len(entries)} chunks")
         self._entries = deque(entries)
+        self._sink_held = held
         if lay is None or not entries:
             self._layout = None
         else:
             first = entries[0].k
             device = first.device
-            self._layout = (lay["batch"], lay["heads"], lay["head_dim"], getattr(torch, lay["dtype"]), device)
+            self._layout = (lay["batch"], lay["heads"], lay["head_dim"], _float_dtype(lay["dtype"], "layout"), device)
 
     def save(self, path: str) -> None:
         """Write the cache to a safetensors file."""
@@ -209,8 +247,12 @@ class ChunkCache:
     def __repr__(self) -> str:
         return (
             f"ChunkCache(chunks={self.num_chunks}, tokens={self.tokens}, nbytes={self.nbytes}, "
-            f"effective_bits={self.effective_bits:.3f}, window={self.window_chunks})"
+            f"effective_bits={self.effective_bits:.3f}, window={self.window_chunks}, sink={self.sink_chunks})"
         )
+
+
+def _move(t: QuantizedTensor | Tensor, device: torch.device) -> QuantizedTensor | Tensor:
+    return t.to(device)  # QuantizedTensor.to moves its stored parts; a raw tensor moves itself
 
 
 def _expected_bits(spec: QuantSpec | None, full_bits: int) -> float:
@@ -225,11 +267,16 @@ def _part_meta(t: QuantizedTensor | Tensor) -> dict:
 
 def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec | None) -> QuantizedTensor | Tensor:
     shape = torch.Size(meta["shape"])
+    dtype = _float_dtype(meta.get("dtype"), prefix)
     if not meta["quantized"]:
         t = sd.get(prefix)
         if t is None or tuple(t.shape) != tuple(shape):
             raise ValueError(f"cache file entry {prefix} is missing or has the wrong shape (expected {tuple(shape)})")
+        if t.dtype != dtype:
+            raise ValueError(f"cache file entry {prefix} is {t.dtype}, but its metadata says {dtype}")
         return t
+    if spec is None:
+        raise ValueError(f"cache file entry {prefix} is quantized but this cache keeps that side unquantized")
     try:
         packed, scale, zero = sd[prefix + ".packed"], sd[prefix + ".scale"], sd[prefix + ".zero"]
     except KeyError as exc:
@@ -238,12 +285,26 @@ def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec |
     expect_packed = (*shape[:-1], shape[-1] * spec.bits // 8)
     if tuple(packed.shape) != expect_packed or tuple(scale.shape) != (*shape[:-1], G) or tuple(zero.shape) != (*shape[:-1], G):
         raise ValueError(f"cache file entry {prefix} does not match its recorded shape {tuple(shape)}")
+    if packed.dtype != torch.uint8:
+        raise ValueError(f"cache file entry {prefix}.packed is {packed.dtype}; packed codes are uint8")
+    if meta.get("scale_format") not in FLOAT_FORMATS:
+        raise ValueError(f"cache file entry {prefix} has an unknown scale format {meta.get('scale_format')!r}")
     if scale.dtype != FLOAT_FORMATS[meta["scale_format"]][0] or zero.dtype != FLOAT_FORMATS[spec.zero_format][0]:
         raise ValueError(f"cache file entry {prefix} stores scales/zeros in unexpected dtypes {scale.dtype}/{zero.dtype}")
     return QuantizedTensor(
         packed=packed, scale=scale, zero=zero, spec=spec, shape=shape,
-        dtype=getattr(torch, meta["dtype"]), scale_format=meta["scale_format"],
+        dtype=dtype, scale_format=meta["scale_format"],
     )
+
+
+_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+def _float_dtype(name, where: str) -> torch.dtype:
+    """A dtype named in a cache file's metadata (only float dtypes; never ``getattr(torch, anything)``)."""
+    if name not in _CACHE_DTYPES:
+        raise ValueError(f"cache file entry {where} records dtype {name!r}; expected one of {sorted(_CACHE_DTYPES)}")
+    return _CACHE_DTYPES[name]
 
 
 def window_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, elements_per_side: int, full_bytes: int = 2) -> int:

@@ -86,11 +86,17 @@ def plan_cache(
     cfg_branches: int = 1,
     batch: int = 1,
     full_bytes: int = 2,
+    sink_chunks: int = 0,
+    write_last: bool = False,
+    prefix_frames: int = 0,
 ) -> CachePlan:
     """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
 
-    The last chunk is never written to the cache (nothing reads it), so the peak holds
-    ``min(window, chunks - 1)`` chunks. ``full_bytes`` is the element size of a side that is not
+    The last chunk is written to the cache only when the run hands its cache on (``write_last``:
+    the sampler's KV cache output is connected); otherwise nothing reads it. With a window the peak
+    holds ``min(sink + window, written chunks)`` chunks: the first ``sink_chunks`` stay for good,
+    the last ``window_chunks`` roll. ``prefix_frames`` latent frames of an existing clip are
+    prefilled into the cache as chunks before the ``latent_frames`` to generate. ``full_bytes`` is the element size of a side that is not
     quantized (the cache keeps it in the model's dtype: 2 for BF16/FP16 models, 4 for FP32).
     Problems come back for the UI to show rather than as exceptions: ``errors`` would stop the run
     (then ``quantized_bytes`` is None), ``warnings`` are surprises that would not.
@@ -101,23 +107,29 @@ def plan_cache(
             raise ValueError(f"{name}={v} must be at least 1")
     if window_chunks < 0:
         raise ValueError(f"window_chunks={window_chunks} must be 0 (all) or positive")
+    if sink_chunks < 0 or prefix_frames < 0:
+        raise ValueError(f"sink_chunks={sink_chunks} and prefix_frames={prefix_frames} must be 0 or positive")
     warnings: list[str] = []
     ph, pw = WAN_PATCH[1], WAN_PATCH[2]
     tokens_per_frame = (latent_height // ph) * (latent_width // pw)
+    prefix_chunks = math.ceil(prefix_frames / chunk_frames)
     chunks = math.ceil(latent_frames / chunk_frames)
-    held = chunks - 1 if window_chunks == 0 else min(window_chunks, chunks - 1)
-    if window_chunks and window_chunks >= chunks:
+    written = prefix_chunks + chunks - (0 if write_last else 1)
+    held = written if window_chunks == 0 else min(window_chunks + sink_chunks, written)
+    if window_chunks and window_chunks + sink_chunks >= prefix_chunks + chunks:
         warnings.append(
-            f"window of {window_chunks} chunks is not smaller than the video's {chunks} chunks: "
-            "every chunk stays cached (same as window 0)"
+            f"window of {window_chunks} chunks{f' plus a sink of {sink_chunks}' if sink_chunks else ''} is not "
+            f"smaller than the video's {prefix_chunks + chunks} chunks: every chunk stays cached (same as window 0)"
         )
+    if sink_chunks and not window_chunks:
+        warnings.append(f"sink of {sink_chunks} chunks has no effect without a window: every chunk stays cached")
     if latent_frames % chunk_frames:
         warnings.append(
             f"{latent_frames} latent frames do not split into chunks of {chunk_frames}: the last chunk has "
             f"{latent_frames % chunk_frames} frame(s)"
         )
     errors = head_dim_problems(spec_k, spec_v, head_dim)
-    # tokens of each held chunk (the last chunk may be shorter, but it is never cached)
+    # tokens of each held chunk (a short last chunk is counted full: an upper bound by < one chunk)
     held_tokens = held * chunk_frames * tokens_per_frame
     per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
     bf16 = 2 * per_side * 2

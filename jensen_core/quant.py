@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -88,6 +88,10 @@ class QuantizedTensor:
     @property
     def device(self) -> torch.device:
         return self.packed.device
+
+    def to(self, device: str | torch.device) -> QuantizedTensor:
+        """The same stored bytes on ``device`` (a new object; codes, steps and zeros are not re-quantized)."""
+        return replace(self, packed=self.packed.to(device), scale=self.scale.to(device), zero=self.zero.to(device))
 
     @property
     def nbytes(self) -> int:

@@ -4,7 +4,15 @@ from __future__ import annotations
 import comfy.samplers
 from comfy_api.latest import io
 
-from .chunked_ar_sampler import DESCRIPTION, cfg_input, common_head_inputs, common_tail_inputs, outputs, sample_node
+from .chunked_ar_sampler import (
+    DESCRIPTION,
+    cfg_input,
+    common_head_inputs,
+    common_tail_inputs,
+    hidden_inputs,
+    outputs,
+    sample_node,
+)
 from .common import CATEGORY, check_combo_values
 
 
@@ -35,7 +43,7 @@ class JensenKVChunkedARSamplerSimple(io.ComfyNode):
                 *common_tail_inputs(),
             ],
             outputs=outputs(),
-            hidden=[io.Hidden.unique_id],
+            hidden=hidden_inputs(),
         )
 
     @classmethod
@@ -44,8 +52,10 @@ class JensenKVChunkedARSamplerSimple(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler, chunk_frames=3,
-                window_chunks=0, context_noise=0.0) -> io.NodeOutput:
+                window_chunks=0, context_noise=0.0, sink_chunks=0, prefix=None, include_prefix=True, kv_cache=None,
+                recache_on_switch=True) -> io.NodeOutput:
         sigmas = ksampler_sigmas(model, steps, sampler_name, scheduler)
         sampler = comfy.samplers.sampler_object(sampler_name)
         return sample_node(cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames,
-                           window_chunks, context_noise)
+                           window_chunks, context_noise, sink_chunks, prefix, include_prefix, kv_cache,
+                           recache_on_switch)

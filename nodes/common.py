@@ -13,7 +13,27 @@ CATEGORY = "jensen_kv"
 #: The link type of the Chunked AR sampler's report (a dict, see ``chunk_loop.build_report``).
 JensenKVReport = io.Custom("JENSEN_KV_REPORT")
 
+#: The state of a Chunked AR run to continue later (``runtime.run_state.RunState``): sampler output and input,
+#: Save KV Cache / Load KV Cache.
+JensenKVCache = io.Custom("JENSEN_KV_CACHE")
+
 UI_REPORT_KEY = "jensen_kv_report"
+
+
+def output_connected(node_cls, output_index: int) -> bool:
+    """Whether any node of the running prompt takes output ``output_index`` of this node (hidden prompt + id).
+
+    Unknown (no prompt, e.g. called outside a server) counts as connected, so nothing is lost.
+    """
+    hidden = getattr(node_cls, "hidden", None)
+    prompt, node_id = getattr(hidden, "prompt", None), getattr(hidden, "unique_id", None)
+    if not isinstance(prompt, dict) or node_id is None:
+        return True
+    for node in prompt.values():
+        for value in (node.get("inputs") or {}).values():
+            if isinstance(value, list) and len(value) == 2 and str(value[0]) == str(node_id) and value[1] == output_index:
+                return True
+    return False
 
 
 def advanced(inp: io.Input) -> io.Input:

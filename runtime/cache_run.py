@@ -20,10 +20,11 @@ from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 class CacheRun:
     """Per-run state: the caches of every (layer, CFG branch), the current chunk and phase."""
 
-    def __init__(self, config: JensenKVConfig, window_chunks: int, num_layers: int, observer=None):
+    def __init__(self, config: JensenKVConfig, window_chunks: int, num_layers: int, observer=None, sink_chunks: int = 0):
         self.config = config
         self.num_layers = num_layers
         self.window_chunks = window_chunks or None
+        self.sink_chunks = int(sink_chunks)
         self.correction = config.effective_correction
         self.strength = float(config.strength)
         self.observer = observer
@@ -55,11 +56,29 @@ class CacheRun:
                 f"branch (missing (layer, branch) {missing[:4]}{' ...' if len(missing) > 4 else ''}); another "
                 "patch may skip Wan blocks or model calls (e.g. a step cache); remove it for chunked AR sampling"
             )
+        self._record_peak()
+        self.phase = PHASE_DENOISE
+
+    def new_cache(self) -> ChunkCache:
+        return ChunkCache(self.config.spec_k, self.config.spec_v, self.window_chunks, self.sink_chunks)
+
+    def adopt(self, caches: dict[tuple[int, int], ChunkCache], branches: list[int]) -> None:
+        """Continue from caches a previous run left (a loaded KV cache): they become this run's."""
+        self.caches = dict(caches)
+        self.branches_written.update(branches)
+        self._record_peak()
+
+    def start_rewrite(self) -> None:
+        """Empty every cache before re-writing the retained chunks (a prompt switch re-caches them)."""
+        for cache in self.caches.values():
+            cache.clear()
+        self._written.clear()
+
+    def _record_peak(self) -> None:
         total = sum(c.nbytes for c in self.caches.values())
         bf16 = sum(c.bf16_nbytes for c in self.caches.values())
         if total > self.peak_bytes:
             self.peak_bytes, self.peak_bf16_bytes = total, bf16
-        self.phase = PHASE_DENOISE
 
     @property
     def branches(self) -> list[int]:
@@ -97,7 +116,7 @@ class CacheRun:
         for branch, sl in self._slots(q.shape[0], transformer_options):
             key = (layer, branch)
             cache = self.caches.get(key)
-            if cache is None and self.chunk > 0 and self.phase == PHASE_DENOISE:
+            if cache is None and self.branches_written and self.phase == PHASE_DENOISE:
                 raise RuntimeError(
                     f"CFG branch {BRANCH_NAMES.get(branch, branch)!r} reached layer {layer} at chunk {self.chunk} "
                     "but no cache was written for it (the cache-writing pass ran without that branch); "
@@ -123,7 +142,7 @@ class CacheRun:
                         f"{self.chunk}; the cache-writing pass must run the model exactly once"
                     )
                 if cache is None:
-                    cache = self.caches[key] = ChunkCache(self.config.spec_k, self.config.spec_v, self.window_chunks)
+                    cache = self.caches[key] = self.new_cache()
                 cache.append(kb, vb)
                 self._written[key] = self.chunk
                 self.branches_written.add(branch)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import re
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -145,11 +144,34 @@ def _spec_text(entry_k, entry_v) -> str:
     return text
 
 
+class _Shadow:
+    """The full-precision K/V of the chunks the cache holds: the first ``sink`` for good, the last ``window``."""
+
+    def __init__(self, window: int | None, sink: int):
+        self.items: list = []
+        self.window, self.sink, self.held = window, sink, 0
+
+    def append(self, item) -> None:
+        self.items.append(item)
+        if self.held < self.sink:
+            self.held += 1
+            return
+        while self.window is not None and len(self.items) - self.held > self.window:
+            del self.items[self.held]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+
 class DiagnosticsObserver:
     """Observer of one Chunked AR run (see the module docstring); :meth:`free` drops the shadow copies."""
 
     def __init__(self, request: DiagnosticsRequest, *, num_layers: int, heads: int, steps: int,
-                 window_chunks: int | None, correction: str, strength: float, keys_quantized: bool):
+                 window_chunks: int | None, correction: str, strength: float, keys_quantized: bool,
+                 sink_chunks: int = 0):
         self.request = request
         self.layers = resolve_selection(request.layers, num_layers, "layers")
         self.heads = resolve_selection(request.heads, heads, "heads")
@@ -157,6 +179,7 @@ class DiagnosticsObserver:
         self._layer_set, self._step_set = set(self.layers), set(self.steps)
         self._all_heads = len(self.heads) == heads
         self.window_chunks = window_chunks or None
+        self.sink_chunks = int(sink_chunks)
         self.strength = float(strength)
         self.applied = correction  # jensen_core mode the run applied ("none" when off)
         self.keys_quantized = keys_quantized
@@ -168,7 +191,7 @@ class DiagnosticsObserver:
         if self.what_if:  # the run applied nothing (mode off or strength 0): show the full Taylor correction
             self.strength = 1.0
         self.acc = {m: ShiftAccumulator() for m in self.modes}
-        self._shadow: dict[tuple[int, int], deque[tuple[Tensor, Tensor]]] = {}
+        self._shadow: dict[tuple[int, int], _Shadow] = {}
         self.cache_text: str | None = None
         self.chunks_seen: set[int] = set()
 
@@ -190,7 +213,7 @@ class DiagnosticsObserver:
         if e.phase == PHASE_WRITE:
             shadow = self._shadow.get(key)
             if shadow is None:
-                shadow = self._shadow[key] = deque(maxlen=self.window_chunks)
+                shadow = self._shadow[key] = _Shadow(self.window_chunks, self.sink_chunks)
             shadow.append((self._pick(e.k).detach().clone(), self._pick(e.v).detach().clone()))
             return
         if e.phase != PHASE_DENOISE or e.step not in self._step_set or e.cache is None or e.cache.num_chunks == 0:
@@ -225,6 +248,10 @@ class DiagnosticsObserver:
 
     def free(self) -> None:
         """Drop the full-precision shadow copies (called in ``finally``; safe to call twice)."""
+        self._shadow.clear()
+
+    def on_rewrite(self) -> None:
+        """The cache is being re-written (a prompt switch): the shadow follows the new writes."""
         self._shadow.clear()
 
     def summary(self) -> dict:
@@ -281,13 +308,14 @@ def combine_observers(first, second):
 
 def make_diagnostics(model_options: dict | None, *, num_layers: int, heads: int, steps: int,
                      window_chunks: int, correction: str, strength: float,
-                     keys_quantized: bool) -> DiagnosticsObserver | None:
+                     keys_quantized: bool, sink_chunks: int = 0) -> DiagnosticsObserver | None:
     """The run's observer when KV Cache Diagnostics is on the MODEL, else None (and no cost at all)."""
     request = get_request(model_options)
     if request is None:
         return None
     obs = DiagnosticsObserver(request, num_layers=num_layers, heads=heads, steps=steps, window_chunks=window_chunks,
-                              correction=correction, strength=strength, keys_quantized=keys_quantized)
+                              correction=correction, strength=strength, keys_quantized=keys_quantized,
+                              sink_chunks=sink_chunks)
     logger.info("jensen_kv: attention diagnostics on layers %s, heads %s, steps %s (every %d-th query)",
                 obs.layers, obs.heads, obs.steps, request.query_stride)
     return obs

@@ -12,6 +12,9 @@ REPORT_KEYS = {
     "cache_bytes", "bf16_bytes", "cache_mib", "bf16_mib", "effective_bits", "chunks", "chunk_frames", "window_chunks",
     "seconds_per_chunk", "key_bits", "value_bits", "group_size", "rotation", "correction", "strength", "layers",
     "heads", "head_dim", "cfg_branches", "tokens_per_frame",
+    # long videos: sink, prefix, continue-later, prompt schedule, ComfyUI memory request
+    "sink_chunks", "first_chunk", "prefix_chunks", "resumed", "prompts", "memory_request", "planned_bytes",
+    "state_file_bytes", "state_file_mib",
 }
 
 
@@ -21,6 +24,11 @@ def _schema(node_cls):
     return s
 
 
+#: added after v0.1, all optional and after the old inputs (saved workflows and API prompts keep working)
+NEW_SAMPLER_INPUTS = ["sink_chunks", "prefix", "include_prefix", "kv_cache", "recache_on_switch"]
+SAMPLER_OUTPUTS = ["LATENT", "JENSEN_KV_REPORT", "JENSEN_KV_CACHE"]
+
+
 def test_schemas_follow_the_contract(nodes):
     expected = {
         "JensenKVQuantizeKVCache": ("Quantize KV Cache", ["model", "key_bits", "value_bits", "group_size", "rotation",
@@ -28,11 +36,12 @@ def test_schemas_follow_the_contract(nodes):
         "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength"], ["MODEL"]),
         "JensenKVChunkedARSampler": ("Chunked AR Video Sampler",
                                      ["model", "positive", "negative", "latent", "seed", "cfg", "sampler", "sigmas",
-                                      "chunk_frames", "window_chunks", "context_noise"], ["LATENT", "JENSEN_KV_REPORT"]),
+                                      "chunk_frames", "window_chunks", "context_noise", *NEW_SAMPLER_INPUTS],
+                                     SAMPLER_OUTPUTS),
         "JensenKVChunkedARSamplerSimple": ("Chunked AR Video Sampler (KSampler)",
                                            ["model", "positive", "negative", "latent", "seed", "steps", "cfg",
                                             "sampler_name", "scheduler", "chunk_frames", "window_chunks",
-                                            "context_noise"], ["LATENT", "JENSEN_KV_REPORT"]),
+                                            "context_noise", *NEW_SAMPLER_INPUTS], SAMPLER_OUTPUTS),
     }
     assert {n.define_schema().node_id for n in nodes.NODES} == set(expected)
     for node_cls in nodes.NODES:
@@ -115,7 +124,9 @@ def test_sampler_node_outputs_latent_report_and_ui(nodes, tiny):
     model = nodes.JensenKVBiasCorrection.execute(model, "taylor", 1.0).args[0]
     inputs = _sampler_inputs(tiny)
     out = nodes.JensenKVChunkedARSampler.execute(model, **inputs)
-    latent, report = out.args
+    latent, report, state = out.args
+    # called outside a server the kv_cache output counts as connected: the state of all 3 chunks comes back
+    assert state.next_chunk == 3 and state.next_frame == 5 and report["state_file_bytes"] > 0
     assert latent["samples"].shape == (1, 16, 5, 8, 8) and torch.isfinite(latent["samples"]).all()
     assert inputs["latent"]["samples"].abs().sum() == 0  # input latent untouched
     assert set(report) == REPORT_KEYS
@@ -152,7 +163,7 @@ def test_every_mode_and_side_samples(nodes, tiny, key_bits, value_bits, mode):
     base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[0]["samples"]
     m = nodes.JensenKVQuantizeKVCache.execute(tiny, key_bits, value_bits, "16", "hadamard", "fp8_e4m3", 0).args[0]
     m = nodes.JensenKVBiasCorrection.execute(m, mode, 1.0).args[0]
-    latent, report = nodes.JensenKVChunkedARSampler.execute(m, **inputs).args
+    latent, report, _ = nodes.JensenKVChunkedARSampler.execute(m, **inputs).args
     assert torch.isfinite(latent["samples"]).all()
     assert not torch.equal(latent["samples"], base)  # the cache really is quantized
     assert (report["key_bits"], report["value_bits"]) == tuple(int(b) if b != "off" else "off"

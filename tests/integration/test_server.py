@@ -105,9 +105,10 @@ def test_pack_loads_and_nodes_appear_in_object_info(server):
     assert q["output"] == ["MODEL"]
     s = info["JensenKVChunkedARSampler"]
     assert s["display_name"] == "Chunked AR Video Sampler"
-    assert s["output"] == ["LATENT", "JENSEN_KV_REPORT"]
+    assert s["output"] == ["LATENT", "JENSEN_KV_REPORT", "JENSEN_KV_CACHE"]
     assert list(s["input"]["required"]) == ["model", "positive", "negative", "latent", "seed", "cfg", "sampler",
                                             "sigmas", "chunk_frames", "window_chunks", "context_noise"]
+    assert list(s["input"]["optional"]) == ["sink_chunks", "prefix", "include_prefix", "kv_cache", "recache_on_switch"]
     assert s["input"]["required"]["sampler"][0] == "SAMPLER" and s["input"]["required"]["sigmas"][0] == "SIGMAS"
     k = info["JensenKVChunkedARSamplerSimple"]["input"]["required"]
     assert "euler" in (k["sampler_name"][0] if isinstance(k["sampler_name"][0], list) else k["sampler_name"][1]["options"])

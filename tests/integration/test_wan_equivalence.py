@@ -110,12 +110,13 @@ def test_write_pass_at_context_noise_uses_noised_clean_chunk(loop, tiny, euler):
     rec, result = _recorded_run(loop, tiny, euler, cfg=1.0, context_noise=0.25)
     per_chunk = _split_calls(rec, result.report["chunks"])
     latent_format = tiny.model.latent_format
-    ctx_noise = comfy.sample.prepare_noise(torch.zeros(1, 16, FRAMES, 8, 8), 7 + 1)  # seed + 1
     for c, (_, write) in enumerate(per_chunk[:-1]):
         sl = slice(c * CHUNK, (c + 1) * CHUNK)
+        # the context noise of chunk c is its own stream, derived from the seed (7) and the chunk index
+        ctx_noise = comfy.sample.prepare_noise(torch.zeros(1, 16, CHUNK, 8, 8), loop.chunk_seed(7, c, loop.CONTEXT_STREAM))
         assert torch.allclose(write["t"], torch.full_like(write["t"], 250.0))
         clean = latent_format.process_in(result.samples[:, :, sl])
-        torch.testing.assert_close(write["x"], 0.25 * ctx_noise[:, :, sl] + 0.75 * clean, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(write["x"], 0.25 * ctx_noise + 0.75 * clean, atol=1e-5, rtol=1e-5)
         assert float((write["x"] - clean).abs().mean()) > 0.05
 
 

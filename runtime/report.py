@@ -1,0 +1,102 @@
+"""The Chunked AR sampler's report: a JSON-ready dict (the JENSEN_KV_REPORT link) and its text."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .cache_run import CacheRun
+from .config import JensenKVConfig, mode_to_correction
+from .families import ModelFamily
+
+MIB = 2**20
+
+
+def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, *, chunks: int, chunk_frames: int,
+                 window_chunks: int, sink_chunks: int, seconds: list[float], cfg: float, tokens_per_frame: int,
+                 model_dtype: torch.dtype, first_chunk: int = 0, prefix_chunks: int = 0, prompts: list | None = None,
+                 memory_request: dict | None = None, planned_bytes: int | None = None,
+                 state_file_bytes: int | None = None, resumed: bool = False) -> dict:
+    spec = config.spec_k or config.spec_v
+    full_bits = torch.finfo(model_dtype).bits if model_dtype.is_floating_point else 16
+    branches = run.branches or ([0] if math.isclose(cfg, 1.0) else [0, 1])
+    if run.peak_bf16_bytes:
+        effective = 16.0 * run.peak_bytes / run.peak_bf16_bytes
+    else:  # nothing was cached (a single chunk): what the specs would give
+        bk = config.spec_k.effective_bits if config.spec_k else full_bits
+        bv = config.spec_v.effective_bits if config.spec_v else full_bits
+        effective = (bk + bv) / 2
+    return {
+        "cache_bytes": int(run.peak_bytes),
+        "bf16_bytes": int(run.peak_bf16_bytes),
+        "cache_mib": run.peak_bytes / MIB,
+        "bf16_mib": run.peak_bf16_bytes / MIB,
+        "planned_bytes": None if planned_bytes is None else int(planned_bytes),
+        "effective_bits": float(effective),
+        "chunks": int(chunks),
+        "first_chunk": int(first_chunk),
+        "prefix_chunks": int(prefix_chunks),
+        "resumed": bool(resumed),
+        "chunk_frames": int(chunk_frames),
+        "window_chunks": int(window_chunks),
+        "sink_chunks": int(sink_chunks),
+        "seconds_per_chunk": [float(s) for s in seconds],
+        "key_bits": config.spec_k.bits if config.spec_k else "off",
+        "value_bits": config.spec_v.bits if config.spec_v else "off",
+        "group_size": spec.group_size if spec else None,
+        "rotation": spec.rotation if spec else "none",
+        "correction": mode_to_correction(config.effective_correction),
+        "strength": float(config.strength),
+        "layers": adapter.num_layers,
+        "heads": adapter.heads,
+        "head_dim": adapter.head_dim,
+        "cfg_branches": len(branches),
+        "tokens_per_frame": int(tokens_per_frame),
+        "prompts": list(prompts or []),
+        "memory_request": memory_request,
+        "state_file_bytes": None if state_file_bytes is None else int(state_file_bytes),
+        "state_file_mib": None if state_file_bytes is None else state_file_bytes / MIB,
+    }
+
+
+def report_text(report: dict) -> str:
+    """One human paragraph for the node's UI."""
+    w, s = report["window_chunks"], report.get("sink_chunks", 0)
+    window = "all chunks" if w == 0 else f"last {w} chunks" + (f" + first {s} (sink)" if s else "")
+    kb, vb = report["key_bits"], report["value_bits"]
+    kind = "full-precision" if kb == "off" and vb == "off" else f"K INT{kb}/V INT{vb}".replace("INToff", "full")
+    start = report.get("first_chunk", 0)
+    made = f"chunks {start}-{start + report['chunks'] - 1}" if start else f"{report['chunks']} chunks"
+    lines = [
+        f"{made} of {report['chunk_frames']} latent frames, cache window {window}, "
+        f"{report['cfg_branches']} CFG branch(es), {report['layers']} layers x {report['heads']} heads x {report['head_dim']}.",
+    ]
+    if report.get("prefix_chunks"):
+        lines.append(f"Continued a prefix clip of {report['prefix_chunks']} chunk(s) written into the cache first.")
+    if report.get("resumed"):
+        lines.append(f"Continued from a saved KV cache at chunk {start}.")
+    prompts = report.get("prompts") or []
+    if len(prompts) > 1 or any(p.get("recached_chunks") for p in prompts):
+        parts = []
+        for p in prompts:
+            extra = f", re-cached {p['recached_chunks']} chunk(s)" if p.get("recached_chunks") else ""
+            parts.append(f"{p['label']} from chunk {p['start_chunk']}{extra}")
+        lines.append("Prompts: " + "; ".join(parts) + ".")
+    if report["bf16_bytes"]:
+        ratio = report["bf16_bytes"] / report["cache_bytes"]
+        versus = (f"{ratio:.2f}x smaller" if ratio >= 1 else
+                  f"{1 / ratio:.2f}x larger: the cache keeps the model's {report['effective_bits']:.0f}-bit dtype")
+        lines.append(
+            f"KV cache peak {report['cache_mib']:.2f} MiB ({kind}, {report['effective_bits']:.3g} bits/element) "
+            f"vs {report['bf16_mib']:.2f} MiB in BF16 ({versus})."
+        )
+    else:
+        lines.append("Nothing was cached (a single chunk).")
+    if report.get("state_file_bytes"):
+        lines.append(f"KV cache output: {report['state_file_mib']:.2f} MiB as a file (Save KV Cache).")
+    corr = report["correction"]
+    lines.append(f"Jensen correction: {corr}" + (f" x{report['strength']:g}." if corr != "off" else "."))
+    secs = report["seconds_per_chunk"]
+    if secs:
+        lines.append(f"{sum(secs):.1f} s total, {sum(secs) / len(secs):.2f} s per chunk (last {secs[-1]:.2f} s).")
+    return "\n".join(lines)
