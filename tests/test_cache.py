@@ -200,3 +200,69 @@ def test_planner_reports_a_group_size_that_cannot_run_as_an_error():
     assert plan.errors == ("key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128",)
     assert not plan.runnable and plan.quantized_bytes is None and plan.to_dict()["quantized_mib"] is None
     assert plan.bf16_bytes > 0
+
+
+# ----------------------------------------------------------------------------------------- attention sink
+def test_sink_keeps_the_first_chunks_for_good_and_the_window_rolls():
+    cache = ChunkCache(QuantSpec(), None, window_chunks=2, sink_chunks=1)
+    chunks = _fill(cache, 6)
+    ids = [e.v.data_ptr() for e in cache.entries]
+    # chunk 0 (sink) and the last two (4, 5), oldest first; values are kept unquantized: same storage
+    assert cache.num_chunks == 3 and cache.chunks_evicted == 3
+    torch.testing.assert_close(cache.entries[0].v, chunks[0][1])
+    torch.testing.assert_close(cache.entries[1].v, chunks[4][1])
+    torch.testing.assert_close(cache.entries[2].v, chunks[5][1])
+    assert len(set(ids)) == 3
+    # a sink larger than the video keeps everything; no window keeps everything too
+    big = ChunkCache(None, None, window_chunks=1, sink_chunks=8)
+    _fill(big, 5)
+    assert big.num_chunks == 5
+    nowin = ChunkCache(None, None, window_chunks=None, sink_chunks=2)
+    _fill(nowin, 5)
+    assert nowin.num_chunks == 5
+
+
+def test_sink_survives_a_file_round_trip_and_a_mismatch_is_refused(tmp_path):
+    cache = ChunkCache(QuantSpec(), QuantSpec(bits=4), window_chunks=1, sink_chunks=2)
+    _fill(cache, 5)
+    path = str(tmp_path / "c.safetensors")
+    cache.save(path)
+    back = ChunkCache(QuantSpec(), QuantSpec(bits=4), window_chunks=1, sink_chunks=2)
+    back.load(path)
+    k, v = _chunk(99)
+    cache.append(k, v)
+    back.append(k, v)  # evicts the same chunk in both: the sink stays, the window rolls
+    assert [e.k.packed.sum().item() for e in back.entries] == [e.k.packed.sum().item() for e in cache.entries]
+    with pytest.raises(ValueError, match="sink_chunks=2"):
+        ChunkCache(QuantSpec(), QuantSpec(bits=4), window_chunks=1, sink_chunks=0).load(path)
+
+
+def test_negative_sink_is_a_clear_error():
+    with pytest.raises(ValueError, match="sink_chunks=-1"):
+        ChunkCache(None, None, sink_chunks=-1)
+
+
+# ----------------------------------------------------------------------------------------- planner
+def _plan(**kw):
+    base = dict(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0, layers=30,
+                heads=12, head_dim=128, spec_k=QuantSpec(), spec_v=QuantSpec())
+    return plan_cache(**{**base, **kw})
+
+
+@pytest.mark.parametrize("window", [7, 8, 50])
+def test_a_window_at_least_the_video_plans_like_no_window(window):
+    """7 chunks, of which 6 are ever cached: any window >= 6 holds the same bytes as no window."""
+    full = _plan()
+    w = _plan(window_chunks=window)
+    assert (w.quantized_bytes, w.bf16_bytes, w.cached_chunks_peak) == (full.quantized_bytes, full.bf16_bytes, 6)
+    assert any("not smaller than the video" in x for x in w.warnings)
+
+
+def test_planner_counts_the_sink_the_last_chunk_and_a_prefix():
+    one = _plan(latent_frames=3, window_chunks=0, write_last=True).quantized_bytes  # one chunk's bytes
+    assert _plan(window_chunks=2).cached_chunks_peak == 2
+    assert _plan(window_chunks=2, sink_chunks=1).quantized_bytes == 3 * one
+    assert _plan(window_chunks=2, sink_chunks=1).cached_chunks_peak == 3
+    assert _plan(window_chunks=0, write_last=True).quantized_bytes == 7 * one
+    assert _plan(window_chunks=0, prefix_frames=6).cached_chunks_peak == 8  # 2 prefix chunks + 6 of the 7
+    assert any("no effect without a window" in x for x in _plan(sink_chunks=1).warnings)

@@ -169,3 +169,22 @@ def test_indexing_and_cat_keep_the_payload():
     parts = [quantize(x[..., :4, :], qt.spec), quantize(x[..., 4:, :], qt.spec)]
     assert torch.equal(cat_quantized(parts).dequantize(torch.float32), qt.dequantize(torch.float32))
     assert math.prod(qt.flatten_leading().shape) == x.numel()
+
+
+def test_two_rotation_seeds_in_one_process_never_share_a_matrix():
+    """ComfyUI is a long-running server: a rotation cached for one seed must never serve another."""
+    from jensen_core.hadamard import rotation_matrix, unrotate
+
+    x = torch.randn(3, 5, 128, generator=torch.Generator().manual_seed(0))
+    for _ in range(2):  # twice: the second pass is served from the cache
+        for seed in (1, 2, 1, 7):
+            r = rotation_matrix(128, seed).float()
+            torch.testing.assert_close(rotate(x, seed), x @ r, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(unrotate(rotate(x, seed), seed), x, atol=1e-5, rtol=1e-5)
+    assert (rotate(x, 1) - rotate(x, 2)).abs().max() > 0.1
+    # and through the quantizer: specs differing only in the seed store different codes, each decoding right
+    a = quantize(x, QuantSpec(bits=8, group_size=32, rotation="hadamard", seed=1))
+    b = quantize(x, QuantSpec(bits=8, group_size=32, rotation="hadamard", seed=2))
+    assert not torch.equal(a.packed, b.packed)
+    for q in (a, b):
+        assert (q.dequantize(torch.float32) - x).abs().max() < 0.05

@@ -26,18 +26,21 @@ class DiffusionModelRecorder:
         return out
 
 
-def block_causal_mask(chunk_of_frame: list[int], tokens_per_frame: int, window: int | None) -> torch.Tensor:
-    """bool (L, L): token i may attend token j when chunk(j) <= chunk(i) (and within ``window`` chunks)."""
+def block_causal_mask(chunk_of_frame: list[int], tokens_per_frame: int, window: int | None,
+                      sink: int = 0) -> torch.Tensor:
+    """bool (L, L): token i may attend token j when chunk(j) <= chunk(i) (and within ``window`` chunks,
+    or among the first ``sink`` chunks, which every later chunk sees)."""
     c = torch.tensor(chunk_of_frame).repeat_interleave(tokens_per_frame)
     ci, cj = c[:, None], c[None, :]
     mask = cj <= ci
     if window:
-        mask &= cj >= ci - window
+        mask &= (cj >= ci - window) | (cj < sink)
     return mask
 
 
 def block_causal_forward(dm, frames: list[torch.Tensor], timesteps: list[torch.Tensor], context: torch.Tensor,
-                         window: int | None = None, rope_offsets: bool = True) -> torch.Tensor:
+                         window: int | None = None, rope_offsets: bool = True, sink: int = 0,
+                         first_frame: int = 0) -> torch.Tensor:
     """One forward of ``WanModel`` over the chunks ``frames`` (each (B, C, T_i, H, W)) at once.
 
     ``timesteps[i]`` is chunk i's timestep per batch row; chunk i attends chunks <= i (and at most
@@ -49,10 +52,10 @@ def block_causal_forward(dm, frames: list[torch.Tensor], timesteps: list[torch.T
     chunk_of_frame = [i for i, f in enumerate(frames) for _ in range(f.shape[2])]
     t = torch.cat([ts.reshape(B, 1).expand(B, f.shape[2]) for ts, f in zip(timesteps, frames)], dim=1)
     tpf = (H // 2) * (W // 2)
-    mask = block_causal_mask(chunk_of_frame, tpf, window).to(x.device)
+    mask = block_causal_mask(chunk_of_frame, tpf, window, sink).to(x.device)
     L = T * tpf
     if rope_offsets:
-        freqs = dm.rope_encode(T, H, W, t_start=0, device=x.device, dtype=torch.float32)
+        freqs = dm.rope_encode(T, H, W, t_start=first_frame, device=x.device, dtype=torch.float32)
     else:
         freqs = torch.cat([dm.rope_encode(f.shape[2], H, W, t_start=0, device=x.device, dtype=torch.float32)
                            for f in frames], dim=1)
