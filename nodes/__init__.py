@@ -10,12 +10,16 @@ import logging
 
 from comfy_api.latest import ComfyExtension, io
 
+from .ar_schedule import JensenKVARSchedule
 from .bias_correction import JensenKVBiasCorrection
 from .chunked_ar_sampler import JensenKVChunkedARSampler
 from .chunked_ar_sampler_simple import JensenKVChunkedARSamplerSimple
 from .diagnostics import JensenKVDiagnostics
 from .diagnostics_plot import JensenKVDiagnosticsPlot
+from .load_kv_cache import JensenKVLoadKVCache
+from .prompt_schedule import JensenKVPromptSchedule
 from .quantize_kv_cache import JensenKVQuantizeKVCache
+from .save_kv_cache import JensenKVSaveKVCache
 
 logger = logging.getLogger("jensen_kv")
 
@@ -31,13 +35,16 @@ NODES: list[type[io.ComfyNode]] = [
     JensenKVChunkedARSampler,
     JensenKVChunkedARSamplerSimple,
 ]
+#: long videos and faithful schedules (issues 8 and 10)
+AR_NODES: list[type[io.ComfyNode]] = [JensenKVARSchedule, JensenKVPromptSchedule, JensenKVSaveKVCache,
+                                      JensenKVLoadKVCache]
 #: attention diagnostics (issue 5): KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
 DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
 
 
 class JensenKVExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [*NODES, *DIAGNOSTICS_NODES]
+        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES]
 
 
-__all__ = ["DIAGNOSTICS_NODES", "NODES", "JensenKVExtension"]
+__all__ = ["AR_NODES", "DIAGNOSTICS_NODES", "NODES", "JensenKVExtension"]

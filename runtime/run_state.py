@@ -134,7 +134,8 @@ class RunState:
 
         mine = {k: v for k, v in self.fingerprint.items() if k != "weights"}
         theirs = {k: v for k, v in fingerprint.items() if k != "weights"}
-        for k in sorted(set(mine) | set(theirs)):
+        order = ["family", "layers", "heads", "head_dim", "dim", "ffn_dim", "text_dim"]
+        for k in sorted(set(mine) | set(theirs), key=lambda k: (order.index(k) if k in order else len(order), k)):
             if mine.get(k) != theirs.get(k):
                 differ(f"a model whose {k} is", mine.get(k), theirs.get(k),
                        "load the model the cache was made with (another model's keys mean nothing here)")
@@ -167,8 +168,8 @@ class RunState:
                 tensors[f"{_CACHE_PREFIX}.{layer}.{branch}.{name}"] = t.detach().to("cpu").contiguous()
         for r in self.retained:
             tensors[f"{_LATENT_PREFIX}.{r.chunk}"] = r.latent.detach().to("cpu").contiguous()
-        meta = {"format": FORMAT, "version": str(VERSION), "state": json.dumps(self._meta()),
-                "sha256": _digest(tensors)}
+        state = json.dumps(self._meta())
+        meta = {"format": FORMAT, "version": str(VERSION), "state": state, "sha256": _digest(tensors, state)}
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
             save_file(tensors, tmp, metadata=meta)
@@ -179,8 +180,10 @@ class RunState:
         return os.path.getsize(path)
 
 
-def _digest(tensors: dict[str, Tensor]) -> str:
+def _digest(tensors: dict[str, Tensor], state: str) -> str:
+    """SHA-256 over the state JSON and every tensor (name, shape, dtype, bytes)."""
     h = hashlib.sha256()
+    h.update(state.encode())
     for name in sorted(tensors):
         t = tensors[name]
         h.update(name.encode())
@@ -210,7 +213,7 @@ def load_run_state(path: str) -> RunState:
         raise ValueError(f"{os.path.basename(path)} is not a Jensen KV cache file (format {header.get('format')!r})")
     if header.get("version") != str(VERSION):
         raise ValueError(f"{os.path.basename(path)} has format version {header.get('version')}; this pack reads {VERSION}")
-    if header.get("sha256") != _digest(tensors):
+    if header.get("sha256") != _digest(tensors, str(header.get("state", ""))):
         raise ValueError(f"{os.path.basename(path)} does not match its recorded SHA-256: the file was edited or damaged")
     try:
         meta = json.loads(header["state"])

@@ -210,7 +210,7 @@ def save_half(dm, path: Path, meta: dict) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "tiny_ar" / "jensen-kv-tiny-ar.safetensors")
-    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--chunks", type=int, default=5, help="chunks per training video (teacher-forced sequence)")
     ap.add_argument("--window", type=int, default=3, help="cache window in chunks the attention mask allows")

@@ -1,0 +1,93 @@
+"""The noise schedules of the chunk-wise AR checkpoints, as SIGMAS (flow matching: sigma = t / 1000).
+
+What each reference feeds its model, per chunk:
+
+- **Self-Forcing** (``configs/self_forcing_dmd.yaml``): ``denoising_step_list`` [1000, 750, 500, 250]
+  warped with shift 5 (``warp_denoising_step``): t = 1000, 937.5, 833.3, 625.
+- **CausVid, 3 steps** (the released ``autoregressive_checkpoint``, ``wan_causal_dmd.yaml``):
+  t = 1000, 757, 522, without warp.
+- **CausVid, warp 4 steps** (``wan_causal_dmd_warp_4step_cfg2.yaml``): [1000, 750, 500, 250] warped
+  with shift 8: t = 1000, 960, 888.9, 727.3.
+- **SkyReels-V2 DF** (``FlowUniPCMultistepScheduler.set_timesteps``): ``steps`` values of
+  linspace(0.999, 0, steps + 1) without the last, warped with ``shift`` (8 for T2V), then 0; at 30
+  steps the last non-zero sigma is 0.216.
+
+Every schedule ends with sigma 0 (the last step predicts the clean chunk). No ComfyUI import here.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+PRESETS = ("self_forcing_4step", "causvid_3step", "causvid_warp_4step", "skyreels_v2_df", "manual")
+PRESET_HELP = {
+    "self_forcing_4step": "Self-Forcing: t = 1000, 937.5, 833.3, 625 (shift 5 on 1000/750/500/250)",
+    "causvid_3step": "CausVid (released 3-step checkpoint): t = 1000, 757, 522, no warp",
+    "causvid_warp_4step": "CausVid warp-4step: t = 1000, 960, 888.9, 727.3 (shift 8 on 1000/750/500/250)",
+    "skyreels_v2_df": "SkyReels-V2 DF: FlowUniPC's sigmas for `steps` and `shift` (30 and 8 for T2V)",
+    "manual": "your own list: sigmas from 1 down (a trailing 0 is added); values above 1 are timesteps t (divided by 1000)",
+}
+
+
+def warp(sigma: float, shift: float) -> float:
+    """The flow-matching time shift every reference uses: shift * s / (1 + (shift - 1) * s)."""
+    return shift * sigma / (1 + (shift - 1) * sigma)
+
+
+def skyreels_df_sigmas(steps: int, shift: float) -> list[float]:
+    base = [0.999 - 0.999 * i / steps for i in range(steps)]  # linspace(0.999, 0, steps + 1)[:-1]
+    return [warp(s, shift) for s in base] + [0.0]
+
+
+def parse_manual(text: str) -> list[float]:
+    """``"1, 0.757, 0.522"`` (or timesteps ``"1000 757 522"``) -> [1.0, 0.757, 0.522, 0.0]; clear errors."""
+    parts = [p for p in text.replace(",", " ").replace(";", " ").split() if p]
+    if not parts:
+        raise ValueError("manual schedule is empty: type sigmas from 1 down, e.g. 1, 0.757, 0.522")
+    values = []
+    for p in parts:
+        try:
+            v = float(p)
+        except ValueError:
+            raise ValueError(f"manual schedule: {p!r} is not a number; separate values with commas or spaces") from None
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"manual schedule: {p!r} must be a finite number >= 0")
+        values.append(v)
+    if max(values) > 1:
+        if max(values) > 1000:
+            raise ValueError(f"manual schedule: {max(values):g} is above t = 1000; give sigmas (<= 1) or timesteps (<= 1000)")
+        values = [v / 1000.0 for v in values]
+    if values[-1] != 0:
+        values.append(0.0)
+    if any(b >= a for a, b in zip(values, values[1:])):
+        raise ValueError(f"manual schedule {values} must strictly decrease (each step removes noise)")
+    if len(values) < 2:
+        raise ValueError("manual schedule needs at least one step (a sigma above 0)")
+    return values
+
+
+def ar_sigmas(preset: str, steps: int = 30, shift: float = 8.0, manual: str = "") -> torch.Tensor:
+    """The SIGMAS of ``preset`` (see the module docstring), float32, ending in 0."""
+    if preset == "self_forcing_4step":
+        values = [warp(t / 1000, 5.0) for t in (1000, 750, 500, 250)] + [0.0]
+    elif preset == "causvid_3step":
+        values = [1.0, 0.757, 0.522, 0.0]
+    elif preset == "causvid_warp_4step":
+        values = [warp(t / 1000, 8.0) for t in (1000, 750, 500, 250)] + [0.0]
+    elif preset == "skyreels_v2_df":
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps={steps!r} must be a positive integer")
+        if not math.isfinite(shift) or shift <= 0:
+            raise ValueError(f"shift={shift!r} must be a positive number (SkyReels-V2 T2V uses 8)")
+        values = skyreels_df_sigmas(steps, shift)
+    elif preset == "manual":
+        values = parse_manual(manual)
+    else:
+        raise ValueError(f"preset={preset!r} is not known; use one of {', '.join(PRESETS)}")
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def describe(sigmas: torch.Tensor) -> str:
+    ts = ", ".join(f"{1000 * float(s):.1f}".rstrip("0").rstrip(".") for s in sigmas[:-1])
+    return f"{sigmas.numel() - 1} steps; the model sees t = {ts}"
