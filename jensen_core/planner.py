@@ -21,6 +21,7 @@ MODEL_PRESETS: dict[str, tuple[int, int, int]] = {
 WAN_VAE_TIME_STRIDE = 4
 WAN_VAE_SPACE_STRIDE = 8
 WAN_PATCH = (1, 2, 2)
+WAN_LATENT_CHANNELS = 16
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,10 @@ class CachePlan:
     compression: float
     warnings: tuple[str, ...]
     errors: tuple[str, ...] = ()
+    #: what Save KV Cache writes when the sampler hands its cache on: the cache at the end of the run
+    #: (last chunk included) plus the clean fp32 latents of the chunks it holds; None when it cannot run
+    state_file_bytes: int | None = None
+    sink_chunks: int = 0
 
     @property
     def runnable(self) -> bool:
@@ -50,6 +55,7 @@ class CachePlan:
         d["runnable"] = self.runnable
         d["bf16_mib"] = self.bf16_bytes / 2**20
         d["quantized_mib"] = None if self.quantized_bytes is None else self.quantized_bytes / 2**20
+        d["state_file_mib"] = None if self.state_file_bytes is None else self.state_file_bytes / 2**20
         return d
 
 
@@ -134,6 +140,11 @@ def plan_cache(
     per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
     bf16 = 2 * per_side * 2
     quant = None if errors else window_bytes(spec_k, spec_v, per_side, full_bytes=full_bytes)
+    total_chunks = prefix_chunks + chunks
+    end_held = total_chunks if window_chunks == 0 else min(window_chunks + sink_chunks, total_chunks)
+    end_side = end_held * chunk_frames * tokens_per_frame * heads * head_dim * layers * cfg_branches * batch
+    latents = end_held * chunk_frames * latent_height * latent_width * WAN_LATENT_CHANNELS * batch * 4
+    state_file = None if errors else window_bytes(spec_k, spec_v, end_side, full_bytes=full_bytes) + latents
     ebk = spec_k.effective_bits if spec_k else 8.0 * full_bytes
     ebv = spec_v.effective_bits if spec_v else 8.0 * full_bytes
     eb = (ebk + ebv) / 2
@@ -145,6 +156,8 @@ def plan_cache(
         cached_tokens_peak=held_tokens,
         bf16_bytes=bf16,
         quantized_bytes=quant,
+        state_file_bytes=state_file,
+        sink_chunks=sink_chunks,
         effective_bits_k=ebk,
         effective_bits_v=ebv,
         effective_bits=eb,

@@ -18,8 +18,8 @@ const REPORT = "jensen_kv_report";
 const STATE_KEY = "jensen_kv_planner";
 const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale_format"];
 // planner fields that "follow the workflow" reads from the latent and sampler nodes
-const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "cfg_branches"];
-const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "cfg_branches"];
+const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
+const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
 const POLL_MS = 300;
 
 const FIELD_INFO = {
@@ -33,6 +33,7 @@ const FIELD_INFO = {
   batch: ["batch", "Videos sampled at once (latent batch size)."],
   chunk_frames: ["chunk", "Latent frames per chunk (the sampler's chunk_frames)."],
   window_chunks: ["window", "Finished chunks kept in the cache; 0 keeps them all (the sampler's window_chunks)."],
+  sink_chunks: ["sink", "First chunks kept for good with a window: the attention sink (the sampler's sink_chunks)."],
   cfg_branches: ["cfg branches", "1 when cfg is 1; 2 when cfg > 1 (cond and uncond keys are both cached)."],
 };
 
@@ -177,7 +178,7 @@ function fromWorkflow(node) {
   const found = {};
   const sampler = downstreamSampler(node);
   if (!sampler) return { found, sampler: null };
-  for (const name of ["chunk_frames", "window_chunks"]) {
+  for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
     const v = widgetValue(sampler, name);
     if (v != null) found[name] = v;
   }
@@ -216,7 +217,7 @@ function buildQuantPanel(node) {
   const grid = el("div", { class: "jkv-grid" });
   ui.preset = el("select", { "data-jkv": "preset", class: "jkv-wide", title: FIELD_INFO.preset[1] });
   grid.append(el("label", { text: FIELD_INFO.preset[0], title: FIELD_INFO.preset[1] }), ui.preset);
-  for (const name of ["layers", "heads", "head_dim", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "cfg_branches"]) {
+  for (const name of ["layers", "heads", "head_dim", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"]) {
     const input = el("input", { type: "number", step: "1", "data-jkv": `in-${name}`, title: FIELD_INFO[name][1] });
     ui.inputs[name] = input;
     grid.append(el("label", { text: FIELD_INFO[name][0], title: FIELD_INFO[name][1] }), input);
@@ -401,6 +402,10 @@ function render(node, options, state, req) {
     row("this setting", plan.runnable ? `${bytesText(plan.quantized_bytes)} (${num(plan.effective_bits, 3)} bits)` : "cannot run: see the warning above",
       { "data-jkv": "quant", "data-bytes": plan.quantized_bytes ?? "", class: plan.runnable ? "" : "jkv-error" });
     if (plan.runnable) row("saves", `${bytesText(plan.saved_bytes)} (${num(plan.bytes_ratio, 2)}× smaller)`, { "data-jkv": "saved" });
+    if (plan.runnable && plan.state_file_bytes != null) {
+      row("cache file", `${bytesText(plan.state_file_bytes)} (Save KV Cache, to continue later)`,
+        { "data-jkv": "state-file", "data-bytes": plan.state_file_bytes });
+    }
     ui.summary.textContent = plan.runnable
       ? `Memory planner: ${bytesText(plan.quantized_bytes)} (BF16 ${bytesText(plan.bf16_bytes)})`
       : "Memory planner: cannot run (see warning)";
@@ -421,7 +426,7 @@ function attachReport(node) {
   const box = el("div", { class: "jkv-report", "data-jkv": "report",
     title: "What the KV cache cost in the last run of this node (measured by the sampler)." },
   el("div", { text: "KV cache report: run the workflow to see what the cache cost." }));
-  addPanelWidget(node, REPORT, box, () => (node.jensenKvReport ? 96 : 30));
+  addPanelWidget(node, REPORT, box, () => (node.jensenKvReport ? 96 + 16 * ((node.jensenKvReport.prompts?.length > 1 ? 1 : 0) + (node.jensenKvReport.state_file_bytes ? 1 : 0)) : 30));
   node.jensenKvReportBox = box;
 }
 
@@ -439,9 +444,14 @@ function showReport(node, report) {
   const lines = [
     `KV cache ${bytesText(report.cache_bytes)} (BF16 ${bytesText(report.bf16_bytes)}) · ${num(report.effective_bits, 3)} bits`,
     `${quant}${corr}`,
-    `${report.chunks} chunks × ${report.chunk_frames} latent frames, window ${report.window_chunks || "all"} · ${report.layers} layers × ${report.heads} heads × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
+    `${report.chunks} chunks × ${report.chunk_frames} latent frames, window ${report.window_chunks || "all"}${report.sink_chunks ? ` + sink ${report.sink_chunks}` : ""} · ${report.layers} layers × ${report.heads} heads × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
     `s/chunk: ${spc.map((s) => fmt(s, 2)).join(" ")} (total ${fmt(total, 2)} s)`,
   ];
+  const prompts = report.prompts ?? [];
+  if (prompts.length > 1) {
+    lines.push("prompts: " + prompts.map((p) => `${p.label} @ chunk ${p.start_chunk}${p.recached_chunks ? ` (re-cached ${p.recached_chunks})` : ""}`).join(" · "));
+  }
+  if (report.state_file_bytes) lines.push(`kv_cache output: ${bytesText(report.state_file_bytes)} as a file`);
   const content = el("div", { "data-jkv": "report-text", "data-cache-bytes": report.cache_bytes, "data-bf16-bytes": report.bf16_bytes }, lines.join("\n"));
   box.replaceChildren(content);
   fitNode(node);

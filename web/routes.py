@@ -48,6 +48,7 @@ DEFAULTS: dict[str, object] = {
     "batch": 1,
     "chunk_frames": 3,
     "window_chunks": 0,
+    "sink_chunks": 0,
     "cfg_branches": 1,
     "preset": "wan2.1-1.3b",
 }
@@ -60,6 +61,7 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "batch": (1, 4096, "the latent batch size, e.g. batch=1"),
     "chunk_frames": (1, 1024, "latent frames per chunk, e.g. chunk_frames=3"),
     "window_chunks": (0, 4096, "chunks kept in the cache, 0 = all, e.g. window_chunks=0"),
+    "sink_chunks": (0, 4096, "first chunks kept for good with a window (attention sink), e.g. sink_chunks=1"),
     "cfg_branches": (1, 2, "1 when cfg is 1, 2 when cfg > 1 (cond and uncond are both cached)"),
     "layers": (1, 1000, "transformer blocks of the model, e.g. layers=30 for Wan 1.3B"),
     "heads": (1, 1024, "attention heads per block, e.g. heads=12 for Wan 1.3B"),
@@ -69,7 +71,7 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
 
 SPEC_PARAMS = ("key_bits", "value_bits", "group_size", "rotation", "scale_format", "head_dim")
 PLAN_PARAMS = (*SPEC_PARAMS, "width", "height", "frames", "batch", "chunk_frames", "window_chunks",
-               "cfg_branches", "preset", "layers", "heads")
+               "sink_chunks", "cfg_branches", "preset", "layers", "heads")
 
 
 class ParamError(ValueError):
@@ -217,6 +219,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     frames = _int(params, "frames", DEFAULTS["frames"])
     chunk_frames = _int(params, "chunk_frames", DEFAULTS["chunk_frames"])
     window = _int(params, "window_chunks", DEFAULTS["window_chunks"])
+    sink = _int(params, "sink_chunks", DEFAULTS["sink_chunks"])
     cfg_branches = _int(params, "cfg_branches", DEFAULTS["cfg_branches"])
     batch = _int(params, "batch", DEFAULTS["batch"])
 
@@ -235,7 +238,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     plan = plan_cache(
         latent_frames=latent_frames, latent_height=latent_h, latent_width=latent_w,
         chunk_frames=chunk_frames, window_chunks=window, layers=layers, heads=heads, head_dim=head_dim,
-        spec_k=spec_k, spec_v=spec_v, cfg_branches=cfg_branches, batch=batch,
+        spec_k=spec_k, spec_v=spec_v, cfg_branches=cfg_branches, batch=batch, sink_chunks=sink,
     )
     d = plan.to_dict()
     runnable, quant_bytes = plan.runnable, plan.quantized_bytes
@@ -249,6 +252,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
                "latent_height": latent_h, "latent_width": latent_w},
         chunk_frames=chunk_frames,
         window_chunks=window,
+        sink_chunks=sink,
         cfg_branches=cfg_branches,
     )
     return d

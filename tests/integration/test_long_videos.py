@@ -241,3 +241,20 @@ def test_schedule_parsing_errors_name_the_fix(pack):
     assert [sched.index_at(c) for c in range(7)] == [0, 0, 0, 0, 1, 1, 1]
     replaced = ps.add_to_schedule(s, _conds(9)[0], 4, "C")
     assert [p.label for p in ps.PromptSchedule.from_conditioning(replaced).prompts] == ["prompt 1", "C"]
+
+
+def test_planner_projects_the_cache_file_size(loop, nodes, tiny, tmp_path):
+    import os
+
+    planner = importlib.import_module("comfyui_jensen_kv.jensen_core.planner")
+    model = _model(nodes, tiny, "2", "taylor")
+    res = _run(loop, model, 10, window_chunks=2, sink_chunks=1, keep_state=True)
+    path = str(tmp_path / "s.safetensors")
+    size = res.state.save(path)
+    config = model.model_options["transformer_options"]["jensen_kv"]
+    plan = planner.plan_cache(latent_frames=10, latent_height=8, latent_width=8, chunk_frames=CHUNK, window_chunks=2,
+                              sink_chunks=1, layers=2, heads=2, head_dim=32, spec_k=config.spec_k, spec_v=config.spec_v)
+    assert size == os.path.getsize(path)
+    payload = res.state.nbytes + sum(r.latent.numel() * 4 for r in res.state.retained)
+    assert plan.state_file_bytes == payload == res.report["state_file_bytes"]
+    assert 0 < size - payload < 64 * 1024  # the rest is the safetensors header (JSON metadata)

@@ -198,3 +198,14 @@ def test_registered_handlers_answer_json_and_400():
 
 def test_register_without_a_server_is_a_no_op():
     assert routes.register() is False
+
+
+def test_plan_counts_the_sink_and_reports_the_cache_file_size():
+    base = {"preset": "wan2.1-1.3b", "width": "832", "height": "480", "frames": "81", "chunk_frames": "3"}
+    windowed = routes.plan_summary({**base, "window_chunks": "2"})
+    sunk = routes.plan_summary({**base, "window_chunks": "2", "sink_chunks": "1"})
+    assert (windowed["cached_chunks_peak"], sunk["cached_chunks_peak"]) == (2, 3)
+    assert sunk["quantized_bytes"] * 2 == windowed["quantized_bytes"] * 3
+    assert sunk["sink_chunks"] == 1 and sunk["state_file_bytes"] > sunk["quantized_bytes"]
+    with pytest.raises(routes.ParamError, match="sink_chunks=-1"):
+        routes.plan_summary({**base, "sink_chunks": "-1"})
