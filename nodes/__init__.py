@@ -20,6 +20,8 @@ from .load_kv_cache import JensenKVLoadKVCache
 from .prompt_schedule import JensenKVPromptSchedule
 from .quantize_kv_cache import JensenKVQuantizeKVCache
 from .save_kv_cache import JensenKVSaveKVCache
+from .tiny_ar_decode import JensenKVTinyARDecode
+from .tiny_ar_prompt import JensenKVTinyARPrompt
 
 logger = logging.getLogger("jensen_kv")
 
@@ -38,13 +40,31 @@ NODES: list[type[io.ComfyNode]] = [
 #: long videos and faithful schedules (issues 8 and 10)
 AR_NODES: list[type[io.ComfyNode]] = [JensenKVARSchedule, JensenKVPromptSchedule, JensenKVSaveKVCache,
                                       JensenKVLoadKVCache]
+#: the bundled tiny AR model (issue 9): its prompts and its latent -> RGB map
+DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDecode]
 #: attention diagnostics (issue 5): KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
 DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
 
 
 class JensenKVExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES]
+        register_bundled_models()
+        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *DEMO_NODES]
 
 
-__all__ = ["AR_NODES", "DIAGNOSTICS_NODES", "NODES", "JensenKVExtension"]
+def register_bundled_models() -> bool:
+    """Make ComfyUI's diffusion_models list the pack's bundled tiny AR model (models/tiny_ar); idempotent."""
+    import os
+
+    try:
+        import folder_paths
+    except ImportError:
+        return False
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "models", "tiny_ar")
+    if os.path.isdir(folder):
+        folder_paths.add_model_folder_path("diffusion_models", folder)
+        return True
+    return False
+
+
+__all__ = ["AR_NODES", "DEMO_NODES", "DIAGNOSTICS_NODES", "NODES", "JensenKVExtension", "register_bundled_models"]

@@ -222,7 +222,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--save-every", type=int, default=250)
-    ap.add_argument("--resume", action="store_true", help="continue from <out>.ckpt if it exists")
+    ap.add_argument("--ckpt-dir", type=Path, default=ROOT / "out" / "tiny_ar",
+                    help="where the resumable training state goes (not the model folder: ComfyUI would list it)")
+    ap.add_argument("--resume", action="store_true", help="continue from <ckpt-dir>/<out stem>.ckpt if it exists")
     ap.add_argument("--benchmark", type=int, default=0, help="only time this many steps and exit")
     args = ap.parse_args(argv)
 
@@ -242,7 +244,8 @@ def main(argv=None) -> int:
                             lr=args.lr, betas=(0.9, 0.99))
     g = torch.Generator().manual_seed(args.seed + 1)
     step, elapsed0 = 0, 0.0
-    ckpt = args.out.with_suffix(".ckpt")
+    ckpt = args.ckpt_dir / (args.out.stem + ".ckpt")  # resumable state (optimizer too): never next to the model
+    ckpt.parent.mkdir(parents=True, exist_ok=True)
     log_path = args.out.with_suffix(".log")
     if args.resume and ckpt.exists():
         st = torch.load(ckpt, weights_only=False)
