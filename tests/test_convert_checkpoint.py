@@ -1,7 +1,7 @@
 """tools/convert_checkpoint.py without ComfyUI: layouts, prefixes, dtypes, errors, refused pickles, atomic writes.
 
 The state dicts here are Wan-shaped stand-ins (the keys and shapes the checks read, tiny widths);
-``tests/integration/test_convert_checkpoint.py`` converts a real tiny Wan and loads it through
+``tests/integration/test_convert_checkpoint_comfyui.py`` converts a real tiny Wan and loads it through
 ComfyUI's own detection and loader.
 """
 from __future__ import annotations

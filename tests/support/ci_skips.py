@@ -52,7 +52,7 @@ def _reason(report) -> str:
 
 
 def _in_required_dir(nodeid: str) -> bool:
-    return any(nodeid.startswith(d) for d in REQUIRED_DIRS)
+    return any(nodeid.startswith(d) or nodeid == d.rstrip("/") for d in REQUIRED_DIRS)
 
 
 def is_required(item, nodeid: str) -> bool:
