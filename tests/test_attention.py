@@ -180,6 +180,7 @@ def test_bf16_compute_stays_close_to_fp32(path):
     assert err["taylor"] <= 1.5 * err["none"] + 1e-4, err
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CPU-only machine)")
 def test_cuda_fast_path_matches_reference():
     entries, q, kc, vc = _setup("hadamard")

@@ -4,7 +4,7 @@ ComfyUI is looked up, in order, through ``COMFYUI_PATH``, at ``../shared/ComfyUI
 pack's checkout: the read-only v0.3.64 tree every machine of this project and CI have), by walking
 up from the pack (a pack normally lives in ``ComfyUI/custom_nodes/<pack>``), and at
 ``/opt/ComfyUI``. Tests that need it skip with the reason when none is found, and under ``CI=true``
-such a skip fails the run (see ``tests/conftest.py``).
+such a skip fails the run (see ``tests/support/ci_skips.py``).
 """
 from __future__ import annotations
 

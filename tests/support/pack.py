@@ -36,3 +36,19 @@ def load_pack_module(dotted: str) -> types.ModuleType:
         sub = ".".join(parts[:i])
         _package(f"{PACK_PACKAGE}.{sub}", PACK_ROOT.joinpath(*parts[:i]))
     return importlib.import_module(f"{PACK_PACKAGE}.{dotted}")
+
+
+def load_tool(name: str) -> types.ModuleType:
+    """``load_tool("convert_checkpoint")`` -> ``tools/convert_checkpoint.py`` as a module (tools/ is no package)."""
+    mod_name = f"jensen_kv_tool_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, PACK_ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    return module

@@ -172,6 +172,7 @@ def test_options_lists_the_node_choices_and_presets():
 
 
 # ---------------------------------------------------------------------------------- aiohttp glue
+@pytest.mark.comfyui  # aiohttp comes with ComfyUI's requirements: CI must not skip this
 def test_registered_handlers_answer_json_and_400():
     pytest.importorskip("aiohttp", reason="aiohttp (a ComfyUI requirement) is not installed")
     from aiohttp import web

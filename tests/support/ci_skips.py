@@ -1,0 +1,120 @@
+"""Under ``CI=true`` a skipped ComfyUI, server or browser test fails the run (a pytest plugin).
+
+Locally these tests skip, saying why, when ComfyUI, its requirements, ComfyUI-GGUF, Playwright or
+Chromium are missing. On CI a skip there means the CI machine is set up wrong and the tests that
+matter most did not run, while the run would still look green. So, when the environment variable
+``CI`` is ``true`` (or ``1`` / ``yes``), every skip of such a test is collected, listed with its
+reason in the terminal summary, and the session's exit status is set to 1.
+
+Which tests count: those marked ``comfyui``, ``server`` or ``browser``, and everything under
+``tests/integration/`` (a module there that skips as a whole counts too).
+Which skips are allowed: a test marked ``cuda``, or one whose reason says that CUDA is absent: CI
+machines have no GPU.
+
+``tests/conftest.py`` loads it (it re-exports :func:`pytest_configure`, which registers one
+:class:`CISkipCollector` per run); ``-p support.ci_skips`` loads it into another pytest run
+(``tests/test_ci_skips.py`` does that with ``pytester``).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import pytest
+
+#: markers of tests that CI must run
+REQUIRED_MARKERS = ("comfyui", "server", "browser")
+#: test folders (relative to the rootdir) whose tests all need ComfyUI
+REQUIRED_DIRS = ("tests/integration/",)
+#: skip reasons that only say CUDA is absent (CI machines are CPU-only)
+CUDA_REASON = re.compile(
+    r"(needs|requires|without|no)\s+(a\s+)?(CUDA|GPU)\b|\bCUDA\b.*\b(not available|unavailable|absent|missing)\b",
+    re.IGNORECASE,
+)
+
+
+def ci_enabled(environ=None) -> bool:
+    """``CI`` is set to true (GitHub Actions, GitLab and ``.ci/run`` set ``CI=true``)."""
+    return (environ if environ is not None else os.environ).get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+@dataclass(frozen=True)
+class CISkip:
+    nodeid: str
+    reason: str
+
+
+def _reason(report) -> str:
+    longrepr = report.longrepr
+    text = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return text.removeprefix("Skipped: ")
+
+
+def _in_required_dir(nodeid: str) -> bool:
+    return any(nodeid.startswith(d) or nodeid == d.rstrip("/") for d in REQUIRED_DIRS)
+
+
+def is_required(item, nodeid: str) -> bool:
+    """A test CI must run: in a required folder or marked comfyui / server / browser."""
+    if _in_required_dir(nodeid):
+        return True
+    return item is not None and any(item.get_closest_marker(m) is not None for m in REQUIRED_MARKERS)
+
+
+def is_cuda_skip(item, reason: str) -> bool:
+    """A skip CI allows: the test is marked ``cuda`` or its reason says CUDA / a GPU is absent."""
+    if item is not None and item.get_closest_marker("cuda") is not None:
+        return True
+    return bool(CUDA_REASON.search(reason))
+
+
+class CISkipCollector:
+    """Collects the skips of required tests of one pytest run (one instance per config)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.items: dict = {}
+        self.skips: list[CISkip] = []
+
+    def _record(self, nodeid: str, item, report) -> None:
+        reason = _reason(report)
+        if is_required(item, nodeid) and not is_cuda_skip(item, reason):
+            self.skips.append(CISkip(nodeid, reason))
+
+    def pytest_collection_modifyitems(self, session, config, items):
+        self.items.update({item.nodeid: item for item in items})
+
+    def pytest_collectreport(self, report):
+        """A whole module under a required folder that skips at import (``pytest.importorskip`` at the top)."""
+        if report.skipped and _in_required_dir(report.nodeid):
+            self._record(report.nodeid, None, report)
+
+    def pytest_runtest_logreport(self, report):
+        if report.skipped and not hasattr(report, "wasxfail"):
+            self._record(report.nodeid, self.items.get(report.nodeid), report)
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if self.skips and ci_enabled() and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus, config):
+        if not self.skips or not ci_enabled():
+            return
+        tr = terminalreporter
+        tr.write_sep("=", f"CI=true: {len(self.skips)} ComfyUI / server / browser test(s) skipped, so the run fails",
+                     red=True)
+        for s in self.skips:
+            tr.write_line(f"SKIPPED {s.nodeid}: {s.reason}")
+        tr.write_line("Install what the reasons name (bash .ci/run does it on a fresh machine); a test that needs a "
+                      "GPU is marked @pytest.mark.cuda.")
+
+
+PLUGIN_NAME = "jensen_kv_ci_skips"
+
+
+def pytest_configure(config):
+    if not any(line.split(":")[0].strip() == "cuda" for line in config.getini("markers")):
+        config.addinivalue_line("markers", "cuda: needs a CUDA device (skipping it is allowed under CI=true)")
+    if not config.pluginmanager.has_plugin(PLUGIN_NAME):
+        config.pluginmanager.register(CISkipCollector(config), PLUGIN_NAME)

@@ -1,0 +1,147 @@
+"""The CI rule of ``tests/support/ci_skips.py``: under CI=true a skipped ComfyUI / server / browser test fails.
+
+Each case runs a small pytest session in a temporary folder (``pytester``) with the plugin loaded
+as ``tests/conftest.py`` loads it.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+MARKERS = """
+[pytest]
+markers =
+    comfyui: needs ComfyUI
+    server: starts a server
+    browser: drives Chromium
+"""
+
+COMFYUI_SKIP = """
+import pytest
+
+@pytest.mark.comfyui
+def test_needs_comfyui():
+    pytest.skip("ComfyUI not found: set COMFYUI_PATH")
+
+def test_plain():
+    pass
+"""
+
+
+def run(pytester, monkeypatch, ci: str | None, files: dict[str, str]):
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    pytester.makeini(MARKERS)
+    for name, text in files.items():
+        path = pytester.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pytester.runpytest_inprocess("-p", "support.ci_skips", "-rs", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+
+
+@pytest.mark.parametrize("ci", ["true", "1"])
+def test_a_skipped_comfyui_test_fails_a_ci_run_and_its_reason_is_printed(pytester, monkeypatch, ci):
+    result = run(pytester, monkeypatch, ci, {"test_a.py": COMFYUI_SKIP})
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "*CI=true: 1 ComfyUI / server / browser test(s) skipped*",
+        "SKIPPED test_a.py::test_needs_comfyui: ComfyUI not found: set COMFYUI_PATH",
+    ])
+
+
+@pytest.mark.parametrize("ci", [None, "false", ""])
+def test_without_ci_the_same_skip_passes(pytester, monkeypatch, ci):
+    result = run(pytester, monkeypatch, ci, {"test_a.py": COMFYUI_SKIP})
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.OK
+    assert "CI=true" not in result.stdout.str()
+
+
+def test_cuda_skips_are_allowed_under_ci(pytester, monkeypatch):
+    code = """
+import pytest
+
+@pytest.mark.comfyui
+@pytest.mark.cuda
+def test_marked_cuda():
+    pytest.skip("no device here")
+
+@pytest.mark.server
+@pytest.mark.skipif(True, reason="needs CUDA (CPU-only machine)")
+def test_reason_says_cuda():
+    pass
+
+@pytest.mark.skipif(True, reason="ComfyUI requirements missing")
+def test_unmarked_skip_outside_the_required_folders():
+    pass
+"""
+    result = run(pytester, monkeypatch, "true", {"test_a.py": code})
+    result.assert_outcomes(skipped=3)
+    assert result.ret == pytest.ExitCode.OK
+
+
+def test_a_cuda_word_in_another_reason_is_not_an_excuse(pytester, monkeypatch):
+    code = """
+import pytest
+
+@pytest.mark.comfyui
+def test_broken_comfyui():
+    pytest.skip("Torch not compiled with CUDA enabled")
+"""
+    result = run(pytester, monkeypatch, "true", {"test_a.py": code})
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.mark.parametrize("marker", ["server", "browser"])
+def test_server_and_browser_markers_count(pytester, monkeypatch, marker):
+    code = f"""
+import pytest
+
+@pytest.mark.{marker}
+@pytest.mark.skipif(True, reason="Chromium not found")
+def test_x():
+    pass
+"""
+    result = run(pytester, monkeypatch, "true", {"test_a.py": code})
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["SKIPPED test_a.py::test_x: Chromium not found"])
+
+
+def test_integration_folder_counts_without_markers_even_when_the_module_skips_at_import(pytester, monkeypatch):
+    files = {
+        "tests/integration/test_mod.py": "import pytest\npytest.importorskip('no_such_module_jensen_kv')\n",
+        "tests/integration/test_fn.py": "import pytest\n\ndef test_x():\n    pytest.skip('gguf missing')\n",
+        "tests/test_elsewhere.py": "import pytest\n\ndef test_y():\n    pytest.skip('optional extra missing')\n",
+    }
+    result = run(pytester, monkeypatch, "true", files)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    assert "CI=true: 2 ComfyUI" in out
+    assert "SKIPPED tests/integration/test_mod.py: " in out and "no_such_module_jensen_kv" in out
+    assert "SKIPPED tests/integration/test_fn.py::test_x: gguf missing" in out
+    assert "SKIPPED tests/test_elsewhere.py::test_y" not in out  # the CI list's format; -rs writes "[1] path:line"
+
+
+def test_a_failing_run_keeps_its_own_exit_status(pytester, monkeypatch):
+    code = COMFYUI_SKIP + "\n\ndef test_fails():\n    assert False\n"
+    result = run(pytester, monkeypatch, "true", {"test_a.py": code})
+    result.assert_outcomes(passed=1, skipped=1, failed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+
+
+def test_xfail_is_not_a_skip(pytester, monkeypatch):
+    code = """
+import pytest
+
+@pytest.mark.comfyui
+@pytest.mark.xfail(reason="known")
+def test_x():
+    assert False
+"""
+    result = run(pytester, monkeypatch, "true", {"test_a.py": code})
+    result.assert_outcomes(xfailed=1)
+    assert result.ret == pytest.ExitCode.OK

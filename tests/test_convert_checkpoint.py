@@ -1,0 +1,225 @@
+"""tools/convert_checkpoint.py without ComfyUI: layouts, prefixes, dtypes, errors, refused pickles, atomic writes.
+
+The state dicts here are Wan-shaped stand-ins (the keys and shapes the checks read, tiny widths);
+``tests/integration/test_convert_checkpoint_comfyui.py`` converts a real tiny Wan and loads it through
+ComfyUI's own detection and loader.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from support.pack import load_tool
+
+cc = load_tool("convert_checkpoint")
+
+DIM = 8
+
+
+def fake_wan(seed: int = 0, in_channels: int = 16, layers: int = 2) -> dict[str, torch.Tensor]:
+    """Keys of a Wan 2.1 T2V diffusion model (ComfyUI names) with tiny random fp32 tensors."""
+    g = torch.Generator().manual_seed(seed)
+    sd = {"patch_embedding.weight": torch.randn(DIM, in_channels, 1, 2, 2, generator=g),
+          "patch_embedding.bias": torch.randn(DIM, generator=g),
+          "head.modulation": torch.randn(1, 2, DIM, generator=g),
+          "head.head.weight": torch.randn(16 * 4, DIM, generator=g)}
+    for i in range(layers):
+        for name in ("q", "k", "v", "o"):
+            sd[f"blocks.{i}.self_attn.{name}.weight"] = torch.randn(DIM, DIM, generator=g)
+        sd[f"blocks.{i}.ffn.0.weight"] = torch.randn(2 * DIM, DIM, generator=g)
+        sd[f"blocks.{i}.modulation"] = torch.randn(1, 6, DIM, generator=g)
+    return sd
+
+
+def prefixed(sd: dict, fn) -> dict:
+    return {fn(k): v for k, v in sd.items()}
+
+
+def fsdp_key(k: str) -> str:
+    """CausVid-style: FSDP around the model and around every block."""
+    if k.startswith("blocks."):
+        i, rest = k.split(".", 2)[1:]
+        return f"model._fsdp_wrapped_module.blocks.{i}._fsdp_wrapped_module.{rest}"
+    return f"model._fsdp_wrapped_module.{k}"
+
+
+def self_forcing(ema: dict, gen: dict) -> dict:
+    return {"generator_ema": prefixed(ema, lambda k: f"model.{k}"), "generator": prefixed(gen, lambda k: f"model.{k}"),
+            "critic": {"model.x": torch.zeros(1)}}
+
+
+@pytest.fixture(autouse=True)
+def _no_comfyui(monkeypatch):
+    """Pure tests: the CLI finds no ComfyUI and reports that only the key check ran."""
+    monkeypatch.setattr(cc, "find_comfyui", lambda explicit=None: None)
+
+
+def assert_converted(out: dict, ref: dict, dtype=torch.bfloat16):
+    assert sorted(out) == sorted(ref)
+    for k, v in ref.items():
+        assert out[k].dtype == dtype, k
+        assert out[k].is_contiguous(), k
+        assert torch.equal(out[k], v.to(dtype)), k
+
+
+@pytest.mark.parametrize("layout", ["self_forcing", "causvid", "bare", "bare_module_compiled"])
+def test_every_layout_converts_to_comfyui_keys(layout):
+    ema, gen = fake_wan(0), fake_wan(1)
+    state = {
+        "self_forcing": lambda: self_forcing(ema, gen),
+        "causvid": lambda: {"generator": prefixed(ema, fsdp_key)},
+        "bare": lambda: dict(ema),
+        "bare_module_compiled": lambda: prefixed(ema, lambda k: f"module._orig_mod.{k}"),
+    }[layout]()
+    assert_converted(cc.convert(state), ema)
+
+
+def test_auto_detection_prefers_the_ema_weights_and_key_picks_the_other():
+    ema, gen = fake_wan(0), fake_wan(1)
+    state = self_forcing(ema, gen)
+    assert cc.select_state_dict(state)[0] == "generator_ema"
+    assert_converted(cc.convert(state), ema)
+    assert_converted(cc.convert(state, key="generator"), gen)
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("fp16", torch.float16), ("fp32", torch.float32),
+                                               (torch.float16, torch.float16)])
+def test_dtype_is_cast_and_non_contiguous_inputs_come_out_contiguous(dtype, torch_dtype):
+    ema = fake_wan(0)
+    ema["blocks.0.self_attn.q.weight"] = torch.randn(DIM, DIM).t()  # a transposed view
+    assert not ema["blocks.0.self_attn.q.weight"].is_contiguous()
+    assert_converted(cc.convert({"generator": ema}, dtype=dtype), ema, torch_dtype)
+
+
+def test_integer_tensors_keep_their_dtype():
+    ema = fake_wan(0)
+    ema["blocks.0.counter"] = torch.arange(3)
+    out = cc.convert({"generator": ema})
+    assert out["blocks.0.counter"].dtype == torch.int64
+
+
+def test_unknown_structure_lists_the_top_level_keys():
+    state = {"optimizer": {"state": {}}, "step": 1200, "weights": [torch.zeros(1)]}
+    with pytest.raises(cc.ConversionError, match="unknown checkpoint structure") as e:
+        cc.convert(state)
+    msg = str(e.value)
+    assert "'optimizer' (dict" in msg and "'step' (int)" in msg and "'weights' (list)" in msg and "--key" in msg
+
+
+def test_a_bad_key_names_the_keys_available():
+    state = self_forcing(fake_wan(0), fake_wan(1))
+    with pytest.raises(cc.ConversionError, match="--key 'ema' is not in the checkpoint") as e:
+        cc.convert(state, key="ema")
+    assert "'generator_ema' (dict of" in str(e.value) and "'generator' (dict of" in str(e.value)
+    with pytest.raises(cc.ConversionError, match=r"--key 'step' is not a state dict of tensors \(int\)"):
+        cc.convert({"step": 3, "generator": fake_wan(0)}, key="step")
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda sd: sd.pop("head.modulation"), "head.modulation missing"),
+    (lambda sd: sd.pop("blocks.0.self_attn.q.weight"), r"blocks\.0\.self_attn\.q\.weight missing"),
+    (lambda sd: sd.update({"img_emb.proj.0.bias": torch.zeros(4)}), "not text-to-video.*img_emb"),
+    (lambda sd: sd.update({"patch_embedding.weight": torch.zeros(DIM, 36, 1, 2, 2)}), "36 input channels"),
+])
+def test_the_wan_t2v_key_check_refuses_other_models(mutate, match):
+    sd = fake_wan(0)
+    mutate(sd)
+    with pytest.raises(cc.ConversionError, match=match):
+        cc.convert({"generator": sd})
+
+
+def test_two_keys_that_collide_once_stripped_are_refused():
+    sd = fake_wan(0)
+    state = {**prefixed(sd, lambda k: f"model.{k}"), "head.modulation": torch.zeros(1, 2, DIM)}
+    with pytest.raises(cc.ConversionError, match="both become 'head.modulation'"):
+        cc.convert(state)
+
+
+def test_a_component_named_model_inside_a_key_is_kept():
+    assert list(cc.strip_wrappers({"model.blocks.0.model.w": torch.zeros(1)})) == ["blocks.0.model.w"]
+
+
+# ----------------------------------------------------------------------------- the command line
+def test_cli_writes_a_safetensors_file_with_the_cast_weights(tmp_path, capsys):
+    ema, gen = fake_wan(0), fake_wan(1)
+    src, out = tmp_path / "self_forcing_dmd.pt", tmp_path / "models" / "sf.safetensors"
+    torch.save(self_forcing(ema, gen), src)
+    assert cc.main([str(src), str(out)]) == 0
+    assert_converted(load_file(str(out)), ema)
+    with safe_open(str(out), "pt") as f:
+        meta = f.metadata()
+    assert meta["source_key"] == "generator_ema" and meta["dtype"] == "bf16"
+    text = capsys.readouterr().out
+    assert "from 'generator_ema' of self_forcing_dmd.pt" in text and "ComfyUI detection: skipped" in text
+    assert sorted(p.name for p in out.parent.iterdir()) == ["sf.safetensors"]  # no temporary file left
+
+
+def test_cli_refuses_to_overwrite_unless_asked(tmp_path, capsys):
+    src, out = tmp_path / "in.pt", tmp_path / "out.safetensors"
+    torch.save({"generator": fake_wan(0)}, src)
+    out.write_bytes(b"keep me")
+    assert cc.main([str(src), str(out)]) == 2
+    assert "exists; pass --overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == b"keep me"
+    assert cc.main([str(src), str(out), "--overwrite", "--dtype", "fp32"]) == 0
+    assert_converted(load_file(str(out)), fake_wan(0), torch.float32)
+
+
+def test_cli_reports_an_unknown_structure_and_writes_nothing(tmp_path, capsys):
+    src, out = tmp_path / "in.pt", tmp_path / "out.safetensors"
+    torch.save({"net": {"a": torch.zeros(1), "b": 3}, "epoch": 4}, src)
+    assert cc.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown checkpoint structure" in err and "'net' (dict of 2 entries, 1 tensors)" in err and "'epoch'" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.pt"]
+
+
+class _Payload:
+    """Unpickling this would create a file: what an attacker's checkpoint could do instead."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_with_an_arbitrary_object_is_refused_and_never_executed(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    src, out = tmp_path / "evil.pt", tmp_path / "out.safetensors"
+    torch.save({"generator": fake_wan(0), "extra": _Payload(marker)}, src)
+    assert not marker.exists()
+    assert cc.main([str(src), str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds Python objects other than tensors" in err and "could run arbitrary code" in err
+    assert "open" in err  # names the refused global
+    assert not marker.exists() and not out.exists()
+
+
+def test_a_file_that_is_no_torch_checkpoint_gets_an_error(tmp_path, capsys):
+    src = tmp_path / "notes.pt"
+    src.write_text("hello")
+    assert cc.main([str(src), str(tmp_path / "o.safetensors")]) == 2
+    assert "could not read" in capsys.readouterr().err
+
+
+def test_a_failure_while_writing_leaves_neither_a_partial_file_nor_a_temporary_one(tmp_path, monkeypatch):
+    import safetensors.torch
+
+    src, out = tmp_path / "in.pt", tmp_path / "out.safetensors"
+    torch.save({"generator": fake_wan(0)}, src)
+    out.write_bytes(b"previous version")
+
+    def half_write(sd, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"\0" * 100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", half_write)
+    with pytest.raises(OSError, match="No space left"):
+        cc.main([str(src), str(out), "--overwrite"])
+    assert out.read_bytes() == b"previous version"
+    assert sorted(os.listdir(tmp_path)) == ["in.pt", "out.safetensors"]
