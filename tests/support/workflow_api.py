@@ -1,0 +1,51 @@
+"""Turn a UI-format workflow (workflows/*.json) into the API prompt the front end would queue.
+
+What the front end does on Queue: every node except front-end-only ones (Note, Reroute, ...) and
+muted/bypassed ones becomes ``{"class_type", "inputs"}``; widget values are mapped to input names in
+the order of ``/object_info``'s ``input_order`` (a seed's control_after_generate value is skipped);
+links become ``[origin_id, origin_slot]``.
+"""
+from __future__ import annotations
+
+FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+
+
+def _widget_names(info: dict) -> list[tuple[str, bool]]:
+    """(input name, has a control_after_generate value) for every widget input, in order."""
+    order = [*info["input_order"].get("required", []), *info["input_order"].get("optional", [])]
+    specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+    out = []
+    for name in order:
+        spec = specs[name]
+        kind = "COMBO" if isinstance(spec[0], list) else spec[0]
+        opts = spec[1] if len(spec) > 1 else {}
+        if kind not in WIDGET_TYPES or opts.get("forceInput"):
+            continue
+        control = bool(opts.get("control_after_generate")) or (kind == "INT" and name in ("seed", "noise_seed"))
+        out.append((name, control))
+    return out
+
+
+def ui_to_api(wf: dict, object_info: dict, overrides: dict | None = None) -> dict:
+    """The API prompt of ``wf``; ``overrides`` = {node_id: {input: value}} replaces widget values."""
+    links = {lk[0]: lk for lk in wf["links"]}
+    prompt = {}
+    for node in wf["nodes"]:
+        if node["type"] in FRONTEND_ONLY or node.get("mode", 0) in (2, 4):
+            continue
+        info = object_info[node["type"]]
+        inputs = {}
+        values = list(node.get("widgets_values") or [])
+        i = 0
+        for name, control in _widget_names(info):
+            if i < len(values):
+                inputs[name] = values[i]
+            i += 2 if control else 1
+        for inp in node.get("inputs", []):
+            if inp.get("link") is not None:
+                lk = links[inp["link"]]
+                inputs[inp["name"]] = [str(lk[1]), lk[2]]
+        inputs.update((overrides or {}).get(node["id"], {}))
+        prompt[str(node["id"])] = {"class_type": node["type"], "inputs": inputs}
+    return prompt
