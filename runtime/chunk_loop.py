@@ -88,6 +88,7 @@ class ChunkedARResult:
     seconds_per_chunk: list[float] = field(default_factory=list)
     denoise_seconds: list[float] = field(default_factory=list)
     state: RunState | None = None
+    cache_bytes_after_write: list[int] = field(default_factory=list)  # every (layer, branch) cache, per write
 
 
 class Timeline:
@@ -270,6 +271,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     pbar = comfy.utils.ProgressBar(plan.chunks * steps) if progress else None
     memory_request = None
     state = None
+    bytes_after_write: list[int] = []
 
     def write(chunk_index: int, frame_offset: int, clean, prompt, record: bool = True) -> None:
         """One cache-writing forward of ``clean`` (LATENT frames of one chunk) under ``prompt``."""
@@ -282,6 +284,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
         comfy.sample.sample_custom(work, ctx, cfg, write_sampler, write_sigmas, prompt, negative, clean,
                                    disable_pbar=True, seed=chunk_seed(seed, chunk_index, SAMPLER_STREAM))
         run.end_write()
+        bytes_after_write.append(sum(c.nbytes for c in run.caches.values()))
         if record:
             timeline.add(RetainedChunk(chunk_index, frame_offset, clean.detach().to("cpu").clone()))
 
@@ -371,7 +374,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     if prefix_latent is not None and include_prefix:
         samples_out = torch.cat([prefix_latent.to(out.dtype), out], dim=2)
     return ChunkedARResult(samples=samples_out, report=report, seconds_per_chunk=seconds,
-                           denoise_seconds=denoise_seconds, state=state)
+                           denoise_seconds=denoise_seconds, state=state, cache_bytes_after_write=bytes_after_write)
 
 
 def _write_once(model, x, sigmas, extra_args=None, callback=None, disable=None):
