@@ -121,7 +121,7 @@ def recache(args, loop, nodes) -> None:
             outs[mode] = tv.from_wan_latent(res.samples[0])
             mass[mode].append(w.first_after)
             if mode == "on":
-                for (layer, chunk), ks in w.writes.items():
+                for (layer, _chunk), ks in w.writes.items():
                     if len(ks) == 2:  # written under the old prompt, then re-cached under the new one
                         key_change.setdefault(layer, []).append(float((ks[1] - ks[0]).norm() / ks[0].norm()))
         after = slice(3 * switch, None)
