@@ -12,7 +12,7 @@ WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
 
 def _widget_names(info: dict) -> list[tuple[str, bool]]:
-    """(input name, has a control_after_generate value) for every widget input, in order."""
+    """(input name, followed by an extra front-end value: control_after_generate or an upload button)."""
     order = [*info["input_order"].get("required", []), *info["input_order"].get("optional", [])]
     specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
     out = []
@@ -23,7 +23,8 @@ def _widget_names(info: dict) -> list[tuple[str, bool]]:
         if kind not in WIDGET_TYPES or opts.get("forceInput"):
             continue
         control = bool(opts.get("control_after_generate")) or (kind == "INT" and name in ("seed", "noise_seed"))
-        out.append((name, control))
+        upload = any(opts.get(k) for k in ("image_upload", "video_upload", "audio_upload"))  # an upload button value
+        out.append((name, control or upload))
     return out
 
 

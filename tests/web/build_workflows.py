@@ -23,10 +23,9 @@ from support.browser import (  # noqa: E402
     launch_chromium,
     open_comfyui,
     write_frontend_settings,
-    write_placeholder_models,
 )
 from support.comfyui import PACK_ROOT, ComfyServer, find_comfyui, make_base_dir  # noqa: E402
-from workflow_specs import BUILD_JS, MODEL_FILES, WORKFLOWS  # noqa: E402
+from workflow_specs import BUILD_JS, WORKFLOWS, write_placeholder_files  # noqa: E402
 
 
 def main() -> int:
@@ -42,7 +41,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = make_base_dir(Path(tmp))
         write_frontend_settings(base)
-        write_placeholder_models(base, MODEL_FILES)
+        write_placeholder_files(base)
         with ComfyServer(comfy, base) as server, sync_playwright() as p:
             browser = launch_chromium(p)
             page = browser.new_page()

@@ -17,10 +17,9 @@ from support.browser import (
     launch_chromium,
     open_comfyui,
     write_frontend_settings,
-    write_placeholder_models,
 )
 from support.comfyui import PACK_ROOT, SKIP_REASON, TEST_NODES_DIR, ComfyServer, find_comfyui, make_base_dir
-from workflow_specs import BUILD_JS, MODEL_FILES, TINY_UNET, tiny_workflow
+from workflow_specs import BUILD_JS, TINY_UNET, tiny_workflow, write_placeholder_files
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.server, pytest.mark.browser, pytest.mark.slow]
 
@@ -112,7 +111,7 @@ def ui(tmp_path_factory):
     base = make_base_dir(tmp_path_factory.mktemp("comfy_base"),
                          extra_custom_nodes=[TEST_NODES_DIR] if (TEST_NODES_DIR / "__init__.py").is_file() else [])
     write_frontend_settings(base)
-    write_placeholder_models(base, MODEL_FILES)
+    write_placeholder_files(base)
     tiny_checkpoint = write_tiny_checkpoint(base)
     errors: list[str] = []
     with ComfyServer(comfy, base) as server, sync_playwright() as p:

@@ -12,9 +12,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from support.browser import write_placeholder_models
 from support.comfyui import PACK_ROOT, SKIP_REASON, ComfyServer, find_comfyui, make_base_dir
-from workflow_specs import MODEL_FILES, WORKFLOWS
+from workflow_specs import BUNDLED_MODELS, MODEL_FILES, STORY_CACHE, WORKFLOWS, write_placeholder_files
 
 WORKFLOW_DIR = PACK_ROOT / "workflows"
 FILES = sorted(WORKFLOW_DIR.glob("*.json"))
@@ -23,6 +22,7 @@ WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CLIPLoader": "text_encoders", "VAELoader": "vae"}
 SAMPLERS = {"JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"}
+UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload")
 
 
 def load(path: Path) -> dict:
@@ -80,6 +80,8 @@ def widget_values(node: dict, info: dict) -> dict:
         i += 1
         if opts.get("control_after_generate") or (kind == "INT" and name in ("seed", "noise_seed")):
             out[f"{name}:control_after_generate"] = values[i]
+            i += 1
+        if any(opts.get(k) for k in UPLOAD_FLAGS):  # the front end's upload button serializes a value too
             i += 1
     assert i == len(values), f"{node['type']} #{node['id']}: {len(values) - i} widget value(s) left over: {values[i:]}"
     return out
@@ -163,7 +165,7 @@ def validate(wf: dict, object_info: dict) -> list[str]:
 
 
 # ------------------------------------------------------------------------------ offline checks
-def test_the_three_workflows_are_shipped():
+def test_every_workflow_spec_is_shipped():
     names = {p.stem for p in FILES}
     assert names == {spec["name"] for spec in WORKFLOWS}, "run: python tests/web/build_workflows.py"
 
@@ -178,35 +180,88 @@ def test_ui_format_and_note_names_every_model_file(path):
     for t, folder in LOADER_FOLDERS.items():
         for node in g.of_type(t):
             name = node["widgets_values"][0]
+            if name in BUNDLED_MODELS.get(folder, ()):
+                assert "bundled" in note and "models/tiny_ar" in note, f"the Note does not say where {name} comes from"
+                continue
             assert name in MODEL_FILES[folder], f"{t} uses {name!r}, not a file listed in MODEL_FILES[{folder!r}]"
             assert f"models/{folder}/{name}" in note, f"the Note does not say models/{folder}/{name}"
     for node in g.of_type("CLIPLoader"):
         assert node["widgets_values"][1] == "wan", "the umt5 text encoder loads with CLIPLoader type 'wan'"
-    assert g.of_type("SaveVideo"), "each workflow saves a video"
+    assert g.of_type("SaveVideo") or g.of_type("SaveAnimatedWEBP"), "each workflow saves a video"
 
 
-def test_self_forcing_is_int2_jensen_few_step_3_frame_chunks_cfg1():
-    g = Graph(by_name("jensen_kv_self_forcing_t2v_int2_jensen"))
+def _sampler_widgets(g: Graph, node: dict) -> dict:
+    """The sampler's widget values by name (required ones, then the optional ones added later)."""
+    names = ["seed", "control", "cfg", "chunk_frames", "window_chunks", "context_noise", "sink_chunks",
+             "include_prefix", "recache_on_switch"]
+    if node["type"] == "JensenKVChunkedARSamplerSimple":
+        names = ["seed", "control", "steps", "cfg", "sampler_name", "scheduler", *names[3:]]
+    return dict(zip(names, node["widgets_values"]))
+
+
+@pytest.mark.parametrize("name,preset,steps", [("jensen_kv_self_forcing_t2v_int2_jensen", "self_forcing_4step", 4),
+                                               ("jensen_kv_causvid_t2v_int2_jensen", "causvid_3step", 3)])
+def test_few_step_workflows_use_their_reference_schedule(name, preset, steps):
+    g = Graph(by_name(name))
     (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
     assert g.model_chain(sampler)[:2] == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache"]
     (quant,) = g.of_type("JensenKVQuantizeKVCache")
     assert quant["widgets_values"][:2] == ["2", "2"]
     (jensen,) = g.of_type("JensenKVBiasCorrection")
     assert jensen["widgets_values"][0] == "taylor"
-    seed, control, cfg, chunk, window, noise = sampler["widgets_values"]
-    assert (cfg, chunk, control) == (1, 3, "fixed")
+    w = _sampler_widgets(g, sampler)
+    assert (w["cfg"], w["chunk_frames"], w["control"]) == (1, 3, "fixed")
     sched = g.upstream(sampler, "sigmas")
-    assert sched["type"] == "BasicScheduler" and sched["widgets_values"][1] <= 8, "a few-step schedule"
+    assert sched["type"] == "JensenKVARSchedule" and sched["widgets_values"][0] == preset
     assert g.upstream(sampler, "sampler")["widgets_values"] == ["lcm"]
+    note = g.note_text()
+    assert {"self_forcing_4step": "t = 1000, 937.5, 833.3, 625", "causvid_3step": "t = 1000, 757, 522"}[preset] in note
+    assert "convert_checkpoint.py" in note
 
 
-def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt():
+def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt_and_full_unipc_sigmas():
     g = Graph(by_name("jensen_kv_skyreels_v2_df_cfg_int2_jensen"))
     (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
-    assert sampler["widgets_values"][3] > 1, "cfg > 1: both CFG branches cached"
+    assert sampler["type"] == "JensenKVChunkedARSampler", "the KSampler-style node would drop UniPC's penultimate sigma"
+    assert _sampler_widgets(g, sampler)["cfg"] > 1, "cfg > 1: both CFG branches cached"
     neg = g.upstream(sampler, "negative")
     assert neg["type"] == "CLIPTextEncode" and neg["widgets_values"][0].strip()
     assert g.model_chain(sampler)[:2] == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache"]
+    assert g.upstream(sampler, "sampler")["widgets_values"] == ["uni_pc_bh2"]
+    sched = g.upstream(sampler, "sigmas")
+    assert sched["type"] == "BasicScheduler" and sched["widgets_values"][:2] == ["simple", 30]
+    assert g.upstream(sched, "model")["type"] == "ModelSamplingSD3"
+    note = g.note_text()
+    for fact in ("causal, sequential mode", "addnoise_condition", "fps embedding", "0.216"):
+        assert fact in note, fact
+
+
+def test_long_video_workflows_wire_what_they_promise():
+    story = Graph(by_name("jensen_kv_story_prompt_schedule_int2_jensen"))
+    (sampler,) = [n for n in story.wf["nodes"] if n["type"] in SAMPLERS]
+    starts, n = [], story.upstream(sampler, "positive")
+    while n is not None and n["type"] == "JensenKVPromptSchedule":
+        starts.append(n["widgets_values"][0])
+        n = story.upstream(n, "schedule")
+    assert sorted(starts) == [0, 5, 10]
+    w = _sampler_widgets(story, sampler)
+    assert (w["window_chunks"], w["sink_chunks"]) == (6, 1)
+    (save,) = story.of_type("JensenKVSaveKVCache")
+    assert story.upstream(save, "kv_cache")["id"] == sampler["id"]
+    assert STORY_CACHE.split("/")[-1].startswith(save["widgets_values"][0].split("/")[-1])
+    cont = Graph(by_name("jensen_kv_continue_saved_kv_cache"))
+    (sampler,) = [n for n in cont.wf["nodes"] if n["type"] in SAMPLERS]
+    load = cont.upstream(sampler, "kv_cache")
+    assert load["type"] == "JensenKVLoadKVCache" and load["widgets_values"][0] == STORY_CACHE
+    cw = _sampler_widgets(cont, sampler)
+    assert (cw["chunk_frames"], cw["window_chunks"], cw["sink_chunks"]) == (3, 6, 1)  # as the story saved it
+    for name in ("jensen_kv_extend_clip_self_forcing", "jensen_kv_extend_clip_skyreels_v2_df"):
+        g = Graph(by_name(name))
+        (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
+        enc = g.upstream(sampler, "prefix")
+        assert enc["type"] == "VAEEncode"
+        assert g.upstream(g.upstream(g.upstream(enc, "pixels"), "image"), "video")["type"] == "LoadVideo"
+        assert _sampler_widgets(g, sampler)["include_prefix"] is True
 
 
 def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():
@@ -236,7 +291,7 @@ def object_info():
         pytest.skip(SKIP_REASON)
     with tempfile.TemporaryDirectory() as tmp:
         base = make_base_dir(Path(tmp))
-        write_placeholder_models(base, MODEL_FILES)  # so the loaders' file combos list the names
+        write_placeholder_files(base)  # so the loaders' file combos list the names
         with ComfyServer(comfy, base) as server:
             info = server.get("/object_info")
             info["__templates__"] = server.get("/api/workflow_templates")

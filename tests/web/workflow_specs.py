@@ -12,14 +12,39 @@ from __future__ import annotations
 VAE = "wan_2.1_vae.safetensors"
 TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 SELF_FORCING = "self_forcing_dmd.safetensors"
+CAUSVID = "causvid_autoregressive_3step.safetensors"
 SKYREELS_DF = "Wan2_1-SkyReels-V2-DF-1_3B-540P_fp32.safetensors"
+TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_ar), listed by Load Diffusion Model
+CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
+STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
 
 # folder (under ComfyUI/models) -> files the workflows name
 MODEL_FILES: dict[str, tuple[str, ...]] = {
-    "diffusion_models": (SELF_FORCING, SKYREELS_DF),
+    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF),
     "text_encoders": (TEXT_ENCODER,),
     "vae": (VAE,),
 }
+#: shipped with the pack, not downloaded: the Note says where it is
+BUNDLED_MODELS: dict[str, tuple[str, ...]] = {"diffusion_models": (TINY_AR,)}
+
+
+def write_placeholder_files(base) -> None:
+    """What the workflows' file widgets name, so the combos list them: model files, the clip, a KV cache."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+    from support.browser import write_placeholder_models
+
+    base = Path(base)
+    write_placeholder_models(base, MODEL_FILES)
+    (base / "input").mkdir(parents=True, exist_ok=True)
+    (base / "input" / CLIP_IN).touch()
+    cache = base / STORY_CACHE
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    save_file({"placeholder": torch.zeros(1)}, str(cache), metadata={"format": "jensen_kv_run_state"})
+
 
 _COMMON_FILES = f"""Model files (put them under ComfyUI/models/, then press R to refresh the loaders):
 - models/text_encoders/{TEXT_ENCODER}
@@ -28,41 +53,80 @@ _COMMON_FILES = f"""Model files (put them under ComfyUI/models/, then press R to
   from Comfy-Org/Wan_2.1_ComfyUI_repackaged (split_files/vae)."""
 
 _SELF_FORCING_FILE = f"""- models/diffusion_models/{SELF_FORCING}
-  Self-Forcing (Wan 2.1 T2V 1.3B, chunk-wise causal): gdhe17/Self-Forcing ships checkpoints/self_forcing_dmd.pt;
-  save its "generator_ema" state dict as a .safetensors with this name (ComfyUI loads it as wan2.1).
-  CausVid works the same way: tianweiy/CausVid autoregressive_checkpoint/model.pt, its "generator" state dict;
-  pick that file in Load Diffusion Model instead."""
+  Self-Forcing (Wan 2.1 T2V 1.3B, chunk-wise causal): gdhe17/Self-Forcing ships checkpoints/self_forcing_dmd.pt.
+  Convert its EMA generator once (never unpickles code, checks the result is detected as Wan 2.1 T2V):
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py self_forcing_dmd.pt \\
+        models/diffusion_models/{SELF_FORCING} --key generator_ema"""
+
+_CAUSVID_FILE = f"""- models/diffusion_models/{CAUSVID}
+  CausVid (tianweiy/CausVid, autoregressive_checkpoint/model.pt, the released 3-step model). Convert it:
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py model.pt \\
+        models/diffusion_models/{CAUSVID} --key generator"""
+
+_SKYREELS_FILE = f"""- models/diffusion_models/{SKYREELS_DF}
+  from Kijai/WanVideo_comfy (Skyreels/ folder), or Skywork/SkyReels-V2-DF-1.3B-540P converted to one
+  .safetensors; ComfyUI detects it as wan2.1. ComfyUI drops DF-1.3B's fps embedding when it loads it
+  (the log says "unet unexpected: ... fps_embedding ..."): expected, the T2V path does not use it."""
 
 _PLANNER_TIP = """Before you press Run: the Quantize KV Cache node shows the effective bits and, under
 "Memory planner", the projected peak cache size at BF16 and at the chosen setting (it follows this
-workflow's latent size, chunk, window and cfg; pick the model preset or type layers/heads/head_dim).
+workflow's latent size, chunk, window, sink and cfg; pick the model preset or type layers/heads/head_dim).
 After the run the sampler shows what the cache really cost and the seconds per chunk."""
 
-NOTE_SELF_FORCING = f"""Self-Forcing / CausVid text-to-video with a 2-bit KV cache + Jensen bias correction
+_SCHEDULE_SF = """Schedule: AR Video Schedule, preset self_forcing_4step: Self-Forcing's denoising steps
+[1000, 750, 500, 250] warped with shift 5, i.e. the model sees t = 1000, 937.5, 833.3, 625 (sigma =
+t / 1000; the last step goes to 0). LCM sampler: predict x0, then re-noise with fresh noise, as
+Self-Forcing does; every chunk and every step draws its own noise from the seed."""
+
+_SKYREELS_MODE = """What this runs of SkyReels-V2 DF: the causal, sequential mode - block-causal attention with
+causal_block_size = chunk_frames, every chunk fully denoised before the next (ar_step >= steps,
+addnoise_condition 0). That is the only DF mode in which a cache of finished chunks exists, and the
+one the KV-cache results need; the asynchronous mode (several chunks at different noise levels at
+once) is not supported. Units: the sampler's context_noise is a sigma (0..1); the reference's
+addnoise_condition is a timestep t (0..1000): addnoise_condition 20 = context_noise 0.02.
+Sampling: KSamplerSelect uni_pc_bh2 (closest to the reference's FlowUniPC, bh2; ComfyUI's runs
+order 3, the reference order 2) with BasicScheduler simple, 30 steps, on ModelSamplingSD3 shift 8:
+its last non-zero sigma is 0.2197 against the reference's 0.216 (AR Video Schedule's skyreels_v2_df
+preset gives the reference's sigmas exactly). Do not use the KSampler-style sampler node here: it
+drops the penultimate sigma for UniPC (last non-zero sigma 0.357)."""
+
+NOTE_SELF_FORCING = f"""Self-Forcing text-to-video with a 2-bit KV cache + Jensen bias correction
 
 Wan 2.1 T2V 1.3B, chunk-wise autoregressive: 832x480, 81 frames = 21 latent frames, generated
-3 latent frames per chunk (7 chunks). Few-step schedule of Self-Forcing: shift 5, 4 steps
-(t = 1000, 750, 500, 250), LCM sampler (predict x0, re-noise), cfg 1 (one CFG branch cached).
+3 latent frames per chunk (7 chunks), cfg 1 (one CFG branch cached).
+{_SCHEDULE_SF}
 The KV cache of finished chunks is stored in INT2 (group 32, FP8 scales: 2.75 bits/element,
 5.8x smaller than BF16) and the Jensen bias correction removes the attention shift that
-quantized keys cause.
+quantized keys cause. CausVid has its own schedule: use the CausVid workflow.
 
 {_COMMON_FILES}
 {_SELF_FORCING_FILE}
 
 {_PLANNER_TIP}"""
 
+NOTE_CAUSVID = f"""CausVid text-to-video (the released 3-step checkpoint) with INT2 + Jensen
+
+CausVid's schedule is not Self-Forcing's: the released autoregressive checkpoint was distilled for
+t = 1000, 757, 522 without warp (AR Video Schedule, preset causvid_3step). Its warp-4step config
+uses shift 8 instead (t = 1000, 960, 888.9, 727.3: preset causvid_warp_4step) - pick the preset
+that matches the checkpoint you converted. 832x480, 81 frames, 3 latent frames per chunk, LCM
+(predict x0, re-noise with fresh noise), cfg 1.
+
+{_COMMON_FILES}
+{_CAUSVID_FILE}
+
+{_PLANNER_TIP}"""
+
 NOTE_SKYREELS = f"""SkyReels-V2 Diffusion Forcing (1.3B, 540P) with cfg 6: both CFG branches cached in INT2 + Jensen
 
 Wan 2.1 T2V architecture, 960x544, 97 frames = 25 latent frames, 5 latent frames per chunk
-(5 chunks), 30 UniPC steps per chunk with shift 8 and cfg 6. With cfg > 1 the sampler keeps a
-second cache for the negative (uncond) branch, so the cache costs twice as much: the planner on
-Quantize KV Cache shows "cfg branches 2".
+(5 chunks), cfg 6. With cfg > 1 the sampler keeps a second cache for the negative (uncond) branch,
+so the cache costs twice as much: the planner on Quantize KV Cache shows "cfg branches 2".
+
+{_SKYREELS_MODE}
 
 {_COMMON_FILES}
-- models/diffusion_models/{SKYREELS_DF}
-  from Kijai/WanVideo_comfy (Skyreels/ folder), or Skywork/SkyReels-V2-DF-1.3B-540P converted to
-  one .safetensors; ComfyUI detects it as wan2.1.
+{_SKYREELS_FILE}
 
 {_PLANNER_TIP}"""
 
@@ -74,11 +138,77 @@ Three Chunked AR samplers share the model, prompt, latent, schedule and seed (42
   right  - INT2 + Jensen: Quantize KV Cache -> Jensen Bias Correction (taylor, strength 1).
 The three decoded videos are stitched side by side into one video (jensen_kv/ab_*.mp4).
 Each sampler reports its cache size and seconds per chunk on the node.
+{_SCHEDULE_SF}
 
 {_COMMON_FILES}
 {_SELF_FORCING_FILE}
 
 {_PLANNER_TIP}"""
+
+NOTE_STORY = f"""A story in one video: the prompt changes at chunks 0, 5 and 10 (Self-Forcing, INT2 + Jensen)
+
+Three CLIPTextEncode prompts chained through Prompt Schedule nodes (start_chunk 0, 5, 10) go to the
+sampler's positive. 832x480, 161 frames = 41 latent frames = 14 chunks of 3, cache window 6 chunks
+plus an attention sink of 1 (the first chunk stays cached for the whole video; Self-Forcing's
+local_attn_size = (sink + window + 1) x 3 = 24 latent frames, sink_size = 3). On each switch the
+sampler re-caches the chunks it keeps under the new prompt (LongLive's re-cache; recache_on_switch
+under the sampler's advanced inputs turns it off). The report says where each prompt started.
+The sampler's kv_cache output goes to Save KV Cache ({STORY_CACHE}):
+open "continue from a saved KV cache" to go on with this video later.
+{_SCHEDULE_SF}
+
+{_COMMON_FILES}
+{_SELF_FORCING_FILE}"""
+
+NOTE_CONTINUE = f"""Continue a saved video later: Load KV Cache -> the same sampler settings -> more chunks
+
+Load KV Cache reads a file Save KV Cache wrote (here the story workflow's {STORY_CACHE}):
+every layer's quantized K/V, the sink, the next frame for RoPE, the prompt it ended with, and a
+fingerprint of the model. The sampler continues at that chunk: with the same seed, the chunks equal
+what one longer run would have made, bit for bit. It refuses a cache made with another model, a
+different Quantize KV Cache setting, chunk length, window, sink or video size, and says which.
+The new frames only are decoded here (the earlier ones are in the first run's video).
+Pick a new prompt: the sampler re-caches the kept chunks under it before the first new chunk.
+
+{_COMMON_FILES}
+{_SELF_FORCING_FILE}"""
+
+NOTE_EXTEND_SF = f"""Extend a clip with Self-Forcing (INT2 + Jensen): any video as the start, new frames after it
+
+Load Video (ComfyUI/input/{CLIP_IN}: put your clip there or pick another) -> frames scaled to 832x480
+-> VAE Encode -> the sampler's prefix: the clip's latent frames are written into the KV cache as the
+first chunks (prefill), and generation continues after them. include_prefix (advanced) puts the clip
+in front of the output, so the saved video is clip + continuation. Self-Forcing's "extend" (issue 39
+of its repository) is exactly this: the clip stands where the earlier chunks would be.
+{_SCHEDULE_SF}
+
+{_COMMON_FILES}
+{_SELF_FORCING_FILE}"""
+
+NOTE_EXTEND_SKYREELS = f"""Extend a clip with SkyReels-V2 DF (cfg 6, INT2 + Jensen): SkyReels' video extension
+
+Load Video (ComfyUI/input/{CLIP_IN}) -> frames scaled to 960x544 -> VAE Encode -> the sampler's
+prefix: the clip becomes the first chunks of the cache and the model continues it, like
+SkyReels-V2's video-extension mode (its prefix_video, with addnoise_condition 0).
+
+{_SKYREELS_MODE}
+
+{_COMMON_FILES}
+{_SKYREELS_FILE}"""
+
+NOTE_TINY = """Try it on any CPU: the pack's tiny trained AR model, one seed through three caches
+
+jensen-kv-tiny-ar is a 6M-parameter Wan 2.1 model (2 heads x 128, 4 blocks) trained by this pack on
+synthetic latent videos: coloured balls that bounce and occlude over a panning texture
+(custom_nodes/comfyui-jensen-kv/models/tiny_ar, bundled: Load Diffusion Model lists it, nothing to
+download). It knows six prompts (Tiny AR Prompt) and needs no text encoder and no VAE (Tiny AR
+Decode maps its latents to colours). 128x128 pixels (16x16 latents), 24 latent frames = 8 chunks
+of 3, cache window 3 chunks (its training window), 8 euler steps with shift 3, seed 42.
+  left   - full-precision cache (no patch nodes);
+  middle - INT2 cache (group 32, QuaRot): quantized keys steal attention;
+  right  - INT2 + Jensen bias correction.
+Saved side by side as an animated WEBP (jensen_kv/tiny_ab_*.webp). It runs in under a minute on 2
+CPU cores. A proxy with learned attention - not a substitute for Wan."""
 
 PROMPT = ("A red fox trotting through fresh snow in a birch forest at golden hour, soft light, "
           "shallow depth of field, the camera tracking alongside it")
@@ -86,6 +216,11 @@ PROMPT_SKYREELS = ("A sailboat gliding across a calm turquoise bay, gentle waves
                    "cinematic wide shot, late afternoon sun")
 NEGATIVE = ("blurry, low quality, distorted, overexposed, static, jpeg artifacts, extra limbs, "
             "deformed, watermark, text, subtitles")
+STORY = (
+    ("A lighthouse on a rocky coast at dawn, calm sea, soft pink light, seagulls circling", "dawn"),
+    ("The same lighthouse as storm clouds roll in, wind whipping the waves against the rocks", "storm"),
+    ("The lighthouse beam sweeping through heavy rain at night, waves crashing, lightning", "night storm"),
+)
 
 
 def _n(key, type_, col, widgets=None, title=None, size=None, color=None, bgcolor=None, align=None, below=None):
@@ -100,10 +235,11 @@ def _note(text, size=(560, 640)):
               color="#432", bgcolor="#653")
 
 
-def _loaders(unet=SELF_FORCING, shift=5.0):
-    return [
-        _n("unet", "UNETLoader", 1, {"unet_name": unet, "weight_dtype": "default"}, size=[340, 90]),
-        _n("shift", "ModelSamplingSD3", 1, {"shift": shift}),
+def _loaders(unet=SELF_FORCING, shift=None):
+    nodes = [_n("unet", "UNETLoader", 1, {"unet_name": unet, "weight_dtype": "default"}, size=[340, 90])]
+    if shift is not None:
+        nodes.append(_n("shift", "ModelSamplingSD3", 1, {"shift": shift}))
+    return nodes + [
         _n("clip", "CLIPLoader", 1, {"clip_name": TEXT_ENCODER, "type": "wan", "device": "default"}, size=[340, 110]),
         _n("vae", "VAELoader", 1, {"vae_name": VAE}, size=[340, 60]),
     ]
@@ -112,34 +248,31 @@ def _loaders(unet=SELF_FORCING, shift=5.0):
 QUANT_INT2 = {"key_bits": "2", "value_bits": "2", "group_size": "32", "rotation": "hadamard",
               "scale_format": "fp8_e4m3", "rotation_seed": 0}
 JENSEN_TAYLOR = {"mode": "taylor", "strength": 1.0}
+SF_SCHEDULE = {"preset": "self_forcing_4step", "steps": 30, "shift": 8.0, "manual": "1, 0.757, 0.522"}
+SAMPLER_SF = {"seed": 42, "control_after_generate": "fixed", "cfg": 1.0, "chunk_frames": 3, "window_chunks": 0,
+              "context_noise": 0.0, "sink_chunks": 0, "include_prefix": True, "recache_on_switch": True}
 
 
-def _self_forcing() -> dict:
+def _few_step(unet, note, name, schedule, prefix_out, title):
     nodes = [
-        _note(NOTE_SELF_FORCING),
-        *_loaders(),
+        _note(note),
+        *_loaders(unet),
         _n("pos", "CLIPTextEncode", 2, {"text": PROMPT}, title="Prompt", size=[400, 160]),
         _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
         _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 832, "height": 480, "length": 81, "batch_size": 1}),
-        _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM: x0, then re-noise)"),
-        _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 4, "denoise": 1.0},
-           title="Few-step schedule (shift 5, 4 steps)"),
+        _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM: x0, then fresh noise)"),
+        _n("sched", "JensenKVARSchedule", 2, schedule, title=title),
         _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2),
         _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
-        _n("sampler", "JensenKVChunkedARSampler", 5,
-           {"seed": 42, "control_after_generate": "fixed", "cfg": 1.0, "chunk_frames": 3, "window_chunks": 0,
-            "context_noise": 0.0}),
+        _n("sampler", "JensenKVChunkedARSampler", 5, SAMPLER_SF),
         _n("decode", "VAEDecode", 6),
         _n("video", "CreateVideo", 6, {"fps": 16.0}),
-        _n("save", "SaveVideo", 6, {"filename_prefix": "jensen_kv/self_forcing_int2_jensen",
-                                    "format": "auto", "codec": "auto"}, size=[400, 360]),
+        _n("save", "SaveVideo", 6, {"filename_prefix": prefix_out, "format": "auto", "codec": "auto"}, size=[400, 360]),
     ]
     links = [
-        ("unet", "MODEL", "shift", "model"),
-        ("shift", "MODEL", "quant", "model"),
+        ("unet", "MODEL", "quant", "model"),
         ("quant", "MODEL", "jensen", "model"),
         ("jensen", "MODEL", "sampler", "model"),
-        ("shift", "MODEL", "sched", "model"),
         ("clip", "CLIP", "pos", "clip"),
         ("pos", "CONDITIONING", "neg", "conditioning"),
         ("pos", "CONDITIONING", "sampler", "positive"),
@@ -152,21 +285,41 @@ def _self_forcing() -> dict:
         ("decode", "IMAGE", "video", "images"),
         ("video", "VIDEO", "save", "video"),
     ]
-    return {"name": "jensen_kv_self_forcing_t2v_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+    return {"name": name, "nodes": nodes, "links": links, "groups": []}
+
+
+def _self_forcing() -> dict:
+    return _few_step(SELF_FORCING, NOTE_SELF_FORCING, "jensen_kv_self_forcing_t2v_int2_jensen", SF_SCHEDULE,
+                     "jensen_kv/self_forcing_int2_jensen", "Self-Forcing schedule (t = 1000, 937.5, 833.3, 625)")
+
+
+def _causvid() -> dict:
+    return _few_step(CAUSVID, NOTE_CAUSVID, "jensen_kv_causvid_t2v_int2_jensen", {**SF_SCHEDULE, "preset": "causvid_3step"},
+                     "jensen_kv/causvid_int2_jensen", "CausVid 3-step schedule (t = 1000, 757, 522)")
+
+
+def _skyreels_sampling():
+    return [
+        _n("select", "KSamplerSelect", 2, {"sampler_name": "uni_pc_bh2"}, title="Sampler (UniPC bh2 ~ FlowUniPC)"),
+        _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 30, "denoise": 1.0},
+           title="30 steps (simple, shift 8)"),
+    ]
+
+
+SAMPLER_SKYREELS = {**SAMPLER_SF, "seed": 7, "cfg": 6.0, "chunk_frames": 5}
 
 
 def _skyreels() -> dict:
     nodes = [
-        _note(NOTE_SKYREELS),
+        _note(NOTE_SKYREELS, size=(560, 900)),
         *_loaders(unet=SKYREELS_DF, shift=8.0),
         _n("pos", "CLIPTextEncode", 2, {"text": PROMPT_SKYREELS}, title="Prompt", size=[400, 160]),
         _n("neg", "CLIPTextEncode", 2, {"text": NEGATIVE}, title="Negative prompt", size=[400, 130]),
         _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 960, "height": 544, "length": 97, "batch_size": 1}),
+        *_skyreels_sampling(),
         _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2),
         _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
-        _n("sampler", "JensenKVChunkedARSamplerSimple", 5,
-           {"seed": 7, "control_after_generate": "fixed", "steps": 30, "cfg": 6.0, "sampler_name": "uni_pc",
-            "scheduler": "simple", "chunk_frames": 5, "window_chunks": 0, "context_noise": 0.0}),
+        _n("sampler", "JensenKVChunkedARSampler", 5, SAMPLER_SKYREELS),
         _n("decode", "VAEDecode", 6),
         _n("video", "CreateVideo", 6, {"fps": 24.0}),
         _n("save", "SaveVideo", 6, {"filename_prefix": "jensen_kv/skyreels_df_cfg6_int2_jensen",
@@ -175,6 +328,7 @@ def _skyreels() -> dict:
     links = [
         ("unet", "MODEL", "shift", "model"),
         ("shift", "MODEL", "quant", "model"),
+        ("shift", "MODEL", "sched", "model"),
         ("quant", "MODEL", "jensen", "model"),
         ("jensen", "MODEL", "sampler", "model"),
         ("clip", "CLIP", "pos", "clip"),
@@ -182,6 +336,8 @@ def _skyreels() -> dict:
         ("pos", "CONDITIONING", "sampler", "positive"),
         ("neg", "CONDITIONING", "sampler", "negative"),
         ("latent", "LATENT", "sampler", "latent"),
+        ("select", "SAMPLER", "sampler", "sampler"),
+        ("sched", "SIGMAS", "sampler", "sigmas"),
         ("sampler", "LATENT", "decode", "samples"),
         ("vae", "VAE", "decode", "vae"),
         ("decode", "IMAGE", "video", "images"),
@@ -191,8 +347,7 @@ def _skyreels() -> dict:
 
 
 def _ab() -> dict:
-    seed = {"seed": 42, "control_after_generate": "fixed", "cfg": 1.0, "chunk_frames": 3, "window_chunks": 0,
-            "context_noise": 0.0}
+    seed = dict(SAMPLER_SF)
     stitch = {"direction": "right", "match_image_size": True, "spacing_width": 8, "spacing_color": "white"}
     nodes = [
         _note(NOTE_AB),
@@ -200,9 +355,8 @@ def _ab() -> dict:
         _n("pos", "CLIPTextEncode", 2, {"text": PROMPT}, title="Prompt", size=[400, 160]),
         _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
         _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 832, "height": 480, "length": 81, "batch_size": 1}),
-        _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM: x0, then re-noise)"),
-        _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 4, "denoise": 1.0},
-           title="Few-step schedule (shift 5, 4 steps)"),
+        _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM: x0, then fresh noise)"),
+        _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule"),
         # arm A: no patch nodes; arms B and C in the rows below, patch nodes in column 3
         _n("s_bf16", "JensenKVChunkedARSampler", 4, seed, title="A: BF16 cache (baseline)"),
         _n("d_bf16", "VAEDecode", 5, align="s_bf16"),
@@ -219,10 +373,8 @@ def _ab() -> dict:
                                     "format": "auto", "codec": "auto"}, size=[640, 300]),
     ]
     links = [
-        ("unet", "MODEL", "shift", "model"),
-        ("shift", "MODEL", "sched", "model"),
-        ("shift", "MODEL", "s_bf16", "model"),
-        ("shift", "MODEL", "quant", "model"),
+        ("unet", "MODEL", "s_bf16", "model"),
+        ("unet", "MODEL", "quant", "model"),
         ("quant", "MODEL", "s_int2", "model"),
         ("quant", "MODEL", "jensen", "model"),
         ("jensen", "MODEL", "s_jensen", "model"),
@@ -255,7 +407,217 @@ def _ab() -> dict:
     return {"name": "jensen_kv_ab_bf16_int2_jensen", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
 
 
-WORKFLOWS: list[dict] = [_self_forcing(), _skyreels(), _ab()]
+def _story() -> dict:
+    sampler = {**SAMPLER_SF, "window_chunks": 6, "sink_chunks": 1}
+    nodes = [
+        _note(NOTE_STORY, size=(560, 760)),
+        *_loaders(),
+        _n("p0", "CLIPTextEncode", 2, {"text": STORY[0][0]}, title=f"Prompt from chunk 0 ({STORY[0][1]})", size=[400, 130]),
+        _n("p1", "CLIPTextEncode", 2, {"text": STORY[1][0]}, title=f"Prompt from chunk 5 ({STORY[1][1]})", size=[400, 130]),
+        _n("p2", "CLIPTextEncode", 2, {"text": STORY[2][0]}, title=f"Prompt from chunk 10 ({STORY[2][1]})", size=[400, 130]),
+        _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
+        _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 832, "height": 480, "length": 161, "batch_size": 1}),
+        _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM)"),
+        _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule"),
+        _n("s0", "JensenKVPromptSchedule", 3, {"start_chunk": 0, "label": STORY[0][1]}),
+        _n("s1", "JensenKVPromptSchedule", 3, {"start_chunk": 5, "label": STORY[1][1]}),
+        _n("s2", "JensenKVPromptSchedule", 3, {"start_chunk": 10, "label": STORY[2][1]}),
+        _n("quant", "JensenKVQuantizeKVCache", 4, QUANT_INT2),
+        _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
+        _n("sampler", "JensenKVChunkedARSampler", 5, sampler),
+        _n("savekv", "JensenKVSaveKVCache", 5, {"filename_prefix": "jensen_kv/story_kv_cache"}),
+        _n("decode", "VAEDecode", 6),
+        _n("video", "CreateVideo", 6, {"fps": 16.0}),
+        _n("save", "SaveVideo", 6, {"filename_prefix": "jensen_kv/story_int2_jensen", "format": "auto",
+                                    "codec": "auto"}, size=[400, 360]),
+    ]
+    links = [
+        ("unet", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "sampler", "model"),
+        ("clip", "CLIP", "p0", "clip"),
+        ("clip", "CLIP", "p1", "clip"),
+        ("clip", "CLIP", "p2", "clip"),
+        ("p0", "CONDITIONING", "neg", "conditioning"),
+        ("p0", "CONDITIONING", "s0", "conditioning"),
+        ("p1", "CONDITIONING", "s1", "conditioning"),
+        ("p2", "CONDITIONING", "s2", "conditioning"),
+        ("s0", "CONDITIONING", "s1", "schedule"),
+        ("s1", "CONDITIONING", "s2", "schedule"),
+        ("s2", "CONDITIONING", "sampler", "positive"),
+        ("neg", "CONDITIONING", "sampler", "negative"),
+        ("latent", "LATENT", "sampler", "latent"),
+        ("select", "SAMPLER", "sampler", "sampler"),
+        ("sched", "SIGMAS", "sampler", "sigmas"),
+        ("sampler", "JENSEN_KV_CACHE", "savekv", "kv_cache"),
+        ("sampler", "LATENT", "decode", "samples"),
+        ("vae", "VAE", "decode", "vae"),
+        ("decode", "IMAGE", "video", "images"),
+        ("video", "VIDEO", "save", "video"),
+    ]
+    return {"name": "jensen_kv_story_prompt_schedule_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+
+
+def _continue() -> dict:
+    sampler = {**SAMPLER_SF, "window_chunks": 6, "sink_chunks": 1}
+    nodes = [
+        _note(NOTE_CONTINUE, size=(560, 640)),
+        *_loaders(),
+        _n("load", "JensenKVLoadKVCache", 2, {"cache_file": STORY_CACHE}, size=[420, 90]),
+        _n("pos", "CLIPTextEncode", 2, {"text": STORY[2][0]}, title="Prompt (the one the cache ended with, or a new one)",
+           size=[400, 130]),
+        _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
+        _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 832, "height": 480, "length": 81, "batch_size": 1},
+           title="New frames (same size as the saved video)"),
+        _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM)"),
+        _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule"),
+        _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2, title="Quantize KV Cache (as when saved)"),
+        _n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR),
+        _n("sampler", "JensenKVChunkedARSampler", 4, sampler, title="Chunked AR Video Sampler (same settings)"),
+        _n("decode", "VAEDecode", 5),
+        _n("video", "CreateVideo", 5, {"fps": 16.0}),
+        _n("save", "SaveVideo", 5, {"filename_prefix": "jensen_kv/story_continued", "format": "auto",
+                                    "codec": "auto"}, size=[400, 360]),
+    ]
+    links = [
+        ("unet", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "sampler", "model"),
+        ("clip", "CLIP", "pos", "clip"),
+        ("pos", "CONDITIONING", "neg", "conditioning"),
+        ("pos", "CONDITIONING", "sampler", "positive"),
+        ("neg", "CONDITIONING", "sampler", "negative"),
+        ("latent", "LATENT", "sampler", "latent"),
+        ("select", "SAMPLER", "sampler", "sampler"),
+        ("sched", "SIGMAS", "sampler", "sigmas"),
+        ("load", "JENSEN_KV_CACHE", "sampler", "kv_cache"),
+        ("sampler", "LATENT", "decode", "samples"),
+        ("vae", "VAE", "decode", "vae"),
+        ("decode", "IMAGE", "video", "images"),
+        ("video", "VIDEO", "save", "video"),
+    ]
+    return {"name": "jensen_kv_continue_saved_kv_cache", "nodes": nodes, "links": links, "groups": []}
+
+
+def _extend(model: str) -> dict:
+    sky = model == "skyreels"
+    width, height = (960, 544) if sky else (832, 480)
+    sampler = {**(SAMPLER_SKYREELS if sky else SAMPLER_SF), "include_prefix": True}
+    nodes = [
+        _note(NOTE_EXTEND_SKYREELS if sky else NOTE_EXTEND_SF, size=(560, 900 if sky else 640)),
+        *_loaders(SKYREELS_DF if sky else SELF_FORCING, shift=8.0 if sky else None),
+        _n("clipin", "LoadVideo", 2, {"file": CLIP_IN}, title="The clip to extend (ComfyUI/input)"),
+        _n("frames", "GetVideoComponents", 2),
+        _n("scale", "ImageScale", 2, {"upscale_method": "lanczos", "width": width, "height": height, "crop": "center"}),
+        _n("encode", "VAEEncode", 2, title="VAE Encode (the clip's latent: the prefix)"),
+        _n("pos", "CLIPTextEncode", 2, {"text": PROMPT_SKYREELS if sky else PROMPT}, title="Prompt", size=[400, 130]),
+        (_n("neg", "CLIPTextEncode", 2, {"text": NEGATIVE}, title="Negative prompt", size=[400, 110]) if sky
+         else _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)")),
+        _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": width, "height": height, "length": 61 if sky else 49,
+                                                    "batch_size": 1}, title="New frames after the clip"),
+        *(_skyreels_sampling() if sky else [
+            _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM)"),
+            _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule")]),
+        _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2),
+        _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
+        _n("sampler", "JensenKVChunkedARSampler", 5, sampler, title="Chunked AR Video Sampler (prefix = the clip)"),
+        _n("decode", "VAEDecode", 6),
+        _n("video", "CreateVideo", 6, {"fps": 24.0 if sky else 16.0}),
+        _n("save", "SaveVideo", 6, {"filename_prefix": f"jensen_kv/extend_{model}", "format": "auto",
+                                    "codec": "auto"}, size=[400, 360]),
+    ]
+    base = "shift" if sky else "unet"
+    links = [
+        *([("unet", "MODEL", "shift", "model"), ("shift", "MODEL", "sched", "model")] if sky else []),
+        (base, "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "sampler", "model"),
+        ("clipin", "VIDEO", "frames", "video"),
+        ("frames", "IMAGE", "scale", "image"),
+        ("scale", "IMAGE", "encode", "pixels"),
+        ("vae", "VAE", "encode", "vae"),
+        ("encode", "LATENT", "sampler", "prefix"),
+        ("clip", "CLIP", "pos", "clip"),
+        ("clip", "CLIP", "neg", "clip") if sky else ("pos", "CONDITIONING", "neg", "conditioning"),
+        ("pos", "CONDITIONING", "sampler", "positive"),
+        ("neg", "CONDITIONING", "sampler", "negative"),
+        ("latent", "LATENT", "sampler", "latent"),
+        ("select", "SAMPLER", "sampler", "sampler"),
+        ("sched", "SIGMAS", "sampler", "sigmas"),
+        ("sampler", "LATENT", "decode", "samples"),
+        ("vae", "VAE", "decode", "vae"),
+        ("decode", "IMAGE", "video", "images"),
+        ("video", "VIDEO", "save", "video"),
+    ]
+    name = "jensen_kv_extend_clip_skyreels_v2_df" if sky else "jensen_kv_extend_clip_self_forcing"
+    return {"name": name, "nodes": nodes, "links": links, "groups": []}
+
+
+TINY_SAMPLER = {"seed": 42, "control_after_generate": "fixed", "cfg": 1.0, "chunk_frames": 3, "window_chunks": 3,
+                "context_noise": 0.0, "sink_chunks": 0, "include_prefix": True, "recache_on_switch": True}
+
+
+def _tiny_cpu_demo() -> dict:
+    stitch = {"direction": "right", "match_image_size": True, "spacing_width": 4, "spacing_color": "white"}
+    nodes = [
+        _note(NOTE_TINY, size=(520, 560)),
+        _n("unet", "UNETLoader", 1, {"unet_name": TINY_AR, "weight_dtype": "default"}, size=[340, 90]),
+        _n("shift", "ModelSamplingSD3", 1, {"shift": 3.0}),
+        _n("pos", "JensenKVTinyARPrompt", 2, {"prompt": "three balls bouncing fast over a cool texture"}, size=[380, 60]),
+        _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
+        _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 128, "height": 128, "length": 93, "batch_size": 1},
+           title="24 latent frames of 16x16"),
+        _n("select", "KSamplerSelect", 2, {"sampler_name": "euler"}),
+        _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 8, "denoise": 1.0}),
+        _n("s_fp", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="A: full-precision cache"),
+        _n("d_fp", "JensenKVTinyARDecode", 5, {"scale": 8}, align="s_fp"),
+        _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2, below="s_fp"),
+        _n("s_int2", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="B: INT2 cache", align="quant"),
+        _n("d_int2", "JensenKVTinyARDecode", 5, {"scale": 8}, align="s_int2"),
+        _n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR, below="s_int2"),
+        _n("s_jensen", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="C: INT2 + Jensen", align="jensen"),
+        _n("d_jensen", "JensenKVTinyARDecode", 5, {"scale": 8}, align="s_jensen"),
+        _n("stitch1", "ImageStitch", 6, stitch, title="A | B", align="s_int2"),
+        _n("stitch2", "ImageStitch", 6, stitch, title="A | B | C"),
+        _n("save", "SaveAnimatedWEBP", 7, {"filename_prefix": "jensen_kv/tiny_ab", "fps": 8.0, "lossless": True,
+                                           "quality": 90, "method": "default"}, align="s_int2", size=[420, 300]),
+    ]
+    links = [
+        ("unet", "MODEL", "shift", "model"),
+        ("shift", "MODEL", "sched", "model"),
+        ("shift", "MODEL", "s_fp", "model"),
+        ("shift", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "s_int2", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "s_jensen", "model"),
+        ("pos", "CONDITIONING", "neg", "conditioning"),
+    ]
+    for s, d in (("s_fp", "d_fp"), ("s_int2", "d_int2"), ("s_jensen", "d_jensen")):
+        links += [
+            ("pos", "CONDITIONING", s, "positive"),
+            ("neg", "CONDITIONING", s, "negative"),
+            ("latent", "LATENT", s, "latent"),
+            ("select", "SAMPLER", s, "sampler"),
+            ("sched", "SIGMAS", s, "sigmas"),
+            (s, "LATENT", d, "samples"),
+        ]
+    links += [
+        ("d_fp", "IMAGE", "stitch1", "image1"),
+        ("d_int2", "IMAGE", "stitch1", "image2"),
+        ("stitch1", "IMAGE", "stitch2", "image1"),
+        ("d_jensen", "IMAGE", "stitch2", "image2"),
+        ("stitch2", "IMAGE", "save", "images"),
+    ]
+    groups = [
+        {"title": "A: full-precision cache (no patch nodes)", "members": ["s_fp", "d_fp"], "color": "#3f789e"},
+        {"title": "B: INT2 cache", "members": ["quant", "s_int2", "d_int2"], "color": "#a1309b"},
+        {"title": "C: INT2 + Jensen bias correction", "members": ["jensen", "s_jensen", "d_jensen"], "color": "#8A8"},
+    ]
+    return {"name": "jensen_kv_tiny_ar_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
+
+
+WORKFLOWS: list[dict] = [_self_forcing(), _causvid(), _skyreels(), _ab(), _story(), _continue(), _extend("self_forcing"),
+                         _extend("skyreels")]
 
 # JavaScript run in the page: builds one spec with LiteGraph and returns app.graph.serialize().
 BUILD_JS = r"""
