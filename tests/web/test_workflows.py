@@ -264,6 +264,17 @@ def test_long_video_workflows_wire_what_they_promise():
         assert _sampler_widgets(g, sampler)["include_prefix"] is True
 
 
+def test_tiny_cpu_demo_runs_three_caches_of_the_bundled_model():
+    g = Graph(by_name("jensen_kv_tiny_ar_cpu_demo"))
+    (unet,) = g.of_type("UNETLoader")
+    assert unet["widgets_values"][0] == "jensen-kv-tiny-ar.safetensors"
+    samplers = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
+    arms = sorted(tuple(t for t in g.model_chain(s) if t.startswith("JensenKV")) for s in samplers)
+    assert arms == [(), ("JensenKVBiasCorrection", "JensenKVQuantizeKVCache"), ("JensenKVQuantizeKVCache",)]
+    assert len({tuple(s["widgets_values"]) for s in samplers}) == 1
+    assert len(g.of_type("JensenKVTinyARDecode")) == 3 and g.of_type("SaveAnimatedWEBP")
+
+
 def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():
     g = Graph(by_name("jensen_kv_ab_bf16_int2_jensen"))
     samplers = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]

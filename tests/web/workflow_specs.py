@@ -617,7 +617,7 @@ def _tiny_cpu_demo() -> dict:
 
 
 WORKFLOWS: list[dict] = [_self_forcing(), _causvid(), _skyreels(), _ab(), _story(), _continue(), _extend("self_forcing"),
-                         _extend("skyreels")]
+                         _extend("skyreels"), _tiny_cpu_demo()]
 
 # JavaScript run in the page: builds one spec with LiteGraph and returns app.graph.serialize().
 BUILD_JS = r"""
