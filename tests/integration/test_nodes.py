@@ -103,6 +103,11 @@ def test_sampler_runs_a_qvg_cache_and_reports_its_exact_bytes(nodes, tiny):
     tokens = report["chunk_frames"] * report["tokens_per_frame"]
     assert report["effective_bits"] == pytest.approx(spec.effective_bits_for(report["head_dim"], tokens))
     assert "QVG S=1 K=8" in nodes.JensenKVChunkedARSampler.execute(m, **inputs).ui["text"][0]
+    # the diagnostics read QVG entries too (heads sampled, chunks concatenated with their own centroids)
+    d = nodes.JensenKVDiagnostics.execute(m, "all", "0", "all", 2).args[0]
+    diag = nodes.JensenKVChunkedARSampler.execute(d, **inputs).args[1]["diagnostics"]
+    assert diag["calls"] > 0 and "QVG+QuaRot S1 K8" in diag["cache"]
+    assert diag["stats"]["taylor"]["mean_jsd"] > 0
 
 
 def test_quantize_rejects_a_group_size_that_does_not_divide_head_dim(nodes, tiny):
