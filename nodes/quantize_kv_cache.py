@@ -84,20 +84,22 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                 advanced(io.Int.Input("rotation_seed", default=0, min=0, max=2**31 - 1,
                                       tooltip="Seed of the random signs of the Hadamard rotation (ignored with rotation 'none'); "
                                               "with method 'qvg' also the seed of k-means' initial centroids.")),
-                io.Combo.Input("method", options=list(METHOD_CHOICES), default="rtn",
+                # added after the original inputs, and optional: prompts saved before them (UI or API
+                # format) still validate and run as RTN
+                io.Combo.Input("method", options=list(METHOD_CHOICES), default="rtn", optional=True,
                                tooltip="rtn: group-wise round-to-nearest of each token. qvg (QuantVideoGen): per chunk and "
                                        "head, k-means over the chunk's tokens; each token stores its centroid's id and only "
                                        "the small residual is quantized with the settings above. The Jensen correction "
                                        "then uses the residual's step sizes. Costs BF16 centroids per chunk (see the planner)."),
-                advanced(io.Int.Input("qvg_stages", default=QVG_STAGES_RANGE[0], min=QVG_STAGES_RANGE[1],
+                advanced(io.Int.Input("qvg_stages", optional=True, default=QVG_STAGES_RANGE[0], min=QVG_STAGES_RANGE[1],
                                       max=QVG_STAGES_RANGE[2],
                                       tooltip="QVG only: k-means stages S (progressive residual quantization); each stage "
                                               "clusters what the previous ones left and stores K more centroids and one id per token.")),
-                advanced(io.Int.Input("qvg_centroids", default=QVG_CENTROIDS_RANGE[0], min=QVG_CENTROIDS_RANGE[1],
+                advanced(io.Int.Input("qvg_centroids", optional=True, default=QVG_CENTROIDS_RANGE[0], min=QVG_CENTROIDS_RANGE[1],
                                       max=QVG_CENTROIDS_RANGE[2],
                                       tooltip="QVG only: centroids K per stage, chunk and head (256 as in QVG). Each costs "
                                               "head_dim BF16 values per chunk: 16*K/tokens-per-chunk bits per element.")),
-                advanced(io.Int.Input("qvg_iters", default=QVG_ITERS_RANGE[0], min=QVG_ITERS_RANGE[1],
+                advanced(io.Int.Input("qvg_iters", optional=True, default=QVG_ITERS_RANGE[0], min=QVG_ITERS_RANGE[1],
                                       max=QVG_ITERS_RANGE[2],
                                       tooltip="QVG only: at most this many k-means iterations per stage (QVG's scripts use 2; "
                                               "stops early when fewer than 0.01% of the tokens change cluster).")),

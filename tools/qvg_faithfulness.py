@@ -41,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from jensen_core import QuantSpec, quantize  # noqa: E402
-from jensen_core.qvg import kmeans as our_kmeans  # noqa: E402
 from jensen_core.quant import quantize_rotated  # noqa: E402
+from jensen_core.qvg import kmeans as our_kmeans  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
 
 
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
             t_ref += time.perf_counter() - t0
             record(name, x_hat)
             if not asym:
-                ref_c, ref_ids, ref_q = cl, il, (rq, sc)
+                ref_c, ref_ids = cl, il
         ref_smooth = sum(gather(c.float(), i) for c, i in zip(ref_c, ref_ids))
         energy.setdefault("reference k-means", []).append(rel_mse(x, ref_smooth))
 

@@ -54,7 +54,8 @@ def test_schemas_follow_the_contract(nodes):
     assert q["method"].options == ["rtn", "qvg"] and q["method"].default == "rtn" and "advanced" not in q["method"].as_dict()
     for name, (default, lo, hi) in {"qvg_stages": (1, 1, 8), "qvg_centroids": (256, 1, 256), "qvg_iters": (2, 1, 1000)}.items():
         assert (q[name].default, q[name].min, q[name].max) == (default, lo, hi)
-        assert q[name].as_dict()["advanced"] is True
+        assert q[name].as_dict()["advanced"] is True and q[name].optional
+    assert q["method"].optional  # an API-format prompt saved before QVG (no such keys) still validates
     j = {i.id: i for i in _schema(nodes.JensenKVBiasCorrection).inputs}
     assert j["mode"].options == ["taylor", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
     assert (j["strength"].default, j["strength"].min, j["strength"].max, j["strength"].step) == (1.0, 0.0, 4.0, 0.05)
