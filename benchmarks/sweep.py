@@ -3,9 +3,12 @@
 Two parts, one command:
 
 1. **Embedded workload** (``jensen_core.workload.make_workload()`` defaults: 12 heads x 128, 1,560 tokens
-   per chunk, 4 cached chunks): for every setting the cached K/V are quantized and
+   per chunk, 4 cached chunks): for every setting the cached K/V are quantized chunk by chunk and
    ``jensen_core.diagnostics.attention_shift`` measures the median (and IQR) of ΔP_S, the mean attention
    JSD and the attention-output MSE against full-precision attention on the same queries.
+   QVG rows (``method=qvg``: k-means smoothing per chunk, then RTN of the residual) are chosen at the
+   effective bits of RTN/QuaRot INT2 g64 and g32 on these 1,560-token chunks (centroids and ids
+   counted), plus QVG's own default K=256 at g64; they run on the workload only.
 2. **Tiny Wan** (the random-weight model of ``benchmarks/sampler.py``: dim 512, 4 heads x 128, 2 layers),
    sampled chunk by chunk through the pack's nodes exactly as in ComfyUI (Quantize KV Cache -> Jensen
    Bias Correction -> KV Cache Diagnostics -> the Chunked AR sampler's loop): latent PSNR against the
@@ -43,17 +46,21 @@ import torch  # noqa: E402
 
 from jensen_core import QuantSpec, quantize  # noqa: E402
 from jensen_core.diagnostics import attention_shift  # noqa: E402
+from jensen_core.quant import cat_quantized  # noqa: E402
 from jensen_core.shift_summary import quantile  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
 
 SCHEMES = {"none": "RTN", "hadamard": "QuaRot"}
+QVG_SCHEMES = {"none": "QVG", "hadamard": "QVG+QuaRot"}
 CORRECTIONS = ("off", "taylor", "exact")
 COLUMNS = [
     "scheme", "rotation", "bits", "group_size", "correction", "effective_bits",
     "median_delta_ps", "q25_delta_ps", "q75_delta_ps", "iqr_delta_ps", "mean_jsd", "output_mse",
     "wan_latent_psnr_db", "wan_latent_psnr_se_db", "wan_latent_mse", "wan_median_delta_ps", "wan_iqr_delta_ps",
-    "wan_mean_jsd", "wan_output_mse",
+    "wan_mean_jsd", "wan_output_mse", "method", "qvg_stages", "qvg_centroids",
 ]
+# QVG (group size, K) at the bits of RTN INT2 g64 (2.375) and g32 (2.75) on 1,560-token chunks, and QVG's default
+QVG_GRID = ((128, 12), (64, 30), (64, 256))
 COLORS = {"off": "#7b3fa0", "taylor": "#f08a24", "exact": "#2a9d5c"}
 MARKERS = {2: "o", 3: "s", 4: "^", 8: "D"}
 LINESTYLES = {"hadamard": "-", "none": "--"}
@@ -65,17 +72,25 @@ class Setting:
     group_size: int
     rotation: str
     correction: str
+    method: str = "rtn"
+    centroids: int = 256  # QVG's K (one stage)
 
     @property
     def spec(self) -> QuantSpec:
-        return QuantSpec(bits=self.bits, group_size=self.group_size, rotation=self.rotation)
+        extra = {"method": "qvg", "qvg_centroids": self.centroids} if self.method == "qvg" else {}
+        return QuantSpec(bits=self.bits, group_size=self.group_size, rotation=self.rotation, **extra)
 
     @property
     def mode(self) -> str:
         return "none" if self.correction == "off" else self.correction
 
+    @property
+    def scheme(self) -> str:
+        return QVG_SCHEMES[self.rotation] if self.method == "qvg" else SCHEMES[self.rotation]
+
     def label(self) -> str:
-        return f"INT{self.bits} g{self.group_size} {SCHEMES[self.rotation]} {self.correction}"
+        k = f" K{self.centroids}" if self.method == "qvg" else ""
+        return f"INT{self.bits} g{self.group_size} {self.scheme}{k} {self.correction}"
 
 
 @dataclass
@@ -112,9 +127,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def grid(quick: bool) -> list[Setting]:
     if quick:
-        return [Setting(b, 32, "none", c) for b in (2, 4) for c in ("off", "taylor")]
-    return [Setting(b, g, r, c) for r in ("none", "hadamard") for b in (2, 3, 4) for g in (128, 64, 32)
-            for c in CORRECTIONS]
+        return ([Setting(b, 32, "none", c) for b in (2, 4) for c in ("off", "taylor")]
+                + [Setting(2, 32, "none", c, "qvg", 8) for c in ("off", "taylor")])
+    return ([Setting(b, g, r, c) for r in ("none", "hadamard") for b in (2, 3, 4) for g in (128, 64, 32)
+             for c in CORRECTIONS]
+            + [Setting(2, g, r, c, "qvg", k) for r in ("none", "hadamard") for g, k in QVG_GRID for c in CORRECTIONS])
 
 
 # ------------------------------------------------------------------------------------------ part 1
@@ -128,16 +145,17 @@ def workload_part(settings: list[Setting], args) -> tuple[list[Row], dict[str, t
     bf16 = attention_shift(w.q, kc, vc, w.k_cur, w.v_cur, kc.to(torch.bfloat16), vc.to(torch.bfloat16),
                            query_stride=args.query_stride)
     rows.append(Row(None, {**_stats(bf16), "effective_bits": 16.0}))
-    quantized: dict[tuple, tuple] = {}
+    quantized: dict[QuantSpec, tuple] = {}
     for s in settings:
-        key = (s.bits, s.group_size, s.rotation)
-        if key not in quantized:
+        if s.spec not in quantized:
             quantized.clear()  # settings come grouped by spec: hold one quantized copy at a time
-            quantized[key] = (quantize(kc, s.spec), quantize(vc, s.spec))
-        kq, vq = quantized[key]
+            # chunk by chunk, as the cache stores them (QVG clusters each chunk on its own)
+            quantized[s.spec] = tuple(cat_quantized([quantize(t, s.spec) for t in ts]) for ts in (w.k_cached, w.v_cached))
+        kq, vq = quantized[s.spec]
         st = attention_shift(w.q, kc, vc, w.k_cur, w.v_cur, kq, vq, correction=s.mode, query_stride=args.query_stride)
-        rows.append(Row(s, {**_stats(st), "effective_bits": s.spec.effective_bits}))
-        if s.group_size == 32:
+        bits = (kq.nbytes + vq.nbytes) * 8 / (kq.numel + vq.numel)  # what is really stored (QVG: centroids and ids too)
+        rows.append(Row(s, {**_stats(st), "effective_bits": bits}))
+        if s.group_size == 32 and s.method == "rtn":
             hists[s.label()] = st.delta_ps
     return rows, hists, desc
 
@@ -190,6 +208,8 @@ def wan_part(settings: list[Setting], args, out: Path) -> tuple[dict[Setting, di
     results: dict[Setting, dict] = {}
     figure_setting = Setting(2, 128, "hadamard", "taylor") if not args.quick else settings[1]
     for s in settings:
+        if s.method != "rtn":  # QVG's K was matched to the workload's 1,560-token chunks, not the tiny Wan's
+            continue
         m = nodes.JensenKVQuantizeKVCache.execute(model, str(s.bits), str(s.bits), str(s.group_size), s.rotation,
                                                   "fp8_e4m3", 0).args[0]
         m = nodes.JensenKVBiasCorrection.execute(m, s.correction, 1.0).args[0]
@@ -227,8 +247,9 @@ def write_csv(rows: list[Row], path: Path) -> None:
         for r in rows:
             s = r.setting
             base = ({"scheme": "BF16", "rotation": "", "bits": 16, "group_size": "", "correction": "off"} if s is None
-                    else {"scheme": SCHEMES[s.rotation], "rotation": s.rotation, "bits": s.bits,
-                          "group_size": s.group_size, "correction": s.correction})
+                    else {"scheme": s.scheme, "rotation": s.rotation, "bits": s.bits,
+                          "group_size": s.group_size, "correction": s.correction, "method": s.method,
+                          "qvg_stages": 1 if s.method == "qvg" else "", "qvg_centroids": s.centroids if s.method == "qvg" else ""})
             vals = {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.values.items()}
             wr.writerow({**dict.fromkeys(COLUMNS, ""), **base, **vals})
 
@@ -238,14 +259,14 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(rows: list[Row], have_wan: bool) -> None:
-    head = (f"{'setting':<26}{'eff.bits':>9}{'med dP_S':>10}{'IQR':>8}{'mean JSD':>10}{'out MSE':>10}"
+    head = (f"{'setting':<34}{'eff.bits':>9}{'med dP_S':>10}{'IQR':>8}{'mean JSD':>10}{'out MSE':>10}"
             + (f"{'PSNR dB':>9}{'Wan dP_S':>10}" if have_wan else ""))
     print(head)
     print("-" * len(head))
     for r in rows:
         v = r.values
         name = "BF16 cache (reference)" if r.setting is None else r.setting.label()
-        line = (f"{name:<26}{v['effective_bits']:>9.4f}{v['median_delta_ps']:>+10.5f}{v['iqr_delta_ps']:>8.4f}"
+        line = (f"{name:<34}{v['effective_bits']:>9.4f}{v['median_delta_ps']:>+10.5f}{v['iqr_delta_ps']:>8.4f}"
                 f"{v['mean_jsd']:>10.2e}{v['output_mse']:>10.2e}")
         if have_wan:
             line += f"{_fmt(v.get('wan_latent_psnr_db'), '9.2f'):>9}{_fmt(v.get('wan_median_delta_ps'), '+10.5f'):>10}"
@@ -255,7 +276,7 @@ def print_table(rows: list[Row], have_wan: bool) -> None:
 def verdict(rows: list[Row], have_wan: bool) -> list[str]:
     """INT2 + correction at g=128 (2.1875 bits) against INT4 without correction (g=128 and g=64), per metric."""
     by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r.values
-          for r in rows if r.setting is not None}
+          for r in rows if r.setting is not None and r.setting.method == "rtn"}
     metrics = [("median_delta_ps", "|median dP_S|", True), ("mean_jsd", "mean JSD", True),
                ("output_mse", "output MSE", True)]
     if have_wan:
@@ -281,6 +302,22 @@ def verdict(rows: list[Row], have_wan: bool) -> list[str]:
                     parts.append(f"{name} {xa:.3g} vs {ya:.3g} -> {'INT2 wins' if win else 'INT4 wins'}")
                 lines.append(f"{SCHEMES[rot]}: INT2 g128 + {corr} (2.1875 bits) vs INT4 g{g4} off ({bits_b:g} bits): "
                              + "; ".join(parts))
+    return lines + matched_bits_verdict(rows)
+
+
+def matched_bits_verdict(rows: list[Row]) -> list[str]:
+    """QVG against RTN and QuaRot at matched effective bits (within 0.02): the best INT2 setting per budget."""
+    int2 = [r for r in rows if r.setting is not None and r.setting.bits == 2]
+    lines = []
+    for budget in sorted({round(r.values["effective_bits"], 2) for r in int2 if r.setting.method == "qvg"}):
+        near = [r for r in int2 if abs(r.values["effective_bits"] - budget) <= 0.02]
+        if not any(r.setting.method == "rtn" for r in near):
+            continue
+        best = {key: min(near, key=lambda r: abs(r.values[key]) if key == "median_delta_ps" else r.values[key])
+                for key in ("median_delta_ps", "mean_jsd", "output_mse")}
+        lines.append(f"~{budget:.2f} bits, best INT2 setting: " + "; ".join(
+            f"{name} {best[key].setting.label()} ({best[key].values[key]:.3g})"
+            for key, name in (("median_delta_ps", "|median dP_S|"), ("mean_jsd", "mean JSD"), ("output_mse", "output MSE"))))
     return lines
 
 
@@ -294,7 +331,8 @@ def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
     except ImportError:
         print("matplotlib is not installed: no plots written (pip install matplotlib)")
         return False
-    qrows = [r for r in rows if r.setting is not None]
+    qrows = [r for r in rows if r.setting is not None and r.setting.method == "rtn"]
+    qvg_rows = [r for r in rows if r.setting is not None and r.setting.method == "qvg"]
     if have_wan:  # the correction's PSNR gain over the same setting without it
         off = {(r.setting.bits, r.setting.group_size, r.setting.rotation): r.values["wan_latent_psnr_db"]
                for r in qrows if r.setting.correction == "off"}
@@ -330,6 +368,12 @@ def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
                         ax.errorbar(xs, ys, yerr=es, capsize=2, **kw)
                     else:
                         ax.plot(xs, ys, **kw)
+        for r in qvg_rows:  # QVG points (workload panels): stars, filled with rotation
+            if r.values.get(key) in (None, "") or key.startswith("_"):
+                continue
+            ax.plot([r.values["effective_bits"]], [r.values[key]], linestyle="", marker="*", markersize=9,
+                    color=COLORS[r.setting.correction],
+                    markerfacecolor=COLORS[r.setting.correction] if r.setting.rotation == "hadamard" else "white")
         if key == "median_delta_ps":
             ax.axhline(0, color="k", linewidth=0.8)
             ax.set_yscale("symlog", linthresh=1e-3)
@@ -346,6 +390,9 @@ def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
                       marker="x" if c == "exact" else "o", markerfacecolor=COLORS[c] if r == "hadamard" else "white",
                       label=f"{SCHEMES[r]}, correction {c}") for r in ("hadamard", "none") for c in CORRECTIONS]
     handles += [Line2D([], [], color="0.3", linestyle="", marker=MARKERS[b], label=f"INT{b}") for b in (2, 3, 4)]
+    if qvg_rows:
+        handles.append(Line2D([], [], color="0.3", linestyle="", marker="*", markersize=9,
+                              label="QVG INT2 (filled: + QuaRot; workload only)"))
     if have_wan:
         axes[-1].legend(handles=handles, loc="center", fontsize=9, frameon=False)
     else:
@@ -421,7 +468,7 @@ def main(argv=None) -> int:
             results, desc = wan
             for r in rows:
                 if r.setting is not None:
-                    r.values.update(results[r.setting])
+                    r.values.update(results.get(r.setting, {}))
             have_wan = True
             print(f"tiny Wan: {desc}; {len(settings) + 1} configurations x {args.seeds} seed(s) in "
                   f"{time.perf_counter() - t0:.1f} s. PSNR = 10 log10(range(ref)^2 / MSE) on the latent against the "

@@ -9,6 +9,7 @@ from .cache import ChunkCache, window_bytes
 from .hadamard import fwht, rotate, unrotate
 from .packing import pack_codes, unpack_codes
 from .quant import QuantizedTensor, quantize
+from .qvg import QVGTensor, kmeans
 from .spec import QuantSpec
 
 __all__ = [
@@ -17,9 +18,11 @@ __all__ = [
     "ChunkCache",
     "QuantSpec",
     "QuantizedTensor",
+    "QVGTensor",
     "cached_attention",
     "fwht",
     "jensen_bias",
+    "kmeans",
     "log_sinhc",
     "pack_codes",
     "quantize",

@@ -11,10 +11,12 @@ from torch import Tensor
 
 from .attention import CacheEntry, cached_attention
 from .quant import QuantizedTensor, check_finite, quantize
+from .qvg import CENTROID_DTYPE, QVGTensor
 from .spec import FLOAT_FORMATS, QuantSpec
 
 _META_KEY = "__jensen_kv_meta__"
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: specs carry method/qvg_* fields and QVG parts (centroids, ids); 1 still loads
+_READABLE_VERSIONS = (1, 2)
 
 
 class ChunkCache:
@@ -71,7 +73,11 @@ class ChunkCache:
 
     @property
     def effective_bits(self) -> float:
-        """Stored bits per cached element (16.0 for a BF16 cache; 2.75 at INT2, g=32, fp8+bf16)."""
+        """Stored bits per cached element (16.0 for a BF16 cache; 2.75 at INT2, g=32, fp8+bf16).
+
+        An empty cache answers its specs' :attr:`QuantSpec.effective_bits` (for QVG the residual's
+        part: the centroids' share depends on the tokens of chunks not yet seen).
+        """
         n = sum(e.numel for e in self._entries)
         if n == 0:
             return float(_expected_bits(self.spec_k, 16) + _expected_bits(self.spec_v, 16)) / 2
@@ -186,6 +192,9 @@ class ChunkCache:
                     sd[p + ".packed"] = t.packed.contiguous()
                     sd[p + ".scale"] = t.scale.contiguous()
                     sd[p + ".zero"] = t.zero.contiguous()
+                    if isinstance(t, QVGTensor):
+                        sd[p + ".centroids"] = t.centroids.contiguous()
+                        sd[p + ".ids"] = t.ids.contiguous()
                 else:
                     sd[p] = t.contiguous()
         sd[_META_KEY] = torch.frombuffer(bytearray(json.dumps(self._meta()).encode()), dtype=torch.uint8)
@@ -196,10 +205,13 @@ class ChunkCache:
         if _META_KEY not in sd:
             raise ValueError("not a jensen-kv cache file: the __jensen_kv_meta__ entry is missing")
         meta = json.loads(bytes(sd[_META_KEY].cpu().tolist()).decode())
-        if meta.get("version") != _FORMAT_VERSION:
-            raise ValueError(f"cache file format {meta.get('version')} is not supported (expected {_FORMAT_VERSION})")
+        if meta.get("version") not in _READABLE_VERSIONS:
+            raise ValueError(f"cache file format {meta.get('version')} is not supported (expected one of {_READABLE_VERSIONS})")
         mine = (self.spec_k.to_dict() if self.spec_k else None, self.spec_v.to_dict() if self.spec_v else None)
-        theirs = (meta["spec_k"], meta["spec_v"])
+        try:  # older files lack the fields added since: compare as specs, defaults filled in
+            theirs = tuple(None if d is None else QuantSpec.from_dict(d).to_dict() for d in (meta["spec_k"], meta["spec_v"]))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the file's quantization specs are not readable: {exc}") from None
         if mine != theirs:
             raise ValueError(
                 f"the file was saved with specs (keys, values) {theirs} but this cache uses {mine}; "
@@ -260,6 +272,9 @@ def _expected_bits(spec: QuantSpec | None, full_bits: int) -> float:
 
 
 def _part_meta(t: QuantizedTensor | Tensor) -> dict:
+    if isinstance(t, QVGTensor):
+        return {"quantized": True, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                "scale_format": t.scale_format, "segments": [list(s) for s in t.segments]}
     if isinstance(t, QuantizedTensor):
         return {"quantized": True, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "scale_format": t.scale_format}
     return {"quantized": False, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
@@ -285,16 +300,52 @@ def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec |
     expect_packed = (*shape[:-1], shape[-1] * spec.bits // 8)
     if tuple(packed.shape) != expect_packed or tuple(scale.shape) != (*shape[:-1], G) or tuple(zero.shape) != (*shape[:-1], G):
         raise ValueError(f"cache file entry {prefix} does not match its recorded shape {tuple(shape)}")
-    if packed.dtype != torch.uint8:
-        raise ValueError(f"cache file entry {prefix}.packed is {packed.dtype}; packed codes are uint8")
     if meta.get("scale_format") not in FLOAT_FORMATS:
         raise ValueError(f"cache file entry {prefix} has an unknown scale format {meta.get('scale_format')!r}")
-    if scale.dtype != FLOAT_FORMATS[meta["scale_format"]][0] or zero.dtype != FLOAT_FORMATS[spec.zero_format][0]:
-        raise ValueError(f"cache file entry {prefix} stores scales/zeros in unexpected dtypes {scale.dtype}/{zero.dtype}")
-    return QuantizedTensor(
-        packed=packed, scale=scale, zero=zero, spec=spec, shape=shape,
-        dtype=dtype, scale_format=meta["scale_format"],
-    )
+    if packed.dtype != torch.uint8 or scale.dtype != FLOAT_FORMATS[meta["scale_format"]][0] or zero.dtype != FLOAT_FORMATS[spec.zero_format][0]:
+        raise ValueError(
+            f"cache file entry {prefix} stores codes/scales/zeros in unexpected dtypes {packed.dtype}/{scale.dtype}/{zero.dtype}"
+        )
+    fields = dict(packed=packed, scale=scale, zero=zero, spec=spec, shape=shape,
+                  dtype=dtype, scale_format=meta["scale_format"])
+    if spec.method != "qvg":
+        if f"{prefix}.centroids" in sd or "segments" in meta:
+            raise ValueError(f"cache file entry {prefix} holds QVG centroids but the spec's method is {spec.method!r}")
+        return QuantizedTensor(**fields)
+    return QVGTensor(**fields, **_load_qvg(sd, prefix, meta, spec, shape))
+
+
+def _load_qvg(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec, shape: torch.Size) -> dict:
+    """The QVG fields of a cache file entry, with every shape, dtype and id range checked."""
+    try:
+        centroids, ids = sd[prefix + ".centroids"], sd[prefix + ".ids"]
+    except KeyError as exc:
+        raise ValueError(f"cache file entry {exc.args[0]} is missing (a QVG chunk stores centroids and cluster ids)") from None
+    segments = meta.get("segments")
+    if not isinstance(segments, list) or not segments or any(
+        not isinstance(s, list) or len(s) != 2 or not all(isinstance(v, int) for v in s) for s in segments
+    ):
+        raise ValueError(f"cache file entry {prefix} has no valid QVG segments record")
+    segments = tuple((t, k) for t, k in segments)
+    T, D, S = shape[-2], shape[-1], spec.qvg_stages
+    if sum(t for t, _ in segments) != T or any(k != spec.centroids_per_chunk(t) for t, k in segments):
+        raise ValueError(
+            f"cache file entry {prefix}: segments {segments} do not fit {T} tokens with K={spec.qvg_centroids}"
+        )
+    k_total = sum(k for _, k in segments)
+    if tuple(centroids.shape) != (S, *shape[:-2], k_total, D) or centroids.dtype != CENTROID_DTYPE:
+        raise ValueError(
+            f"cache file entry {prefix}.centroids is {tuple(centroids.shape)} {centroids.dtype}; expected "
+            f"{(S, *shape[:-2], k_total, D)} {CENTROID_DTYPE}"
+        )
+    if tuple(ids.shape) != (S, *shape[:-1]) or ids.dtype != torch.uint8:
+        raise ValueError(f"cache file entry {prefix}.ids is {tuple(ids.shape)} {ids.dtype}; expected {(S, *shape[:-1])} uint8")
+    start = 0
+    for t, k in segments:
+        if t and int(ids[..., start : start + t].max()) >= k:
+            raise ValueError(f"cache file entry {prefix}.ids points past its chunk's {k} centroids")
+        start += t
+    return {"centroids": centroids, "ids": ids, "segments": segments}
 
 
 _CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -310,8 +361,9 @@ def _float_dtype(name, where: str) -> torch.dtype:
 def window_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, elements_per_side: int, full_bytes: int = 2) -> int:
     """Projected stored bytes for ``elements_per_side`` cached key elements and as many values.
 
-    ``full_bytes`` is the element size of an unquantized side (2 for BF16). Exact for quantized
-    sides (packing, FP8 scales and 16-bit zeros are whole bytes per group of a token).
+    ``full_bytes`` is the element size of an unquantized side (2 for BF16). Exact for RTN sides
+    (packing, FP8 scales and 16-bit zeros are whole bytes per group of a token); a QVG side counts
+    its residual only here: use :func:`chunk_bytes`, which knows the tokens per chunk.
     """
     total = 0
     for spec in (spec_k, spec_v):
@@ -319,4 +371,17 @@ def window_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, elements_pe
             total += elements_per_side * full_bytes
         else:
             total += math.ceil(elements_per_side * spec.effective_bits / 8)
+    return total
+
+
+def chunk_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, lead: int, tokens: int, head_dim: int,
+                full_bytes: int = 2) -> int:
+    """Exact stored bytes of one cached chunk, keys and values, of shape ``(lead..., tokens, head_dim)`` each.
+
+    ``lead`` is batch x heads; ``full_bytes`` the element size of an unquantized side. QVG sides
+    include their per-chunk centroids and cluster ids (:meth:`QuantSpec.chunk_nbytes`).
+    """
+    total = 0
+    for spec in (spec_k, spec_v):
+        total += lead * tokens * head_dim * full_bytes if spec is None else spec.chunk_nbytes(lead, tokens, head_dim)
     return total

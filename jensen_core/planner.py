@@ -2,14 +2,15 @@
 
 One source for the numbers the UI shows: the web extension asks the server, which calls
 :func:`plan_cache`. The byte counts are exact for the cache :class:`ChunkCache` keeps (packed
-codes + scales + zero-points per token and group).
+codes + scales + zero-points per token and group; for QVG also the centroids and cluster ids of
+every chunk, which depend on the tokens per chunk).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
 
-from .cache import window_bytes
+from .cache import chunk_bytes
 from .spec import QuantSpec
 
 # (layers, heads, head_dim) of models users run; head_dim 128 as ComfyUI's Wan detection sets it
@@ -102,7 +103,9 @@ def plan_cache(
     the sampler's KV cache output is connected); otherwise nothing reads it. With a window the peak
     holds ``min(sink + window, written chunks)`` chunks: the first ``sink_chunks`` stay for good,
     the last ``window_chunks`` roll. ``prefix_frames`` latent frames of an existing clip are
-    prefilled into the cache as chunks before the ``latent_frames`` to generate. ``full_bytes`` is the element size of a side that is not
+    prefilled into the cache as chunks before the ``latent_frames`` to generate. Each chunk holds
+    ``chunk_frames`` latent frames (QVG stores a centroid table per chunk, layer, branch, batch item
+    and head). ``full_bytes`` is the element size of a side that is not
     quantized (the cache keeps it in the model's dtype: 2 for BF16/FP16 models, 4 for FP32).
     Problems come back for the UI to show rather than as exceptions: ``errors`` would stop the run
     (then ``quantized_bytes`` is None), ``warnings`` are surprises that would not.
@@ -136,18 +139,39 @@ def plan_cache(
         )
     errors = head_dim_problems(spec_k, spec_v, head_dim)
     # tokens of each held chunk (a short last chunk is counted full: an upper bound by < one chunk)
-    held_tokens = held * chunk_frames * tokens_per_frame
+    chunk_tokens = chunk_frames * tokens_per_frame
+    held_tokens = held * chunk_tokens
     per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
     bf16 = 2 * per_side * 2
-    quant = None if errors else window_bytes(spec_k, spec_v, per_side, full_bytes=full_bytes)
+    copies = held * layers * cfg_branches  # cached chunks at the peak, each (batch x heads, chunk_tokens, head_dim)
+    one_chunk = None if errors else chunk_bytes(spec_k, spec_v, batch * heads, chunk_tokens, head_dim,
+                                                full_bytes=full_bytes)
+    quant = None if errors else copies * one_chunk
     total_chunks = prefix_chunks + chunks
     end_held = total_chunks if window_chunks == 0 else min(window_chunks + sink_chunks, total_chunks)
-    end_side = end_held * chunk_frames * tokens_per_frame * heads * head_dim * layers * cfg_branches * batch
     latents = end_held * chunk_frames * latent_height * latent_width * WAN_LATENT_CHANNELS * batch * 4
-    state_file = None if errors else window_bytes(spec_k, spec_v, end_side, full_bytes=full_bytes) + latents
-    ebk = spec_k.effective_bits if spec_k else 8.0 * full_bytes
-    ebv = spec_v.effective_bits if spec_v else 8.0 * full_bytes
+    state_file = None if errors else end_held * layers * cfg_branches * one_chunk + latents
+
+    def side_bits(spec: QuantSpec | None) -> float:
+        if spec is None:
+            return 8.0 * full_bytes
+        return spec.effective_bits if errors else spec.effective_bits_for(head_dim, chunk_tokens)
+
+    ebk, ebv = side_bits(spec_k), side_bits(spec_v)
     eb = (ebk + ebv) / 2
+    for side, spec in (("key", spec_k), ("value", spec_v)):
+        if spec is not None and spec.method == "qvg" and not errors:
+            share = spec.qvg_stages * spec.centroids_per_chunk(chunk_tokens) * 16 / chunk_tokens
+            if spec.qvg_centroids >= chunk_tokens:
+                warnings.append(
+                    f"{side} cache: QVG with K={spec.qvg_centroids} centroids on chunks of {chunk_tokens} tokens "
+                    "keeps every token as a BF16 centroid (more than a BF16 cache); lower K"
+                )
+            elif share >= spec.bits:
+                warnings.append(
+                    f"{side} cache: QVG's BF16 centroids cost {share:.2f} bits/element on chunks of {chunk_tokens} "
+                    f"tokens, more than the residual's {spec.bits} bits; lower K (or use longer chunks)"
+                )
     return CachePlan(
         latent_frames=latent_frames,
         tokens_per_latent_frame=tokens_per_frame,

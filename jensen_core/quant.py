@@ -172,7 +172,11 @@ def check_finite(name: str, x: Tensor) -> None:
 
 
 def quantize(x: Tensor, spec: QuantSpec) -> QuantizedTensor:
-    """Quantize ``x`` of shape ``(..., tokens, head_dim)`` group-wise per token (paper Eq. 1)."""
+    """Quantize ``x`` of shape ``(..., tokens, head_dim)`` group-wise per token (paper Eq. 1).
+
+    ``spec.method == "qvg"`` returns a :class:`jensen_core.qvg.QVGTensor` (k-means smoothing and
+    progressive residual quantization, then this quantizer on the residual).
+    """
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"spec must be a QuantSpec, got {type(spec).__name__}")
     if not isinstance(x, Tensor) or not x.is_floating_point():
@@ -181,16 +185,30 @@ def quantize(x: Tensor, spec: QuantSpec) -> QuantizedTensor:
         raise ValueError(f"quantize expects (..., tokens, head_dim), got shape {tuple(x.shape)}")
     if x.numel() == 0:
         raise ValueError(f"cannot quantize an empty tensor of shape {tuple(x.shape)}")
-    head_dim = x.shape[-1]
-    spec.check_head_dim(head_dim)
+    spec.check_head_dim(x.shape[-1])
     check_finite("tensor to quantize", x)
 
     xf = x.to(torch.float32)
     if spec.rotation == "hadamard":
         xf = rotate(xf, spec.seed)
+    if spec.method == "qvg":
+        from .qvg import quantize_qvg
+
+        return quantize_qvg(xf, spec, dtype=x.dtype)
+    return quantize_rotated(xf, spec, dtype=x.dtype)
+
+
+def quantize_rotated(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QuantizedTensor:
+    """Group-wise RTN of a float32 tensor that is already in the space the codes live in (rotated if any).
+
+    The result reports ``dtype`` as its original dtype and ``spec`` as its spec (so a rotated spec
+    un-rotates on :meth:`QuantizedTensor.dequantize`).
+    """
+    shape = xf.shape
+    head_dim = shape[-1]
     g = spec.group_size
     G = head_dim // g
-    xg = xf.reshape(*x.shape[:-1], G, g)
+    xg = xf.reshape(*shape[:-1], G, g)
     mn, mx = torch.aminmax(xg, dim=-1)
     mn64, mx64 = mn.to(torch.float64), mx.to(torch.float64)
 
@@ -225,17 +243,24 @@ def quantize(x: Tensor, spec: QuantSpec) -> QuantizedTensor:
     safe = torch.where(scale32 > 0, scale32, torch.ones_like(scale32)).unsqueeze(-1)
     codes = torch.round((xg - zero32) / safe).clamp_(0, qmax)
     codes = torch.where((scale32 > 0).unsqueeze(-1), codes, torch.zeros_like(codes))
-    packed = pack_codes(codes.to(torch.uint8).reshape(x.shape), spec.bits)
+    packed = pack_codes(codes.to(torch.uint8).reshape(shape), spec.bits)
     return QuantizedTensor(
-        packed=packed, scale=scale, zero=zero, spec=spec, shape=x.shape, dtype=x.dtype, scale_format=scale_format
+        packed=packed, scale=scale, zero=zero, spec=spec, shape=shape, dtype=dtype, scale_format=scale_format
     )
 
 
 def cat_quantized(parts: list[QuantizedTensor]) -> QuantizedTensor:
-    """Concatenate quantized tensors along the token axis (same spec and scale format)."""
+    """Concatenate quantized tensors along the token axis (same spec and scale format).
+
+    QVG tensors concatenate too (each chunk keeps its own centroid table: see ``QVGTensor``).
+    """
     if not parts:
         raise ValueError("cat_quantized needs at least one tensor")
     first = parts[0]
+    if first.spec.method == "qvg":
+        from .qvg import cat_qvg
+
+        return cat_qvg(parts)
     for p in parts[1:]:
         if p.spec != first.spec or p.scale_format != first.scale_format or p.shape[:-2] != first.shape[:-2] or p.head_dim != first.head_dim:
             raise ValueError("cat_quantized: tensors differ in spec, scale format or leading shape")

@@ -7,6 +7,14 @@ import torch
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 ROTATIONS = ("none", "hadamard")
+METHODS = ("rtn", "qvg")
+QVG_MAX_STAGES = 8
+QVG_MAX_CENTROIDS = 256  # cluster ids are stored one uint8 per token and stage
+QVG_MAX_ITERS = 1000
+#: bytes of one stored centroid channel (QVG keeps its centroids in the cache dtype; BF16 here)
+CENTROID_BYTES = 2
+#: bytes of one cluster id (a token's id in one stage)
+CLUSTER_ID_BYTES = 1
 
 # storage format name -> (torch dtype, bits per stored value)
 FLOAT_FORMATS: dict[str, tuple[torch.dtype, int]] = {
@@ -35,6 +43,13 @@ class QuantSpec:
 
     ``rotation="hadamard"`` applies a seeded randomized Hadamard rotation (QuaRot) before
     quantization; queries are rotated the same way at attention time.
+
+    ``method="qvg"`` (QuantVideoGen, arXiv 2602.02958) first smooths each chunk per (batch, head):
+    ``qvg_stages`` rounds of k-means over the chunk's tokens (``qvg_centroids`` centroids of
+    ``head_dim`` channels, at most ``qvg_iters`` Lloyd iterations each, seeded by ``seed``), each
+    subtracting the assigned centroid; the final residual is quantized as above. The centroids
+    (BF16) and the cluster ids (uint8) are stored per chunk, so the bits per element depend on the
+    chunk's tokens: see :meth:`effective_bits_for`. ``method="rtn"`` is plain RTN.
     """
 
     bits: int = 2
@@ -43,6 +58,10 @@ class QuantSpec:
     scale_format: str = "fp8_e4m3"
     zero_format: str = "bf16"
     seed: int = 0
+    method: str = "rtn"
+    qvg_stages: int = 1
+    qvg_centroids: int = 256
+    qvg_iters: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or self.bits not in SUPPORTED_BITS:
@@ -63,6 +82,19 @@ class QuantSpec:
             raise ValueError(f"zero_format={self.zero_format!r} is not supported; use one of {ZERO_FORMATS}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r} is not supported; use one of {METHODS}")
+        for name, lo, hi in (("qvg_stages", 1, QVG_MAX_STAGES), ("qvg_centroids", 1, QVG_MAX_CENTROIDS),
+                             ("qvg_iters", 1, QVG_MAX_ITERS)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise ValueError(f"{name}={v!r} must be a whole number from {lo} to {hi}")
+        if self.method == "rtn":
+            changed = [f"{f}={getattr(self, f)!r}" for f, d in _QVG_DEFAULTS.items() if getattr(self, f) != d]
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)} only apply to method='qvg'; use method='qvg' or leave them at their defaults"
+                )
 
     @property
     def levels(self) -> int:
@@ -78,8 +110,41 @@ class QuantSpec:
 
     @property
     def effective_bits(self) -> float:
-        """Stored bits per element: bits + (scale bits + zero bits) / group_size (paper Eq. 21)."""
+        """Stored bits per element of the group-wise quantized codes: bits + (scale bits + zero bits) / group_size (paper Eq. 21).
+
+        Exact for ``method="rtn"``. For ``method="qvg"`` this is the residual's part only; the cluster
+        ids and the per-chunk centroids come on top: :meth:`effective_bits_for` counts everything.
+        """
         return self.bits + (self.scale_bits + self.zero_bits) / self.group_size
+
+    def centroids_per_chunk(self, tokens: int) -> int:
+        """Centroids one QVG stage stores for a chunk of ``tokens`` tokens (``min(K, tokens)``; 0 for RTN)."""
+        return 0 if self.method == "rtn" else min(self.qvg_centroids, tokens)
+
+    def chunk_nbytes(self, lead: int, tokens: int, head_dim: int) -> int:
+        """Exact bytes one quantized chunk of shape ``(lead..., tokens, head_dim)`` stores (``lead`` = batch x heads).
+
+        Packed codes + one scale and one zero-point per group and token; QVG adds per stage one
+        uint8 cluster id per token and ``min(K, tokens)`` BF16 centroids of ``head_dim`` channels per
+        (batch, head). Assumes the scales stay in ``scale_format`` (an FP8 overflow falls back to BF16).
+        """
+        self.check_head_dim(head_dim)
+        G = head_dim // self.group_size
+        per_token = head_dim * self.bits // 8 + G * (self.scale_bits + self.zero_bits) // 8
+        total = tokens * per_token
+        if self.method == "qvg":
+            total += self.qvg_stages * (tokens * CLUSTER_ID_BYTES + self.centroids_per_chunk(tokens) * head_dim * CENTROID_BYTES)
+        return lead * total
+
+    def effective_bits_for(self, head_dim: int, chunk_tokens: int) -> float:
+        """Exact stored bits per element for chunks of ``chunk_tokens`` tokens of ``head_dim`` channels.
+
+        RTN: :attr:`effective_bits`. QVG: ``bits + 24/g + 8 S / d + 16 S min(K, T) / T``
+        (residual codes and metadata, cluster ids, centroids), with T = ``chunk_tokens``.
+        """
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens={chunk_tokens} must be at least 1")
+        return self.chunk_nbytes(1, chunk_tokens, head_dim) * 8 / (chunk_tokens * head_dim)
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise a ValueError naming the fix when this spec cannot quantize ``head_dim`` channels."""
@@ -100,8 +165,19 @@ class QuantSpec:
             "scale_format": self.scale_format,
             "zero_format": self.zero_format,
             "seed": self.seed,
+            "method": self.method,
+            "qvg_stages": self.qvg_stages,
+            "qvg_centroids": self.qvg_centroids,
+            "qvg_iters": self.qvg_iters,
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> QuantSpec:
+        """Inverse of :meth:`to_dict`; keys missing from older files take their defaults (RTN)."""
+        unknown = sorted(set(d) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown QuantSpec field(s) {unknown}; known: {sorted(cls.__dataclass_fields__)}")
         return cls(**d)
+
+
+_QVG_DEFAULTS = {f: QuantSpec.__dataclass_fields__[f].default for f in ("qvg_stages", "qvg_centroids", "qvg_iters")}

@@ -7,10 +7,15 @@ from ..jensen_core import QuantSpec
 from ..runtime.config import (
     BITS_CHOICES,
     GROUP_SIZE_CHOICES,
+    METHOD_CHOICES,
+    QVG_CENTROIDS_RANGE,
+    QVG_ITERS_RANGE,
+    QVG_STAGES_RANGE,
     ROTATION_CHOICES,
     SCALE_FORMAT_CHOICES,
     JensenKVConfig,
     get_config,
+    method_fields,
     parse_bits,
     set_config,
 )
@@ -26,18 +31,20 @@ def model_head_dim(model) -> int | None:
 
 
 def build_config(model, key_bits: str, value_bits: str, group_size: str, rotation: str, scale_format: str,
-                 rotation_seed: int) -> JensenKVConfig:
+                 rotation_seed: int, method: str = "rtn", qvg_stages: int = QVG_STAGES_RANGE[0],
+                 qvg_centroids: int = QVG_CENTROIDS_RANGE[0], qvg_iters: int = QVG_ITERS_RANGE[0]) -> JensenKVConfig:
     try:
         g = int(group_size)
     except (TypeError, ValueError):
         g = None
     if g is None or group_size not in GROUP_SIZE_CHOICES:
         raise ValueError(f"group_size={group_size!r} is not supported; use one of {', '.join(GROUP_SIZE_CHOICES)}")
+    extra = method_fields(method, qvg_stages, qvg_centroids, qvg_iters)
     specs = []
     for what, bits in (("key_bits", key_bits), ("value_bits", value_bits)):
         b = parse_bits(bits, what)
         specs.append(None if b is None else QuantSpec(bits=b, group_size=g, rotation=rotation,
-                                                      scale_format=scale_format, seed=int(rotation_seed)))
+                                                      scale_format=scale_format, seed=int(rotation_seed), **extra))
     upstream = get_config(model.model_options)
     config = (upstream or JensenKVConfig()).with_specs(*specs)
     head_dim = model_head_dim(model)
@@ -54,7 +61,8 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             display_name="Quantize KV Cache",
             category=CATEGORY,
             description=(
-                "Store the Chunked AR sampler's KV cache in 2-8 bits (group-wise RTN, bit-packed). "
+                "Store the Chunked AR sampler's KV cache in 2-8 bits (group-wise RTN, bit-packed; or QVG: "
+                "k-means smoothing per chunk, then RTN of the residual). "
                 "Returns a copy of the model; the input model is unchanged."
             ),
             inputs=[
@@ -74,20 +82,43 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                                         tooltip="Storage format of each group's step size (fp8_e4m3 = 8 bits, as in the paper; "
                                                 "falls back to bf16 for a tensor whose steps exceed 448).")),
                 advanced(io.Int.Input("rotation_seed", default=0, min=0, max=2**31 - 1,
-                                      tooltip="Seed of the random signs of the Hadamard rotation (ignored with rotation 'none').")),
+                                      tooltip="Seed of the random signs of the Hadamard rotation (ignored with rotation 'none'); "
+                                              "with method 'qvg' also the seed of k-means' initial centroids.")),
+                # added after the original inputs, and optional: prompts saved before them (UI or API
+                # format) still validate and run as RTN
+                io.Combo.Input("method", options=list(METHOD_CHOICES), default="rtn", optional=True,
+                               tooltip="rtn: group-wise round-to-nearest of each token. qvg (QuantVideoGen): per chunk and "
+                                       "head, k-means over the chunk's tokens; each token stores its centroid's id and only "
+                                       "the small residual is quantized with the settings above. The Jensen correction "
+                                       "then uses the residual's step sizes. Costs BF16 centroids per chunk (see the planner)."),
+                advanced(io.Int.Input("qvg_stages", optional=True, default=QVG_STAGES_RANGE[0], min=QVG_STAGES_RANGE[1],
+                                      max=QVG_STAGES_RANGE[2],
+                                      tooltip="QVG only: k-means stages S (progressive residual quantization); each stage "
+                                              "clusters what the previous ones left and stores K more centroids and one id per token.")),
+                advanced(io.Int.Input("qvg_centroids", optional=True, default=QVG_CENTROIDS_RANGE[0], min=QVG_CENTROIDS_RANGE[1],
+                                      max=QVG_CENTROIDS_RANGE[2],
+                                      tooltip="QVG only: centroids K per stage, chunk and head (256 as in QVG). Each costs "
+                                              "head_dim BF16 values per chunk: 16*K/tokens-per-chunk bits per element.")),
+                advanced(io.Int.Input("qvg_iters", optional=True, default=QVG_ITERS_RANGE[0], min=QVG_ITERS_RANGE[1],
+                                      max=QVG_ITERS_RANGE[2],
+                                      tooltip="QVG only: at most this many k-means iterations per stage (QVG's scripts use 2; "
+                                              "stops early when fewer than 0.01% of the tokens change cluster).")),
             ],
             outputs=[io.Model.Output(tooltip="A clone of the model carrying the KV-cache spec for the Chunked AR sampler.")],
         )
 
     @classmethod
-    def validate_inputs(cls, key_bits=None, value_bits=None, group_size=None, rotation=None, scale_format=None):
+    def validate_inputs(cls, key_bits=None, value_bits=None, group_size=None, rotation=None, scale_format=None,
+                        method=None):
         return check_combo_values(cls, key_bits=key_bits, value_bits=value_bits, group_size=group_size,
-                                  rotation=rotation, scale_format=scale_format)
+                                  rotation=rotation, scale_format=scale_format, method=method)
 
     @classmethod
     def execute(cls, model, key_bits, value_bits, group_size, rotation, scale_format="fp8_e4m3",
-                rotation_seed=0) -> io.NodeOutput:
-        config = build_config(model, key_bits, value_bits, group_size, rotation, scale_format, rotation_seed)
+                rotation_seed=0, method="rtn", qvg_stages=QVG_STAGES_RANGE[0], qvg_centroids=QVG_CENTROIDS_RANGE[0],
+                qvg_iters=QVG_ITERS_RANGE[0]) -> io.NodeOutput:
+        config = build_config(model, key_bits, value_bits, group_size, rotation, scale_format, rotation_seed,
+                              method, qvg_stages, qvg_centroids, qvg_iters)
         m = model.clone()
         set_config(m, config)
         logger.info("jensen_kv: KV cache %s", config.describe())

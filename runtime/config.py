@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..jensen_core import MODES, QuantSpec
+from ..jensen_core.spec import QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
 
 CONFIG_KEY = "jensen_kv"
 
@@ -18,6 +19,11 @@ GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
 ROTATION_CHOICES = ("none", "hadamard")
 SCALE_FORMAT_CHOICES = ("fp8_e4m3", "bf16", "fp16", "fp32")
 CORRECTION_CHOICES = ("taylor", "exact", "per_channel", "off")
+METHOD_CHOICES = ("rtn", "qvg")
+# (default, min, max) of QVG's k-means knobs, as QuantSpec validates them
+QVG_STAGES_RANGE = (QuantSpec.__dataclass_fields__["qvg_stages"].default, 1, QVG_MAX_STAGES)
+QVG_CENTROIDS_RANGE = (QuantSpec.__dataclass_fields__["qvg_centroids"].default, 1, QVG_MAX_CENTROIDS)
+QVG_ITERS_RANGE = (QuantSpec.__dataclass_fields__["qvg_iters"].default, 1, QVG_MAX_ITERS)
 STRENGTH_MAX = 4.0
 
 
@@ -32,6 +38,21 @@ def parse_bits(value: str | int, what: str) -> int | None:
     if bits is None or str(bits) not in BITS_CHOICES:
         raise ValueError(f"{what}={value!r} is not supported; use one of {', '.join(BITS_CHOICES)}")
     return bits
+
+
+def method_fields(method: str, stages: int | str, centroids: int | str, iters: int | str) -> dict:
+    """QuantSpec keyword arguments of the node's method inputs (the QVG knobs only with method "qvg")."""
+    if method not in METHOD_CHOICES:
+        raise ValueError(f"method={method!r} is not supported; use one of {', '.join(METHOD_CHOICES)}")
+    if method == "rtn":
+        return {"method": "rtn"}
+    out = {"method": "qvg"}
+    for name, value in (("qvg_stages", stages), ("qvg_centroids", centroids), ("qvg_iters", iters)):
+        try:
+            out[name] = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}={value!r} must be a whole number") from None
+    return out
 
 
 def correction_to_mode(correction: str) -> str:
@@ -104,12 +125,16 @@ class JensenKVConfig:
         def side(spec: QuantSpec | None) -> str:
             if spec is None:
                 return "full precision"
+            if spec.method == "qvg":
+                return f"QVG + INT{spec.bits} residual ({spec.effective_bits:g} bits + centroids and ids)"
             return f"INT{spec.bits} ({spec.effective_bits:g} bits)"
 
         parts = [f"keys {side(self.spec_k)}", f"values {side(self.spec_v)}"]
         spec = self.spec_k or self.spec_v
         if spec is not None:
             parts.append(f"group {spec.group_size}, rotation {spec.rotation}, scales {spec.scale_format}")
+            if spec.method == "qvg":
+                parts.append(f"k-means S={spec.qvg_stages} K={spec.qvg_centroids} iters<={spec.qvg_iters}")
         corr = mode_to_correction(self.effective_correction)
         parts.append(f"correction {corr}" + (f" x{self.strength:g}" if corr != "off" else ""))
         return "; ".join(parts)

@@ -140,7 +140,12 @@ def _spec_text(entry_k, entry_v) -> str:
     spec = next((t.spec for t in (entry_k, entry_v) if isinstance(t, QuantizedTensor)), None)
     text = f"K {side(entry_k)} / V {side(entry_v)}"
     if spec is not None:
-        text += f", g{spec.group_size}, {'QuaRot' if spec.rotation == 'hadamard' else 'RTN'}"
+        scheme = "QVG" if spec.method == "qvg" else "RTN"
+        if spec.rotation == "hadamard":
+            scheme = "QuaRot" if scheme == "RTN" else "QVG+QuaRot"
+        text += f", g{spec.group_size}, {scheme}"
+        if spec.method == "qvg":
+            text += f" S{spec.qvg_stages} K{spec.qvg_centroids}"
     return text
 
 

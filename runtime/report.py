@@ -22,10 +22,13 @@ def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, *,
     branches = run.branches or ([0] if math.isclose(cfg, 1.0) else [0, 1])
     if run.peak_bf16_bytes:
         effective = 16.0 * run.peak_bytes / run.peak_bf16_bytes
-    else:  # nothing was cached (a single chunk): what the specs would give
-        bk = config.spec_k.effective_bits if config.spec_k else full_bits
-        bv = config.spec_v.effective_bits if config.spec_v else full_bits
-        effective = (bk + bv) / 2
+    else:  # nothing was cached (a single chunk): what the specs would give on chunks of this size
+        chunk_tokens = chunk_frames * tokens_per_frame
+
+        def bits(s):
+            return s.effective_bits_for(adapter.head_dim, chunk_tokens) if s is not None else full_bits
+
+        effective = (bits(config.spec_k) + bits(config.spec_v)) / 2
     return {
         "cache_bytes": int(run.peak_bytes),
         "bf16_bytes": int(run.peak_bf16_bytes),
@@ -45,6 +48,9 @@ def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, *,
         "value_bits": config.spec_v.bits if config.spec_v else "off",
         "group_size": spec.group_size if spec else None,
         "rotation": spec.rotation if spec else "none",
+        "method": spec.method if spec else "rtn",
+        "qvg_stages": spec.qvg_stages if spec and spec.method == "qvg" else None,
+        "qvg_centroids": spec.qvg_centroids if spec and spec.method == "qvg" else None,
         "correction": mode_to_correction(config.effective_correction),
         "strength": float(config.strength),
         "layers": adapter.num_layers,
@@ -65,6 +71,8 @@ def report_text(report: dict) -> str:
     window = "all chunks" if w == 0 else f"last {w} chunks" + (f" + first {s} (sink)" if s else "")
     kb, vb = report["key_bits"], report["value_bits"]
     kind = "full-precision" if kb == "off" and vb == "off" else f"K INT{kb}/V INT{vb}".replace("INToff", "full")
+    if report.get("method") == "qvg" and kind != "full-precision":
+        kind = f"QVG S={report['qvg_stages']} K={report['qvg_centroids']}, {kind} residual"
     start = report.get("first_chunk", 0)
     made = f"chunks {start}-{start + report['chunks'] - 1}" if start else f"{report['chunks']} chunks"
     lines = [

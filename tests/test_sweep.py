@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support import comfyui as support_comfyui
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,7 +16,7 @@ COLUMNS = [
     "scheme", "rotation", "bits", "group_size", "correction", "effective_bits",
     "median_delta_ps", "q25_delta_ps", "q75_delta_ps", "iqr_delta_ps", "mean_jsd", "output_mse",
     "wan_latent_psnr_db", "wan_latent_psnr_se_db", "wan_latent_mse", "wan_median_delta_ps", "wan_iqr_delta_ps",
-    "wan_mean_jsd", "wan_output_mse",
+    "wan_mean_jsd", "wan_output_mse", "method", "qvg_stages", "qvg_centroids",
 ]
 
 
@@ -33,8 +34,9 @@ def test_quick_sweep_writes_csv_and_plots(tmp_path):
         assert reader.fieldnames == COLUMNS
         rows = list(reader)
     assert rows[0]["scheme"] == "BF16" and float(rows[0]["effective_bits"]) == 16.0
-    by = {(int(r["bits"]), r["correction"]): r for r in rows[1:]}
-    assert set(by) == {(2, "off"), (2, "taylor"), (4, "off"), (4, "taylor")}
+    qvg = {r["correction"]: r for r in rows[1:] if r["method"] == "qvg"}
+    by = {(int(r["bits"]), r["correction"]): r for r in rows[1:] if r["method"] == "rtn"}
+    assert set(by) == {(2, "off"), (2, "taylor"), (4, "off"), (4, "taylor")} and set(qvg) == {"off", "taylor"}
     assert float(by[(2, "off")]["effective_bits"]) == 2.75 and float(by[(4, "off")]["effective_bits"]) == 4.75
 
     def med(b, c, col="median_delta_ps"):
@@ -53,6 +55,17 @@ def test_quick_sweep_writes_csv_and_plots(tmp_path):
         assert psnr[(4, "off")] > psnr[(2, "off")]  # fewer bits, further from the unquantized-cache run
         assert med(2, "off", "wan_median_delta_ps") > 0
 
+    # QVG (K=8 on the quick workload's 256-token chunks): its stored bits count centroids and ids, it
+    # reconstructs better than RTN at the same group size, and the correction (residual steps) still helps
+    from jensen_core import QuantSpec
+
+    q_off, q_tay = qvg["off"], qvg["taylor"]
+    assert q_off["scheme"] == "QVG" and (q_off["qvg_stages"], q_off["qvg_centroids"]) == ("1", "8")
+    assert float(q_off["effective_bits"]) == pytest.approx(
+        QuantSpec(method="qvg", bits=2, group_size=32, qvg_centroids=8).effective_bits_for(128, 256), rel=1e-5)
+    assert float(q_off["output_mse"]) < med(2, "off", "output_mse")
+    assert abs(float(q_tay["median_delta_ps"])) < 0.5 * float(q_off["median_delta_ps"])
+    assert q_off["wan_latent_psnr_db"] == ""  # QVG rows run on the workload only
     for name in ("fig5_storage_quality.png", "fig4_delta_ps_hist.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
     if have_wan:

@@ -16,11 +16,15 @@ const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSam
 const PANEL = "jensen_kv_panel";
 const REPORT = "jensen_kv_report";
 const STATE_KEY = "jensen_kv_planner";
-const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale_format"];
+const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale_format",
+  "method", "qvg_stages", "qvg_centroids", "qvg_iters"];
 // planner fields that "follow the workflow" reads from the latent and sampler nodes
 const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
 const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
 const POLL_MS = 300;
+const BITS_TITLE = "Stored bits per cached element, scales and zero-points included (bits + (scale + zero bits) / group size; "
+  + "QVG adds its cluster ids and BF16 centroids per chunk), and how much smaller that is than a BF16 cache. "
+  + "Computed by the server (jensen_core).";
 
 const FIELD_INFO = {
   preset: ["model", "Model whose attention the cache holds; presets fill layers, heads and head_dim."],
@@ -209,7 +213,7 @@ function plannerState(node, defaults) {
 function buildQuantPanel(node) {
   const ui = { inputs: {} };
   ui.bits = el("div", { class: "jkv-line jkv-bits jkv-num", "data-jkv": "bits",
-    title: "Stored bits per cached element, scales and zero-points included (bits + (scale + zero bits) / group size), and how much smaller that is than a BF16 cache. Computed by the server (jensen_core).",
+    title: BITS_TITLE,
     text: "…" });
   ui.warn = el("div", { class: "jkv-line jkv-warn", "data-jkv": "warnings" });
   ui.summary = el("summary", { "data-jkv": "planner-summary",
@@ -356,11 +360,15 @@ function renderError(node, message) {
 }
 
 function render(node, options, state, req) {
-  const { ui, spec, plan, error } = node.jensenKv;
-  // live line
+  const { ui, plan, error } = node.jensenKv;
+  // live line: the plan's spec summary is exact at the run's head_dim and tokens per chunk (QVG's
+  // centroids depend on them); the bare spec answer stands in until the plan arrives
+  const spec = plan?.spec ?? node.jensenKv.spec;
   if (spec) {
-    const side = (s) => (s.quantized ? `${num(s.effective_bits, 3)} bits` : "BF16");
+    const qvg = (s) => (s.method === "qvg" ? ` QVG${s.exact ? "" : "+"}` : "");
+    const side = (s) => (s.quantized ? `${num(s.effective_bits, 3)} bits${qvg(s)}` : "BF16");
     ui.bits.textContent = `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
+    ui.bits.title = [BITS_TITLE, ...new Set([spec.key.note, spec.value.note].filter(Boolean))].join("\n");
     ui.bits.dataset.effectiveBits = spec.effective_bits;
     ui.bits.dataset.compression = spec.compression;
   } else {
@@ -439,7 +447,8 @@ function showReport(node, report) {
   const bits = (b) => (b === "off" || b == null ? "BF16" : `INT${b}`);
   const quant = report.key_bits === "off" && report.value_bits === "off"
     ? "full precision"
-    : `K ${bits(report.key_bits)} / V ${bits(report.value_bits)}, g${report.group_size}, ${report.rotation}`;
+    : `K ${bits(report.key_bits)} / V ${bits(report.value_bits)}, g${report.group_size}, ${report.rotation}`
+      + (report.method === "qvg" ? `, QVG S=${report.qvg_stages} K=${report.qvg_centroids}` : "");
   const corr = report.correction && report.correction !== "off" ? `, Jensen ${report.correction} ×${num(report.strength, 2)}` : "";
   const lines = [
     `KV cache ${bytesText(report.cache_bytes)} (BF16 ${bytesText(report.bf16_bytes)}) · ${num(report.effective_bits, 3)} bits`,

@@ -8,9 +8,12 @@ Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
 
 - ``GET /jensen_kv/options`` - choices, defaults and model presets for the UI;
 - ``GET /jensen_kv/spec?key_bits=2&value_bits=2&group_size=32&...`` - effective bits of a key / value
-  spec and its compression against BF16 (``head_dim`` optional: adds the divisibility check);
+  spec and its compression against BF16 (``head_dim`` optional: adds the divisibility check; with
+  ``method=qvg`` the bits depend on the tokens per chunk too: give ``head_dim`` and ``chunk_tokens``
+  for the exact figure, else the answer says which part it leaves out);
 - ``GET /jensen_kv/plan?width=832&height=480&frames=81&chunk_frames=3&...`` - the projected peak cache
-  size of a run at BF16 and at the chosen setting, with warnings.
+  size of a run at BF16 and at the chosen setting, with warnings; its ``spec`` is the spec summary
+  at the run's head_dim and tokens per chunk (exact for QVG as well).
 
 A bad query value answers HTTP 400 with ``{"error": ..., "param": ..., "value": ..., "fix": ...}``.
 The pure functions :func:`options`, :func:`spec_summary` and :func:`plan_summary` do the work and
@@ -22,9 +25,18 @@ import logging
 import sys
 from collections.abc import Mapping
 
-from ..jensen_core.planner import MODEL_PRESETS, head_dim_problems, plan_cache, wan_latent_shape
+from ..jensen_core.planner import MODEL_PRESETS, WAN_PATCH, head_dim_problems, plan_cache, wan_latent_shape
 from ..jensen_core.spec import QuantSpec
-from ..runtime.config import BITS_CHOICES, GROUP_SIZE_CHOICES, ROTATION_CHOICES, SCALE_FORMAT_CHOICES
+from ..runtime.config import (
+    BITS_CHOICES,
+    GROUP_SIZE_CHOICES,
+    METHOD_CHOICES,
+    QVG_CENTROIDS_RANGE,
+    QVG_ITERS_RANGE,
+    QVG_STAGES_RANGE,
+    ROTATION_CHOICES,
+    SCALE_FORMAT_CHOICES,
+)
 
 logger = logging.getLogger("jensen_kv")
 
@@ -42,6 +54,10 @@ DEFAULTS: dict[str, object] = {
     "group_size": 32,
     "rotation": "hadamard",
     "scale_format": "fp8_e4m3",
+    "method": "rtn",
+    "qvg_stages": QVG_STAGES_RANGE[0],
+    "qvg_centroids": QVG_CENTROIDS_RANGE[0],
+    "qvg_iters": QVG_ITERS_RANGE[0],
     "width": 832,
     "height": 480,
     "frames": 81,
@@ -67,11 +83,17 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "heads": (1, 1024, "attention heads per block, e.g. heads=12 for Wan 1.3B"),
     "head_dim": (1, 4096, "channels per attention head, e.g. head_dim=128 for Wan"),
     "group_size": (1, 4096, "one of 8, 16, 32, 64, 128, 256"),
+    "qvg_stages": (*QVG_STAGES_RANGE[1:], "QVG's k-means stages S, e.g. qvg_stages=1"),
+    "qvg_centroids": (*QVG_CENTROIDS_RANGE[1:], "QVG's centroids per stage and chunk K, e.g. qvg_centroids=256"),
+    "qvg_iters": (*QVG_ITERS_RANGE[1:], "QVG's k-means iterations, e.g. qvg_iters=2"),
+    "chunk_tokens": (1, 10**8, "tokens per cached chunk (latent frames per chunk x tokens per latent frame)"),
 }
 
-SPEC_PARAMS = ("key_bits", "value_bits", "group_size", "rotation", "scale_format", "head_dim")
-PLAN_PARAMS = (*SPEC_PARAMS, "width", "height", "frames", "batch", "chunk_frames", "window_chunks",
-               "sink_chunks", "cfg_branches", "preset", "layers", "heads")
+METHOD_PARAMS = ("method", "qvg_stages", "qvg_centroids", "qvg_iters")
+SPEC_PARAMS = ("key_bits", "value_bits", "group_size", "rotation", "scale_format", *METHOD_PARAMS, "head_dim",
+               "chunk_tokens")
+PLAN_PARAMS = (*(p for p in SPEC_PARAMS if p != "chunk_tokens"), "width", "height", "frames", "batch", "chunk_frames",
+               "window_chunks", "sink_chunks", "cfg_branches", "preset", "layers", "heads")
 
 
 class ParamError(ValueError):
@@ -128,20 +150,42 @@ def _side_spec(params: Mapping[str, str], side: str) -> QuantSpec | None:
     if group not in GROUP_CHOICES:
         raise ParamError("group_size", group, "is not supported",
                          "use one of " + ", ".join(map(str, GROUP_CHOICES)) + " (it must divide head_dim)")
+    method = _choice(params, "method", METHOD_CHOICES)
+    extra = {"method": method}
+    if method == "qvg":  # the node always sends its QVG widgets; they only count with method=qvg
+        extra.update({name: _int(params, name, DEFAULTS[name]) for name in METHOD_PARAMS[1:]})
     return QuantSpec(
         bits=int(bits),
         group_size=group,
         rotation=_choice(params, "rotation", ROTATION_CHOICES),
         scale_format=_choice(params, "scale_format", SCALE_CHOICES),
+        **extra,
     )
 
 
-def _side_summary(spec: QuantSpec | None) -> dict:
+def _side_summary(spec: QuantSpec | None, head_dim: int | None = None, chunk_tokens: int | None = None) -> dict:
     if spec is None:
         return {"quantized": False, "bits": None, "effective_bits": 16.0,
                 "note": "kept at the model's precision (counted as BF16)"}
-    return {"quantized": True, "bits": spec.bits, "effective_bits": spec.effective_bits,
-            "scale_bits": spec.scale_bits, "zero_bits": spec.zero_bits, "group_size": spec.group_size}
+    out = {"quantized": True, "method": spec.method, "bits": spec.bits, "effective_bits": spec.effective_bits,
+           "scale_bits": spec.scale_bits, "zero_bits": spec.zero_bits, "group_size": spec.group_size}
+    if spec.method != "qvg":
+        return out
+    # QVG: residual (as RTN) + one uint8 id per token and stage + BF16 centroids per chunk
+    out.update(qvg_stages=spec.qvg_stages, qvg_centroids=spec.qvg_centroids, qvg_iters=spec.qvg_iters,
+               residual_bits=spec.effective_bits, id_bits=None, centroid_bits=None, exact=False)
+    if head_dim is not None:
+        out["id_bits"] = 8.0 * spec.qvg_stages / head_dim
+        out["effective_bits"] = spec.effective_bits + out["id_bits"]
+        if chunk_tokens is not None:
+            exact = spec.effective_bits_for(head_dim, chunk_tokens)
+            out.update(effective_bits=exact, exact=True, chunk_tokens=chunk_tokens,
+                       centroid_bits=exact - out["effective_bits"])
+    if not out["exact"]:
+        out["note"] = ("without " + ("head_dim and " if head_dim is None else "") + "chunk_tokens: leaves out "
+                       + ("the cluster ids and " if head_dim is None else "")
+                       + f"the BF16 centroids (16*{spec.qvg_stages}*K/tokens-per-chunk bits); the planner counts them")
+    return out
 
 
 def options(params: Mapping[str, str] | None = None) -> dict:
@@ -154,6 +198,7 @@ def options(params: Mapping[str, str] | None = None) -> dict:
         "group_size": list(GROUP_CHOICES),
         "rotation": list(ROTATION_CHOICES),
         "scale_format": list(SCALE_CHOICES),
+        "method": list(METHOD_CHOICES),
         "presets": presets,
         "custom_preset": CUSTOM_PRESET,
         "defaults": dict(DEFAULTS),
@@ -165,14 +210,18 @@ def spec_summary(params: Mapping[str, str]) -> dict:
     """Effective bits of the key and value specs and their compression against BF16.
 
     ``head_dim`` is optional; when given, a group size (or rotation) that cannot quantize it comes
-    back in ``errors`` (the sampler would stop with the same message).
+    back in ``errors`` (the sampler would stop with the same message). A QVG side's bits are exact
+    with ``head_dim`` and ``chunk_tokens`` (``exact: true``); without them they leave out the parts
+    the answer names in ``note``.
     """
     _check_known(params, SPEC_PARAMS)
     spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
-    k, v = _side_summary(spec_k), _side_summary(spec_v)
-    eb = (k["effective_bits"] + v["effective_bits"]) / 2
     head_dim = _int(params, "head_dim") if params.get("head_dim") not in (None, "") else None
+    chunk_tokens = _int(params, "chunk_tokens") if params.get("chunk_tokens") not in (None, "") else None
     errors = head_dim_problems(spec_k, spec_v, head_dim) if head_dim is not None else []
+    dims = (head_dim, chunk_tokens) if not errors else (None, None)
+    k, v = _side_summary(spec_k, *dims), _side_summary(spec_v, *dims)
+    eb = (k["effective_bits"] + v["effective_bits"]) / 2
     return {
         "key": k,
         "value": v,
@@ -214,7 +263,6 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     _check_known(params, PLAN_PARAMS)
     spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
     preset, layers, heads, head_dim = _resolve_model(params)
-    spec = spec_summary({**{k: v for k, v in params.items() if k in SPEC_PARAMS}, "head_dim": str(head_dim)})
     width, height = _int(params, "width", DEFAULTS["width"]), _int(params, "height", DEFAULTS["height"])
     frames = _int(params, "frames", DEFAULTS["frames"])
     chunk_frames = _int(params, "chunk_frames", DEFAULTS["chunk_frames"])
@@ -235,6 +283,9 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         raise ParamError("width" if latent_w < 2 else "height", width if latent_w < 2 else height,
                          "is too small for one Wan patch", "use at least 16 pixels")
 
+    chunk_tokens = chunk_frames * (latent_h // WAN_PATCH[1]) * (latent_w // WAN_PATCH[2])
+    spec = spec_summary({**{k: v for k, v in params.items() if k in SPEC_PARAMS}, "head_dim": str(head_dim),
+                         "chunk_tokens": str(chunk_tokens)})
     plan = plan_cache(
         latent_frames=latent_frames, latent_height=latent_h, latent_width=latent_w,
         chunk_frames=chunk_frames, window_chunks=window, layers=layers, heads=heads, head_dim=head_dim,

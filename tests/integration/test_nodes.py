@@ -11,7 +11,7 @@ from support import wan_tiny
 REPORT_KEYS = {
     "cache_bytes", "bf16_bytes", "cache_mib", "bf16_mib", "effective_bits", "chunks", "chunk_frames", "window_chunks",
     "seconds_per_chunk", "key_bits", "value_bits", "group_size", "rotation", "correction", "strength", "layers",
-    "heads", "head_dim", "cfg_branches", "tokens_per_frame",
+    "heads", "head_dim", "cfg_branches", "tokens_per_frame", "method", "qvg_stages", "qvg_centroids",
     # long videos: sink, prefix, continue-later, prompt schedule, ComfyUI memory request
     "sink_chunks", "first_chunk", "prefix_chunks", "resumed", "prompts", "memory_request", "planned_bytes",
     "state_file_bytes", "state_file_mib",
@@ -32,7 +32,8 @@ SAMPLER_OUTPUTS = ["LATENT", "JENSEN_KV_REPORT", "JENSEN_KV_CACHE"]
 def test_schemas_follow_the_contract(nodes):
     expected = {
         "JensenKVQuantizeKVCache": ("Quantize KV Cache", ["model", "key_bits", "value_bits", "group_size", "rotation",
-                                                          "scale_format", "rotation_seed"], ["MODEL"]),
+                                                          "scale_format", "rotation_seed", "method", "qvg_stages",
+                                                          "qvg_centroids", "qvg_iters"], ["MODEL"]),
         "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength"], ["MODEL"]),
         "JensenKVChunkedARSampler": ("Chunked AR Video Sampler",
                                      ["model", "positive", "negative", "latent", "seed", "cfg", "sampler", "sigmas",
@@ -58,6 +59,12 @@ def test_schemas_follow_the_contract(nodes):
     assert q["rotation"].default == "hadamard" and q["scale_format"].default == "fp8_e4m3"
     assert q["scale_format"].as_dict()["advanced"] is True and q["rotation_seed"].as_dict()["advanced"] is True
     assert "advanced" not in q["key_bits"].as_dict()
+    # added after the existing inputs (saved workflows keep their widget order); QVG knobs are expert knobs
+    assert q["method"].options == ["rtn", "qvg"] and q["method"].default == "rtn" and "advanced" not in q["method"].as_dict()
+    for name, (default, lo, hi) in {"qvg_stages": (1, 1, 8), "qvg_centroids": (256, 1, 256), "qvg_iters": (2, 1, 1000)}.items():
+        assert (q[name].default, q[name].min, q[name].max) == (default, lo, hi)
+        assert q[name].as_dict()["advanced"] is True and q[name].optional
+    assert q["method"].optional  # an API-format prompt saved before QVG (no such keys) still validates
     j = {i.id: i for i in _schema(nodes.JensenKVBiasCorrection).inputs}
     assert j["mode"].options == ["taylor", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
     assert (j["strength"].default, j["strength"].min, j["strength"].max, j["strength"].step) == (1.0, 0.0, 4.0, 0.05)
@@ -78,6 +85,46 @@ def test_quantize_returns_a_clone_with_a_frozen_config(nodes, tiny):
     off = nodes.JensenKVQuantizeKVCache.execute(tiny, "off", "3", "8", "none", "bf16", 0).args[0]
     c2 = off.model_options["transformer_options"]["jensen_kv"]
     assert c2.spec_k is None and c2.spec_v.bits == 3 and c2.spec_v.scale_format == "bf16"
+
+
+def test_quantize_with_method_qvg_sets_the_k_means_knobs(nodes, tiny):
+    out = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "off", "16", "none", "fp8_e4m3", 3, "qvg", 2, 40, 5).args[0]
+    cfg = out.model_options["transformer_options"]["jensen_kv"]
+    assert (cfg.spec_k.method, cfg.spec_k.qvg_stages, cfg.spec_k.qvg_centroids, cfg.spec_k.qvg_iters) == ("qvg", 2, 40, 5)
+    assert cfg.spec_v is None and "QVG" in cfg.describe() and "K=40" in cfg.describe()
+    rtn = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "rtn", 2, 40, 5).args[0]
+    assert rtn.model_options["transformer_options"]["jensen_kv"].spec_k == cfg.spec_k.__class__(bits=2, group_size=16)
+    with pytest.raises(ValueError, match="method='vq' is not supported; use one of rtn, qvg"):
+        nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "vq")
+    with pytest.raises(ValueError, match="qvg_centroids=0 must be a whole number from 1 to 256"):
+        nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "qvg", 1, 0)
+    assert "method: 'vq'" in nodes.JensenKVQuantizeKVCache.validate_inputs(method="vq")
+
+
+def test_sampler_runs_a_qvg_cache_and_reports_its_exact_bytes(nodes, tiny):
+    inputs = _sampler_inputs(tiny)
+    base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[0]["samples"]
+    m = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0, "qvg", 1, 8, 2).args[0]
+    m = nodes.JensenKVBiasCorrection.execute(m, "taylor", 1.0).args[0]
+    latent, report, _ = nodes.JensenKVChunkedARSampler.execute(m, **inputs).args
+    assert torch.isfinite(latent["samples"]).all() and not torch.equal(latent["samples"], base)
+    assert (report["method"], report["qvg_stages"], report["qvg_centroids"]) == ("qvg", 1, 8)
+    import importlib
+
+    planner = importlib.import_module("comfyui_jensen_kv.jensen_core.planner")
+    config = m.model_options["transformer_options"]["jensen_kv"]
+    tpf, layers, bh, d = report["tokens_per_frame"], report["layers"], report["heads"], report["head_dim"]
+    # outside a server the kv_cache output counts as connected: chunks of 2, 2 and 1 frames are all cached,
+    # each with its own centroid table (a shorter chunk pays more per element)
+    exact = layers * sum(planner.chunk_bytes(config.spec_k, config.spec_v, bh, f * tpf, d) for f in (2, 2, 1))
+    assert report["cache_bytes"] == exact
+    assert report["effective_bits"] == pytest.approx(16 * report["cache_bytes"] / report["bf16_bytes"])
+    assert "QVG S=1 K=8" in nodes.JensenKVChunkedARSampler.execute(m, **inputs).ui["text"][0]
+    # the diagnostics read QVG entries too (heads sampled, chunks concatenated with their own centroids)
+    d = nodes.JensenKVDiagnostics.execute(m, "all", "0", "all", 2).args[0]
+    diag = nodes.JensenKVChunkedARSampler.execute(d, **inputs).args[1]["diagnostics"]
+    assert diag["calls"] > 0 and "QVG+QuaRot S1 K8" in diag["cache"]
+    assert diag["stats"]["taylor"]["mean_jsd"] > 0
 
 
 def test_quantize_rejects_a_group_size_that_does_not_divide_head_dim(nodes, tiny):

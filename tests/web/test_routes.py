@@ -54,7 +54,59 @@ def test_spec_head_dim_check_names_the_fix():
     assert routes.spec_summary({"group_size": "32", "head_dim": "128"})["errors"] == []
 
 
+def test_spec_qvg_is_exact_with_head_dim_and_chunk_tokens_and_says_what_it_leaves_out():
+    q = {"method": "qvg", "group_size": "64", "qvg_centroids": "256", "qvg_stages": "1", "value_bits": "off"}
+    spec = QuantSpec(bits=2, group_size=64, rotation="hadamard", method="qvg")
+    bare = routes.spec_summary(q)["key"]
+    assert bare["method"] == "qvg" and bare["exact"] is False and bare["effective_bits"] == spec.effective_bits
+    assert "head_dim and chunk_tokens" in bare["note"] and "centroids" in bare["note"]
+    partial = routes.spec_summary({**q, "head_dim": "128"})["key"]
+    assert partial["effective_bits"] == pytest.approx(2.375 + 8 / 128) and partial["exact"] is False
+    out = routes.spec_summary({**q, "head_dim": "128", "chunk_tokens": "4680"})
+    k = out["key"]
+    assert k["exact"] is True and "note" not in k
+    assert k["effective_bits"] == spec.effective_bits_for(128, 4680) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 4680)
+    assert k["centroid_bits"] == pytest.approx(16 * 256 / 4680) and k["id_bits"] == 8 / 128
+    assert out["effective_bits"] == pytest.approx((k["effective_bits"] + 16) / 2)
+
+
+def test_spec_rtn_ignores_the_qvg_widgets_the_node_always_sends():
+    out = routes.spec_summary({"method": "rtn", "qvg_centroids": "17", "qvg_stages": "3", "qvg_iters": "9"})
+    assert out["effective_bits"] == 2.75 and out["key"]["method"] == "rtn"
+
+
 # ------------------------------------------------------------------------------------------- plan
+def test_plan_qvg_counts_centroids_per_chunk_exactly_and_its_spec_is_exact():
+    out = routes.plan_summary({"method": "qvg", "group_size": "64", "qvg_centroids": "256"})
+    spec = QuantSpec(2, 64, "hadamard", method="qvg")
+    ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
+                     layers=30, heads=12, head_dim=128, spec_k=spec, spec_v=spec)
+    assert out["quantized_bytes"] == ref.quantized_bytes
+    # 6 cached chunks x 30 layers x 12 heads x (4680 tokens x (32 B codes + 2 x 3 B metadata + 1 B id) + 256 x 128 x 2 B)
+    assert ref.quantized_bytes == 2 * 6 * 30 * 12 * (4680 * (32 + 6 + 1) + 256 * 128 * 2)
+    assert out["spec"]["key"]["exact"] and out["spec"]["key"]["effective_bits"] == spec.effective_bits_for(128, 4680)
+    assert out["effective_bits_k"] == pytest.approx(out["spec"]["key"]["effective_bits"])
+    assert out["bytes_ratio"] == pytest.approx(16 / spec.effective_bits_for(128, 4680))
+    small = routes.plan_summary({"method": "qvg", "qvg_centroids": "256", "width": "64", "height": "48", "chunk_frames": "1"})
+    assert any("keeps every token as a BF16 centroid" in w and "lower K" in w for w in small["warnings"])
+
+
+def test_plan_qvg_projection_equals_bytes_a_real_cache_holds():
+    q = {"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32", "width": "64", "height": "64",
+         "frames": "17", "chunk_frames": "2", "window_chunks": "0", "cfg_branches": "1", "group_size": "16",
+         "key_bits": "2", "value_bits": "4", "method": "qvg", "qvg_centroids": "20", "qvg_stages": "2"}
+    out = routes.plan_summary(q)
+    spec_k = QuantSpec(2, 16, "hadamard", method="qvg", qvg_centroids=20, qvg_stages=2)
+    spec_v = QuantSpec(4, 16, "hadamard", method="qvg", qvg_centroids=20, qvg_stages=2)
+    tokens = 2 * out["tokens_per_latent_frame"]
+    g = torch.Generator().manual_seed(0)
+    caches = [ChunkCache(spec_k, spec_v) for _ in range(2)]
+    for cache in caches:
+        for _ in range(out["cached_chunks_peak"]):
+            cache.append(*(torch.randn(1, 2, tokens, 32, generator=g) for _ in range(2)))
+    assert sum(c.nbytes for c in caches) == out["quantized_bytes"]
+
+
 def test_plan_matches_plan_cache_for_wan_1_3b_defaults():
     out = routes.plan_summary({})
     ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
@@ -146,6 +198,10 @@ def test_plan_projection_equals_bytes_a_real_cache_holds():
         ({"cfg_branches": "3"}, "cfg_branches", ["out of range 1..2", "cfg > 1"]),
         ({"window_chunks": "-1"}, "window_chunks", ["0 = all"]),
         ({"chunk_frame": "3"}, "chunk_frame", ["not a known parameter", "chunk_frames"]),
+        ({"method": "vq"}, "method", ["method='vq' is not supported", "rtn, qvg"]),
+        ({"method": "qvg", "qvg_centroids": "300"}, "qvg_centroids", ["out of range 1..256", "qvg_centroids=256"]),
+        ({"method": "qvg", "qvg_stages": "x"}, "qvg_stages", ["is not an integer"]),
+        ({"chunk_tokens": "5"}, "chunk_tokens", ["not a known parameter"]),
     ],
 )
 def test_plan_rejects_bad_values_naming_value_and_fix(params, param, words):
@@ -165,6 +221,8 @@ def test_options_lists_the_node_choices_and_presets():
     assert opt["bits"] == list(config.BITS_CHOICES)
     assert [str(g) for g in opt["group_size"]] == list(config.GROUP_SIZE_CHOICES)
     assert opt["scale_format"] == list(config.SCALE_FORMAT_CHOICES)
+    assert opt["method"] == list(config.METHOD_CHOICES) == ["rtn", "qvg"]
+    assert opt["defaults"]["method"] == "rtn" and opt["ranges"]["qvg_centroids"]["max"] == 256
     assert {k: (v["layers"], v["heads"], v["head_dim"]) for k, v in opt["presets"].items()} == MODEL_PRESETS
     json.dumps(opt)  # served as JSON
     with pytest.raises(routes.ParamError):

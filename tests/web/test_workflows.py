@@ -320,6 +320,27 @@ def test_workflow_is_valid_against_live_object_info(path, object_info):
 
 @pytest.mark.comfyui
 @pytest.mark.server
+def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
+    """A Quantize KV Cache saved with the six widgets it had before QVG maps them onto the same inputs:
+    the new inputs come after them, and each has a default for the front end to fill in."""
+    info = object_info["JensenKVQuantizeKVCache"]
+    old = ["key_bits", "value_bits", "group_size", "rotation", "scale_format", "rotation_seed"]
+    order = [*info["input_order"]["required"], *info["input_order"].get("optional", [])]
+    widgets = [n for n in order if n != "model"]
+    assert widgets[: len(old)] == old
+    specs = {**info["input"]["required"], **info["input"].get("optional", {})}
+    new = widgets[len(old):]
+    assert new == ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
+    for name in new:
+        assert "default" in specs[name][1], f"{name} needs a default for old workflows"
+    assert specs["method"][1]["default"] == "rtn"  # an old workflow keeps plain RTN
+    wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
+    quant = next(n for n in wf["nodes"] if n["type"] == "JensenKVQuantizeKVCache")
+    assert quant["widgets_values"][len(old):] == [specs[n][1]["default"] for n in new]
+
+
+@pytest.mark.comfyui
+@pytest.mark.server
 def test_validator_catches_broken_workflows(object_info):
     """The checks above can fail: break a copy of a workflow in each way they look for."""
     wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")

@@ -1,0 +1,266 @@
+"""QuantVideoGen (QVG) as a cache method: k-means smoothing + progressive residual quantization.
+
+QVG (Xi et al., "Quant VideoGen", arXiv 2602.02958, ICML 2026) exploits the redundancy of video
+tokens: per (batch, head) and per cached chunk, ``S`` stages of k-means over the chunk's tokens
+(``K`` centroids of ``head_dim`` channels) each subtract the assigned centroid ("semantic-aware
+smoothing", then "progressive residual quantization" over the stages); the small final residual
+is quantized group-wise along ``head_dim``. Here that last step is this pack's own quantizer
+(:func:`jensen_core.quant.quantize_rotated`: asymmetric RTN, bit-packed codes, FP8 E4M3 steps,
+BF16 zero-points), so a QVG chunk stores
+
+- per stage, ``min(K, tokens)`` centroids in BF16 and one uint8 cluster id per token;
+- the residual's packed codes, steps and zero-points, exactly as an RTN chunk does.
+
+The centroids are exact as stored (the residual is taken against the BF16-rounded centroids), so
+the only quantization noise on a reconstructed key is the residual's, and the Jensen bias of a QVG
+key comes from the residual's steps alone: :meth:`QVGTensor.step_sizes` returns them, and every
+correction (Taylor, exact, per-channel, the fused fast path) uses them unchanged.
+
+With ``rotation="hadamard"`` the rotation comes first: k-means runs on the rotated vectors (the
+rotation is orthogonal, so distances and clusters are the same) and the centroids live in the
+rotated space with the residual's codes.
+
+Ported from the algorithm of the reference implementation (``svg-project/Quant-VideoGen``,
+``prq_quant`` / ``batch_kmeans_Euclid``), not its code. What differs:
+
+- initial centroids are ``K`` *distinct* tokens drawn with a seeded generator (the reference draws
+  ``K`` token indices with replacement from the global RNG, so a chunk can start with duplicated,
+  forever-empty centroids);
+- the returned centroids are always the member means of the final assignment (the reference
+  returns the previous centroids when it stops on the tolerance);
+- the residual quantizer is this pack's asymmetric RTN with BF16 zero-points; the reference's
+  default is symmetric absmax (INT2 then uses 3 of its 4 levels) with an FP8 scale and no zero-point;
+- k-means runs per chunk; some reference integrations cluster a span of several chunks at once
+  (``quant_factor``), which spreads the centroid table over more tokens.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .hadamard import unrotate
+from .quant import QuantizedTensor, quantize_rotated
+from .spec import QuantSpec
+
+#: k-means stops early once fewer than this fraction of the tokens change cluster (the reference's rule)
+KMEANS_TOL = 1e-4
+#: at most this many bytes of (rows, tokens, centroids) distances are materialised at once
+_DIST_BLOCK_BYTES = 64 * 2**20
+CENTROID_DTYPE = torch.bfloat16
+
+
+# --------------------------------------------------------------------------------------------- k-means
+def _assign(x: Tensor, c: Tensor) -> Tensor:
+    """Nearest centroid (squared Euclidean) of every token: ``x`` (N, T, d), ``c`` (N, k, d) -> (N, T) int64.
+
+    ``argmin_j ||x - c_j||^2 = argmin_j (||c_j||^2 - 2 x.c_j)``: one batched matmul, in row blocks
+    so that at most ``_DIST_BLOCK_BYTES`` of distances exist at a time. Ties go to the lower index.
+    """
+    N, T, _ = x.shape
+    k = c.shape[1]
+    c_sq = c.square().sum(-1)  # (N, k)
+    rows = max(1, _DIST_BLOCK_BYTES // max(1, T * k * 4))
+    out = torch.empty(N, T, dtype=torch.int64, device=x.device)
+    for r0 in range(0, N, rows):
+        sl = slice(r0, r0 + rows)
+        dist = torch.baddbmm(c_sq[sl].unsqueeze(1), x[sl], c[sl].transpose(1, 2), alpha=-2.0)
+        out[sl] = dist.argmin(-1)
+    return out
+
+
+def _update(x: Tensor, ids: Tensor, old: Tensor) -> Tensor:
+    """Member means of every cluster (float32 sums); an empty cluster keeps its old centroid."""
+    N, T, d = x.shape
+    k = old.shape[1]
+    sums = torch.zeros(N, k, d, dtype=torch.float32, device=x.device)
+    sums.scatter_add_(1, ids.unsqueeze(-1).expand(N, T, d), x)
+    counts = torch.zeros(N, k, dtype=torch.float32, device=x.device)
+    counts.scatter_add_(1, ids, torch.ones(N, T, dtype=torch.float32, device=x.device))
+    means = sums / counts.clamp_min(1.0).unsqueeze(-1)
+    return torch.where((counts > 0).unsqueeze(-1), means, old)
+
+
+def kmeans(x: Tensor, k: int, iters: int, tol: float = KMEANS_TOL,
+           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, int]:
+    """Batched Lloyd k-means: ``x`` (N, T, d) float32 -> (ids (N, T) int64, centroids (N, min(k, T), d), iterations).
+
+    Starts from ``min(k, T)`` distinct tokens per row, drawn with ``generator`` on the CPU (so a CPU
+    and a GPU run start alike); runs at most ``iters`` assign/update rounds and stops earlier once
+    fewer than ``tol`` of all tokens changed cluster. The centroids returned are the member means of
+    the returned assignment (an empty cluster keeps its previous centroid). With ``T <= k`` every
+    token is its own centroid.
+    """
+    if x.dim() != 3 or not x.is_floating_point():
+        raise ValueError(f"kmeans expects a floating-point (rows, tokens, dim) tensor, got {tuple(x.shape)} {x.dtype}")
+    if k < 1 or iters < 1:
+        raise ValueError(f"kmeans needs k >= 1 and iters >= 1, got k={k}, iters={iters}")
+    x = x.to(torch.float32)
+    N, T, d = x.shape
+    k = min(k, T)
+    pick = torch.rand(N, T, generator=generator).argsort(-1)[:, :k].to(x.device)
+    c = torch.gather(x, 1, pick.unsqueeze(-1).expand(N, k, d))
+    prev = None
+    it = 0
+    while it < iters:
+        it += 1
+        ids = _assign(x, c)
+        c = _update(x, ids, c)
+        if prev is not None and float((ids != prev).sum()) < tol * ids.numel():
+            break
+        prev = ids
+    return ids, c, it
+
+
+def _gather_rows(c: Tensor, ids: Tensor) -> Tensor:
+    """``c`` (N, k, d), ``ids`` (N, T) -> (N, T, d): each token's centroid."""
+    return torch.gather(c, 1, ids.unsqueeze(-1).expand(*ids.shape, c.shape[-1]))
+
+
+# --------------------------------------------------------------------------------------------- tensor
+@dataclass(eq=False)
+class QVGTensor(QuantizedTensor):
+    """A QVG-quantized tensor of shape ``(..., tokens, head_dim)``: centroids + cluster ids + quantized residual.
+
+    ``packed``/``scale``/``zero`` are the residual's (as in :class:`QuantizedTensor`, so
+    :meth:`step_sizes` is the residual's step size Delta); ``centroids`` has shape
+    ``(stages, ..., k_total, head_dim)`` in BF16 and ``ids`` ``(stages, ..., tokens)`` in uint8.
+    ``segments`` lists ``(tokens, k)`` of each chunk concatenated here, in token order: the ids
+    of a segment index that segment's ``k`` rows of the centroid table (one segment per cached
+    chunk; :func:`cat_qvg` joins chunks for diagnostics without re-indexing anything).
+    """
+
+    centroids: Tensor
+    ids: Tensor
+    segments: tuple[tuple[int, int], ...]
+
+    @property
+    def stages(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes really stored: the residual's codes, steps and zero-points, the centroids and the cluster ids."""
+        return super().nbytes + sum(t.numel() * t.element_size() for t in (self.centroids, self.ids))
+
+    def _with(self, base: QuantizedTensor, centroids: Tensor, ids: Tensor) -> QVGTensor:
+        return QVGTensor(packed=base.packed, scale=base.scale, zero=base.zero, spec=base.spec, shape=base.shape,
+                         dtype=base.dtype, scale_format=base.scale_format, centroids=centroids, ids=ids,
+                         segments=self.segments)
+
+    def __getitem__(self, idx) -> QVGTensor:
+        """Index the leading dimensions (batch, heads); the tokens share per-chunk centroid tables and stay whole."""
+        if not isinstance(idx, tuple):
+            idx = (idx,)
+        n_lead = len(self.shape) - 2
+        if len(idx) == n_lead + 1 and isinstance(idx[-1], slice) and idx[-1] == slice(None):
+            idx = idx[:-1]
+        if any(i is Ellipsis or i is None for i in idx) or len(idx) > n_lead:
+            raise IndexError("a QVG tensor indexes only its dimensions before (tokens, head_dim), without ... or None")
+        full = (slice(None), *idx)
+        return self._with(super().__getitem__(idx), self.centroids[full], self.ids[full])
+
+    def flatten_leading(self) -> QVGTensor:
+        S = self.stages
+        return self._with(super().flatten_leading(), self.centroids.reshape(S, -1, *self.centroids.shape[-2:]),
+                          self.ids.reshape(S, -1, self.tokens))
+
+    def _token_offsets(self) -> Tensor:
+        """Row offset into the centroid table of each token's segment, (tokens,) int64."""
+        offs, tok = [], []
+        start = 0
+        for t, k in self.segments:
+            offs.append(start)
+            tok.append(t)
+            start += k
+        return torch.repeat_interleave(torch.tensor(offs, dtype=torch.int64), torch.tensor(tok)).to(self.device)
+
+    def smoothing(self) -> Tensor:
+        """Sum over stages of each token's centroid, float32, shape ``(..., tokens, head_dim)``, in the rotated space."""
+        S, d = self.stages, self.head_dim
+        offs = self._token_offsets()
+        c = self.centroids.reshape(S, -1, self.centroids.shape[-2], d)
+        ids = self.ids.reshape(S, -1, self.tokens)
+        total = None
+        for s in range(S):
+            g = _gather_rows(c[s].to(torch.float32), ids[s].to(torch.int64) + offs)
+            total = g if total is None else total.add_(g)
+        return total.reshape(self.shape)
+
+    def residual(self) -> QuantizedTensor:
+        """The quantized final residual on its own (a plain :class:`QuantizedTensor`, rotated space)."""
+        return QuantizedTensor(packed=self.packed, scale=self.scale, zero=self.zero, spec=self.spec, shape=self.shape,
+                               dtype=self.dtype, scale_format=self.scale_format)
+
+    def dequantize(self, dtype: torch.dtype | None = None, rotated: bool = False, out: Tensor | None = None) -> Tensor:
+        """Reconstruct ``sum_s centroid_s[id_s] + (m + code * delta)`` (summed in float32).
+
+        ``rotated`` and ``out`` as in :meth:`QuantizedTensor.dequantize`.
+        """
+        dtype = dtype or (out.dtype if out is not None else self.dtype)
+        x = self.residual().dequantize(dtype=torch.float32, rotated=True).add_(self.smoothing())
+        if self.spec.rotation == "hadamard" and not rotated:
+            x = unrotate(x, self.spec.seed)
+        if out is not None:
+            out.copy_(x)
+            return out
+        return x.to(dtype)
+
+
+def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
+    """QVG of a float32 tensor ``(..., tokens, head_dim)`` already in the codes' space (rotated if any).
+
+    Per (leading index) row: ``spec.qvg_stages`` rounds of :func:`kmeans` with
+    ``spec.qvg_centroids`` centroids and at most ``spec.qvg_iters`` iterations (one generator seeded
+    with ``spec.seed`` for the whole tensor), each subtracting the BF16-rounded centroids; then
+    :func:`~jensen_core.quant.quantize_rotated` of the residual.
+    """
+    if spec.method != "qvg":
+        raise ValueError(f"quantize_qvg needs a spec with method='qvg', got method={spec.method!r}")
+    shape = xf.shape
+    T, d = shape[-2], shape[-1]
+    rows = xf.reshape(-1, T, d).to(torch.float32)
+    gen = torch.Generator().manual_seed(spec.seed)
+    residual = rows
+    cents, ids = [], []
+    for _ in range(spec.qvg_stages):
+        i, c, _ = kmeans(residual, spec.qvg_centroids, spec.qvg_iters, generator=gen)
+        c = c.to(CENTROID_DTYPE)
+        residual = residual - _gather_rows(c.to(torch.float32), i)
+        cents.append(c)
+        ids.append(i.to(torch.uint8))
+    k = cents[0].shape[1]
+    res = quantize_rotated(residual.reshape(shape), spec, dtype=dtype)
+    S = spec.qvg_stages
+    return QVGTensor(
+        packed=res.packed, scale=res.scale, zero=res.zero, spec=spec, shape=shape, dtype=dtype,
+        scale_format=res.scale_format, centroids=torch.stack(cents).reshape(S, *shape[:-2], k, d),
+        ids=torch.stack(ids).reshape(S, *shape[:-1]), segments=((T, k),),
+    )
+
+
+def cat_qvg(parts: list[QVGTensor]) -> QVGTensor:
+    """Concatenate QVG tensors along the token axis: the centroid tables are stacked, the ids kept as stored."""
+    first = parts[0]
+    for p in parts:
+        if not isinstance(p, QVGTensor):
+            raise ValueError("cat_quantized: cannot mix QVG and plain quantized tensors")
+        if p.spec != first.spec or p.scale_format != first.scale_format or p.shape[:-2] != first.shape[:-2] or p.head_dim != first.head_dim:
+            raise ValueError("cat_quantized: tensors differ in spec, scale format or leading shape")
+    if len(parts) == 1:
+        return first
+    packed = torch.cat([p.packed for p in parts], dim=-2)
+    return QVGTensor(
+        packed=packed, scale=torch.cat([p.scale for p in parts], dim=-2), zero=torch.cat([p.zero for p in parts], dim=-2),
+        spec=first.spec, shape=torch.Size((*packed.shape[:-1], first.head_dim)), dtype=first.dtype,
+        scale_format=first.scale_format, centroids=torch.cat([p.centroids for p in parts], dim=-2),
+        ids=torch.cat([p.ids for p in parts], dim=-1), segments=tuple(s for p in parts for s in p.segments),
+    )
+
+
+def reconstruction_snr_db(x: Tensor, x_hat: Tensor) -> float:
+    """10 log10(||x||^2 / ||x - x_hat||^2), the SQNR of a reconstruction in dB."""
+    err = float((x.double() - x_hat.double()).square().sum())
+    return math.inf if err == 0 else 10 * math.log10(float(x.double().square().sum()) / err)
