@@ -14,8 +14,8 @@ the model's dtype on the CPU):
 
 - per-chunk latent PSNR (model space, peak = the reference rollout's range) and, on the decoded
   frames (the fixed latent -> RGB map), PSNR (peak 1) and SSIM;
-- the attention diagnostics of the same runs (KV Cache Diagnostics: every layer and head, every
-  step, every 4th query): median attention-mass shift onto the cache (dP_S) and mean JSD;
+- the attention diagnostics of the same runs (KV Cache Diagnostics: every layer and head, denoising
+  steps 0 and 4, every 4th query): median attention-mass shift onto the cache (dP_S) and mean JSD;
 - the full-precision rollouts' object-position error against the ground-truth continuation (the
   data's physics) after 8, 16 and 32 chunks.
 
@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: denoising steps the attention diagnostics sample (0-based): the first, at full noise, and the middle one
+DIAG_STEPS = "0, 4"
 sys.path.insert(0, str(ROOT / "tests"))
 
 from support import comfyui as support_comfyui  # noqa: E402
@@ -115,7 +117,7 @@ def main(argv=None) -> int:
                                                   "fp8_e4m3", 0).args[0]
         if cfg.correction != "off":
             m = nodes.JensenKVBiasCorrection.execute(m, cfg.correction, cfg.strength).args[0]
-        return nodes.JensenKVDiagnostics.execute(m, "all", "all", "all", 4).args[0]
+        return nodes.JensenKVDiagnostics.execute(m, "all", "all", DIAG_STEPS, 4).args[0]
 
     def rollout(m, prompt, vseed, seed):
         scene = tv.make_scene(prompt, vseed)
