@@ -1,0 +1,75 @@
+"""The CPU demo workflow's three videos as one picture for the README (and how different they are).
+
+    python benchmarks/tiny_demo_frames.py     # writes docs/results/tiny_ar_demo_frames.png (~1 min on 2 cores)
+
+The same settings as ``workflows/jensen_kv_tiny_ar_cpu_demo.json``: the bundled tiny AR model with
+shift 3, prompt "three balls bouncing fast over a cool texture", seed 42, 24 latent frames in chunks
+of 3, cache window 3, 8 euler steps; rows: full-precision cache, INT2 (g32, QuaRot), INT2 + Jensen.
+Every 3rd latent frame is shown, each latent pixel as an 8x8 block.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from support import comfyui as support_comfyui  # noqa: E402
+
+PROMPT = "three balls bouncing fast over a cool texture"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "tiny_ar_demo_frames.png")
+    args = p.parse_args(argv)
+    support_comfyui.setup_inprocess_comfyui()
+    import importlib
+
+    import comfy.samplers
+    import torch
+    from PIL import Image, ImageDraw
+    from support import tiny_ar
+
+    pack = support_comfyui.import_pack()
+    nodes = importlib.import_module(f"{pack.__name__}.nodes")
+    loop = importlib.import_module(f"{pack.__name__}.runtime.chunk_loop")
+    tv = tiny_ar.core()
+    model = tiny_ar.load_model()
+    int2 = nodes.JensenKVQuantizeKVCache.execute(model, "2", "2", "32", "hadamard", "fp8_e4m3", 0).args[0]
+    jensen = nodes.JensenKVBiasCorrection.execute(int2, "taylor", 1.0).args[0]
+    cond = nodes.JensenKVTinyARPrompt.execute(PROMPT).args[0]
+    rows = []
+    ref = None
+    for label, m in (("full-precision cache", model), ("INT2 cache", int2), ("INT2 + Jensen", jensen)):
+        res = loop.run_chunked_ar(m, cond, cond, {"samples": torch.zeros(1, 16, 24, 16, 16)}, seed=42, cfg=1.0,
+                                  sampler=comfy.samplers.sampler_object("euler"), sigmas=tiny_ar.sigmas(model),
+                                  chunk_frames=3, window_chunks=3, progress=False)
+        x = tv.from_wan_latent(res.samples[0])
+        if ref is None:
+            ref = x
+        print(f"{label:22s} latent PSNR vs full precision: {tiny_ar.psnr(ref, x):6.2f} dB, "
+              f"cache {res.report['cache_bytes'] / 1024:.1f} KiB")
+        rows.append((label, tv.to_rgb(x)))
+    frames = list(range(0, 24, 3))
+    cell, pad, left = 96, 4, 170
+    img = Image.new("RGB", (left + len(frames) * (cell + pad), len(rows) * (cell + pad) + 18), "white")
+    draw = ImageDraw.Draw(img)
+    for j, f in enumerate(frames):
+        draw.text((left + j * (cell + pad) + 4, 2), f"frame {f}", fill=(40, 40, 40))
+    for i, (label, rgb) in enumerate(rows):
+        y = 18 + i * (cell + pad)
+        draw.text((6, y + cell // 2 - 6), label, fill=(20, 20, 20))
+        for j, f in enumerate(frames):
+            tile = Image.fromarray((rgb[f] * 255).round().byte().numpy()).resize((cell, cell), Image.NEAREST)
+            img.paste(tile, (left + j * (cell + pad), y))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    img.save(args.out)
+    print(f"wrote {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
