@@ -1,14 +1,26 @@
 """Benchmark of one corrected attention call at the demo's shapes (not a test).
 
     python benchmarks/attention.py                 # fp32 and bf16 on the CPU
+    python benchmarks/attention.py --threads 1     # steadier on a shared machine (see below)
+    python benchmarks/attention.py --profile       # plus where one attend's time goes, before and after
     python benchmarks/attention.py --device cuda   # the same code on a GPU (SDPA picks a fused kernel)
 
 Every configuration runs in the same process, interleaved round by round, and each ratio is the
 median of the per-round ratios, so a machine that gets busier or quieter hurts all sides alike.
 On the CPU the ratios use the process's CPU time (other processes on a shared machine inflate
-wall time, not the CPU time our threads spend); wall-clock ratios are printed next to them.
-Targets (issue 2):
-  time(INT2 + Taylor) / time(INT2, no correction)      <= 1.10
+wall time, not the CPU time our threads spend); wall-clock ratios are printed next to them. With
+several torch threads on a machine that other processes keep busy, OpenMP's spin-waiting between
+the many small parallel regions (dequantization, merges) counts as CPU time too; ``--threads 1``
+measures the work itself. Each ratio is printed with the CPU class (AMX / AVX-512 / AVX2, from
+/proc/cpuinfo) and the layout the per-score correction chose, so figures from machines compare.
+
+"before" rows run the dequantization and rotations as they were before issue 12 (channel-order
+unpacking, half-precision arithmetic, the current chunk rotated into the codes' space and back:
+``jensen_core.attention._LEGACY``) in the same rounds as the current path.
+
+Targets (issues 2 and 12):
+  time(INT2 + Taylor) / time(INT2, no correction)      <= 1.10   (fp32 and bf16)
+  time(INT2 + chunk_mean) / time(INT2, no correction)  <= 1.02   (the zero-cost correction)
   time(INT2 cache + correction) / time(SDPA, unquantized same keys) <= 1.50
   peak extra memory of one attend / one layer's window (K+V, compute dtype) <= 1.0
   stored bytes / BF16 bytes == effective_bits / 16 within 1%
@@ -18,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -29,7 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jensen_core import ChunkCache, QuantSpec, attention  # noqa: E402
+from jensen_core import ChunkCache, QuantSpec, attention, kernels  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
 
 
@@ -110,32 +123,46 @@ def measure_memory(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
 def memory_in_child(dname: str, device: torch.device, args) -> dict:
     """Run :func:`measure_memory` in a fresh process whose allocator returns freed memory at once."""
     cmd = [sys.executable, __file__, "--memory-child", "--dtypes", dname, "--device", str(device), "--heads", str(args.heads),
-           "--chunk-tokens", str(args.chunk_tokens), "--cached-chunks", str(args.cached_chunks)]
+           "--chunk-tokens", str(args.chunk_tokens), "--cached-chunks", str(args.cached_chunks), "--threads", str(args.threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk_tokens: int, cached_chunks: int) -> dict:
+def _legacy(fn):
+    """``fn`` on the path before issue 12 (see the module docstring)."""
+    def call():
+        attention._LEGACY = True
+        try:
+            return fn()
+        finally:
+            attention._LEGACY = False
+    return call
+
+
+def _calls(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
     w = make_workload(heads=heads, chunk_tokens=chunk_tokens, cached_chunks=cached_chunks, dtype=dtype)
     move = lambda t: t.to(device)  # noqa: E731
     q, k_cur, v_cur = map(move, (w.q, w.k_cur, w.v_cur))
     k_all = torch.cat([move(k) for k in w.k_cached] + [k_cur], dim=-2)
     v_all = torch.cat([move(v) for v in w.v_cached] + [v_cur], dim=-2)
+    calls = {"SDPA, unquantized": lambda: F.scaled_dot_product_attention(q, k_all, v_all)}
     caches = {}
     for name, rot in (("RTN", "none"), ("QuaRot", "hadamard")):
         spec = QuantSpec(bits=2, group_size=32, rotation=rot)
-        c = ChunkCache(spec, spec)
+        c = caches[name] = ChunkCache(spec, spec)
         for k, v in zip(w.k_cached, w.v_cached):
             c.append(move(k), move(v))
-        caches[name] = c
-    calls = {
-        "SDPA, unquantized": lambda: F.scaled_dot_product_attention(q, k_all, v_all),
-        "INT2 RTN": lambda: caches["RTN"].attend(q, k_cur, v_cur, correction="none"),
-        "INT2 RTN + Taylor": lambda: caches["RTN"].attend(q, k_cur, v_cur, correction="taylor"),
-        "INT2 QuaRot": lambda: caches["QuaRot"].attend(q, k_cur, v_cur, correction="none"),
-        "INT2 QuaRot + Taylor": lambda: caches["QuaRot"].attend(q, k_cur, v_cur, correction="taylor"),
-    }
-    for fn in calls.values():  # warm-up (kernel selection, the LSE self-check)
+        for label, mode in (("", "none"), (" + Taylor", "taylor"), (" + chunk_mean", "chunk_mean")):
+            fn = lambda c=c, mode=mode: c.attend(q, k_cur, v_cur, correction=mode)  # noqa: E731
+            calls[f"INT2 {name}{label}"] = fn
+            if mode != "chunk_mean":
+                calls[f"INT2 {name}{label} (before)"] = _legacy(fn)
+    return calls, caches
+
+
+def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk_tokens: int, cached_chunks: int) -> dict:
+    calls, caches = _calls(dtype, device, heads, chunk_tokens, cached_chunks)
+    for fn in calls.values():  # warm-up (kernel selection, the LSE self-check, the correction's layout)
         fn()
     times = {name: [] for name in calls}
     cpu = {name: [] for name in calls}
@@ -157,19 +184,60 @@ def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk
         return statistics.median(x / y for x, y in zip(t[a], t[b]))
 
     c = caches["RTN"]
-    return {
+    out = {
         "ms": {n: 1000 * statistics.median(t) for n, t in times.items()},
         "cpu_ms": {n: 1000 * statistics.median(t) for n, t in cpu.items()},
         "wall_taylor_vs_plain": ratio("INT2 RTN + Taylor", "INT2 RTN", times),
         "wall_int2_vs_sdpa": ratio("INT2 RTN + Taylor", "SDPA, unquantized", times),
-        "taylor_vs_plain": ratio("INT2 RTN + Taylor", "INT2 RTN"),
-        "taylor_vs_plain_quarot": ratio("INT2 QuaRot + Taylor", "INT2 QuaRot"),
-        "int2_vs_sdpa": ratio("INT2 RTN + Taylor", "SDPA, unquantized"),
-        "int2_vs_sdpa_quarot": ratio("INT2 QuaRot + Taylor", "SDPA, unquantized"),
         "bytes_ratio": c.nbytes / c.bf16_nbytes,
         "bits_ratio": c.effective_bits / 16,
         "spec_bits_ratio": QuantSpec().effective_bits / 16,
     }
+    for scheme in ("RTN", "QuaRot"):
+        base = f"INT2 {scheme}"
+        out[f"taylor_vs_plain {scheme}"] = ratio(f"{base} + Taylor", base)
+        out[f"chunk_mean_vs_plain {scheme}"] = ratio(f"{base} + chunk_mean", base)
+        for suffix in ("", " (before)"):
+            out[f"plain_vs_sdpa {scheme}{suffix}"] = ratio(f"{base}{suffix}", "SDPA, unquantized")
+            out[f"taylor_vs_sdpa {scheme}{suffix}"] = ratio(f"{base} + Taylor{suffix}", "SDPA, unquantized")
+        out[f"taylor_vs_plain {scheme} (before)"] = ratio(f"{base} + Taylor (before)", f"{base} (before)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------- profile
+_CATEGORIES = (
+    ("attention kernel", ("scaled_dot_product", "flash_attention", "efficient_attention", "flex")),
+    ("unpacking codes", ("rshift", "bitwise_and", "__and__", "__rshift__")),
+    ("dequant arithmetic (m + code * delta)", ("addcmul", "lerp")),
+    ("rotations (Hadamard matmuls)", ("aten::mm", "aten::bmm", "aten::matmul")),
+    ("dtype conversions and copies", ("copy_", "_to_copy", "clone", "contiguous")),
+    ("log-sum-exp merges", ("logaddexp", "aten::exp", "mul_", "aten::sub")),
+)
+
+
+def profile(dtype, device, heads, chunk_tokens, cached_chunks, repeats: int = 2) -> None:
+    """Where one attend's time goes (torch.profiler, self CPU time by category), before and after issue 12."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    calls, _ = _calls(dtype, device, heads, chunk_tokens, cached_chunks)
+    print(f"  profile of one attend ({repeats} calls each, self CPU time by category, ms per call):")
+    rows = {}
+    for name in ("INT2 RTN (before)", "INT2 RTN", "INT2 QuaRot (before)", "INT2 QuaRot", "INT2 QuaRot + Taylor"):
+        calls[name]()
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(repeats):
+                calls[name]()
+        cats = dict.fromkeys([c for c, _ in _CATEGORIES] + ["other"], 0.0)
+        for ev in prof.key_averages():
+            cat = next((c for c, keys in _CATEGORIES if any(k in ev.key for k in keys)), "other")
+            cats[cat] += ev.self_cpu_time_total / 1000 / repeats
+        rows[name] = cats
+    names = list(rows)
+    print("    " + f"{'':40s}" + "".join(f"{n:>22s}" for n in names))
+    for cat in rows[names[0]]:
+        print("    " + f"{cat:40s}" + "".join(f"{rows[n][cat]:22.1f}" for n in names))
+    print("    " + f"{'total':40s}" + "".join(f"{sum(rows[n].values()):22.1f}" for n in names))
 
 
 def main(argv=None) -> int:
@@ -180,16 +248,23 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--chunk-tokens", type=int, default=1560)
     ap.add_argument("--cached-chunks", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--profile", action="store_true", help="also print where one attend's time goes, before and after")
     ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.memory_child:
         exact_rss_accounting()
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtypes]
         print(json.dumps(measure_memory(dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)))
         return 0
-    print(f"torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads; {args.heads} heads x 128, "
-          f"{args.chunk_tokens} tokens/chunk, {args.cached_chunks} cached chunks + current; {args.rounds} interleaved rounds")
+    klass = kernels.cpu_class() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    print("command:", shlex.join(["python", "benchmarks/attention.py", *(sys.argv[1:] if argv is None else argv)]))
+    print(f"torch {torch.__version__}, device {device} ({klass}; CPU class from /proc/cpuinfo: {kernels.cpu_class()}), "
+          f"{torch.get_num_threads()} threads; {args.heads} heads x 128, {args.chunk_tokens} tokens/chunk, "
+          f"{args.cached_chunks} cached chunks + current; {args.rounds} interleaved rounds")
     ok = True
     for dname in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dname]
@@ -197,28 +272,40 @@ def main(argv=None) -> int:
         r["mem"] = memory_in_child(dname, device, args) if device.type == "cpu" else measure_memory(
             dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)
         r["window_mib"] = r["mem"]["window_mib"]
-        print(f"\n== {dname} ==")
+        layout = kernels.kernel_choices().get(f"{device.type}/{dtype} d128 G4", "?")
+        tag = f"[{klass} {dname}]"
+        print(f"\n== {dname} on {klass}; Taylor layout: {layout} ==")
         for name, ms in r["ms"].items():
-            print(f"  {name:<24}{ms:9.1f} ms wall {r['cpu_ms'][name]:9.1f} ms CPU")
+            print(f"  {name:<32}{ms:9.1f} ms wall {r['cpu_ms'][name]:9.1f} ms CPU")
         clock = "CPU time" if device.type == "cpu" else "wall time"
         print(f"  ratios below: medians of per-round {clock} ratios (wall-clock: INT2+Taylor/INT2 "
               f"{r['wall_taylor_vs_plain']:.3f}, INT2+Taylor/SDPA {r['wall_int2_vs_sdpa']:.3f})")
         checks = [
-            ("INT2 + Taylor / INT2 (RTN)", r["taylor_vs_plain"], 1.10),
-            ("INT2 + Taylor / INT2 (QuaRot)", r["taylor_vs_plain_quarot"], 1.10),
-            ("INT2 + Taylor / SDPA unquantized (RTN)", r["int2_vs_sdpa"], 1.50),
-            ("INT2 + Taylor / SDPA unquantized (QuaRot)", r["int2_vs_sdpa_quarot"], 1.50),
+            ("INT2 + Taylor / INT2 (RTN)", r["taylor_vs_plain RTN"], 1.10),
+            ("INT2 + Taylor / INT2 (QuaRot)", r["taylor_vs_plain QuaRot"], 1.10),
+            ("INT2 + chunk_mean / INT2 (RTN)", r["chunk_mean_vs_plain RTN"], 1.02),
+            ("INT2 + chunk_mean / INT2 (QuaRot)", r["chunk_mean_vs_plain QuaRot"], 1.02),
+            ("INT2 + Taylor / SDPA unquantized (RTN)", r["taylor_vs_sdpa RTN"], 1.50),
+            ("INT2 + Taylor / SDPA unquantized (QuaRot)", r["taylor_vs_sdpa QuaRot"], 1.50),
             ("peak extra memory / window K+V (streamed)", r["mem"]["streamed"], 1.0),
         ]
         for label, value, target in checks:
             met = value <= target
             ok &= met
-            print(f"  {label:<44}{value:7.3f}  (target <= {target:.2f}: {'met' if met else 'MISSED'})")
+            print(f"  {label:<44}{value:7.3f}  {tag} (target <= {target:.2f}: {'met' if met else 'MISSED'})")
         print(f"  {'  same, single-buffer fallback path':<44}{r['mem']['one buffer']:7.3f}  (window = {r['window_mib']:.1f} MiB)")
         dev = abs(r["bytes_ratio"] / r["bits_ratio"] - 1)
         ok &= dev <= 0.01
         print(f"  stored / BF16 bytes {r['bytes_ratio']:.5f} vs effective_bits/16 {r['spec_bits_ratio']:.5f} "
               f"(deviation {dev:.2%}, target <= 1%: {'met' if dev <= 0.01 else 'MISSED'})")
+        print(f"  dequantization and rotations, before -> after issue 12 (same rounds) {tag}:")
+        for scheme in ("RTN", "QuaRot"):
+            for label, key in (("INT2 / SDPA unquantized", "plain_vs_sdpa"), ("INT2 + Taylor / SDPA unquantized", "taylor_vs_sdpa")):
+                print(f"    {label + f' ({scheme})':<46}{r[f'{key} {scheme} (before)']:7.3f} -> {r[f'{key} {scheme}']:.3f}")
+            print(f"    {f'INT2 + Taylor / INT2 ({scheme})':<46}{r[f'taylor_vs_plain {scheme} (before)']:7.3f} -> "
+                  f"{r[f'taylor_vs_plain {scheme}']:.3f}")
+        if args.profile:
+            profile(dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)
     print("\nall targets met" if ok else "\nsome targets MISSED")
     return 0 if ok else 1
 

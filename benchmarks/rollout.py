@@ -2,6 +2,7 @@
 
     python benchmarks/rollout.py            # 4 seeds x 32 chunks, 35 configurations (about 45 min on 2 cores)
     python benchmarks/rollout.py --quick    # 1 seed x 4 chunks, 4 configurations (about a minute)
+    python benchmarks/rollout.py --modes    # the correction modes side by side at INT2 (rollout_modes_*.csv)
 
 Every rollout continues a held-out ground-truth video: its first ``--prefix`` chunks are written into
 the cache (the sampler's prefix input), then ``--chunks`` chunks are generated with a cache window of
@@ -66,7 +67,10 @@ class Config:
         return core.QuantSpec(bits=self.bits, group_size=self.group).effective_bits
 
 
-def grid(quick: bool) -> list[Config]:
+def grid(quick: bool, modes: bool = False) -> list[Config]:
+    if modes:  # the correction modes side by side at INT2 (issue 12: chunk_mean against taylor)
+        return [Config(2, g, r, c) for r in ("none", "hadamard") for g in (32, 128)
+                for c in ("off", "taylor", "chunk_mean", "per_channel")]
     if quick:
         return [Config(2, 32, "hadamard", "off"), Config(2, 32, "hadamard", "taylor"), Config(4, 32, "hadamard", "off"),
                 Config(2, 128, "none", "taylor")]
@@ -88,9 +92,13 @@ def parse_args(argv=None):
     p.add_argument("--model", type=Path, default=None, help="a tiny AR checkpoint (default: models/tiny_ar)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--modes", action="store_true",
+                   help="INT2, off / taylor / chunk_mean / per_channel: writes rollout_modes_*.csv, no plots")
     a = p.parse_args(argv)
     if a.quick:
         a.seeds, a.chunks = 1, 4
+    if a.modes:
+        a.no_plots = True
     return a
 
 
@@ -112,7 +120,8 @@ def main(argv=None) -> int:
     sigmas = tiny_ar.sigmas(model, args.steps or tiny_ar.STEPS)
     sampler = comfy.samplers.sampler_object(tiny_ar.SAMPLER)
     F = tiny_ar.CHUNK_FRAMES
-    configs = grid(args.quick)
+    configs = grid(args.quick, args.modes)
+    stem = "rollout_modes" if args.modes else "rollout"
 
     def patched(cfg: Config):
         m = nodes.JensenKVQuantizeKVCache.execute(model, str(cfg.bits), str(cfg.bits), str(cfg.group), cfg.rotation,
@@ -189,11 +198,11 @@ def main(argv=None) -> int:
     phys = {c: mean_se([p[c - 1] for p in physics]) for c in (1, 8, 16, 32) if c <= args.chunks}
 
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "rollout_summary.csv", "w", newline="") as f:
+    with open(args.out / f"{stem}_summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(summary[0]))
         w.writeheader()
         w.writerows(summary)
-    with open(args.out / "rollout_per_chunk.csv", "w", newline="") as f:
+    with open(args.out / f"{stem}_per_chunk.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["config", "chunk", "latent_psnr", "latent_psnr_se", "rgb_psnr", "ssim",
                     "fp_position_error_px", "fp_position_error_se"])

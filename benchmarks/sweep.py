@@ -22,6 +22,12 @@ Cache Diagnostics Plot node shows for one tiny-Wan run) to ``--out`` (default ``
 
     python benchmarks/sweep.py                  # the full grid, about 7 minutes on 2 CPU cores
     python benchmarks/sweep.py --quick --out /tmp/sweep   # a small grid in seconds (smoke test)
+    python benchmarks/sweep.py --modes          # every correction mode at INT2/INT3 (sweep_modes.csv, no plots)
+
+``--modes`` compares the correction modes with each other (issue 12): off, taylor, chunk_mean (the
+chunk-mean bias as an offset of each cached chunk's log-sum-exp, free on every kernel), per_channel
+and exact, at INT2 and INT3, every group size, RTN and QuaRot; it writes ``sweep_modes.csv`` and
+prints, per setting, how much of Taylor's ΔP_S reduction and PSNR gain chunk_mean keeps.
 """
 from __future__ import annotations
 
@@ -53,6 +59,7 @@ from jensen_core.workload import make_workload  # noqa: E402
 SCHEMES = {"none": "RTN", "hadamard": "QuaRot"}
 QVG_SCHEMES = {"none": "QVG", "hadamard": "QVG+QuaRot"}
 CORRECTIONS = ("off", "taylor", "exact")
+MODE_CORRECTIONS = ("off", "taylor", "chunk_mean", "per_channel", "exact")
 COLUMNS = [
     "scheme", "rotation", "bits", "group_size", "correction", "effective_bits",
     "median_delta_ps", "q25_delta_ps", "q75_delta_ps", "iqr_delta_ps", "mean_jsd", "output_mse",
@@ -105,6 +112,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a small grid (INT2/INT4, g32, RTN, off/taylor) on a small workload and a short video: seconds")
     p.add_argument("--no-wan", action="store_true", help="skip the tiny-Wan part (latent PSNR)")
+    p.add_argument("--modes", action="store_true",
+                   help="compare every correction mode at INT2/INT3 (writes sweep_modes.csv, no plots)")
     p.add_argument("--query-stride", type=int, default=4, help="workload: evaluate every n-th query")
     p.add_argument("--seeds", type=int, default=3, help="tiny Wan: seeds averaged for the PSNR (noise + prompt)")
     p.add_argument("--chunks", type=int, default=6, help="tiny Wan: chunks per video (at least 6 for the full grid)")
@@ -125,7 +134,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def grid(quick: bool) -> list[Setting]:
+def grid(quick: bool, modes: bool = False) -> list[Setting]:
+    if modes:
+        return [Setting(b, g, r, c) for r in ("none", "hadamard") for b in (2, 3) for g in ((32,) if quick else (128, 64, 32))
+                for c in MODE_CORRECTIONS]
     if quick:
         return ([Setting(b, 32, "none", c) for b in (2, 4) for c in ("off", "taylor")]
                 + [Setting(2, 32, "none", c, "qvg", 8) for c in ("off", "taylor")])
@@ -321,6 +333,31 @@ def matched_bits_verdict(rows: list[Row]) -> list[str]:
     return lines
 
 
+def modes_verdict(rows: list[Row], have_wan: bool) -> list[str]:
+    """Per setting: the share of Taylor's |median ΔP_S| reduction (and tiny-Wan PSNR gain) that each other mode keeps."""
+    by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r.values
+          for r in rows if r.setting is not None}
+    lines = []
+    for (bits, g, rot, corr), off in sorted(by.items()):
+        if corr != "off" or (bits, g, rot, "taylor") not in by:
+            continue
+        tay = by[(bits, g, rot, "taylor")]
+        parts = []
+        for mode in ("chunk_mean", "per_channel", "exact"):
+            v = by.get((bits, g, rot, mode))
+            if v is None:
+                continue
+            red = abs(off["median_delta_ps"]) - abs(tay["median_delta_ps"])
+            kept = (abs(off["median_delta_ps"]) - abs(v["median_delta_ps"])) / red if red > 0 else float("nan")
+            part = f"{mode}: {kept:.0%} of Taylor's |dP_S| reduction, JSD {v['mean_jsd']:.3g} (Taylor {tay['mean_jsd']:.3g})"
+            if have_wan and v.get("wan_latent_psnr_db") not in (None, ""):
+                part += (f", PSNR {v['wan_latent_psnr_db'] - off['wan_latent_psnr_db']:+.2f} dB "
+                         f"(Taylor {tay['wan_latent_psnr_db'] - off['wan_latent_psnr_db']:+.2f})")
+            parts.append(part)
+        lines.append(f"INT{bits} g{g} {SCHEMES[rot]}: " + "; ".join(parts))
+    return lines
+
+
 def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
     try:
         import matplotlib
@@ -451,7 +488,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = grid(args.quick)
+    settings = grid(args.quick, args.modes)
 
     t0 = time.perf_counter()
     rows, hists, wdesc = workload_part(settings, args)
@@ -476,6 +513,14 @@ def main(argv=None) -> int:
 
     print()
     print_table(rows, have_wan)
+    if args.modes:
+        csv_path = out / "sweep_modes.csv"
+        write_csv(rows, csv_path)
+        print()
+        for line in modes_verdict(rows, have_wan):
+            print(line)
+        print(f"\ncsv: {csv_path}\nelapsed: {time.perf_counter() - t_start:.1f} s")
+        return 0
     csv_path = out / "sweep.csv"
     write_csv(rows, csv_path)
     print()

@@ -1,19 +1,21 @@
 """Attention of the current chunk over [cached quantized chunks, current chunk], bias-corrected.
 
-The fast path folds the Taylor correction (Eq. 15) into the SDPA kernel. The bias is low rank,
-``b = nu W^T`` with ``nu_mj = ||q_mj||^2`` and ``W_ij = Delta_ij^2 / (24 d)``, so appending
-``G = d / g`` channels,
+The Taylor correction (Eq. 15) is low rank, ``b = nu W^T`` with ``nu_mj = ||q_mj||^2`` and
+``W_ij = Delta_ij^2 / (24 d)``. The fast path never materialises it:
 
-    q' = [q, -sqrt(d) * lambda * nu],   k' = [k_hat, W] (cached),   k' = [k, 0] (current),
-
-makes any SDPA kernel with scale ``1/sqrt(d)`` compute ``q.k/sqrt(d) - lambda * b`` with no bias
-matrix. Values are zero-padded to the same width (a multiple of 8) so the fused kernel runs.
+- ``taylor`` (per score): appended channels, ``q' = [q, -sqrt(d) lambda nu]``, ``k' = [k_hat, W]``
+  (cached), so that a kernel with scale ``1/sqrt(d)`` computes ``q.k/sqrt(d) - lambda b``; or, where
+  it is faster (CUDA), FlexAttention with the bias as a ``score_mod``. The layout is chosen per
+  device and dtype at first use (:mod:`jensen_core.kernels`).
+- ``chunk_mean`` / ``per_channel`` (constant over a cached chunk's keys, per query): cached and
+  current chunks are attended separately and merged through their log-sum-exp, so such a bias is
+  an offset of the chunk's log-sum-exp - no extra channel, any kernel, no cost.
 
 Memory: cached chunks are dequantized one at a time straight into a chunk-sized buffer and
 attended with a kernel that also returns the log-sum-exp; the partial results are merged exactly.
 The transient is about one chunk's K/V in the compute dtype - never a full-precision copy of the
 cache, nor even of one layer's window. (Where no kernel reports its log-sum-exp, one buffer holds
-the layer's window instead.)
+the layer's window instead, every correction folded in as appended channels.)
 """
 from __future__ import annotations
 
@@ -26,11 +28,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import hadamard
 from .bias import _exact_bias, check_mode, query_group_norms, taylor_weights
 from .hadamard import rotate, unrotate
+from .kernels import (  # noqa: F401 - lse_supported and sdpa_with_lse are part of this module's interface
+    Layout,
+    layout_attend,
+    layout_query,
+    lse_supported,
+    round_up,
+    sdpa_with_lse,
+    taylor_layout,
+)
+from .packing import from_interleaved, to_interleaved
 from .quant import QuantizedTensor
 
 logger = logging.getLogger("jensen_kv")
+
+_FORCE_CONCAT = False  # tests flip this to exercise the single-buffer path
+_LEGACY = False  # benchmarks flip this: the dequantization and rotations before issue 12, side by side
 
 
 @dataclass(eq=False)
@@ -55,13 +71,6 @@ class CacheEntry:
 
 def _nbytes(t: QuantizedTensor | Tensor) -> int:
     return t.nbytes if isinstance(t, QuantizedTensor) else t.numel() * t.element_size()
-
-
-def _fill(dst: Tensor, src: QuantizedTensor | Tensor) -> None:
-    if isinstance(src, QuantizedTensor):
-        src.dequantize(rotated=True, out=dst)
-    else:
-        dst.copy_(src)
 
 
 def _rotation_seed(t: QuantizedTensor | Tensor) -> int | None:
@@ -121,7 +130,10 @@ def cached_attention(
     Shapes follow SDPA: ``q`` (batch, heads, M, d), ``k_cur``/``v_cur`` (batch, heads, T, d), every
     cache entry (batch, heads, T_i, d). Returns (batch, heads, M, d) in ``q.dtype``.
 
-    ``correction``: ``taylor`` and ``per_channel`` run the fused fast path (no bias matrix);
+    ``correction``: ``taylor`` runs the per-score correction through the kernel layout chosen for
+    this device and dtype (:func:`jensen_core.kernels.taylor_layout`; no bias matrix);
+    ``chunk_mean`` and ``per_channel`` subtract a bias that is constant over each cached chunk
+    (per query): an offset of that chunk's log-sum-exp before the merge, free with any kernel;
     ``exact`` (Eq. 12) materialises the score matrix head by head and is much slower - meant for
     diagnostics and ablations; ``none`` is plain attention. The correction is scaled by
     ``strength`` and touches cached keys only; it is skipped when the keys are not quantized.
@@ -138,82 +150,164 @@ def cached_attention(
 
     D = q.shape[-1]
     kseed, vseed = _rotation_seed(entries[0].k), _rotation_seed(entries[0].v)
-    qr = rotate(q, kseed) if kseed is not None else q
-    kcr = rotate(k_cur, kseed) if kseed is not None else k_cur
-    vcr = rotate(v_cur, vseed) if vseed is not None else v_cur
-
     keys_quantized = isinstance(entries[0].k, QuantizedTensor)
     if not keys_quantized or strength == 0:
         correction = "none"
+    strength = float(strength)
     if correction == "exact":
-        out = _exact_attention(qr, kcr, vcr, entries, float(strength))
-    else:
-        G = D // entries[0].k.spec.group_size if correction != "none" else 0
-        plan = _Plan(D=D, G=G, Dp=D if G == 0 else -(-(D + G) // 8) * 8, correction=correction)
-        qbuf = _extended_query(qr, plan, float(strength))
-        if lse_supported(q.device, q.dtype, plan.Dp) and lse_supported(q.device, q.dtype, D):
-            out = _streamed(qr, qbuf, kcr, vcr, entries, plan)
-        else:
-            out = _concatenated(qbuf, kcr, vcr, entries, plan)
+        qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
+        out = _exact_attention(qr, kcr, vcr, entries, strength)
+        return unrotate(out, vseed) if vseed is not None else out
+    G = D // entries[0].k.spec.group_size if correction != "none" else 0
+    streamed = not _FORCE_CONCAT and lse_supported(q.device, q.dtype, D)
+    layout = None
+    if correction == "taylor" and streamed:
+        layout = taylor_layout(q.device, q.dtype, D, G, (q.shape[1], q.shape[2], entries[0].tokens))
+        streamed = layout is not None
+    if streamed:
+        return _streamed(q, k_cur, v_cur, entries, correction, strength, layout, kseed, vseed)
+    qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
+    out = _concatenated(qr, kcr, vcr, entries, correction, strength, G)
     return unrotate(out, vseed) if vseed is not None else out
 
 
-@dataclass(frozen=True)
-class _Plan:
-    D: int  # head_dim
-    G: int  # appended correction channels (d / g, or 0)
-    Dp: int  # padded width: D + G rounded up to a multiple of 8
-    correction: str
+def _rotated(q: Tensor, k_cur: Tensor, v_cur: Tensor, kseed: int | None, vseed: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The query and the current chunk in the space the cached codes live in."""
+    if kseed is not None:
+        q, k_cur = rotate(q, kseed), rotate(k_cur, kseed)
+    return q, k_cur, rotate(v_cur, vseed) if vseed is not None else v_cur
 
 
-def _extended_query(qr: Tensor, plan: _Plan, strength: float) -> Tensor:
-    """q' = [q, -sqrt(d) * lambda * nu, 0...] (just q without correction)."""
-    if plan.G == 0:
-        return qr
-    D, G = plan.D, plan.G
-    qbuf = qr.new_empty(*qr.shape[:-1], plan.Dp)
-    qbuf[..., :D] = qr
-    qbuf[..., D : D + G] = query_group_norms(qr, D // G) * (-math.sqrt(D) * strength)
-    qbuf[..., D + G :] = 0
-    return qbuf
+def _taylor_weights(entries: list[CacheEntry], D: int) -> list[Tensor]:
+    return [taylor_weights(e.k.step_sizes(), D) for e in entries]
 
 
-def _key_weights(entries: list[CacheEntry], plan: _Plan) -> list[Tensor | None]:
-    """W per entry: Delta^2/(24 d) (taylor), or the window's token mean of it (per_channel, App. E)."""
-    if plan.G == 0:
-        return [None] * len(entries)
-    ws = [taylor_weights(e.k.step_sizes(), plan.D) for e in entries]
-    if plan.correction == "per_channel":
-        mean = sum(w.sum(-2, keepdim=True) for w in ws) / sum(e.tokens for e in entries)
-        ws = [mean.expand_as(w) for w in ws]
-    return ws
+def _constant_weights(entries: list[CacheEntry], correction: str, D: int) -> list[Tensor]:
+    """Per entry, the ``W`` shared by all its keys, ``(..., 1, G)``: its chunk's mean (chunk_mean) or the window's (per_channel, App. E)."""
+    ws = _taylor_weights(entries, D)
+    if correction == "chunk_mean":
+        return [w.mean(-2, keepdim=True) for w in ws]
+    mean = sum(w.sum(-2, keepdim=True) for w in ws) / sum(e.tokens for e in entries)
+    return [mean] * len(entries)
 
 
-def _streamed(qr: Tensor, qbuf: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], plan: _Plan) -> Tensor:
-    """One SDPA call per cached chunk and one for the current chunk, merged by log-sum-exp."""
-    D, G, Dp = plan.D, plan.G, plan.Dp
-    B, H = qbuf.shape[:2]
+def _interleave(t: QuantizedTensor | Tensor) -> tuple[int, int] | None:
+    """(bits, group size) when a cached side is dequantized in group-interleaved channel order."""
+    if _LEGACY or not isinstance(t, QuantizedTensor) or not t.interleaved:
+        return None
+    return t.spec.bits, t.spec.group_size
+
+
+def _fill(dst: Tensor, src: QuantizedTensor | Tensor, interleaved: bool) -> None:
+    if not isinstance(src, QuantizedTensor):
+        dst.copy_(src)
+    elif interleaved:
+        src.dequantize_interleaved(dst)
+    else:
+        src.dequantize(rotated=True, out=dst)
+
+
+_CODE_MATRICES: dict[tuple, Tensor] = {}
+
+
+def _code_matrix(n: int, seed: int, il: tuple[int, int], device: torch.device, dtype: torch.dtype, inverse: bool) -> Tensor:
+    """The rotation with the group-interleaved channel order folded in: columns (forward) or rows (inverse) reordered."""
+    key = (n, seed, il, str(device), dtype, inverse)
+    m = _CODE_MATRICES.get(key)
+    if m is None:
+        r = hadamard._matrix(n, seed, device, dtype, inverse)
+        m = (to_interleaved(r.T, *il).T if inverse else to_interleaved(r, *il)).contiguous()
+        if len(_CODE_MATRICES) > 64:
+            _CODE_MATRICES.clear()
+        _CODE_MATRICES[key] = m
+    return m
+
+
+def _to_codes_space(x: Tensor, seed: int | None, il: tuple[int, int] | None) -> Tensor:
+    """``x`` rotated as the cached codes are and in their channel order: one new tensor at most (a matmul or a copy)."""
+    if seed is None:
+        return to_interleaved(x, *il) if il else x
+    if il is None or x.shape[-1] > hadamard.MATMUL_MAX_DIM:
+        r = rotate(x, seed)
+        return to_interleaved(r, *il) if il else r
+    cdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return (x.to(cdt) @ _code_matrix(x.shape[-1], seed, il, x.device, cdt, False)).to(x.dtype)
+
+
+def _to_model_space(x: Tensor, seed: int | None, il: tuple[int, int] | None) -> Tensor:
+    """Inverse of :func:`_to_codes_space` (for the merged output of the cached chunks)."""
+    if seed is None:
+        return from_interleaved(x, *il) if il else x
+    if il is None or x.shape[-1] > hadamard.MATMUL_MAX_DIM:
+        return unrotate(from_interleaved(x, *il) if il else x, seed)
+    cdt = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    return (x.to(cdt) @ _code_matrix(x.shape[-1], seed, il, x.device, cdt, True)).to(x.dtype)
+
+
+def _streamed(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: list[CacheEntry], correction: str, strength: float,
+              layout: Layout | None, kseed: int | None, vseed: int | None) -> Tensor:
+    """One kernel call per cached chunk and one for the current chunk, merged by log-sum-exp.
+
+    The cached chunks are attended in their codes' space (rotated query; channels in the order the
+    codes unpack fastest, the query reordered to match - one matmul or one copy); their merged output
+    is brought back to the model's space once, and the current chunk is attended in the model's
+    space directly (a rotation preserves its scores), so it costs no rotations. ``_LEGACY`` restores
+    the path before issue 12 (channel-order dequantization, the current chunk rotated) for
+    side-by-side benchmarks.
+    """
+    D = q.shape[-1]
+    B, H = q.shape[:2]
     scale = 1.0 / math.sqrt(D)
+    k0, v0 = entries[0].k, entries[0].v
+    kil, vil = _interleave(k0), _interleave(v0)
+    if _LEGACY:
+        qr = rotate(q, kseed) if kseed is not None else q
+        qk = qr
+    else:
+        qk = _to_codes_space(q, kseed, kil)  # group norms do not see the order of a group's channels
+    nu = query_group_norms(qk, k0.spec.group_size) if correction != "none" else None
+    offsets = [strength * (nu @ w.transpose(-1, -2)).squeeze(-1) for w in _constant_weights(entries, correction, D)] \
+        if correction in ("chunk_mean", "per_channel") else [None] * len(entries)
+    weights = _taylor_weights(entries, D) if layout is not None else [None] * len(entries)
+    qin = layout_query(layout, qk, nu, strength) if layout is not None else qk
+    if qin is not qk and not _LEGACY:
+        del qk
+    kw = layout.width if layout is not None else D
+    vw = layout.value_width(D) if layout is not None else D
     acc = lse = None
     bufs: dict[int, tuple[Tensor, Tensor]] = {}
-    for e, w in zip(entries, _key_weights(entries, plan)):
+    for e, w, off in zip(entries, weights, offsets):
         t = e.tokens
         if t not in bufs:  # chunks usually share one size: the buffers are reused
-            kb = qbuf.new_empty(B, H, t, Dp)
-            vb = qbuf.new_empty(B, H, t, Dp)
-            if Dp > D:
-                kb[..., D + G :] = 0
+            kb, vb = q.new_empty(B, H, t, kw), q.new_empty(B, H, t, vw)
+            if kw > D:
+                kb[..., D:] = 0
+            if vw > D:
                 vb[..., D:] = 0
             bufs[t] = (kb, vb)
         kb, vb = bufs[t]
-        _fill(kb[..., :D], e.k)
-        _fill(vb[..., :D], e.v)
-        if w is not None:
-            kb[..., D : D + G] = w
-        acc, lse = _merge(acc, lse, *sdpa_with_lse(qbuf, kb, vb, scale), D)
+        _fill(kb[..., :D], e.k, kil is not None)
+        _fill(vb[..., :D], e.v, vil is not None)
+        if layout is None:
+            out, out_lse = sdpa_with_lse(qin, kb, vb, scale)
+        else:
+            if layout.kind != "flex":
+                kb[..., D : D + w.shape[-1]] = w
+            out, out_lse = layout_attend(layout, qin, kb, vb, nu, w, strength, scale)
+        if off is not None:  # a bias constant over the chunk's keys: an offset of its log-sum-exp
+            out_lse = out_lse - off
+        acc, lse = _merge(acc, lse, out, out_lse, D)
+        del out
     bufs.clear()
-    acc, lse = _merge(acc, lse, *sdpa_with_lse(qr, kcr, vcr, scale), D)  # the current chunk: never corrected
-    return acc.to(qbuf.dtype)
+    del qin, kb, vb
+    if _LEGACY:  # the current chunk rotated into the codes' space, everything un-rotated at the end
+        _, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
+        acc, lse = _merge(acc, lse, *sdpa_with_lse(qr, kcr, vcr, scale), D)
+        out = acc.to(q.dtype)
+        return unrotate(out, vseed) if vseed is not None else out
+    acc = _to_model_space(acc, vseed, vil)
+    acc, lse = _merge(acc, lse, *sdpa_with_lse(q, k_cur, v_cur, scale), D)  # the current chunk: never corrected
+    return acc.to(q.dtype)
 
 
 def _merge(acc: Tensor | None, lse: Tensor | None, out: Tensor, out_lse: Tensor, D: int) -> tuple[Tensor, Tensor]:
@@ -226,19 +320,31 @@ def _merge(acc: Tensor | None, lse: Tensor | None, out: Tensor, out_lse: Tensor,
     return acc, new
 
 
-def _concatenated(qbuf: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], plan: _Plan) -> Tensor:
-    """One SDPA call over a buffer holding the whole window (where no kernel reports its LSE)."""
-    D, G, Dp = plan.D, plan.G, plan.Dp
-    B, H = qbuf.shape[:2]
+def _concatenated(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], correction: str, strength: float,
+                  G: int) -> Tensor:
+    """One SDPA call over a buffer holding the whole window (where no kernel reports its LSE).
+
+    Every correction is folded in as G appended channels (q' = [q, -sqrt(d) lambda nu], k' = [k_hat, W]
+    for cached keys, [k, 0] for current keys), with W shared over each chunk's keys for the
+    chunk-constant modes; q, k and v padded to one width so that the fused kernel runs.
+    """
+    D = qr.shape[-1]
+    Dp = D if G == 0 else round_up(D + G, 8)
+    B, H = qr.shape[:2]
     n_cached = sum(e.tokens for e in entries)
     N = n_cached + kcr.shape[-2]
-    kbuf = qbuf.new_empty(B, H, N, Dp)
-    vbuf = qbuf.new_empty(B, H, N, Dp)
+    qbuf = qr
+    ws: list[Tensor | None] = [None] * len(entries)
+    if G:
+        qbuf = layout_query(Layout("pad", Dp), qr, query_group_norms(qr, D // G), strength)
+        ws = _taylor_weights(entries, D) if correction == "taylor" else _constant_weights(entries, correction, D)
+    kbuf = qr.new_empty(B, H, N, Dp)
+    vbuf = qr.new_empty(B, H, N, Dp)
     s = 0
-    for e, w in zip(entries, _key_weights(entries, plan)):
+    for e, w in zip(entries, ws):
         t = e.tokens
-        _fill(kbuf[:, :, s : s + t, :D], e.k)
-        _fill(vbuf[:, :, s : s + t, :D], e.v)
+        _fill(kbuf[:, :, s : s + t, :D], e.k, False)
+        _fill(vbuf[:, :, s : s + t, :D], e.v, False)
         if w is not None:
             kbuf[:, :, s : s + t, D : D + G] = w
         s += t
@@ -250,63 +356,6 @@ def _concatenated(qbuf: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEnt
         kbuf[:, :, :n_cached, D + G :] = 0
     out = F.scaled_dot_product_attention(qbuf, kbuf, vbuf, scale=1.0 / math.sqrt(D))
     return out[..., :D] if Dp > D else out
-
-
-# --------------------------------------------------------------------------- SDPA with log-sum-exp
-_LSE_OK: dict[tuple[str, torch.dtype, int], bool] = {}
-_FORCE_CONCAT = False  # tests flip this to exercise the single-buffer path
-
-
-def _sdpa_lse_raw(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
-        return out, lse
-    if q.device.type == "cuda":
-        if q.dtype in (torch.float16, torch.bfloat16):
-            try:
-                r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
-                return r[0], r[1]
-            except RuntimeError:
-                pass
-        r = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
-        return r[0], r[1][..., : q.shape[-2]]
-    raise NotImplementedError(q.device.type)
-
-
-def sdpa_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """SDPA that also returns the fp32 log-sum-exp of each query's scores, ``(..., M)``."""
-    out, lse = _sdpa_lse_raw(q, k, v, scale)
-    return out, lse.to(torch.float32)
-
-
-def lse_supported(device: torch.device, dtype: torch.dtype, width: int) -> bool:
-    """Whether :func:`sdpa_with_lse` works here; checked once per (device, dtype, width) on a tiny problem.
-
-    The kernels that report the log-sum-exp are private PyTorch ops, so they are verified against
-    a plain computation before use; on any mismatch or error the single-buffer path is used.
-    """
-    if _FORCE_CONCAT:
-        return False
-    key = (str(device), dtype, width)
-    ok = _LSE_OK.get(key)
-    if ok is None:
-        try:
-            gen = torch.Generator().manual_seed(0)
-            q, k, v = (torch.randn(1, 2, n, width, generator=gen).to(device=device, dtype=dtype) for n in (5, 11, 11))
-            out, lse = sdpa_with_lse(q, k, v, 0.3)
-            s = (q.float() @ k.float().transpose(-1, -2)) * 0.3
-            tol = 1e-4 if dtype == torch.float32 else 5e-2
-            ok = bool(
-                out.shape == q.shape and lse.shape == q.shape[:-1]
-                and torch.allclose(lse, torch.logsumexp(s, -1), atol=tol, rtol=tol)
-                and torch.allclose(out.float(), torch.softmax(s, -1) @ v.float(), atol=tol, rtol=tol)
-            )
-        except Exception:  # noqa: BLE001 - any failure means: don't use it
-            ok = False
-        if not ok:
-            logger.info("jensen_kv: SDPA with log-sum-exp unavailable on %s/%s (width %d): one buffer per window", device, dtype, width)
-        _LSE_OK[key] = ok
-    return ok
 
 
 def _exact_attention(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], strength: float) -> Tensor:

@@ -6,6 +6,7 @@ tests and diagnostics. Attention itself uses the low-rank fast path in :mod:`jen
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -13,7 +14,7 @@ from torch import Tensor
 from .hadamard import rotate
 from .quant import QuantizedTensor
 
-MODES = ("taylor", "exact", "per_channel", "none")
+MODES = ("taylor", "chunk_mean", "exact", "per_channel", "none")
 _TABLE_MAX_VALUES = 1024  # distinct step sizes up to which the exact bias uses a lookup table
 _QUERY_BLOCK = 256
 
@@ -54,6 +55,35 @@ def taylor_weights(step: Tensor, head_dim: int) -> Tensor:
     return step.square() / (24.0 * head_dim)
 
 
+def chunk_spans(k_quant: QuantizedTensor, chunk_tokens: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """``(start, end)`` token spans of the cached chunks that ``k_quant`` holds, in token order.
+
+    ``chunk_tokens`` lists the tokens of each chunk (they must add up to ``k_quant.tokens``); without
+    it a QVG tensor answers its own segments and any other tensor is one chunk.
+    """
+    n = k_quant.tokens
+    if chunk_tokens is None:
+        segments = getattr(k_quant, "segments", None)
+        chunk_tokens = [t for t, _ in segments] if segments else [n]
+    sizes = list(chunk_tokens)
+    if not sizes or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in sizes):
+        raise ValueError(f"chunk_tokens={chunk_tokens!r} must list each cached chunk's token count (whole numbers >= 1)")
+    if sum(sizes) != n:
+        raise ValueError(f"chunk_tokens={sizes} add up to {sum(sizes)} tokens, but the cached keys hold {n}; "
+                         "list the tokens of every chunk the keys were concatenated from")
+    spans, start = [], 0
+    for t in sizes:
+        spans.append((start, start + t))
+        start += t
+    return spans
+
+
+def chunk_mean_weights(w: Tensor, spans: Sequence[tuple[int, int]]) -> Tensor:
+    """Each key's ``W`` replaced by the mean of ``W`` over its chunk's keys: ``(..., N, G)`` -> same shape."""
+    return torch.cat([w[..., a:b, :].mean(-2, keepdim=True).expand(*w.shape[:-2], b - a, w.shape[-1]) for a, b in spans],
+                     dim=-2)
+
+
 def _rotated_query(q: Tensor, k_quant: QuantizedTensor) -> Tensor:
     if k_quant.spec.rotation == "hadamard":
         return rotate(q.to(torch.float32), k_quant.spec.seed)
@@ -91,16 +121,20 @@ def _exact_bias(q: Tensor, step: Tensor, head_dim: int, group_size: int) -> Tens
     return out
 
 
-def jensen_bias(q: Tensor, k_quant: QuantizedTensor, mode: str = "taylor") -> Tensor:
+def jensen_bias(q: Tensor, k_quant: QuantizedTensor, mode: str = "taylor", chunk_tokens: Sequence[int] | None = None) -> Tensor:
     """The bias ``b`` to subtract from the scores of quantized cached keys, float32, ``(..., M, N)``.
 
     ``q`` is the query in the model's (unrotated) space, shape ``(..., M, head_dim)``; ``k_quant``
     the quantized cached keys ``(..., N, head_dim)``. With a Hadamard-rotated cache the rotated
     query's group norms are used (App. F).
 
-    modes: ``taylor`` (Eq. 15), ``exact`` (Eq. 12, numerically stable), ``per_channel`` (App. E:
-    one shared ``b`` per query from the token-averaged ``Delta^2`` of each group, Taylor form),
-    ``none`` (zeros).
+    modes: ``taylor`` (Eq. 15), ``chunk_mean`` (per query, the mean of the Taylor bias over each
+    cached chunk's keys, shared by that chunk's keys: a constant offset of the chunk's log-sum-exp),
+    ``exact`` (Eq. 12, numerically stable), ``per_channel`` (App. E: one shared ``b`` per query from
+    the token-averaged ``Delta^2`` of each group over all the keys, Taylor form), ``none`` (zeros).
+
+    ``chunk_tokens`` (``chunk_mean``): the tokens of each cached chunk concatenated in ``k_quant``
+    (see :func:`chunk_spans`; by default a QVG tensor's segments, else one chunk).
     """
     check_mode(mode)
     if q.shape[-1] != k_quant.head_dim:
@@ -108,6 +142,7 @@ def jensen_bias(q: Tensor, k_quant: QuantizedTensor, mode: str = "taylor") -> Te
     d, g = k_quant.head_dim, k_quant.spec.group_size
     lead = torch.broadcast_shapes(q.shape[:-2], k_quant.shape[:-2])
     M, N = q.shape[-2], k_quant.tokens
+    spans = chunk_spans(k_quant, chunk_tokens) if chunk_tokens is not None or mode == "chunk_mean" else None
     if mode == "none":
         return torch.zeros(*lead, M, N, dtype=torch.float32, device=q.device)
     qr = _rotated_query(q, k_quant)
@@ -119,4 +154,6 @@ def jensen_bias(q: Tensor, k_quant: QuantizedTensor, mode: str = "taylor") -> Te
     if mode == "per_channel":
         w_mean = w.mean(dim=-2, keepdim=True)  # (..., 1, G)
         return (nu @ w_mean.transpose(-1, -2)).expand(*lead, M, N)
+    if mode == "chunk_mean":
+        w = chunk_mean_weights(w, spans)
     return nu @ w.transpose(-1, -2)

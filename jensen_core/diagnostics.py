@@ -10,12 +10,13 @@ The reference is full-precision (fp32) attention over the unquantized keys and v
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .bias import check_mode, jensen_bias
+from .bias import check_mode, chunk_spans, jensen_bias
 from .quant import QuantizedTensor
 
 
@@ -75,16 +76,21 @@ def attention_shift(
     correction: str = "none",
     strength: float = 1.0,
     query_stride: int = 1,
+    chunk_tokens: Sequence[int] | None = None,
 ) -> ShiftStats:
     """Compare attention over a quantized cache (optionally corrected) with the full-precision one.
 
     ``q`` (..., M, d) are the current chunk's queries, ``k_cached``/``v_cached`` (..., N, d) the
     unquantized cached keys/values (the reference), ``k_quant``/``v_quant`` their quantized forms
     (``None`` = not quantized; a plain tensor = a lossy copy, e.g. BF16, that gets no correction), ``k_cur``/``v_cur`` the current chunk. ``query_stride`` evaluates
-    every n-th query only (diagnostics on long chunks). Materialises one (M, N) score matrix per
+    every n-th query only (diagnostics on long chunks). ``chunk_tokens`` lists the tokens of each
+    cached chunk concatenated in ``k_quant`` (the ``chunk_mean`` correction is per chunk; see
+    :func:`jensen_core.bias.jensen_bias`). Materialises one (M, N) score matrix per
     (batch, head): meant for sampled layers and heads, not for the sampling loop.
     """
     check_mode(correction)
+    if isinstance(k_quant, QuantizedTensor) and correction != "none":
+        chunk_spans(k_quant, chunk_tokens)  # a chunk layout that does not fit the keys fails before any work
     if query_stride < 1:
         raise ValueError(f"query_stride={query_stride} must be at least 1")
     q = q[..., ::query_stride, :]
@@ -105,7 +111,7 @@ def attention_shift(
         p_ref = torch.softmax(torch.cat([(qi @ kc[i].T) * scale, s_cur], dim=-1), dim=-1)
         s_hat = (qi @ kh[i].T) * scale
         if kq is not None:
-            s_hat = s_hat - strength * jensen_bias(qi, kq[i], correction)
+            s_hat = s_hat - strength * jensen_bias(qi, kq[i], correction, chunk_tokens)
         p_hat = torch.softmax(torch.cat([s_hat, s_cur], dim=-1), dim=-1)
         dps.append(p_hat[:, :n_cached].sum(-1) - p_ref[:, :n_cached].sum(-1))
         mid = 0.5 * (p_ref + p_hat)

@@ -24,12 +24,15 @@ import torch
 from torch import Tensor
 
 from .hadamard import rotate, unrotate
-from .packing import pack_codes, unpack_codes
+from .packing import interleaved_supported, pack_codes, unpack_codes, unpack_codes_interleaved
 from .spec import FLOAT_FORMATS, QuantSpec
 
 logger = logging.getLogger("jensen_kv")
 
 FP8_MAX = 448.0
+#: rows (tokens x leading dims) dequantized per float32 block when the target is a half type: the
+#: block stays in cache and the half-precision arithmetic (slow on CPUs) is avoided
+_HALF_BLOCK_ELEMENTS = 1 << 19
 _INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32}
 
 
@@ -160,6 +163,41 @@ class QuantizedTensor:
             out.copy_(x)
             return out
         return x
+
+
+    @property
+    def interleaved(self) -> bool:
+        """Whether :meth:`dequantize_interleaved` applies (INT2 / INT4 RTN codes)."""
+        return interleaved_supported(self.spec.bits, self.spec.group_size)
+
+    def dequantize_interleaved(self, out: Tensor) -> Tensor:
+        """Reconstruct into ``out`` (..., tokens, head_dim) in the rotated space, channels in group-interleaved order.
+
+        The fast path of attention (:mod:`jensen_core.packing` explains the order; the query or the
+        output is reordered to match, once per call). Word-wise unpacking, then ``m + code * delta``
+        in float32 - straight into ``out`` when it is float32, else block by block through a small
+        float32 buffer, so that no half-precision arithmetic and no full-size temporary is needed.
+        """
+        if not self.interleaved:
+            raise ValueError(f"no interleaved dequantization for {self.spec.bits}-bit codes in groups of {self.spec.group_size}")
+        g = self.spec.group_size
+        G = self.head_dim // g
+        rows = math.prod(self.shape[:-1])
+        codes = unpack_codes_interleaved(self.packed, self.spec.bits, self.head_dim, g).view(rows, G, g)
+        zero = self.zero.reshape(rows, G, 1).to(torch.float32)
+        scale = self.scale.reshape(rows, G, 1).to(torch.float32)
+        dst = out.view(rows, G, g)
+        if out.dtype == torch.float32:
+            torch.addcmul(zero, codes, scale, out=dst)
+            return out
+        block = max(1, _HALF_BLOCK_ELEMENTS // self.head_dim)
+        tmp = torch.empty(min(block, rows), G, g, dtype=torch.float32, device=out.device)
+        for a in range(0, rows, block):
+            b = min(a + block, rows)
+            t = tmp[: b - a]
+            torch.addcmul(zero[a:b], codes[a:b], scale[a:b], out=t)
+            dst[a:b].copy_(t)
+        return out
 
 
 def check_finite(name: str, x: Tensor) -> None:

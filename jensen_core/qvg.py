@@ -177,6 +177,11 @@ class QVGTensor(QuantizedTensor):
             start += k
         return torch.repeat_interleave(torch.tensor(offs, dtype=torch.int64), torch.tensor(tok)).to(self.device)
 
+    @property
+    def interleaved(self) -> bool:
+        """QVG chunks are reconstructed in channel order (centroids + residual), never interleaved."""
+        return False
+
     def smoothing(self) -> Tensor:
         """Sum over stages of each token's centroid, float32, shape ``(..., tokens, head_dim)``, in the rotated space."""
         S, d = self.stages, self.head_dim

@@ -27,9 +27,13 @@ class JensenKVBiasCorrection(io.ComfyNode):
             inputs=[
                 io.Model.Input("model", tooltip="The MODEL from Quantize KV Cache."),
                 io.Combo.Input("mode", options=list(CORRECTION_CHOICES), default="taylor",
-                               tooltip="taylor: (1/24d)·sum Δ²‖q_group‖², fused into attention at ~no cost (recommended). "
-                                       "exact: log(sinh α/α) per channel, slow, for checks. per_channel: one shared bias "
-                                       "per query. off: no correction (the uncorrected A/B)."),
+                               tooltip="taylor: (1/24d)·sum Δ²‖q_group‖² per cached score, the paper's correction "
+                                       "(recommended; a few extra attention channels). chunk_mean: the same bias averaged "
+                                       "over each cached chunk's keys, applied as an offset of the chunk's attention "
+                                       "weight - free on every kernel (bf16 on AMX CPUs, GPU flash), nearly as good with "
+                                       "rotation hadamard, weaker without. exact: log(sinh α/α) per channel, slow, for "
+                                       "checks. per_channel: one shared bias per query over the whole window. off: no "
+                                       "correction (the uncorrected A/B)."),
                 io.Float.Input("strength", default=1.0, min=0.0, max=STRENGTH_MAX, step=0.05,
                                tooltip="Multiplier of the correction; 1.0 removes the bias in expectation, 0 disables it."),
             ],

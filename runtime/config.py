@@ -18,7 +18,7 @@ BITS_CHOICES = ("2", "3", "4", "8", "off")
 GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
 ROTATION_CHOICES = ("none", "hadamard")
 SCALE_FORMAT_CHOICES = ("fp8_e4m3", "bf16", "fp16", "fp32")
-CORRECTION_CHOICES = ("taylor", "exact", "per_channel", "off")
+CORRECTION_CHOICES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
 METHOD_CHOICES = ("rtn", "qvg")
 # (default, min, max) of QVG's k-means knobs, as QuantSpec validates them
 QVG_STAGES_RANGE = (QuantSpec.__dataclass_fields__["qvg_stages"].default, 1, QVG_MAX_STAGES)
@@ -71,7 +71,7 @@ class JensenKVConfig:
     """How the Chunked AR sampler stores and reads its KV cache.
 
     ``spec_k`` / ``spec_v``: how cached keys / values are quantized (``None`` keeps that side in the
-    model's own precision). ``correction``: a ``jensen_core`` mode ("taylor", "exact",
+    model's own precision). ``correction``: a ``jensen_core`` mode ("taylor", "chunk_mean", "exact",
     "per_channel" or "none") applied to the scores of cached keys, scaled by ``strength``.
     """
 

@@ -247,7 +247,8 @@ class DiagnosticsObserver:
         elements = q[..., ::stride, :].numel()
         for mode in self.modes:
             stats = attention_shift(q, k_ref, v_ref, k_cur, v_cur, k_hat, v_hat, correction=mode,
-                                    strength=self.strength if mode != "none" else 1.0, query_stride=stride)
+                                    strength=self.strength if mode != "none" else 1.0, query_stride=stride,
+                                    chunk_tokens=[en.tokens for en in entries])
             self.acc[mode].add(stats, elements)
         self.chunks_seen.add(e.chunk)
 

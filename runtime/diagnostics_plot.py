@@ -17,7 +17,8 @@ AFTER = (240, 138, 36)  # orange: with the correction
 INK = (30, 30, 30)
 GRID = (225, 225, 225)
 BACKGROUND = (255, 255, 255)
-MODE_NAMES = {"none": "no correction", "taylor": "Taylor", "exact": "exact", "per_channel": "per-channel"}
+MODE_NAMES = {"none": "no correction", "taylor": "Taylor", "chunk_mean": "chunk mean", "exact": "exact",
+              "per_channel": "per-channel"}
 
 
 # ------------------------------------------------------------------------------------------------ text

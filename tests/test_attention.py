@@ -17,6 +17,7 @@ from jensen_core import (
     unrotate,
 )
 from jensen_core.bias import query_group_norms, taylor_weights
+from jensen_core.diagnostics import attention_shift
 from jensen_core.hadamard import rotation_matrix
 from jensen_core.quant import cat_quantized
 
@@ -35,6 +36,7 @@ def _setup(rotation, bits=2, g=32, B=2, H=3, T=24, D=64, chunks=3, seed=0, v_bit
 
 
 def _reference(entries, q, kc, vc, mode, strength):
+    """softmax(Q K^T / sqrt(d) - lambda B) V over [cached, current], B materialised by jensen_bias (0 on current keys)."""
     D = q.shape[-1]
     kq = cat_quantized([e.k for e in entries])
     k_hat = kq.dequantize(torch.float32)
@@ -45,7 +47,7 @@ def _reference(entries, q, kc, vc, mode, strength):
         w = taylor_weights(kq.step_sizes(), D).mean(-2, keepdim=True)
         b = (nu @ w.transpose(-1, -2)).expand(*q.shape[:-1], k_hat.shape[-2])
     else:
-        b = jensen_bias(q, kq, mode)
+        b = jensen_bias(q, kq, mode, chunk_tokens=[e.tokens for e in entries])
     s = torch.cat([q @ k_hat.transpose(-1, -2) / math.sqrt(D) - strength * b, q @ kc.transpose(-1, -2) / math.sqrt(D)], -1)
     return torch.softmax(s, -1) @ torch.cat([v_hat, vc], -2)
 
@@ -63,7 +65,7 @@ def test_streaming_is_available_on_this_machine():
 
 
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
-@pytest.mark.parametrize("mode", ["taylor", "per_channel", "exact", "none"])
+@pytest.mark.parametrize("mode", ["taylor", "chunk_mean", "per_channel", "exact", "none"])
 @pytest.mark.parametrize("strength", [1.0, 0.4, 2.5])
 def test_fast_path_equals_materialised_reference(rotation, mode, strength, path):
     entries, q, kc, vc = _setup(rotation)
@@ -79,29 +81,70 @@ def test_fast_path_for_other_group_sizes_and_bits(g, path):
                                rtol=1e-4, atol=2e-5)
 
 
-def test_chunks_of_different_lengths_are_streamed_correctly(path):
+@pytest.mark.parametrize("mode", ["taylor", "chunk_mean"])
+def test_chunks_of_different_lengths_are_streamed_correctly(path, mode):
     entries, q, kc, vc = _setup("none", T=24)
     short, *_ = _setup("none", T=7)
     entries = entries[:2] + [short[0]] + entries[2:]
-    torch.testing.assert_close(cached_attention(q, kc, vc, entries, "taylor"), _reference(entries, q, kc, vc, "taylor", 1.0),
-                               rtol=1e-4, atol=2e-5)
+    out = cached_attention(q, kc, vc, entries, mode)
+    torch.testing.assert_close(out, _reference(entries, q, kc, vc, mode, 1.0), rtol=1e-4, atol=2e-5)
+    if mode == "chunk_mean":  # each chunk gets its own mean, not the window's (that is per_channel)
+        assert (out - cached_attention(q, kc, vc, entries, "per_channel")).abs().max() > 1e-4
 
 
-def test_correction_never_touches_the_current_chunk(path):
+def test_chunk_mean_is_an_offset_of_each_cached_chunks_log_sum_exp(path):
+    """Per query and cached chunk, chunk_mean changes only the chunk's weight in the merge: the output is
+    the mix of the uncorrected per-chunk attentions with weights exp(lse_c - lambda * mean_c(b))."""
+    entries, q, kc, vc = _setup("hadamard", T=16, chunks=2)
+    D, lam = q.shape[-1], 0.6
+    qr = rotate(q, 0)
+    parts, lses = [], []
+    for e in entries:
+        kh, vh = e.k.dequantize(torch.float32, rotated=True), e.v.dequantize(torch.float32, rotated=True)
+        s = qr @ kh.transpose(-1, -2) / math.sqrt(D)
+        b_mean = jensen_bias(q, e.k, "taylor").mean(-1)  # the chunk's mean of the per-score bias
+        parts.append(unrotate(torch.softmax(s, -1) @ vh, 0))
+        lses.append(torch.logsumexp(s, -1) - lam * b_mean)
+    s_cur = q @ kc.transpose(-1, -2) / math.sqrt(D)
+    parts.append(torch.softmax(s_cur, -1) @ vc)
+    lses.append(torch.logsumexp(s_cur, -1))
+    wts = torch.softmax(torch.stack(lses, -1), -1)
+    expect = sum(wts[..., i, None] * p for i, p in enumerate(parts))
+    torch.testing.assert_close(cached_attention(q, kc, vc, entries, "chunk_mean", lam), expect, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("mode", ["taylor", "chunk_mean"])
+def test_correction_never_touches_the_current_chunk(path, mode):
     entries, q, kc, vc = _setup("none")
     D = q.shape[-1]
-    out = cached_attention(q, kc, vc, entries, correction="taylor")
+    out = cached_attention(q, kc, vc, entries, correction=mode)
     # the known bug: subtracting a bias from the current chunk's scores too (with its own "steps")
     kq = cat_quantized([e.k for e in entries])
     k_hat = kq.dequantize(torch.float32)
     v_hat = cat_quantized([e.v for e in entries]).dequantize(torch.float32)
-    b_cached = jensen_bias(q, kq, "taylor")
-    b_cur = jensen_bias(q, quantize(kc, kq.spec), "taylor")
+    b_cached = jensen_bias(q, kq, mode, chunk_tokens=[e.tokens for e in entries])
+    b_cur = jensen_bias(q, quantize(kc, kq.spec), mode)
     s = torch.cat([q @ k_hat.transpose(-1, -2) / math.sqrt(D) - b_cached, q @ kc.transpose(-1, -2) / math.sqrt(D) - b_cur], -1)
     buggy = torch.softmax(s, -1) @ torch.cat([v_hat, vc], -2)
     assert (out - buggy).abs().max() > 1e-3
     # with an empty cache the result is plain attention: nothing to correct
-    torch.testing.assert_close(cached_attention(q, kc, vc, [], "taylor"), F.scaled_dot_product_attention(q, kc, vc))
+    torch.testing.assert_close(out, _reference(entries, q, kc, vc, mode, 1.0), rtol=1e-4, atol=2e-5)
+    # with an empty cache the result is plain attention: nothing to correct
+    torch.testing.assert_close(cached_attention(q, kc, vc, [], mode), F.scaled_dot_product_attention(q, kc, vc))
+
+
+def test_unknown_mode_and_bad_chunk_layouts_are_clear_errors():
+    entries, q, kc, vc = _setup("none", chunks=2)
+    with pytest.raises(ValueError, match="'chunk-mean' is not supported; use one of .*'chunk_mean'"):
+        cached_attention(q, kc, vc, entries, correction="chunk-mean")
+    kq = cat_quantized([e.k for e in entries])
+    with pytest.raises(ValueError, match=r"add up to 30 tokens, but the cached keys hold 48"):
+        jensen_bias(q, kq, "chunk_mean", chunk_tokens=[24, 6])
+    for bad in ([24, 0, 24], [24.0, 24], []):
+        with pytest.raises(ValueError, match="chunk_tokens"):
+            jensen_bias(q, kq, "chunk_mean", chunk_tokens=bad)
+    with pytest.raises(ValueError, match="add up to"):  # before any diagnostics work
+        attention_shift(q, kq.dequantize(), kq.dequantize(), kc, vc, kq, correction="chunk_mean", chunk_tokens=[47])
 
 
 def test_correction_moves_mass_away_from_cached_keys():

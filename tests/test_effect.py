@@ -14,7 +14,8 @@ def workload():
 
 def _shift(w, spec, correction, query_stride=2):
     kq, vq = quantize(w.k_cached_all, spec), quantize(w.v_cached_all, spec)
-    return attention_shift(w.q, w.k_cached_all, w.v_cached_all, w.k_cur, w.v_cur, kq, vq, correction, query_stride=query_stride)
+    return attention_shift(w.q, w.k_cached_all, w.v_cached_all, w.k_cur, w.v_cur, kq, vq, correction, query_stride=query_stride,
+                           chunk_tokens=[k.shape[-2] for k in w.k_cached])
 
 
 def test_int2_quarot_steals_attention_and_the_correction_gives_it_back(workload):
@@ -41,6 +42,18 @@ def test_exact_and_per_channel_modes_also_reduce_the_shift(workload):
     before = _shift(workload, spec, "none").median_delta_ps
     for mode in ("exact", "per_channel"):
         assert abs(_shift(workload, spec, mode).median_delta_ps) < 0.5 * before
+
+
+@pytest.mark.parametrize("rotation", ["hadamard", "none"])
+def test_chunk_mean_gives_back_the_stolen_mass_like_taylor(workload, rotation):
+    """The zero-cost chunk-constant correction moves the attention mass back about as far as the per-score one
+    (it removes each chunk's partition-sum shift) and lowers JSD and output MSE too, though never below Taylor's."""
+    spec = QuantSpec(bits=2, group_size=32, rotation=rotation)
+    before, taylor, chunk = (_shift(workload, spec, m) for m in ("none", "taylor", "chunk_mean"))
+    assert abs(chunk.median_delta_ps) < 0.5 * before.median_delta_ps
+    assert abs(chunk.median_delta_ps) < abs(taylor.median_delta_ps) + 0.25 * (before.median_delta_ps - abs(taylor.median_delta_ps))
+    assert chunk.mean_jsd < before.mean_jsd and chunk.output_mse < before.output_mse
+    assert taylor.mean_jsd <= chunk.mean_jsd
 
 
 def test_unquantized_reference_has_no_shift(workload):

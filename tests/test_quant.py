@@ -188,3 +188,42 @@ def test_two_rotation_seeds_in_one_process_never_share_a_matrix():
     assert not torch.equal(a.packed, b.packed)
     for q in (a, b):
         assert (q.dequantize(torch.float32) - x).abs().max() < 0.05
+
+
+@SETTINGS
+@given(quant_case())
+def test_interleaved_dequantization_is_a_permutation_within_groups(case):
+    """The attention fast path's dequantization: the same values as ``dequantize`` (rotated space), each
+    group's channels reordered - and reordering them back gives channel order exactly (fp32) or to one
+    rounding of the target dtype."""
+    from jensen_core.packing import from_interleaved, to_interleaved
+
+    spec, x = case
+    qt = quantize(x, spec)
+    if not qt.interleaved:
+        assert spec.bits in (3, 8)
+        return
+    assert spec.bits in (2, 4)
+    ref = qt.dequantize(dtype=torch.float32, rotated=True)
+    for dtype in DTYPES:
+        out = torch.full(x.shape, float("nan"), dtype=dtype)
+        qt.dequantize_interleaved(out)
+        assert torch.equal(from_interleaved(out, spec.bits, spec.group_size), ref.to(dtype))
+        assert torch.equal(out, to_interleaved(ref, spec.bits, spec.group_size).to(dtype))
+    # a real permutation within each group (not the identity, never across groups)
+    perm = to_interleaved(torch.arange(x.shape[-1]).expand(1, -1), spec.bits, spec.group_size)[0]
+    g = spec.group_size
+    assert not torch.equal(perm, torch.arange(x.shape[-1]))
+    assert torch.equal(perm.view(-1, g).sort(-1).values, torch.arange(x.shape[-1]).view(-1, g))
+
+
+def test_interleaved_unpacking_of_known_bytes():
+    from jensen_core.packing import unpack_codes_interleaved
+
+    codes = torch.arange(16, dtype=torch.uint8) % 4  # channels 0..15 of one INT2 group of 16 (4 bytes)
+    packed = pack_codes(codes.view(1, 16), 2)
+    # byte j holds channels 4j..4j+3; the interleaved order is code 0 of every byte, then code 1, ...
+    expect = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3], dtype=torch.uint8)
+    assert torch.equal(unpack_codes_interleaved(packed, 2, 16, 16)[0], expect)
+    with pytest.raises(ValueError, match="no interleaved unpacking for 3-bit"):
+        unpack_codes_interleaved(pack_codes(torch.zeros(1, 16, dtype=torch.uint8), 3), 3, 16, 16)

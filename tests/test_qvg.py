@@ -280,7 +280,8 @@ def _reference(entries, q, k_cur, v_cur, mode, strength):
 
 
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
-@pytest.mark.parametrize("mode, strength", [("taylor", 1.0), ("taylor", 0.5), ("per_channel", 1.0), ("exact", 1.0), ("none", 1.0)])
+@pytest.mark.parametrize("mode, strength", [("taylor", 1.0), ("taylor", 0.5), ("chunk_mean", 0.7), ("per_channel", 1.0),
+                                            ("exact", 1.0), ("none", 1.0)])
 @pytest.mark.parametrize("single_buffer", [False, True])
 def test_fast_path_equals_the_materialised_reference_for_qvg(rotation, mode, strength, single_buffer):
     spec = QuantSpec(**QVG, rotation=rotation, seed=5)

@@ -5,6 +5,7 @@ diagnostics' integration tests.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -179,6 +180,32 @@ def test_observer_equals_attention_shift_on_the_window_and_the_sampled_heads():
     assert summary["chunks"] == [1, 2, 3] and summary["calls"] == 3 and summary["heads"] == hi
     obs.free()
     assert not obs._shadow
+
+
+def test_observer_gives_chunk_mean_each_cached_chunk_its_own_mean():
+    """chunk_mean in the diagnostics: the bias of each cached chunk is that chunk's mean, as in the fast path;
+    a window-wide mean (what the concatenated K would give without the chunk layout) is a different number."""
+    w = _chunks(3, seed=4)
+    scaled = dataclasses.replace(w, k_cached=[k * (1 + 2 * i) for i, k in enumerate(w.k_cached)])
+    spec = core.QuantSpec(bits=2, group_size=16)
+    obs = _observer(steps="last", correction="chunk_mean")
+    cache = _drive(obs, scaled, spec)
+    assert obs.modes == ["none", "chunk_mean"]
+    kq = quant.cat_quantized([e.k for e in cache.entries])
+    vq = quant.cat_quantized([e.v for e in cache.entries])
+    args = (scaled.q, torch.cat(scaled.k_cached, -2), torch.cat(scaled.v_cached, -2), scaled.k_cur, scaled.v_cur, kq, vq)
+    ref = diagnostics.attention_shift(*args, correction="chunk_mean", chunk_tokens=[48, 48, 48])
+    last = obs.acc["chunk_mean"].delta_ps()[-ref.delta_ps.numel():]  # the call that read all three chunks
+    torch.testing.assert_close(last, ref.delta_ps)
+    window_mean = diagnostics.attention_shift(*args, correction="per_channel")
+    assert (last - window_mean.delta_ps).abs().max() > 1e-3
+    # and the run's own attention, through the fast path, matches the diagnostics' materialised one
+    out = cache.attend(scaled.q, scaled.k_cur, scaled.v_cur, correction="chunk_mean")
+    full = core.ChunkCache(None, None)
+    for k, v in zip(scaled.k_cached, scaled.v_cached):
+        full.append(k, v)
+    mse = (out - full.attend(scaled.q, scaled.k_cur, scaled.v_cur)).square().mean().item()
+    assert mse == pytest.approx(ref.output_mse, rel=1e-3)
 
 
 def test_observer_wants_only_sampled_layers_and_steps():

@@ -66,7 +66,7 @@ def test_schemas_follow_the_contract(nodes):
         assert q[name].as_dict()["advanced"] is True and q[name].optional
     assert q["method"].optional  # an API-format prompt saved before QVG (no such keys) still validates
     j = {i.id: i for i in _schema(nodes.JensenKVBiasCorrection).inputs}
-    assert j["mode"].options == ["taylor", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
+    assert j["mode"].options == ["taylor", "chunk_mean", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
     assert (j["strength"].default, j["strength"].min, j["strength"].max, j["strength"].step) == (1.0, 0.0, 4.0, 0.05)
     c = {i.id: i for i in _schema(nodes.JensenKVChunkedARSampler).inputs}
     assert c["chunk_frames"].default == 3 and c["window_chunks"].default == 0 and c["cfg"].default == 1.0
@@ -149,7 +149,8 @@ def test_jensen_without_quantized_keys_says_there_is_nothing_to_correct(nodes, t
 
 def test_jensen_sets_mode_and_strength_on_a_clone(nodes, tiny):
     q = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0).args[0]
-    for mode, core in (("taylor", "taylor"), ("exact", "exact"), ("per_channel", "per_channel"), ("off", "none")):
+    for mode, core in (("taylor", "taylor"), ("chunk_mean", "chunk_mean"), ("exact", "exact"), ("per_channel", "per_channel"),
+                       ("off", "none")):
         out = nodes.JensenKVBiasCorrection.execute(q, mode, 0.5)
         cfg = out.args[0].model_options["transformer_options"]["jensen_kv"]
         assert (cfg.correction, cfg.strength) == (core, 0.5)

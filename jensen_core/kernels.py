@@ -1,0 +1,324 @@
+"""The attention kernels the fast path runs, and how the per-score correction reaches them.
+
+- :func:`sdpa_with_lse`: SDPA that also returns each query's log-sum-exp (private PyTorch ops,
+  verified once per device, dtype and width by :func:`lse_supported`). The streamed fast path
+  needs it to merge chunk by chunk, and the chunk-constant corrections (``chunk_mean``,
+  ``per_channel``) are nothing but an offset of a cached chunk's log-sum-exp - free with any such kernel.
+- :func:`taylor_layout`: how the per-score Taylor correction (rank ``G = d / g``) is fed to a kernel,
+  chosen once per (device type, dtype, head_dim, G) at first use:
+
+  ``pad``   q' = [q, -sqrt(d) lambda nu], k' = [k_hat, W], v' = [v, 0], all of one width (a multiple
+            of 8, or of 64 where the CPU flash kernel packs its operands for AMX);
+  ``split`` q', k' as above, v of head_dim (kernels that take a narrower v: CUDA's memory-efficient
+            attention), so the output needs no padding;
+  ``flex``  FlexAttention (CUDA) with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra
+            channels, the head_dim the kernel is built for (what the paper runs).
+
+  What the kernels want (read from their sources): the CPU flash kernel needs q, k, v of one width
+  (else SDPA falls back to its ~2.7x slower math path), and in reduced precision on AMX it packs its
+  operands for the tile units only when the width is a multiple of 64 (so d + G = 132 -> 136 loses
+  the packing; 192 keeps it but does 50% more work); CUDA flash kernels are compiled for head dims
+  64/96/128/160/..., so 136 runs as 160. Every candidate the device offers is checked against a
+  float64 reference on a tiny problem; where more than one passes, each is timed on the first
+  call's shapes and the fastest is kept (logged; :func:`kernel_choices` reports it).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger("jensen_kv")
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------------------------- CPU class
+def cpu_class_from_flags(flags: set[str] | frozenset[str]) -> str:
+    """``AMX`` (amx_bf16), ``AVX-512`` (avx512f), ``AVX2`` (avx2) or ``other``, from /proc/cpuinfo flags."""
+    if "amx_bf16" in flags:
+        return "AMX"
+    if "avx512f" in flags:
+        return "AVX-512"
+    if "avx2" in flags:
+        return "AVX2"
+    return "other"
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def cpu_class() -> str:
+    """This machine's CPU class, so figures from different machines compare (see :func:`cpu_class_from_flags`)."""
+    return cpu_class_from_flags(cpu_flags())
+
+
+# ------------------------------------------------------------------------------------ SDPA with log-sum-exp
+_LSE_OK: dict[tuple[str, torch.dtype, int], bool] = {}
+
+
+def _sdpa_lse_raw(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
+        return out, lse
+    if q.device.type == "cuda":
+        if q.dtype in _HALF and q.shape[-1] == v.shape[-1]:
+            try:
+                r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
+                return r[0], r[1]
+            except RuntimeError:
+                pass
+        r = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
+        return r[0], r[1][..., : q.shape[-2]]
+    raise NotImplementedError(q.device.type)
+
+
+def sdpa_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """SDPA that also returns the fp32 log-sum-exp of each query's scores, ``(..., M)``."""
+    out, lse = _sdpa_lse_raw(q, k, v, scale)
+    return out, lse.to(torch.float32)
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-4 if dtype in (torch.float32, torch.float64) else 5e-2
+
+
+def lse_supported(device: torch.device, dtype: torch.dtype, width: int) -> bool:
+    """Whether :func:`sdpa_with_lse` works here; checked once per (device, dtype, width) on a tiny problem.
+
+    The kernels that report the log-sum-exp are private PyTorch ops, so they are verified against
+    a plain computation before use; on any mismatch or error the single-buffer path is used.
+    """
+    key = (str(device), dtype, width)
+    ok = _LSE_OK.get(key)
+    if ok is None:
+        try:
+            gen = torch.Generator().manual_seed(0)
+            q, k, v = (torch.randn(1, 2, n, width, generator=gen).to(device=device, dtype=dtype) for n in (5, 11, 11))
+            out, lse = sdpa_with_lse(q, k, v, 0.3)
+            s = (q.double() @ k.double().transpose(-1, -2)) * 0.3
+            tol = _tolerance(dtype)
+            ok = bool(
+                out.shape == q.shape and lse.shape == q.shape[:-1]
+                and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
+                and torch.allclose(out.double(), torch.softmax(s, -1) @ v.double(), atol=tol, rtol=tol)
+            )
+        except Exception:  # noqa: BLE001 - any failure means: don't use it
+            ok = False
+        if not ok:
+            logger.info("jensen_kv: SDPA with log-sum-exp unavailable on %s/%s (width %d): one buffer per window", device, dtype, width)
+        _LSE_OK[key] = ok
+    return ok
+
+
+# -------------------------------------------------------------------------------- the per-score correction
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the rank-G Taylor bias reaches the kernel (see the module docstring)."""
+
+    kind: str  # "pad", "split" or "flex"
+    width: int  # width of q and k in the kernel (head_dim for "flex")
+
+    def value_width(self, head_dim: int) -> int:
+        return self.width if self.kind == "pad" else head_dim
+
+    def describe(self, head_dim: int) -> str:
+        if self.kind == "flex":
+            return f"FlexAttention score_mod at width {head_dim}"
+        if self.kind == "split":
+            return f"q,k width {self.width}, v width {head_dim}"
+        return f"q,k,v padded to {self.width}"
+
+
+def layout_query(layout: Layout, q: Tensor, nu: Tensor, strength: float) -> Tensor:
+    """The query the kernel gets: ``[q, -sqrt(d) lambda nu, 0...]`` (``pad``/``split``) or ``q`` itself (``flex``)."""
+    if layout.kind == "flex":
+        return q
+    D, G = q.shape[-1], nu.shape[-1]
+    out = q.new_empty(*q.shape[:-1], layout.width)
+    out[..., :D] = q
+    out[..., D : D + G] = nu * (-math.sqrt(D) * strength)
+    out[..., D + G :] = 0
+    return out
+
+
+def layout_attend(layout: Layout, q: Tensor, k: Tensor, v: Tensor, nu: Tensor, w: Tensor, strength: float,
+                  scale: float) -> tuple[Tensor, Tensor]:
+    """Corrected attention of one cached chunk and its fp32 log-sum-exp.
+
+    ``q``: from :func:`layout_query`; ``k`` of the layout's width with ``W`` in channels
+    ``D:D+G`` (``pad``/``split``; plain keys for ``flex``), ``v`` of :meth:`Layout.value_width`;
+    ``nu`` (B, H, M, G) and ``w`` (B, H, T, G) float32, used by ``flex`` only.
+    """
+    if layout.kind == "flex":
+        out, lse = _flex_fn()(q, k, v, nu * strength, w, scale)
+        return out, lse.to(torch.float32)
+    return sdpa_with_lse(q, k, v, scale)
+
+
+def _flex_available(device: torch.device) -> bool:
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+_FLEX_FN = None
+
+
+def _flex_fn():
+    """FlexAttention with the Taylor bias as a ``score_mod`` (compiled once; CUDA)."""
+    global _FLEX_FN
+    if _FLEX_FN is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def corrected(q: Tensor, k: Tensor, v: Tensor, nu: Tensor, w: Tensor, scale: float):
+            G = nu.shape[-1]
+
+            def score_mod(score, b, h, m, n):
+                bias = nu[b, h, m, 0] * w[b, h, n, 0]
+                for j in range(1, G):
+                    bias = bias + nu[b, h, m, j] * w[b, h, n, j]
+                return score - bias
+
+            return flex_attention(q, k, v, score_mod=score_mod, scale=scale, return_lse=True)
+
+        _FLEX_FN = torch.compile(corrected, dynamic=False)
+    return _FLEX_FN
+
+
+def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G: int) -> list[Layout]:
+    """The layouts worth trying on this device and dtype, the default first."""
+    w8 = round_up(head_dim + G, 8)
+    out = [Layout("pad", w8)]
+    if device.type == "cpu":
+        w64 = round_up(head_dim + G, 64)
+        if dtype in _HALF and cpu_class() == "AMX" and w64 != w8:
+            out.append(Layout("pad", w64))  # keeps the AMX packing of the CPU flash kernel, at more work
+    elif device.type == "cuda":
+        out.append(Layout("split", w8))
+        if _flex_available(device):
+            out.append(Layout("flex", head_dim))
+    return out
+
+
+def _problem(device, dtype, B, H, M, T, D, G, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, n, D, generator=gen) for n in (M, T, T))
+    nu = torch.rand(B, H, M, G, generator=gen) * 4
+    w = torch.rand(B, H, T, G, generator=gen) * 0.05
+    move = lambda t, dt=dtype: t.to(device=device, dtype=dt)  # noqa: E731
+    return move(q), move(k), move(v), move(nu, torch.float32), move(w, torch.float32)
+
+
+def _inputs(layout: Layout, q, k, v, nu, w, strength):
+    D, G = q.shape[-1], nu.shape[-1]
+    qi = layout_query(layout, q, nu, strength)
+    if layout.kind == "flex":
+        return qi, k, v
+    kb = k.new_zeros(*k.shape[:-1], layout.width)
+    kb[..., :D] = k
+    kb[..., D : D + G] = w
+    vb = v.new_zeros(*v.shape[:-1], layout.value_width(D))
+    vb[..., :D] = v
+    return qi, kb, vb
+
+
+def _layout_ok(layout: Layout, device: torch.device, dtype: torch.dtype, D: int, G: int) -> bool:
+    """The layout's corrected attention against softmax(q k^T / sqrt(d) - lambda nu W^T) v in float64."""
+    try:
+        q, k, v, nu, w = _problem(device, dtype, 1, 2, 5, 11, D, G)
+        strength, scale = 0.7, 1.0 / math.sqrt(D)
+        out, lse = layout_attend(layout, *_inputs(layout, q, k, v, nu, w, strength), nu, w, strength, scale)
+        s = (q.double() @ k.double().transpose(-1, -2)) * scale - strength * (nu.double() @ w.double().transpose(-1, -2))
+        tol = _tolerance(dtype)
+        return bool(
+            lse.shape == q.shape[:-1] and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
+            and torch.allclose(out[..., :D].double(), torch.softmax(s, -1) @ v.double(), atol=tol, rtol=tol)
+        )
+    except Exception as exc:  # noqa: BLE001 - a layout that fails in any way is not used
+        logger.info("jensen_kv: correction layout %s unavailable on %s/%s: %s", layout, device, dtype, exc)
+        return False
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+    return time.process_time()  # our threads' time: other processes on a shared machine don't count
+
+
+def _fastest(layouts: list[Layout], device, dtype, D, G, shape, rounds: int = 3, margin: float = 0.05) -> Layout:
+    """Time each layout on one cached chunk of the first call's shape; keep the default unless another wins by ``margin``."""
+    H, M, T = shape
+    q, k, v, nu, w = _problem(device, dtype, 1, min(H, 16), min(M, 2048), min(T, 2048), D, G, seed=1)
+    calls = []
+    for layout in layouts:
+        args = _inputs(layout, q, k, v, nu, w, 1.0)
+        calls.append(lambda layout=layout, args=args: layout_attend(layout, *args, nu, w, 1.0, 1.0 / math.sqrt(D)))
+    for c in calls:  # warm-up (and FlexAttention's compilation)
+        c()
+    times = [[] for _ in calls]
+    for r in range(rounds):
+        for i in (range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))):
+            t0 = _clock(device)
+            calls[i]()
+            times[i].append(_clock(device) - t0)
+    med = [statistics.median(t) for t in times]
+    best = min(range(len(layouts)), key=med.__getitem__)
+    if med[best] > (1 - margin) * med[0]:
+        best = 0
+    logger.info("jensen_kv: correction layouts on %s/%s timed %s: using %s", device.type, dtype,
+                ", ".join(f"{lay.describe(D)} {m * 1e3:.2f} ms" for lay, m in zip(layouts, med)), layouts[best].describe(D))
+    return layouts[best]
+
+
+_LAYOUTS: dict[tuple[str, torch.dtype, int, int], Layout | None] = {}
+
+
+def taylor_layout(device: torch.device, dtype: torch.dtype, head_dim: int, G: int,
+                  shape: tuple[int, int, int] = (8, 512, 512)) -> Layout | None:
+    """The per-score correction's layout here, chosen at first use and cached per (device type, dtype, head_dim, G).
+
+    ``shape`` = (heads, queries, tokens of one cached chunk) of the first call, for the timing.
+    ``None`` when no layout passes its check (the caller falls back to one padded buffer per window).
+    """
+    key = (device.type, dtype, head_dim, G)
+    if key not in _LAYOUTS:
+        ok = [lay for lay in candidate_layouts(device, dtype, head_dim, G) if _layout_ok(lay, device, dtype, head_dim, G)]
+        choice = None if not ok else ok[0] if len(ok) == 1 else _fastest(ok, device, dtype, head_dim, G, shape)
+        if choice is not None:
+            logger.info("jensen_kv: Taylor correction on %s/%s (head_dim %d, %d groups): %s", device.type, dtype,
+                        head_dim, G, choice.describe(head_dim))
+        _LAYOUTS[key] = choice
+    return _LAYOUTS[key]
+
+
+def kernel_choices() -> dict[str, str]:
+    """The layouts chosen so far, ``"cpu/torch.bfloat16 d128 G4" -> "q,k,v padded to 136"`` (for benchmarks and reports)."""
+    return {f"{dev}/{dt} d{d} G{g}": ("none (single buffer)" if lay is None else lay.describe(d))
+            for (dev, dt, d, g), lay in _LAYOUTS.items()}
