@@ -2,7 +2,7 @@
 
     python benchmarks/rollout.py            # 4 seeds x 32 chunks, 35 configurations (about 45 min on 2 cores)
     python benchmarks/rollout.py --quick    # 1 seed x 4 chunks, 4 configurations (about a minute)
-    python benchmarks/rollout.py --modes    # the correction modes side by side at INT2 (rollout_modes_*.csv)
+    python benchmarks/rollout.py --modes    # correction modes and QVG side by side at INT2 (rollout_modes_*.csv)
 
 Every rollout continues a held-out ground-truth video: its first ``--prefix`` chunks are written into
 the cache (the sampler's prefix input), then ``--chunks`` chunks are generated with a cache window of
@@ -51,26 +51,37 @@ class Config:
     rotation: str = "hadamard"
     correction: str = "off"
     strength: float = 1.0
+    centroids: int = 0  # > 0: QVG (k-means smoothing, one stage of this many centroids, before RTN of the residual)
 
     @property
     def name(self) -> str:
         if self.bits is None:
             return "full precision"
         rot = "QuaRot" if self.rotation == "hadamard" else "RTN"
+        if self.centroids:
+            rot = f"QVG K{self.centroids}" + ("+QuaRot" if self.rotation == "hadamard" else "")
         corr = "" if self.correction == "off" else f" + {self.correction}" + (
             f" x{self.strength:g}" if self.strength != 1.0 else "")
         return f"INT{self.bits} g{self.group} {rot}{corr}"
 
-    def effective_bits(self, core) -> float:
+    def spec(self, core):
+        extra = {"method": "qvg", "qvg_centroids": self.centroids} if self.centroids else {}
+        return core.QuantSpec(bits=self.bits, group_size=self.group, rotation=self.rotation, **extra)
+
+    def effective_bits(self, core, chunk_tokens: int = 192, head_dim: int = 128) -> float:
+        """Stored bits per cached element; QVG's centroids and ids counted on the tiny model's 192-token chunks."""
         if self.bits is None:
             return 32.0
-        return core.QuantSpec(bits=self.bits, group_size=self.group).effective_bits
+        return self.spec(core).effective_bits_for(head_dim, chunk_tokens)
 
 
 def grid(quick: bool, modes: bool = False) -> list[Config]:
-    if modes:  # the correction modes side by side at INT2 (issue 12: chunk_mean against taylor)
-        return [Config(2, g, r, c) for r in ("none", "hadamard") for g in (32, 128)
-                for c in ("off", "taylor", "chunk_mean", "per_channel")]
+    if modes:  # the correction modes side by side at INT2 (issue 12: chunk_mean against taylor), and QVG
+        # (issue 11) at the bits of RTN g32 (QVG g64 K4: 2.77 bits on 192-token chunks) and g64 (QVG g128 K2: 2.42)
+        return ([Config(2, g, r, c) for r in ("none", "hadamard") for g in (32, 128)
+                 for c in ("off", "taylor", "chunk_mean")]
+                + [Config(2, g, "hadamard", c, centroids=k) for g, k in ((64, 4), (128, 2))
+                   for c in ("off", "taylor", "chunk_mean")])
     if quick:
         return [Config(2, 32, "hadamard", "off"), Config(2, 32, "hadamard", "taylor"), Config(4, 32, "hadamard", "off"),
                 Config(2, 128, "none", "taylor")]
@@ -93,7 +104,7 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--modes", action="store_true",
-                   help="INT2, off / taylor / chunk_mean / per_channel: writes rollout_modes_*.csv, no plots")
+                   help="INT2 RTN / QuaRot / QVG, off / taylor / chunk_mean: writes rollout_modes_*.csv, no plots")
     a = p.parse_args(argv)
     if a.quick:
         a.seeds, a.chunks = 1, 4
@@ -124,8 +135,9 @@ def main(argv=None) -> int:
     stem = "rollout_modes" if args.modes else "rollout"
 
     def patched(cfg: Config):
+        qvg = ("qvg", 1, cfg.centroids) if cfg.centroids else ()
         m = nodes.JensenKVQuantizeKVCache.execute(model, str(cfg.bits), str(cfg.bits), str(cfg.group), cfg.rotation,
-                                                  "fp8_e4m3", 0).args[0]
+                                                  "fp8_e4m3", 0, *qvg).args[0]
         if cfg.correction != "off":
             m = nodes.JensenKVBiasCorrection.execute(m, cfg.correction, cfg.strength).args[0]
         return nodes.JensenKVDiagnostics.execute(m, "all", "all", DIAG_STEPS, 4).args[0]
@@ -188,7 +200,8 @@ def main(argv=None) -> int:
         last = [rows[-1][0] for rows in runs]
         first = [rows[0][0] for rows in runs]
         row = {"config": cfg.name, "bits": cfg.bits, "group": cfg.group, "rotation": cfg.rotation,
-               "correction": cfg.correction, "strength": cfg.strength, "effective_bits": cfg.effective_bits(core)}
+               "correction": cfg.correction, "strength": cfg.strength, "centroids": cfg.centroids,
+               "effective_bits": cfg.effective_bits(core)}
         for key, vals in (("latent_psnr", seed_means), ("rgb_psnr", rgb_means), ("ssim", ssim_means),
                           ("latent_psnr_first_chunk", first), ("latent_psnr_last_chunk", last)):
             row[key], row[key + "_se"] = mean_se(vals)
@@ -249,7 +262,7 @@ def verdict(summary: list[dict]) -> None:
     gains = []
     for r in summary:
         if r["correction"] != "off" and r["strength"] == 1.0:
-            off = by.get(Config(r["bits"], r["group"], r["rotation"]).name)
+            off = by.get(Config(r["bits"], r["group"], r["rotation"], centroids=r.get("centroids", 0)).name)
             if off:
                 gains.append((r["config"], r["latent_psnr"] - off["latent_psnr"],
                               r["latent_psnr_last_chunk"] - off["latent_psnr_last_chunk"]))
