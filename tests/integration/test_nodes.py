@@ -205,7 +205,8 @@ def test_ksampler_variant_equals_sampler_with_the_same_sigmas(nodes, tiny):
 
 
 @pytest.mark.parametrize("key_bits,value_bits,mode", [("2", "2", "exact"), ("3", "2", "per_channel"),
-                                                      ("off", "4", "taylor"), ("8", "off", "off")])
+                                                      ("2", "4", "chunk_mean"), ("off", "4", "taylor"),
+                                                      ("8", "off", "off")])
 def test_every_mode_and_side_samples(nodes, tiny, key_bits, value_bits, mode):
     inputs = _sampler_inputs(tiny)
     base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[0]["samples"]

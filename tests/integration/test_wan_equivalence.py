@@ -174,10 +174,11 @@ def _quantized(nodes_mod, model, correction=None, strength=1.0, key_bits="2", va
     return m
 
 
-def test_int2_keys_steal_attention_and_the_correction_gives_it_back(loop, nodes, tiny, euler):
+@pytest.mark.parametrize("mode", ["taylor", "chunk_mean"])
+def test_int2_keys_steal_attention_and_the_correction_gives_it_back(loop, nodes, tiny, euler, mode):
     """ΔP_S over every layer, chunk >= 1 and step: each run's queries against its own unquantized keys."""
     shifts = {}
-    for name, corr in (("int2", None), ("int2_taylor", "taylor")):
+    for name, corr in (("int2", None), ("int2_taylor", mode)):
         obs = MassObserver()
         _recorded_run(loop, _quantized(nodes, tiny, corr), euler, cfg=1.0, observer=obs)
         assert len(obs.events) == 3 * STEPS * 2  # chunks 1-3 x steps x layers
@@ -191,7 +192,8 @@ def test_int2_keys_steal_attention_and_the_correction_gives_it_back(loop, nodes,
     assert abs(fixed) < 0.5 * raw, (raw, fixed)
 
 
-def test_attention_mass_against_the_full_precision_run(loop, nodes, tiny, euler):
+@pytest.mark.parametrize("mode", ["taylor", "chunk_mean"])
+def test_attention_mass_against_the_full_precision_run(loop, nodes, tiny, euler, mode):
     """Layer 0 of chunk 1, first step: the same queries and pre-quantization keys in every run, so the
     INT2 runs' attention is compared with the full-precision run's own cache."""
 
@@ -203,7 +205,7 @@ def test_attention_mass_against_the_full_precision_run(loop, nodes, tiny, euler)
     fp = layer0_chunk1(tiny)
     k_fp_run, v_fp_run = fp["entries"][0]  # what the full-precision run cached
     shifts = {}
-    for name, corr in (("int2", None), ("int2_taylor", "taylor")):
+    for name, corr in (("int2", None), ("int2_taylor", mode)):
         ev = layer0_chunk1(_quantized(nodes, tiny, corr))
         torch.testing.assert_close(ev["q"], fp["q"])  # same queries as the FP run
         torch.testing.assert_close(ev["k_fp"], k_fp_run)  # it quantized the keys the FP run kept
@@ -212,7 +214,7 @@ def test_attention_mass_against_the_full_precision_run(loop, nodes, tiny, euler)
         k, v = ev["entries"][0]
         k_hat, v_hat = k.dequantize(dtype=torch.float32), v.dequantize(dtype=torch.float32)
         d = ev["q"].shape[-1]
-        bias = _core("bias").jensen_bias(ev["q"], k, mode="taylor") if corr else 0
+        bias = _core("bias").jensen_bias(ev["q"], k, mode=mode) if corr else 0
         scores = torch.cat([ev["q"] @ k_hat.transpose(-1, -2) / d**0.5 - bias,
                             ev["q"] @ ev["k_cur"].transpose(-1, -2) / d**0.5], dim=-1)
         out_ref = torch.softmax(scores, -1) @ torch.cat([v_hat, ev["v_cur"]], dim=-2)
