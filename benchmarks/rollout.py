@@ -1,6 +1,6 @@
 """The paper's Table 1 and Fig. 5 on the pack's trained tiny AR model: quantized caches over long rollouts.
 
-    python benchmarks/rollout.py            # 4 seeds x 32 chunks, 35 configurations (about 45 min on 2 cores)
+    python benchmarks/rollout.py            # 4 seeds x 32 chunks, 34 configurations (54 min on one core)
     python benchmarks/rollout.py --quick    # 1 seed x 4 chunks, 4 configurations (about a minute)
     python benchmarks/rollout.py --modes    # correction modes and QVG side by side at INT2 (rollout_modes_*.csv)
 
