@@ -50,7 +50,7 @@ def _run(loop, model, frames, *, cfg=1.0, seed=5, positive=None, euler=None, **k
 
 
 @pytest.mark.parametrize("bits,correction", [(b, c) for b in ("2", "3", "4", "8") for c in ("off", "taylor")]
-                         + [("off", "off")])  # full precision has no quantized keys to correct
+                         + [("2", "chunk_mean"), ("off", "off")])  # full precision has no quantized keys to correct
 def test_continue_later_equals_one_long_run_bit_for_bit(loop, nodes, tiny, rs, tmp_path, bits, correction):
     model = _model(nodes, tiny, bits, correction)
     whole = _run(loop, model, FRAMES, window_chunks=2, sink_chunks=1).samples
