@@ -287,6 +287,14 @@ def quantize_rotated(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> Quantiz
     )
 
 
+def check_cat_compatible(parts) -> None:
+    """Quantized tensors concatenate along tokens only with one spec, scale format and leading shape."""
+    first = parts[0]
+    for p in parts[1:]:
+        if p.spec != first.spec or p.scale_format != first.scale_format or p.shape[:-2] != first.shape[:-2] or p.head_dim != first.head_dim:
+            raise ValueError("cat_quantized: tensors differ in spec, scale format or leading shape")
+
+
 def cat_quantized(parts: list[QuantizedTensor]) -> QuantizedTensor:
     """Concatenate quantized tensors along the token axis (same spec and scale format).
 
@@ -299,9 +307,7 @@ def cat_quantized(parts: list[QuantizedTensor]) -> QuantizedTensor:
         from .qvg import cat_qvg
 
         return cat_qvg(parts)
-    for p in parts[1:]:
-        if p.spec != first.spec or p.scale_format != first.scale_format or p.shape[:-2] != first.shape[:-2] or p.head_dim != first.head_dim:
-            raise ValueError("cat_quantized: tensors differ in spec, scale format or leading shape")
+    check_cat_compatible(parts)
     if len(parts) == 1:
         return first
     packed = torch.cat([p.packed for p in parts], dim=-2)

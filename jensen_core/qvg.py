@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from .hadamard import unrotate
-from .quant import QuantizedTensor, quantize_rotated
+from .quant import QuantizedTensor, check_cat_compatible, quantize_rotated
 from .spec import QuantSpec
 
 #: k-means stops early once fewer than this fraction of the tokens change cluster (the reference's rule)
@@ -249,11 +249,9 @@ def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
 def cat_qvg(parts: list[QVGTensor]) -> QVGTensor:
     """Concatenate QVG tensors along the token axis: the centroid tables are stacked, the ids kept as stored."""
     first = parts[0]
-    for p in parts:
-        if not isinstance(p, QVGTensor):
-            raise ValueError("cat_quantized: cannot mix QVG and plain quantized tensors")
-        if p.spec != first.spec or p.scale_format != first.scale_format or p.shape[:-2] != first.shape[:-2] or p.head_dim != first.head_dim:
-            raise ValueError("cat_quantized: tensors differ in spec, scale format or leading shape")
+    if not all(isinstance(p, QVGTensor) for p in parts):
+        raise ValueError("cat_quantized: cannot mix QVG and plain quantized tensors")
+    check_cat_compatible(parts)
     if len(parts) == 1:
         return first
     packed = torch.cat([p.packed for p in parts], dim=-2)
