@@ -10,12 +10,14 @@ import logging
 
 from comfy_api.latest import ComfyExtension, io
 
+from .ar_cache_window import JensenKVARCacheWindow
 from .ar_schedule import JensenKVARSchedule
 from .bias_correction import JensenKVBiasCorrection
 from .chunked_ar_sampler import JensenKVChunkedARSampler
 from .chunked_ar_sampler_simple import JensenKVChunkedARSamplerSimple
 from .diagnostics import JensenKVDiagnostics
 from .diagnostics_plot import JensenKVDiagnosticsPlot
+from .kv_cache_report import JensenKVCacheReport
 from .load_kv_cache import JensenKVLoadKVCache
 from .prompt_schedule import JensenKVPromptSchedule
 from .quantize_kv_cache import JensenKVQuantizeKVCache
@@ -44,12 +46,14 @@ AR_NODES: list[type[io.ComfyNode]] = [JensenKVARSchedule, JensenKVPromptSchedule
 DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDecode]
 #: attention diagnostics (issue 5): KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
 DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
+#: ComfyUI's own AR sampler (v0.27+, issue 17): the cache window there and the run's report
+CORE_AR_NODES: list[type[io.ComfyNode]] = [JensenKVARCacheWindow, JensenKVCacheReport]
 
 
 class JensenKVExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         register_bundled_models()
-        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *DEMO_NODES]
+        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *CORE_AR_NODES, *DEMO_NODES]
 
 
 def register_bundled_models() -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io, ui
 
 from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, correction_to_mode, get_config, set_config
+from ..runtime.core_ar import attach
 from .common import CATEGORY, check_combo_values, logger, node_message
 
 NOTHING_TO_CORRECT = (
@@ -57,6 +58,7 @@ class JensenKVBiasCorrection(io.ComfyNode):
         config = config.with_correction(correction, strength)
         m = model.clone()
         set_config(m, config)
+        attach(m)
         text = f"KV cache: {config.describe()}"
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(m, ui=ui.PreviewText(text))

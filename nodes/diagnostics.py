@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
+from ..runtime.core_ar import attach
 from ..runtime.diagnostics_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
 from .common import CATEGORY, logger
 
@@ -65,6 +66,7 @@ class JensenKVDiagnostics(io.ComfyNode):
             resolve_selection(request.heads, n_heads, "heads")
         m = model.clone()
         set_request(m, request)
+        attach(m)
         text = f"Attention diagnostics: {request.describe()}"
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(m, ui=ui.PreviewText(text))

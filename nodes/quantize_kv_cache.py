@@ -19,6 +19,7 @@ from ..runtime.config import (
     parse_bits,
     set_config,
 )
+from ..runtime.core_ar import attach
 from .common import CATEGORY, advanced, check_combo_values, logger
 
 
@@ -121,5 +122,6 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                               method, qvg_stages, qvg_centroids, qvg_iters)
         m = model.clone()
         set_config(m, config)
+        attach(m)
         logger.info("jensen_kv: KV cache %s", config.describe())
         return io.NodeOutput(m)

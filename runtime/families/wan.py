@@ -137,7 +137,9 @@ class WanFamily(ModelFamily):
         """Patch ``work`` (a clone made for this run only); refuses to replace another pack's patch."""
         import comfy.patcher_extension
 
-        foreign = [(k, work.object_patches[k]) for k in self.keys if k in work.object_patches]
+        # the pack's own patches (core's AR path, runtime/core_ar) are replaced for this run, not foreign
+        foreign = [(k, work.object_patches[k]) for k in self.keys
+                   if k in work.object_patches and not getattr(work.object_patches[k], "jensen_kv_patch", False)]
         if foreign:
             key, patch = foreign[0]
             what = getattr(patch, "__qualname__", None) or type(patch).__qualname__
@@ -177,6 +179,8 @@ class CachedSelfAttention:
     Takes (and ignores) extra keyword arguments such as ``kv_cache=None``, with which newer
     ComfyUI's ``CausalWanModel`` calls its self-attention outside its own AR sampler.
     """
+
+    jensen_kv_patch = True
 
     def __init__(self, run, layer: int, module: torch.nn.Module):
         self.run, self.layer, self.module = run, layer, module

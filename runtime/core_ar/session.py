@@ -1,0 +1,233 @@
+"""One sampling run of ComfyUI's own AR video sampler (``sample_ar_video``), served by the pack's cache.
+
+Core's protocol, as ``comfy/k_diffusion/sampling.py::sample_ar_video`` (v0.27) drives it:
+
+- ``init_kv_caches(batch, video_tokens, ...)`` returns one dict per layer with ``"k"``, ``"v"`` (the
+  whole video, preallocated) and ``"end"``; the pack returns :class:`CoreLayerCache` dicts that hold
+  only ``"end"`` and a link to this session: nothing the size of the video is allocated;
+- every model call writes its block of ``s`` tokens at ``end`` and sets ``end += s``;
+- after every non-final denoising step, and once more before the clean (sigma = 0) pass of a
+  finished block, the sampler moves ``end`` back by the block's tokens;
+- so a block whose ``end`` was *not* moved back before the next model call is final. This session
+  keeps the last call's post-RoPE K/V of every (layer, CFG branch) as *pending* and, at the next
+  call, commits it to the quantized :class:`jensen_core.ChunkCache` (window and sink evict there)
+  when ``end`` stayed, drops it when ``end`` went back, and refuses any other move.
+
+A "call" is one sampler model call, i.e. one ``calc_cond_batch`` (cond and uncond may run as one
+batch or as separate ``apply_model`` calls; both write the same block at the same ``end``).
+RoPE positions are core's own (absolute): the pack never recomputes them on this path.
+No ComfyUI import here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ..cache_run import CacheRun
+from ..config import JensenKVConfig, mode_to_correction
+from ..observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+
+
+class CoreARProtocolError(RuntimeError):
+    """Core's sampler (or another patch) moved the cache in a way core's protocol does not."""
+
+
+@dataclass(frozen=True)
+class CoreARGeometry:
+    """What the run is made of: batch (as core allocated it), tokens per latent frame, latent frames."""
+
+    batch: int
+    frame_tokens: int
+    latent_frames: int
+    latent_height: int = 0
+    latent_width: int = 0
+
+
+class CoreLayerCache(dict):
+    """Stands in for one layer's ``{"k", "v", "end"}`` of core's ``init_kv_caches``: only ``end`` is real.
+
+    Core's own self-attention would write ``cache["k"][:, end:new_end]``; reaching for ``"k"`` or
+    ``"v"`` here means the pack's self-attention patch did not run (another patch replaced it), so
+    it fails with that finding instead of a bare KeyError.
+    """
+
+    def __init__(self, session: CoreARSession, layer: int):
+        super().__init__(end=0)
+        self.session, self.layer = session, layer
+
+    def __missing__(self, key):
+        if key in ("k", "v"):
+            raise CoreARProtocolError(
+                f"layer {self.layer}'s self-attention reached for the full-precision cache ({key!r}) that the Jensen KV "
+                "cache replaces: something replaced the pack's self-attention patch on this layer after it was applied "
+                "(another node pack patching CausalWanSelfAttention.forward, e.g. a sequence-parallel patch). Use one "
+                "of the two: remove Quantize KV Cache / Jensen Bias Correction, or the other pack's patch."
+            )
+        raise KeyError(key)
+
+
+class CoreARSession:
+    """Per-run state of one ``sample_ar_video`` call: the pack's caches and core's ``end`` protocol."""
+
+    def __init__(self, config: JensenKVConfig, *, num_layers: int, window_chunks: int = 0, sink_chunks: int = 0,
+                 observer=None, steps: int | None = None):
+        self.config = config
+        self.num_layers = num_layers
+        self.window_chunks, self.sink_chunks = int(window_chunks), int(sink_chunks)
+        self.run = CacheRun(config, window_chunks, num_layers, observer=observer, sink_chunks=sink_chunks)
+        self.steps = steps
+        self.layers: list[CoreLayerCache] = []
+        self.geometry: CoreARGeometry | None = None
+        self.call_start: int | None = None   # token where the block of the current call starts
+        self.call_tokens: int | None = None  # tokens of that block (known at the first attention)
+        self.committed_end = 0               # token after the last committed block
+        self.pending: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+        self.pending_start: int | None = None
+        self.pending_tokens: int | None = None
+        self.reached: set[tuple[int, int]] = set()
+        self.calls = 0
+        self.commits = 0
+        self.committed_chunk_frames: list[int] = []
+        self.chunk = 0
+        self.step = 0
+        self.labels: list[int] | None = None  # CFG branches of the apply_model call in progress
+        # filled in by the ComfyUI side (patches.start_session) for the report
+        self.diagnostics = None
+        self.adapter = None
+        self.block_frames = 1
+        self.prefix_frames = 0
+        self.model_dtype = None
+        self.max_tokens = 0
+
+    # ------------------------------------------------------------------ core's init_kv_caches
+    def init_caches(self, batch: int, max_tokens: int) -> list[CoreLayerCache]:
+        if self.layers:
+            raise CoreARProtocolError("init_kv_caches was called twice in one sampling run; the Jensen KV cache "
+                                      "serves one sample_ar_video call at a time")
+        if self.geometry is not None and batch != self.geometry.batch:
+            raise CoreARProtocolError(f"core's AR sampler asked for caches of batch {batch}, but the latent's batch is "
+                                      f"{self.geometry.batch}")
+        self.layers = [CoreLayerCache(self, i) for i in range(self.num_layers)]
+        self.max_tokens = int(max_tokens)
+        return self.layers
+
+    # ------------------------------------------------------------------ one sampler model call
+    def _end(self) -> int:
+        ends = {int(c["end"]) for c in self.layers}
+        if len(ends) != 1:
+            raise CoreARProtocolError(f"the layers' cache ends disagree ({sorted(ends)}); core's AR sampler moves every "
+                                      "layer's end together")
+        return ends.pop()
+
+    def begin_call(self) -> None:
+        """Before a sampler model call: commit or drop the previous call's block by where ``end`` stands."""
+        if not self.layers:
+            raise CoreARProtocolError("a model call reached the Jensen KV cache before init_kv_caches")
+        end = self._end()
+        if self.pending_start is not None:
+            final = self.pending_start + self.pending_tokens
+            if end == final:
+                self._commit()
+            elif end == self.pending_start:
+                self.pending.clear()
+                self.step += 1
+            else:
+                raise CoreARProtocolError(
+                    f"core's AR sampler set the cache end to token {end}; after a block of {self.pending_tokens} tokens "
+                    f"written at {self.pending_start} it must stay at {final} (the block is final) or go back to "
+                    f"{self.pending_start} (the block is re-denoised)"
+                )
+            self.pending_start = self.pending_tokens = None
+        elif end != self.committed_end:
+            raise CoreARProtocolError(f"the cache end is at token {end} but {self.committed_end} tokens are cached")
+        self.call_start, self.call_tokens = end, None
+        self.reached.clear()
+        self.calls += 1
+
+    def end_call(self) -> None:
+        """After a sampler model call: every layer must have written the block for every branch it ran."""
+        if self.call_start is None:
+            return
+        if self.call_tokens is not None:
+            layers = {layer for layer, _ in self.reached}
+            missing = sorted(set(range(self.num_layers)) - layers)
+            if missing:
+                raise CoreARProtocolError(
+                    f"the model call at token {self.call_start} did not reach the self-attention of layers {missing[:6]}"
+                    f"{' ...' if len(missing) > 6 else ''}; another patch may skip Wan blocks (e.g. a step cache): "
+                    "remove it when sampling with the Jensen KV cache"
+                )
+            self.pending_start, self.pending_tokens = self.call_start, self.call_tokens
+        self.call_start = self.call_tokens = None
+
+    def _commit(self) -> None:
+        """The pending block is final: append it to every (layer, branch) cache (window and sink evict there)."""
+        run = self.run
+        frame_tokens = self.geometry.frame_tokens if self.geometry else None
+        frame0 = self.pending_start // frame_tokens if frame_tokens else 0
+        run.begin(self.chunk, frame0, PHASE_WRITE)
+        for (layer, branch), (k, v) in sorted(self.pending.items(), key=lambda kv: kv[0]):
+            cache = run.caches.get((layer, branch))
+            if cache is None:
+                cache = run.caches[(layer, branch)] = run.new_cache()
+            if run.observer is not None and (run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0)):
+                # a write event carries the chunk's keys and values (observers read k, v of writes only)
+                run.observer(AttentionEvent(layer=layer, branch=branch, chunk=self.chunk, frame_offset=frame0,
+                                            phase=PHASE_WRITE, step=0, q=k, k=k, v=v, cache=cache, out=v,
+                                            correction=mode_to_correction(run.correction), strength=run.strength))
+            cache.append(k, v)
+            run.branches_written.add(branch)
+        run._record_peak()
+        self.pending.clear()
+        self.committed_end = self.pending_start + self.pending_tokens
+        self.committed_chunk_frames.append(self.pending_tokens // frame_tokens if frame_tokens else 0)
+        self.commits += 1
+        self.chunk += 1
+        self.step = 0
+
+    # ------------------------------------------------------------------ one self-attention call
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, labels: list[int]) -> Tensor:
+        """Attention of the current block (q, k, v post-RoPE, (batch, heads, tokens, head_dim)) over the cache.
+
+        ``labels``: the CFG branches stacked in the batch (``cond_or_uncond``). Keeps k, v as the
+        pending block and moves this layer's ``end`` as core's own attention would.
+        """
+        if self.call_start is None:
+            self.begin_call()  # a model call that did not go through calc_cond_batch (e.g. a direct forward)
+            implicit = True
+        else:
+            implicit = False
+        s = int(q.shape[2])
+        if self.call_tokens is None:
+            self.call_tokens = s
+        elif s != self.call_tokens:
+            raise CoreARProtocolError(f"layer {layer} got a block of {s} tokens in a call of {self.call_tokens}-token blocks")
+        cache_dict = self.layers[layer]
+        end = int(cache_dict["end"])
+        if end not in (self.call_start, self.call_start + s):
+            raise CoreARProtocolError(f"layer {layer}'s cache end is at token {end}; this call writes its block at "
+                                      f"{self.call_start}")
+        run = self.run
+        run.chunk = self.chunk
+        run.frame_offset = self.call_start // self.geometry.frame_tokens if self.geometry else 0
+        run.phase, run.step = PHASE_DENOISE, self.step
+        out = run.attend(layer, q, k, v, {"cond_or_uncond": list(labels)})
+        per = q.shape[0] // max(len(labels), 1)
+        for i, branch in enumerate(labels):
+            sl = slice(i * per, (i + 1) * per)
+            self.pending[(layer, branch)] = (k[sl].detach(), v[sl].detach())
+            self.reached.add((layer, branch))
+        cache_dict["end"] = self.call_start + s
+        if implicit and layer == self.num_layers - 1:
+            self.end_call()
+        return out
+
+    # ------------------------------------------------------------------ after the run
+    @property
+    def peak_bytes(self) -> int:
+        return int(self.run.peak_bytes)
+
+    def free(self) -> None:
+        self.pending.clear()
+        self.run.free()
