@@ -6,6 +6,7 @@ ComfyUI's own detection and loader.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -223,3 +224,119 @@ def test_a_failure_while_writing_leaves_neither_a_partial_file_nor_a_temporary_o
         cc.main([str(src), str(out), "--overwrite"])
     assert out.read_bytes() == b"previous version"
     assert sorted(os.listdir(tmp_path)) == ["in.pt", "out.safetensors"]
+
+
+# ----------------------------------------------------------------------------- --causal: the flag ComfyUI v0.27 reads
+def comfyui_reads(meta: dict) -> dict:
+    """What ComfyUI's model_detection merges into a Wan's config: ``json.loads(config).get("transformer", {})``."""
+    return json.loads(meta["config"]).get("transformer", {})
+
+
+def st_metadata(path) -> dict:
+    with safe_open(str(path), "pt") as f:
+        return f.metadata() or {}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_causal_writes_the_config_comfyui_reads_and_keeps_the_rest(tmp_path, capsys, causal):
+    src, out = tmp_path / "in.pt", tmp_path / "out.safetensors"
+    torch.save({"generator": fake_wan(0)}, src)
+    assert cc.main([str(src), str(out)] + (["--causal"] if causal else [])) == 0
+    meta = st_metadata(out)
+    assert meta["source_key"] == "generator" and meta["dtype"] == "bf16" and meta["format"] == "pt"
+    if causal:
+        assert json.loads(meta["config"]) == {"transformer": {"causal_ar": True}}
+        assert comfyui_reads(meta) == {"causal_ar": True} and cc.is_causal(meta)
+        assert "flagged causal_ar" in capsys.readouterr().out
+    else:
+        assert "config" not in meta and not cc.is_causal(meta)
+    assert_converted(load_file(str(out)), fake_wan(0))  # the flag changes no weight
+
+
+def test_the_causal_config_merges_into_an_existing_one():
+    meta = {"format": "pt", "config": json.dumps({"vae": {"x": 1}, "transformer": {"rope_theta": 10000.0}})}
+    out = cc.with_causal_config(meta)
+    assert out["format"] == "pt" and meta["config"] != out["config"]  # the input dict is not modified
+    assert json.loads(out["config"]) == {"vae": {"x": 1}, "transformer": {"rope_theta": 10000.0, "causal_ar": True}}
+    assert cc.with_causal_config(out) == out  # idempotent
+    assert json.loads(cc.with_causal_config({"config": json.dumps({"transformer": {"causal_ar": False}})})["config"]) \
+        == {"transformer": {"causal_ar": True}}
+    assert cc.with_causal_config(None) == {"config": '{"transformer": {"causal_ar": true}}'}
+
+
+@pytest.mark.parametrize("config,match", [("{not json", "not valid JSON"), ("[1, 2]", "not a JSON object"),
+                                          ('{"transformer": 3}', "not a JSON object with an object 'transformer'")])
+def test_a_config_comfyui_could_not_read_is_refused(config, match):
+    with pytest.raises(cc.ConversionError, match=match):
+        cc.with_causal_config({"config": config})
+
+
+def test_is_causal_reads_the_flag_as_comfyui_does():
+    assert not cc.is_causal({}) and not cc.is_causal(None) and not cc.is_causal({"config": "{bad"})
+    assert not cc.is_causal({"config": '{"transformer": {"causal_ar": false}}'})
+    assert not cc.is_causal({"config": '{"causal_ar": true}'})  # not under "transformer": ComfyUI ignores it
+    assert cc.is_causal({"config": '{"vae": {}, "transformer": {"causal_ar": true}}'})
+
+
+# ----------------------------------------------------------------------------- a .safetensors input: copied + flagged
+def _safetensors_wan(path, dtype=torch.float16, metadata=None):
+    from safetensors.torch import save_file
+
+    sd = {k: v.to(dtype) for k, v in fake_wan(3).items()}
+    save_file(sd, str(path), metadata=metadata)
+    return sd
+
+
+def test_a_safetensors_input_is_copied_byte_for_byte_with_the_flag(tmp_path, capsys):
+    src, out = tmp_path / "tiny.safetensors", tmp_path / "out" / "tiny-causal.safetensors"
+    sd = _safetensors_wan(src, metadata={"format": "jensen_kv_tiny_ar", "steps": "2400"})
+    before = src.read_bytes()
+    assert cc.main([str(src), str(out), "--causal"]) == 0
+    assert src.read_bytes() == before  # the input is left as it was
+    meta = st_metadata(out)
+    assert meta["format"] == "jensen_kv_tiny_ar" and meta["steps"] == "2400"
+    assert comfyui_reads(meta) == {"causal_ar": True}
+    written = load_file(str(out))
+    assert sorted(written) == sorted(sd)
+    for k, v in sd.items():
+        assert written[k].dtype == torch.float16 and torch.equal(written[k], v), k
+    # the tensor bytes are the input's, unchanged; only the header differs (padded to 8 bytes)
+    _, data_in = cc.read_safetensors_header(src)
+    _, data_out = cc.read_safetensors_header(out)
+    assert out.read_bytes()[data_out:] == before[data_in:] and data_out % 8 == 0
+    text = capsys.readouterr().out
+    assert "tensors copied unchanged" in text and "ComfyUI detection: skipped" in text
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny-causal.safetensors"]
+
+
+def test_a_safetensors_input_needs_causal_and_takes_no_key_or_dtype(tmp_path, capsys):
+    src, out = tmp_path / "tiny.safetensors", tmp_path / "o.safetensors"
+    _safetensors_wan(src)
+    assert cc.main([str(src), str(out)]) == 2
+    assert "pass --causal" in capsys.readouterr().err
+    assert cc.main([str(src), str(out), "--causal", "--dtype", "bf16"]) == 2
+    assert "--key and --dtype apply to .pt" in capsys.readouterr().err
+    assert not out.exists()
+    assert cc.main([str(src), str(src), "--causal", "--overwrite"]) == 2
+    assert "would replace the input" in capsys.readouterr().err
+
+
+def test_a_safetensors_input_that_is_not_wan_t2v_or_not_safetensors_is_refused(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    src, out = tmp_path / "x.safetensors", tmp_path / "o.safetensors"
+    sd = fake_wan(0)
+    sd["img_emb.proj.0.bias"] = torch.zeros(4)
+    save_file(sd, str(src))
+    assert cc.main([str(src), str(out), "--causal"]) == 2
+    assert "not text-to-video" in capsys.readouterr().err
+    src.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
+    assert cc.main([str(src), str(out), "--causal"]) == 2
+    assert "is not a safetensors file" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_help_describes_causal():
+    text = cc._parser().format_help()
+    assert "--causal" in text and "causal_ar" in text and "WAN21_CausalAR" in text
+    assert "--causal" in cc.__doc__ and '{"transformer": {"causal_ar": true}}' in cc.__doc__

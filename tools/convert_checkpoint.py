@@ -2,6 +2,8 @@
 
     python tools/convert_checkpoint.py self_forcing_dmd.pt ComfyUI/models/diffusion_models/self_forcing_dmd.safetensors
     python tools/convert_checkpoint.py model.pt causvid.safetensors --key generator --dtype fp16
+    python tools/convert_checkpoint.py self_forcing_dmd.pt self_forcing_causal.safetensors --causal
+    python tools/convert_checkpoint.py models/tiny_ar/jensen-kv-tiny-ar.safetensors tiny-causal.safetensors --causal
 
 Self-Forcing saves ``{"generator": ..., "generator_ema": ..., "critic": ...}`` and CausVid
 ``{"generator": ...}``: Wan 2.1 state dicts in fp32 whose keys carry the training wrappers'
@@ -24,15 +26,31 @@ lists ``.pt`` files but finds no model in that nesting. This tool:
 6. only then writes OUT atomically (a temporary file in OUT's folder, renamed at the end): a failed
    run leaves no half-written file.
 
+``--causal`` adds the safetensors metadata ``config`` = ``{"transformer": {"causal_ar": true}}`` (JSON,
+merged into any ``config`` already there). ComfyUI v0.27 and later read it in ``model_detection`` and
+load the file as ``WAN21_CausalAR`` (``CausalWanModel``, the model of core's own AR video sampler,
+``SamplerARVideo``; default sampling shift 5 instead of Wan's 8); ComfyUI versions without that path
+(v0.3.64) ignore it and load plain ``WAN21``. The weights are the same either way, and the pack's
+Chunked AR sampler runs both.
+
+A ``.safetensors`` INPUT (a file already in ComfyUI's layout, e.g. the pack's tiny model) is copied
+instead of converted: its tensor bytes unchanged, its metadata kept, ``config`` merged as above
+(``--causal`` is required then, ``--key`` and ``--dtype`` do not apply; the input file is never
+modified). The same key check and ComfyUI detection run on it first.
+
 ``convert()`` is the pure part (no ComfyUI needed); ``main(argv)`` is the command line.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
+import json
 import os
 import pickle
 import re
+import shutil
+import struct
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -50,6 +68,13 @@ ANYWHERE_WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_ori
 #: key prefixes of Wan variants that are not plain text-to-video (image embedding, VACE, control, reference)
 NON_T2V_PREFIXES = ("img_emb.", "vace_blocks.", "vace_patch_embedding.", "control_adapter.", "ref_conv.")
 WAN_LATENT_CHANNELS = 16
+#: what ComfyUI (v0.27+) reads from the safetensors metadata ``config`` to load a Wan as WAN21_CausalAR
+CAUSAL_AR = {"transformer": {"causal_ar": True}}
+SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
+#: safetensors dtype names -> torch (for the meta tensors the checks read from a header)
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 class ConversionError(ValueError):
@@ -188,6 +213,109 @@ def convert(state, key: str | None = None, dtype: str | torch.dtype = "bf16") ->
     return {k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
 
 
+# ----------------------------------------------------------------------------- the causal AR flag
+def with_causal_config(metadata: dict[str, str] | None) -> dict[str, str]:
+    """``metadata`` (safetensors: str -> str) with ``config`` = its JSON plus ``{"transformer": {"causal_ar": true}}``.
+
+    Other keys of ``config`` (e.g. ``vae``) and of its ``transformer`` object are kept; ComfyUI reads it
+    with ``json.loads(metadata["config"]).get("transformer", {})`` and merges that into the model config.
+    """
+    out = dict(metadata or {})
+    config: dict = {}
+    if out.get("config"):
+        try:
+            config = json.loads(out["config"])
+        except ValueError as e:
+            raise ConversionError(f"the metadata 'config' is not valid JSON ({e}); ComfyUI could not read it either") \
+                from None
+        if not isinstance(config, dict) or not isinstance(config.get("transformer", {}), dict):
+            raise ConversionError(f"the metadata 'config' is {out['config'][:200]!r}: not a JSON object with an object "
+                                  "'transformer', which is what ComfyUI reads")
+    config = {**config, "transformer": {**config.get("transformer", {}), **CAUSAL_AR["transformer"]}}
+    out["config"] = json.dumps(config, sort_keys=True)
+    return out
+
+
+def is_causal(metadata: dict[str, str] | None) -> bool:
+    """Whether ComfyUI v0.27+ would read ``causal_ar: true`` from this metadata (as its model_detection does)."""
+    try:
+        transformer = json.loads((metadata or {}).get("config") or "{}").get("transformer", {})
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(transformer, dict) and transformer.get("causal_ar") is True
+
+
+# ----------------------------------------------------------------------------- safetensors input (copy + flag)
+def read_safetensors_header(path: str | os.PathLike) -> tuple[dict, int]:
+    """(the JSON header, the byte offset where the tensor data starts) of a safetensors file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConversionError(f"{path} does not exist or is not a file")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if n < 2 or 8 + n > size or n > 100 * 2**20:
+            raise ConversionError(f"{path} is not a safetensors file (header length {n}, file size {size})")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise ConversionError(f"{path} is not a safetensors file (header: {e})") from None
+    if not isinstance(header, dict):
+        raise ConversionError(f"{path} is not a safetensors file (its header is no JSON object)")
+    return header, 8 + n
+
+
+def meta_state_dict(header: dict) -> dict[str, torch.Tensor]:
+    """Shape-only (``device="meta"``) tensors for a header's entries: what the key check and detection read."""
+    sd = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise ConversionError(f"{name}: safetensors dtype {info.get('dtype')!r} is not one this tool knows")
+        sd[name] = torch.empty(info["shape"], dtype=dtype, device="meta")
+    return sd
+
+
+def _write_atomic(out: Path, write) -> None:
+    """``write(tmp_path)`` to a temporary file next to ``out``, fsynced and renamed onto it once complete."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def copy_safetensors_with_metadata(src: Path, out: Path, metadata: dict[str, str]) -> None:
+    """``src`` to ``out`` (atomically) with ``metadata`` as its ``__metadata__``; tensor bytes copied unchanged.
+
+    Only the JSON header is rewritten (padded with spaces to 8 bytes, as the safetensors library
+    does); the data offsets are relative to the end of the header, so they stay valid.
+    """
+    header, data_start = read_safetensors_header(src)
+    header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()},
+              **{k: v for k, v in header.items() if k != "__metadata__"}}
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+
+    def write(tmp):
+        with open(src, "rb") as fin, open(tmp, "wb") as fout:
+            fout.write(struct.pack("<Q", len(blob)))
+            fout.write(blob)
+            fin.seek(data_start)
+            shutil.copyfileobj(fin, fout, 16 * 2**20)
+
+    _write_atomic(out, write)
+
+
 # ----------------------------------------------------------------------------- ComfyUI's own detection
 def _is_comfyui(p: Path) -> bool:
     return (p / "comfy" / "model_detection.py").is_file() and (p / "main.py").is_file()
@@ -211,8 +339,9 @@ def find_comfyui(explicit: str | None = None) -> Path | None:
     return None
 
 
-def comfyui_detect(sd: dict[str, torch.Tensor], comfy_dir: Path) -> str:
-    """Run ComfyUI's ``model_config_from_unet`` on ``sd``; the model class it finds, or ConversionError."""
+def comfyui_detect(sd: dict[str, torch.Tensor], comfy_dir: Path, metadata: dict[str, str] | None = None) -> str:
+    """Run ComfyUI's ``model_config_from_unet`` on ``sd`` (with the file's ``metadata``, as UNETLoader reads it
+    where ComfyUI takes metadata); the model class it finds, or ConversionError."""
     if str(comfy_dir) not in sys.path:
         sys.path.insert(0, str(comfy_dir))
     if "comfy.model_management" not in sys.modules:
@@ -222,8 +351,11 @@ def comfyui_detect(sd: dict[str, torch.Tensor], comfy_dir: Path) -> str:
             comfy.cli_args.args.cpu = True  # model_management refuses to import on a CPU-only torch otherwise
     import comfy.model_detection
 
-    unet = comfy.model_detection.detect_unet_config(sd, "") or {}
-    config = comfy.model_detection.model_config_from_unet(dict(sd), "")
+    meta = {}
+    if metadata is not None and "metadata" in inspect.signature(comfy.model_detection.model_config_from_unet).parameters:
+        meta = {"metadata": metadata}
+    unet = comfy.model_detection.detect_unet_config(sd, "", **meta) or {}
+    config = comfy.model_detection.model_config_from_unet(dict(sd), "", **meta)
     what = f"image_model {unet.get('image_model')!r}, model_type {unet.get('model_type')!r}"
     if config is None:
         raise ConversionError(f"ComfyUI's model detection recognises no model in the converted weights ({what}); "
@@ -240,28 +372,28 @@ def save_atomic(sd: dict[str, torch.Tensor], out: Path, metadata: dict[str, str]
     """safetensors to a temporary file next to ``out``, renamed onto it once complete."""
     from safetensors.torch import save_file
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(sd, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_atomic(out, lambda tmp: save_file(sd, tmp, metadata=metadata))
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="convert_checkpoint.py",
-        description="Convert a Self-Forcing / CausVid .pt checkpoint to a Wan 2.1 T2V safetensors file for UNETLoader.")
-    p.add_argument("input", help="the .pt checkpoint (loaded with weights_only=True)")
+        description="Convert a Self-Forcing / CausVid .pt checkpoint to a Wan 2.1 T2V safetensors file for UNETLoader "
+                    "(--causal: flagged for ComfyUI's causal AR model class; a .safetensors input is copied with the "
+                    "flag added).")
+    p.add_argument("input", help="the .pt checkpoint (loaded with weights_only=True), or a .safetensors Wan 2.1 T2V "
+                                 "file to copy with --causal (left unchanged)")
     p.add_argument("output", help="the .safetensors file to write (e.g. ComfyUI/models/diffusion_models/x.safetensors)")
     p.add_argument("--key", help="the entry holding the weights (default: generator_ema, then generator, then the "
-                                 "file itself when it is a bare state dict)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="dtype of the written weights (default bf16)")
+                                 "file itself when it is a bare state dict); .pt input only")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                   help="dtype of the written weights (default bf16); .pt input only (a .safetensors input keeps its "
+                        "tensors as they are)")
+    p.add_argument("--causal", action="store_true",
+                   help='write the metadata config = {"transformer": {"causal_ar": true}} (merged into an existing '
+                        "config): ComfyUI v0.27+ then loads the file as WAN21_CausalAR (CausalWanModel, for its "
+                        "SamplerARVideo; default shift 5), older ComfyUI as plain WAN21. The pack's Chunked AR "
+                        "sampler runs either. Required for a .safetensors input")
     p.add_argument("--comfyui", metavar="PATH", help="a ComfyUI checkout whose model detection checks the result "
                                                      "(default: COMFYUI_PATH, an importable ComfyUI, or a folder above "
                                                      "this pack; without one only the key check runs)")
@@ -269,36 +401,67 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _detection(sd, args, metadata) -> str:
+    comfy_dir = find_comfyui(args.comfyui)
+    if comfy_dir is None:
+        return "skipped (no ComfyUI found: pass --comfyui PATH or set COMFYUI_PATH); the key check passed"
+    found = comfyui_detect(sd, comfy_dir, metadata)
+    if args.causal and not found.startswith("WAN21_CausalAR"):
+        found += ("; this ComfyUI has no causal AR model class for the flag (ComfyUI v0.27+ loads the file as "
+                  "WAN21_CausalAR)")
+    return f"{found} [{comfy_dir}]"
+
+
+def _copy_safetensors(args, src: Path, out: Path) -> int:
+    if not args.causal:
+        raise ConversionError(f"{src} is already a safetensors file: pass --causal to copy it with the causal AR "
+                              "flag (there is nothing to convert otherwise)")
+    if args.key is not None or args.dtype is not None:
+        raise ConversionError("--key and --dtype apply to .pt checkpoints; a .safetensors input is copied as it is")
+    header, _ = read_safetensors_header(src)
+    sd = meta_state_dict(header)
+    info = check_wan_t2v(sd)
+    metadata = with_causal_config(header.get("__metadata__"))
+    detection = _detection(sd, args, metadata)
+    copy_safetensors_with_metadata(src, out, metadata)
+    print(f"wrote {out}: {len(sd)} tensors copied unchanged from {src.name}, metadata config {metadata['config']}")
+    print(f"model: {info}")
+    print(f"ComfyUI detection: {detection}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     src, out = Path(args.input), Path(args.output)
     try:
-        if out.suffix.lower() not in (".safetensors", ".sft"):
+        if out.suffix.lower() not in SAFETENSORS_SUFFIXES:
             raise ConversionError(f"{out}: the output must be a .safetensors file")
         if out.exists() and out.resolve() == src.resolve():
             raise ConversionError("the output would replace the input")
         if out.exists() and not args.overwrite:
             raise ConversionError(f"{out} exists; pass --overwrite to replace it")
+        if src.suffix.lower() in SAFETENSORS_SUFFIXES:
+            return _copy_safetensors(args, src, out)
+        dtype = args.dtype or "bf16"
         state = load_checkpoint(src)
         used, _ = select_state_dict(state, args.key)
-        sd = convert(state, key=used, dtype=args.dtype)
+        sd = convert(state, key=used, dtype=dtype)
         info = check_wan_t2v(sd)
         del state
-        comfy_dir = find_comfyui(args.comfyui)
-        if comfy_dir is None:
-            detection = "skipped (no ComfyUI found: pass --comfyui PATH or set COMFYUI_PATH); the key check passed"
-        else:
-            detection = f"{comfyui_detect(sd, comfy_dir)} [{comfy_dir}]"
         metadata = {"format": "pt", "converted_from": src.name, "source_key": used or "(bare state dict)",
-                    "dtype": args.dtype, "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py"}
+                    "dtype": dtype, "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py"}
+        if args.causal:
+            metadata = with_causal_config(metadata)
+        detection = _detection(sd, args, metadata)
         save_atomic(sd, out, metadata)
     except ConversionError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     size = sum(v.numel() * v.element_size() for v in sd.values())
     shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
-    print(f"wrote {out}: {len(sd)} tensors, {shown} {args.dtype}, from "
-          f"{repr(used) if used else 'a bare state dict'} of {src.name}")
+    print(f"wrote {out}: {len(sd)} tensors, {shown} {dtype}, from "
+          f"{repr(used) if used else 'a bare state dict'} of {src.name}"
+          f"{', flagged causal_ar (metadata config)' if args.causal else ''}")
     print(f"model: {info}")
     print(f"ComfyUI detection: {detection}")
     return 0

@@ -94,3 +94,120 @@ def test_comfyui_detection_refuses_what_it_does_not_see_as_wan_t2v(comfy, weight
                       "img_emb.proj.4.weight": torch.zeros(128), "img_emb.proj.4.bias": torch.zeros(128)})
     with pytest.raises(cc.ConversionError, match="model_type 'i2v'.*would not load as Wan 2.1 T2V"):
         cc.comfyui_detect(i2v, comfy)
+
+
+# ----------------------------------------------------------------------------- --causal: core's AR model class (v0.27+)
+def has_core_ar() -> bool:
+    """Whether this ComfyUI has core's causal AR path (v0.27+: WAN21_CausalAR, chosen from the metadata flag)."""
+    import comfy.model_base
+
+    return hasattr(comfy.model_base, "WAN21_CausalAR")
+
+
+def convert_bare(comfy, ema, tmp_path, capsys, *flags) -> tuple:
+    src, out = tmp_path / "bare.pt", tmp_path / "bare.safetensors"
+    torch.save(dict(ema), src)
+    assert cc.main([str(src), str(out), "--comfyui", str(comfy), "--dtype", "fp32", *flags]) == 0
+    return out, capsys.readouterr().out
+
+
+def assert_same_weights(patcher, ref: dict):
+    loaded = patcher.model.diffusion_model.state_dict()
+    assert sorted(loaded) == sorted(ref)
+    for k, v in ref.items():
+        assert torch.equal(loaded[k].float(), v.float()), k
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_causal_flag_picks_the_model_class_this_comfyui_has(comfy, weights, tmp_path, capsys, causal):
+    """Without --causal: WAN21 T2V on every ComfyUI. With it: WAN21_CausalAR where ComfyUI has core's AR path
+    (v0.27+), else (v0.3.64) still plain WAN21 T2V: older ComfyUI ignores the flag."""
+    import comfy.model_base
+    import comfy.supported_models
+    from comfy.ldm.wan.model import WanModel
+
+    out, report = convert_bare(comfy, weights[0], tmp_path, capsys, *(["--causal"] if causal else []))
+    patcher = load_like_unetloader(out)
+    if causal and has_core_ar():
+        from comfy.ldm.wan.ar_model import CausalWanModel
+
+        assert type(patcher.model) is comfy.model_base.WAN21_CausalAR
+        assert type(patcher.model.model_config) is comfy.supported_models.WAN21_CausalAR_T2V
+        assert type(patcher.model.diffusion_model) is CausalWanModel
+        assert "ComfyUI detection: WAN21_CausalAR_T2V (image_model 'wan2.1', model_type 't2v')" in report, report
+    else:
+        assert type(patcher.model) is comfy.model_base.WAN21
+        assert type(patcher.model.model_config) is comfy.supported_models.WAN21_T2V
+        assert type(patcher.model.diffusion_model) is WanModel
+        assert "ComfyUI detection: WAN21_T2V (image_model 'wan2.1', model_type 't2v')" in report, report
+        assert ("has no causal AR model class" in report) == causal
+    assert not patcher.model.image_to_video and patcher.model.diffusion_model.model_type == "t2v"
+    assert_same_weights(patcher, weights[0])
+
+
+@pytest.mark.core_ar
+def test_causal_copy_of_a_plain_file_loads_as_core_causal_wan(comfy, weights, tmp_path, capsys):
+    """v0.27: a plain converted file, copied with --causal (the .safetensors path), loads through UNETLoader's
+    loader as WAN21_CausalAR / CausalWanModel with the plain file's weights; only the metadata differs."""
+    import comfy.model_base
+
+    assert has_core_ar(), "this ComfyUI has no comfy.model_base.WAN21_CausalAR (core's AR path, v0.27+)"
+    from comfy.ldm.wan.ar_model import CausalWanModel, CausalWanSelfAttention
+
+    plain, _ = convert_bare(comfy, weights[0], tmp_path, capsys)
+    causal = tmp_path / "bare-causal.safetensors"
+    assert cc.main([str(plain), str(causal), "--causal", "--comfyui", str(comfy)]) == 0
+    assert "ComfyUI detection: WAN21_CausalAR_T2V" in capsys.readouterr().out
+    p, c = load_like_unetloader(plain), load_like_unetloader(causal)
+    assert type(p.model) is comfy.model_base.WAN21 and type(c.model) is comfy.model_base.WAN21_CausalAR
+    dm = c.model.diffusion_model
+    assert type(dm) is CausalWanModel and all(type(b.self_attn) is CausalWanSelfAttention for b in dm.blocks)
+    assert_same_weights(p, weights[0])
+    assert_same_weights(c, weights[0])
+    # core's causal config samples at shift 5, Wan 2.1's at 8 (a sampling default, not part of the weights)
+    assert float(c.model.model_sampling.shift) == 5.0 and float(p.model.model_sampling.shift) == 8.0
+
+
+# ----------------------------------------------------------------------------- the pack's tiny AR model
+def _tiny_model_path():
+    from support import tiny_ar
+
+    return tiny_ar.MODEL_PATH
+
+
+def test_the_committed_tiny_model_has_no_causal_flag_and_loads_as_wan21_t2v(comfy):
+    """models/tiny_ar/jensen-kv-tiny-ar.safetensors carries the training tool's metadata, no ``config``: UNETLoader
+    loads it as plain WAN21 T2V (dim 256 = 2 heads of 128, 4096-wide text) on every ComfyUI."""
+    import comfy.model_base
+
+    header, _ = cc.read_safetensors_header(_tiny_model_path())
+    meta = header["__metadata__"]
+    assert meta["format"] == "jensen_kv_tiny_ar" and "config" not in meta and not cc.is_causal(meta)
+    patcher = load_like_unetloader(_tiny_model_path())
+    assert type(patcher.model) is comfy.model_base.WAN21
+    dm = patcher.model.diffusion_model
+    assert (dm.dim, dm.num_heads, len(dm.blocks), dm.model_type) == (256, 2, 4, "t2v")
+
+
+def test_a_causal_copy_of_the_tiny_model_leaves_the_committed_file_alone(comfy, tmp_path, capsys):
+    import hashlib
+
+    import comfy.model_base
+
+    src = _tiny_model_path()
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    out = tmp_path / "jensen-kv-tiny-ar-causal.safetensors"
+    assert cc.main([str(src), str(out), "--causal", "--comfyui", str(comfy)]) == 0
+    report = capsys.readouterr().out
+    assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
+    h_in, d_in = cc.read_safetensors_header(src)
+    h_out, d_out = cc.read_safetensors_header(out)
+    assert {k: v for k, v in h_out["__metadata__"].items() if k != "config"} == h_in["__metadata__"]
+    assert cc.is_causal(h_out["__metadata__"])
+    assert out.read_bytes()[d_out:] == src.read_bytes()[d_in:]  # every tensor byte as committed
+    patcher = load_like_unetloader(out)
+    plain = load_like_unetloader(src)
+    expect = comfy.model_base.WAN21_CausalAR if has_core_ar() else comfy.model_base.WAN21
+    assert type(patcher.model) is expect
+    assert ("WAN21_CausalAR_T2V" in report) == has_core_ar(), report
+    assert_same_weights(patcher, plain.model.diffusion_model.state_dict())
