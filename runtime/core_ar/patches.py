@@ -11,7 +11,8 @@ the ModelPatcher, so ComfyUI applies and undoes them with the model's other patc
   since core's ``forward_block`` passes no ``transformer_options`` to the blocks;
 - on a causal model (``CausalWanModel``, with ``init_kv_caches``), object patches on
   ``diffusion_model.init_kv_caches`` (returns the session's small per-layer dicts instead of the
-  whole-video K/V) and on every ``diffusion_model.blocks.{i}.self_attn.forward`` (reads the pack's
+  whole-video K/V), on ``diffusion_model.init_crossattn_caches`` (the text K/V cached per CFG
+  branch, so cond and uncond run as separate calls do not share it) and on every ``diffusion_model.blocks.{i}.self_attn.forward`` (reads the pack's
   cache). Both call core's own code unchanged when no session is running, so the same MODEL in the
   pack's Chunked AR sampler, or anywhere else, is untouched by them.
 
@@ -37,6 +38,7 @@ logger = logging.getLogger("jensen_kv")
 WRAPPER_KEY = "jensen_kv_core_ar"
 WINDOW_KEY = "jensen_kv_window"
 INIT_KEY = "diffusion_model.init_kv_caches"
+CROSS_INIT_KEY = "diffusion_model.init_crossattn_caches"
 SELF_ATTN_KEY = "diffusion_model.blocks.{}.self_attn.forward"
 PATCH_SIZE = (1, 2, 2)
 
@@ -128,6 +130,21 @@ class InitKVCaches:
         return session.init_caches(int(batch_size), int(max_seq_len))
 
 
+class InitCrossAttnCaches:
+    """Stands in for ``CausalWanModel.init_crossattn_caches``: per-CFG-branch text K/V while a session runs."""
+
+    jensen_kv_patch = True
+
+    def __init__(self, dm):
+        self.dm = dm
+
+    def __call__(self, batch_size, device, dtype):
+        session = _ACTIVE.get()
+        if session is None:
+            return type(self.dm).init_crossattn_caches(self.dm, batch_size, device, dtype)
+        return session.init_crossattn_caches()
+
+
 class CoreARSelfAttention:
     """Stands in for ``CausalWanSelfAttention.forward`` of one layer: the pack's cache when core hands it one."""
 
@@ -179,8 +196,30 @@ def _apply_model_wrapper(executor, x, t, c_concat=None, c_crossattn=None, contro
         session.labels = None
 
 
-def _check_patched(dm) -> None:
-    """The model as loaded must carry the pack's patches (another pack may have replaced them since)."""
+def _foreign_name(fn) -> str:
+    what = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"{what} (from {module})"
+
+
+def _check_patched(dm, patcher) -> None:
+    """The model as loaded must carry the pack's patches, and they must not have displaced another pack's.
+
+    A patch another pack put on the module itself (``types.MethodType`` on the instance, as Raylight's
+    sequence-parallel patch does) is what ComfyUI backed up when it applied the pack's object patch:
+    the pack would silently drop it, so it refuses instead.
+    """
+    backup = getattr(patcher, "object_patches_backup", {}) or {}
+    for i, block in enumerate(dm.blocks):
+        old = backup.get(SELF_ATTN_KEY.format(i))
+        if old is not None and not getattr(old, "jensen_kv_patch", False) \
+                and getattr(old, "__func__", None) is not type(block.self_attn).forward:
+            raise UnusedSettingsError(
+                f"block {i}'s self-attention carried {_foreign_name(getattr(old, '__func__', old))}, put on the module by "
+                "another node pack (e.g. a sequence-parallel patch of CausalWanSelfAttention.forward); the Jensen KV "
+                "cache replaces that attention on core's AR path and will not silently drop the other patch. Use one "
+                "of the two on this MODEL."
+            )
     init = getattr(dm, "init_kv_caches", None)
     if not isinstance(init, InitKVCaches):
         raise UnusedSettingsError(
@@ -221,7 +260,7 @@ def _sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, nois
             "checkpoint whose metadata marks it causal (tools/convert_checkpoint.py --causal), or use the pack's "
             "Chunked AR Video Sampler, which drives plain Wan 2.1 checkpoints."
         )
-    _check_patched(dm)
+    _check_patched(dm, patcher)
     session = start_session(patcher, model_options, sigmas, noise, sampler)
     token = _ACTIVE.set(session)
     ok = False
@@ -327,8 +366,8 @@ def attach(model_patcher) -> None:
     dm = causal_diffusion_model(model_patcher)
     if dm is None:
         return
-    keys = [INIT_KEY] + [SELF_ATTN_KEY.format(i) for i in range(len(dm.blocks))]
-    ours = (InitKVCaches, CoreARSelfAttention)
+    keys = [INIT_KEY, CROSS_INIT_KEY] + [SELF_ATTN_KEY.format(i) for i in range(len(dm.blocks))]
+    ours = (InitKVCaches, InitCrossAttnCaches, CoreARSelfAttention)
     foreign = [(k, model_patcher.object_patches[k]) for k in keys
                if k in model_patcher.object_patches and not isinstance(model_patcher.object_patches[k], ours)]
     if foreign:
@@ -341,6 +380,8 @@ def attach(model_patcher) -> None:
         )
     if INIT_KEY not in model_patcher.object_patches:
         model_patcher.add_object_patch(INIT_KEY, InitKVCaches(dm))
+    if CROSS_INIT_KEY not in model_patcher.object_patches and callable(getattr(dm, "init_crossattn_caches", None)):
+        model_patcher.add_object_patch(CROSS_INIT_KEY, InitCrossAttnCaches(dm))
     for i in range(len(dm.blocks)):
         key = SELF_ATTN_KEY.format(i)
         if key not in model_patcher.object_patches:

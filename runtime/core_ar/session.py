@@ -67,6 +67,39 @@ class CoreLayerCache(dict):
         raise KeyError(key)
 
 
+class CoreCrossAttnCache(dict):
+    """Stands in for one layer's cross-attention cache of core's ``init_crossattn_caches``, one per CFG branch set.
+
+    Core caches the text K/V of the first call and reuses it for every later call. When ComfyUI runs
+    cond and uncond as separate model calls (it does when memory is short), uncond would then attend
+    to the positive prompt's K/V; here each set of branches (``cond_or_uncond``) has its own entry.
+    """
+
+    def __init__(self, session: CoreARSession):
+        super().__init__()
+        self.session = session
+        self._per_branches: dict[tuple, dict] = {}
+
+    def _current(self) -> dict:
+        key = tuple(self.session.labels or (0,))
+        return self._per_branches.setdefault(key, {"is_init": False})
+
+    def get(self, key, default=None):
+        return self._current().get(key, default)
+
+    def __getitem__(self, key):
+        return self._current()[key]
+
+    def __setitem__(self, key, value):
+        self._current()[key] = value
+
+    def __contains__(self, key):
+        return key in self._current()
+
+    def clear(self):
+        self._per_branches.clear()
+
+
 class CoreARSession:
     """Per-run state of one ``sample_ar_video`` call: the pack's caches and core's ``end`` protocol."""
 
@@ -111,6 +144,10 @@ class CoreARSession:
         self.layers = [CoreLayerCache(self, i) for i in range(self.num_layers)]
         self.max_tokens = int(max_tokens)
         return self.layers
+
+    def init_crossattn_caches(self) -> list[CoreCrossAttnCache]:
+        self.crossattn = [CoreCrossAttnCache(self) for _ in range(self.num_layers)]
+        return self.crossattn
 
     # ------------------------------------------------------------------ one sampler model call
     def _end(self) -> int:
@@ -230,4 +267,6 @@ class CoreARSession:
 
     def free(self) -> None:
         self.pending.clear()
+        for c in getattr(self, "crossattn", []):
+            c.clear()
         self.run.free()
