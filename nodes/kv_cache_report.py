@@ -26,6 +26,7 @@ class JensenKVCacheReport(io.ComfyNode):
             ],
             outputs=[JensenKVReport.Output(display_name="report",
                                            tooltip="For KV Cache Diagnostics Plot.")],
+            is_output_node=True,
         )
 
     @classmethod
