@@ -62,12 +62,12 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             display_name="Quantize KV Cache",
             category=CATEGORY,
             description=(
-                "Store the Chunked AR sampler's KV cache in 2-8 bits (group-wise RTN, bit-packed; or QVG: "
-                "k-means smoothing per chunk, then RTN of the residual). "
+                "Store the KV cache in 2-8 bits (group-wise RTN, bit-packed; or QVG: k-means smoothing per chunk, then "
+                "RTN of the residual), in the Chunked AR Video Sampler or in ComfyUI's own SamplerARVideo (v0.27+). "
                 "Returns a copy of the model; the input model is unchanged."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="A Wan 2.1 text-to-video model (e.g. Self-Forcing, CausVid, SkyReels-V2 from UNETLoader)."),
+                io.Model.Input("model", tooltip="A Wan 2.1 T2V model (Self-Forcing, CausVid, SkyReels-V2) or a causal-AR one for SamplerARVideo."),
                 io.Combo.Input("key_bits", options=list(BITS_CHOICES), default="2",
                                tooltip="Bits per cached key element; 'off' keeps keys in the model's precision. "
                                        "Low bits inflate attention on cached keys; add Jensen Bias Correction."),
@@ -105,7 +105,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                                       tooltip="QVG only: at most this many k-means iterations per stage (QVG's scripts use 2; "
                                               "stops early when fewer than 0.01% of the tokens change cluster).")),
             ],
-            outputs=[io.Model.Output(tooltip="A clone of the model carrying the KV-cache spec for the Chunked AR sampler.")],
+            outputs=[io.Model.Output(tooltip="A clone of the model carrying the KV-cache spec (Chunked AR sampler or SamplerARVideo).")],
         )
 
     @classmethod

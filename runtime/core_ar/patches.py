@@ -249,8 +249,9 @@ def _sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, nois
     fn = getattr(getattr(sampler, "sampler_function", None), "__name__", type(sampler).__name__)
     if not _is_ar_video(sampler):
         raise UnusedSettingsError(
-            f"this MODEL carries Jensen KV cache settings, but the sampler {fn!r} samples the whole video at once and "
-            f"has no KV cache to quantize: the settings would do nothing. {USE_INSTEAD}"
+            f"this MODEL carries Jensen KV cache settings, but the sampler {fn!r} is not one the pack serves (a plain "
+            "sampler denoises the whole video at once and has no KV cache; another pack's AR sampler keeps its own): "
+            f"the settings would do nothing. {USE_INSTEAD}"
         )
     dm = causal_diffusion_model(patcher)
     if dm is None:
