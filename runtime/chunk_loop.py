@@ -29,7 +29,7 @@ import torch
 
 from ..jensen_core.planner import plan_cache
 from .cache_run import CacheRun
-from .config import JensenKVConfig, get_config
+from .config import JensenKVConfig, get_config, get_window
 from .diagnostics_observer import combine_observers, make_diagnostics
 from .families import detect
 from .observer import PHASE_DENOISE, PHASE_WRITE
@@ -187,6 +187,13 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     adapter.check_latent(samples)
     config = get_config(model.model_options) or JensenKVConfig()
     config.check_head_dim(adapter.head_dim)
+    window_node = get_window(model.model_options)
+    if window_node is not None and (window_node.window_chunks, window_node.sink_chunks) != (window_chunks, sink_chunks):
+        raise ValueError(
+            f"the MODEL carries an AR Cache Window ({window_node.describe()}) but this sampler's window_chunks="
+            f"{window_chunks}, sink_chunks={sink_chunks}: AR Cache Window is for ComfyUI's SamplerARVideo; set the "
+            "window on the Chunked AR Video Sampler's own inputs (or make both the same)"
+        )
     schedule = PromptSchedule.from_conditioning(positive, "positive")
     if not isinstance(negative, list) or len(negative) != 1:
         raise ValueError(

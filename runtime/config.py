@@ -13,6 +13,8 @@ from ..jensen_core import MODES, QuantSpec
 from ..jensen_core.spec import QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
 
 CONFIG_KEY = "jensen_kv"
+#: the cache window of core's AR sampler (AR Cache Window); the Chunked AR sampler has its own inputs
+WINDOW_KEY = "jensen_kv_window"
 
 BITS_CHOICES = ("2", "3", "4", "8", "off")
 GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
@@ -164,3 +166,31 @@ def get_config(model_options: dict) -> JensenKVConfig | None:
 def set_config(model_patcher, config: JensenKVConfig) -> None:
     """Store ``config`` on ``model_patcher`` (call it on a clone only)."""
     set_option(model_patcher, CONFIG_KEY, config)
+
+
+@dataclass(frozen=True)
+class CacheWindow:
+    """Window and sink (in chunks = core's blocks) of the cache on core's AR path (AR Cache Window node)."""
+
+    window_chunks: int = 0
+    sink_chunks: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("window_chunks", "sink_chunks"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r} must be 0 or a positive whole number of chunks")
+
+    def describe(self) -> str:
+        w = f"window {self.window_chunks} chunk(s)" if self.window_chunks else "no window (every chunk kept)"
+        return w + (f", sink {self.sink_chunks} chunk(s)" if self.sink_chunks else "")
+
+
+def get_window(model_options: dict | None) -> CacheWindow | None:
+    """The window an AR Cache Window node stored on the MODEL, or None."""
+    return get_option(model_options, WINDOW_KEY, CacheWindow, "AR Cache Window")
+
+
+def set_window(model_patcher, window: CacheWindow) -> None:
+    """Store ``window`` on ``model_patcher`` (call it on a clone only)."""
+    set_option(model_patcher, WINDOW_KEY, window)

@@ -25,18 +25,16 @@ import contextvars
 import logging
 import math
 import weakref
-from dataclasses import dataclass
 
 import torch
 
-from ..config import JensenKVConfig, get_config, get_option, set_option
+from ..config import WINDOW_KEY, CacheWindow, JensenKVConfig, get_config, get_window, set_window
 from ..diagnostics_observer import REQUEST_KEY, make_diagnostics
 from .session import CoreARGeometry, CoreARProtocolError, CoreARSession, CoreLayerCache
 
 logger = logging.getLogger("jensen_kv")
 
 WRAPPER_KEY = "jensen_kv_core_ar"
-WINDOW_KEY = "jensen_kv_window"
 INIT_KEY = "diffusion_model.init_kv_caches"
 CROSS_INIT_KEY = "diffusion_model.init_crossattn_caches"
 SELF_ATTN_KEY = "diffusion_model.blocks.{}.self_attn.forward"
@@ -55,32 +53,6 @@ USE_INSTEAD = (
 
 class UnusedSettingsError(RuntimeError):
     """A MODEL with the pack's settings was sent to a sampler that would ignore them."""
-
-
-@dataclass(frozen=True)
-class CacheWindow:
-    """Window and sink (in chunks = core's blocks) of the cache on core's AR path (AR Cache Window node)."""
-
-    window_chunks: int = 0
-    sink_chunks: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("window_chunks", "sink_chunks"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}={v!r} must be 0 or a positive whole number of chunks")
-
-    def describe(self) -> str:
-        w = f"window {self.window_chunks} chunk(s)" if self.window_chunks else "no window (every chunk kept)"
-        return w + (f", sink {self.sink_chunks} chunk(s)" if self.sink_chunks else "")
-
-
-def get_window(model_options: dict | None) -> CacheWindow | None:
-    return get_option(model_options, WINDOW_KEY, CacheWindow, "AR Cache Window")
-
-
-def set_window(model_patcher, window: CacheWindow) -> None:
-    set_option(model_patcher, WINDOW_KEY, window)
 
 
 def carries_settings(model_options: dict | None) -> bool:

@@ -195,3 +195,16 @@ def test_a_patch_put_on_the_module_itself_is_refused_not_dropped(nodes, core_ar,
     finally:
         del attn.forward
 
+
+
+def test_pack_sampler_refuses_a_conflicting_ar_cache_window(nodes, loop, tiny, euler):
+    m = nodes.JensenKVARCacheWindow.execute(quantized(nodes, tiny, "2"), 2, 1).args[0]
+    pos = wan_tiny.conditioning(1, 16, 32)
+    with pytest.raises(ValueError, match="AR Cache Window .*window 2 chunk.*sink 1.*window_chunks=0"):
+        loop.run_chunked_ar(m, pos, pos, wan_tiny.video_latent(4), seed=0, cfg=1.0, sampler=euler,
+                            sigmas=torch.tensor([1.0, 0.5, 0.0]), chunk_frames=2, window_chunks=0, progress=False)
+    # the same window on both is fine
+    out = loop.run_chunked_ar(m, pos, pos, wan_tiny.video_latent(4), seed=0, cfg=1.0, sampler=euler,
+                              sigmas=torch.tensor([1.0, 0.5, 0.0]), chunk_frames=1, window_chunks=2, sink_chunks=1,
+                              progress=False)
+    assert out.report["window_chunks"] == 2 and out.report["sink_chunks"] == 1
