@@ -18,18 +18,16 @@ def _run(loop, model, frames=6, **kw):
 
 def test_latent_previews_arrive_for_every_step_of_every_chunk(loop, tiny, monkeypatch):
     import comfy.cli_args
-    import comfy.utils
     from latent_preview import LatentPreviewMethod
+    from support.progress import record_progress
 
     monkeypatch.setattr(comfy.cli_args.args, "preview_method", LatentPreviewMethod.Latent2RGB)
-    seen = []
-    old = comfy.utils.PROGRESS_BAR_HOOK
-    comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: seen.append((value, total, preview)))
-    try:
+    with record_progress() as progress:
         res = _run(loop, tiny)
-    finally:
-        comfy.utils.set_progress_bar_global_hook(old)
-    assert [(v, t) for v, t, _ in seen] == [(i, 6) for i in range(1, 7)]  # 3 chunks x 2 steps, one bar
+    assert [(v, t) for v, t, _ in progress.sent] == [(i, 6) for i in range(1, 7)]  # 3 chunks x 2 steps, one bar
+    # an update with a preview always reaches the front end (newer ComfyUI throttles only those without)
+    seen = progress.shown
+    assert [(v, t) for v, t, _ in seen] == [(i, 6) for i in range(1, 7)]
     formats = {p[0] for _, _, p in seen}
     assert formats == {"JPEG"}
     images = [torch.frombuffer(bytearray(p[1].tobytes()), dtype=torch.uint8).float() for _, _, p in seen]
@@ -45,18 +43,15 @@ def p_size(preview):
 
 def test_no_previews_when_comfyui_runs_without_them(loop, tiny, monkeypatch):
     import comfy.cli_args
-    import comfy.utils
     from latent_preview import LatentPreviewMethod
+    from support.progress import record_progress
 
     monkeypatch.setattr(comfy.cli_args.args, "preview_method", LatentPreviewMethod.NoPreviews)
-    seen = []
-    old = comfy.utils.PROGRESS_BAR_HOOK
-    comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: seen.append(preview))
-    try:
+    with record_progress() as progress:
         _run(loop, tiny)
-    finally:
-        comfy.utils.set_progress_bar_global_hook(old)
-    assert len(seen) == 6 and all(p is None for p in seen)
+    assert len(progress.sent) == 6 and all(p is None for _, _, p in progress.sent)
+    assert all(p is None for _, _, p in progress.shown)
+    progress.assert_shown_follows_sent()
 
 
 def test_the_run_asks_comfyui_for_room_for_the_planned_cache(loop, nodes, tiny, monkeypatch):
