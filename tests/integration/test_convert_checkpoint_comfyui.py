@@ -175,16 +175,19 @@ def _tiny_model_path():
     return tiny_ar.MODEL_PATH
 
 
-def test_the_committed_tiny_model_has_no_causal_flag_and_loads_as_wan21_t2v(comfy):
-    """models/tiny_ar/jensen-kv-tiny-ar.safetensors carries the training tool's metadata, no ``config``: UNETLoader
-    loads it as plain WAN21 T2V (dim 256 = 2 heads of 128, 4096-wide text) on every ComfyUI."""
+def test_the_committed_tiny_model_carries_the_causal_flag_and_loads_on_both_paths(comfy):
+    """models/tiny_ar/jensen-kv-tiny-ar.safetensors carries the training tool's metadata plus the causal flag (written
+    with ``convert_checkpoint.py --causal``: tensors unchanged): UNETLoader loads it as WAN21_CausalAR on ComfyUI
+    v0.27+ (core's SamplerARVideo runs it) and as plain WAN21 T2V on older ComfyUI (dim 256 = 2 heads of 128,
+    4096-wide text)."""
     import comfy.model_base
 
     header, _ = cc.read_safetensors_header(_tiny_model_path())
     meta = header["__metadata__"]
-    assert meta["format"] == "jensen_kv_tiny_ar" and "config" not in meta and not cc.is_causal(meta)
+    assert meta["format"] == "jensen_kv_tiny_ar" and cc.is_causal(meta)
     patcher = load_like_unetloader(_tiny_model_path())
-    assert type(patcher.model) is comfy.model_base.WAN21
+    expected = getattr(comfy.model_base, "WAN21_CausalAR", comfy.model_base.WAN21)
+    assert type(patcher.model) is expected
     dm = patcher.model.diffusion_model
     assert (dm.dim, dm.num_heads, len(dm.blocks), dm.model_type) == (256, 2, 4, "t2v")
 
@@ -202,7 +205,7 @@ def test_a_causal_copy_of_the_tiny_model_leaves_the_committed_file_alone(comfy, 
     assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
     h_in, d_in = cc.read_safetensors_header(src)
     h_out, d_out = cc.read_safetensors_header(out)
-    assert {k: v for k, v in h_out["__metadata__"].items() if k != "config"} == h_in["__metadata__"]
+    assert h_out["__metadata__"] == h_in["__metadata__"]  # already causal: the copy changes nothing but the file
     assert cc.is_causal(h_out["__metadata__"])
     assert out.read_bytes()[d_out:] == src.read_bytes()[d_in:]  # every tensor byte as committed
     patcher = load_like_unetloader(out)
