@@ -4,6 +4,12 @@ What the front end does on Queue: every node except front-end-only ones (Note, R
 muted/bypassed ones becomes ``{"class_type", "inputs"}``; widget values are mapped to input names in
 the order of ``/object_info``'s ``input_order`` (a seed's control_after_generate value is skipped);
 links become ``[origin_id, origin_slot]``.
+
+A file saved before a node gained a widget has no value for it: the front end keeps that widget at its
+default (v0.27's CreateVideo got an optional ``bit_depth`` after ``fps``; a workflow saved with v0.3.64's
+front end loads in v0.27's with ``bit_depth`` = 8). :func:`frontend_defaults` names those widgets; ComfyUI
+itself adds inputs that way (optional, with a default, after the existing ones), so only such inputs may
+be missing from a file.
 """
 from __future__ import annotations
 
@@ -28,6 +34,26 @@ def _widget_names(info: dict) -> list[tuple[str, bool]]:
     return out
 
 
+def frontend_defaults(node: dict, info: dict) -> dict:
+    """The widgets of ``node`` after the last value in its ``widgets_values``, which the front end fills with
+    their defaults: {input name: default}. Raises ValueError when one of them is required or has no default
+    (the file would load with a value nobody chose)."""
+    values = list(node.get("widgets_values") or [])
+    optional = set(info["input_order"].get("optional", []))
+    specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+    out, i = {}, 0
+    for name, extra in _widget_names(info):
+        if i >= len(values):
+            opts = specs[name][1] if len(specs[name]) > 1 else {}
+            if name not in optional or "default" not in opts:
+                raise ValueError(f"{node['type']} #{node['id']}: no widget value for {name}"
+                                 f"{'' if name in optional else ' (a required input)'}"
+                                 f"{'' if 'default' in opts else ' (no default)'}")
+            out[name] = opts["default"]
+        i += 2 if extra else 1
+    return out
+
+
 def ui_to_api(wf: dict, object_info: dict, overrides: dict | None = None) -> dict:
     """The API prompt of ``wf``; ``overrides`` = {node_id: {input: value}} replaces widget values."""
     links = {lk[0]: lk for lk in wf["links"]}
@@ -43,6 +69,7 @@ def ui_to_api(wf: dict, object_info: dict, overrides: dict | None = None) -> dic
             if i < len(values):
                 inputs[name] = values[i]
             i += 2 if control else 1
+        inputs.update(frontend_defaults(node, info))
         for inp in node.get("inputs", []):
             if inp.get("link") is not None:
                 lk = links[inp["link"]]

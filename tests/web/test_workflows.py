@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.comfyui import PACK_ROOT, SKIP_REASON, ComfyServer, find_comfyui, make_base_dir
+from support.workflow_api import frontend_defaults
 from workflow_specs import BUNDLED_MODELS, MODEL_FILES, STORY_CACHE, WORKFLOWS, write_placeholder_files
 
 WORKFLOW_DIR = PACK_ROOT / "workflows"
@@ -64,10 +65,18 @@ class Graph:
 
 
 def widget_values(node: dict, info: dict) -> dict:
-    """Map a UI node's positional widgets_values to input names, as the front end does."""
+    """Map a UI node's positional widgets_values to input names, as the front end does.
+
+    Widgets after the file's last value (an input the node gained after the file was saved, e.g. v0.27's
+    CreateVideo bit_depth) get their default, as the front end gives them; only optional inputs with a
+    default may be missing (``support.workflow_api.frontend_defaults``)."""
     order = [*info["input_order"].get("required", []), *info["input_order"].get("optional", [])]
     specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
     values = list(node.get("widgets_values") or [])
+    try:
+        filled = frontend_defaults(node, info)
+    except ValueError as exc:
+        raise AssertionError(str(exc)) from None
     out, i = {}, 0
     for name in order:
         spec = specs[name]
@@ -75,7 +84,9 @@ def widget_values(node: dict, info: dict) -> dict:
         opts = spec[1] if len(spec) > 1 else {}
         if kind not in WIDGET_TYPES or opts.get("forceInput"):
             continue
-        assert i < len(values), f"{node['type']} #{node['id']}: no widget value for {name}"
+        if name in filled:
+            out[name] = filled[name]
+            continue
         out[name] = values[i]
         i += 1
         if opts.get("control_after_generate") or (kind == "INT" and name in ("seed", "noise_seed")):
@@ -337,6 +348,12 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
     quant = next(n for n in wf["nodes"] if n["type"] == "JensenKVQuantizeKVCache")
     assert quant["widgets_values"][len(old):] == [specs[n][1]["default"] for n in new]
+    # such a file is valid: the front end fills the four new widgets with their defaults
+    quant["widgets_values"] = quant["widgets_values"][: len(old)]
+    assert validate(wf, object_info) == []
+    values = widget_values(quant, info)
+    assert [values[n] for n in old] == quant["widgets_values"]
+    assert [values[n] for n in new] == [specs[n][1]["default"] for n in new]
 
 
 @pytest.mark.comfyui
@@ -359,6 +376,8 @@ def test_validator_catches_broken_workflows(object_info):
     assert "> max" in broken(lambda w: node(w, "JensenKVBiasCorrection")["widgets_values"].__setitem__(1, 9.0))
     assert "is not one of" in broken(lambda w: node(w, "UNETLoader")["widgets_values"].__setitem__(0, "nope.safetensors"))
     assert "left over" in broken(lambda w: node(w, "VAELoader")["widgets_values"].append("x"))
+    assert "no widget value for vae_name (a required input)" in broken(
+        lambda w: node(w, "VAELoader")["widgets_values"].clear())
 
     def retype(w):
         w["links"][0][5] = "CLIP"
