@@ -145,3 +145,56 @@ def test_x():
     result = run(pytester, monkeypatch, "true", {"test_a.py": code})
     result.assert_outcomes(xfailed=1)
     assert result.ret == pytest.ExitCode.OK
+
+
+CORE_AR_TESTS = """
+import pytest
+
+@pytest.mark.core_ar
+def test_on_core_ar_path():
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+def fake_comfyui(path, core_ar: bool):
+    (path / "comfy" / "ldm" / "wan").mkdir(parents=True)
+    (path / "comfy" / "model_patcher.py").write_text("")
+    (path / "main.py").write_text("")
+    if core_ar:
+        (path / "comfy" / "ldm" / "wan" / "ar_model.py").write_text("")
+    return path
+
+
+@pytest.mark.parametrize("ci", ["true", None])
+def test_a_core_ar_test_against_comfyui_without_the_ar_path_stops_the_run(pytester, monkeypatch, tmp_path, ci):
+    monkeypatch.setenv("COMFYUI_PATH", str(fake_comfyui(tmp_path / "ComfyUI-old", core_ar=False)))
+    result = run(pytester, monkeypatch, ci, {"test_a.py": CORE_AR_TESTS})
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.assert_outcomes()  # nothing ran, nothing skipped
+    result.stderr.fnmatch_lines(["*1 selected test(s) are marked core_ar*ComfyUI-old*comfy/ldm/wan/ar_model.py*",
+                                 "*test_a.py::test_on_core_ar_path*"])
+
+
+def test_deselecting_core_ar_runs_the_rest_against_comfyui_without_the_ar_path(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("COMFYUI_PATH", str(fake_comfyui(tmp_path / "ComfyUI-old", core_ar=False)))
+    monkeypatch.setenv("CI", "true")
+    pytester.makeini(MARKERS)
+    (pytester.path / "test_a.py").write_text(CORE_AR_TESTS)
+    result = pytester.runpytest_inprocess("-p", "support.ci_skips", "-m", "not core_ar",
+                                          "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result.assert_outcomes(passed=1, deselected=1)
+    assert result.ret == pytest.ExitCode.OK
+
+
+def test_core_ar_tests_run_where_comfyui_has_the_ar_path_and_may_not_skip_under_ci(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("COMFYUI_PATH", str(fake_comfyui(tmp_path / "ComfyUI-new", core_ar=True)))
+    result = run(pytester, monkeypatch, "true", {"test_a.py": CORE_AR_TESTS})
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK
+    skipping = CORE_AR_TESTS.replace("    pass\n\ndef test_plain", "    pytest.skip('no AR path')\n\ndef test_plain", 1)
+    result = run(pytester, monkeypatch, "true", {"test_a.py": skipping})
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["SKIPPED test_a.py::test_on_core_ar_path: no AR path"])

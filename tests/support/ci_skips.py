@@ -11,6 +11,11 @@ Which tests count: those marked ``comfyui``, ``server`` or ``browser``, and ever
 Which skips are allowed: a test marked ``cuda``, or one whose reason says that CUDA is absent: CI
 machines have no GPU.
 
+Tests marked ``core_ar`` need ComfyUI's own AR video path (``comfy/ldm/wan/ar_model.py``, v0.27+). On an
+older ComfyUI they are deselected (``-m "not core_ar"``, as ``.ci/run`` does for v0.3.64), never
+skipped: when one is selected and the ComfyUI the tests use has no AR path, the session stops before
+running anything, with an error that says so (CI or not).
+
 ``tests/conftest.py`` loads it (it re-exports :func:`pytest_configure`, which registers one
 :class:`CISkipCollector` per run); ``-p support.ci_skips`` loads it into another pytest run
 (``tests/test_ci_skips.py`` does that with ``pytester``).
@@ -20,11 +25,12 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 #: markers of tests that CI must run
-REQUIRED_MARKERS = ("comfyui", "server", "browser")
+REQUIRED_MARKERS = ("comfyui", "server", "browser", "core_ar")
 #: test folders (relative to the rootdir) whose tests all need ComfyUI
 REQUIRED_DIRS = ("tests/integration/",)
 #: skip reasons that only say CUDA is absent (CI machines are CPU-only)
@@ -32,6 +38,27 @@ CUDA_REASON = re.compile(
     r"(needs|requires|without|no)\s+(a\s+)?(CUDA|GPU)\b|\bCUDA\b.*\b(not available|unavailable|absent|missing)\b",
     re.IGNORECASE,
 )
+
+
+#: marker of the tests that need ComfyUI's own AR video path, and the file that has it
+CORE_AR_MARKER = "core_ar"
+CORE_AR_FILE = ("comfy", "ldm", "wan", "ar_model.py")
+
+
+def has_core_ar(comfy_dir) -> bool:
+    """This ComfyUI checkout has core's AR video path (``comfy/ldm/wan/ar_model.py``)."""
+    return Path(comfy_dir).joinpath(*CORE_AR_FILE).is_file()
+
+
+def core_ar_error(items, comfy_dir) -> str | None:
+    """Why these selected tests cannot run against ``comfy_dir`` (core_ar tests without core's AR path), or None."""
+    needing = [item.nodeid for item in items if item.get_closest_marker(CORE_AR_MARKER) is not None]
+    if not needing or comfy_dir is None or has_core_ar(comfy_dir):
+        return None
+    shown = "\n  ".join(needing[:5]) + (f"\n  ... and {len(needing) - 5} more" if len(needing) > 5 else "")
+    return (f"{len(needing)} selected test(s) are marked core_ar (they need ComfyUI's own AR video path, v0.27+), but "
+            f"the ComfyUI they would run against, {comfy_dir}, has no {'/'.join(CORE_AR_FILE)}. Deselect them with "
+            f"-m \"not core_ar\" (never skip them), or point COMFYUI_PATH at a newer ComfyUI:\n  {shown}")
 
 
 def ci_enabled(environ=None) -> bool:
@@ -85,6 +112,14 @@ class CISkipCollector:
     def pytest_collection_modifyitems(self, session, config, items):
         self.items.update({item.nodeid: item for item in items})
 
+    def pytest_collection_finish(self, session):
+        """core_ar tests selected against a ComfyUI without core's AR path: stop, loudly (never skip them)."""
+        from .comfyui import locate_comfyui
+
+        error = core_ar_error(session.items, locate_comfyui())
+        if error:
+            raise pytest.UsageError(error)
+
     def pytest_collectreport(self, report):
         """A whole module under a required folder that skips at import (``pytest.importorskip`` at the top)."""
         if report.skipped and _in_required_dir(report.nodeid):
@@ -116,5 +151,8 @@ PLUGIN_NAME = "jensen_kv_ci_skips"
 def pytest_configure(config):
     if not any(line.split(":")[0].strip() == "cuda" for line in config.getini("markers")):
         config.addinivalue_line("markers", "cuda: needs a CUDA device (skipping it is allowed under CI=true)")
+    if not any(line.split(":")[0].strip() == CORE_AR_MARKER for line in config.getini("markers")):
+        config.addinivalue_line("markers", f"{CORE_AR_MARKER}: needs ComfyUI's own AR video path (v0.27+): deselected "
+                                           "on older ComfyUI, never skipped")
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(CISkipCollector(config), PLUGIN_NAME)

@@ -1,10 +1,12 @@
 """Finding a ComfyUI checkout and running a throwaway ComfyUI server for tests.
 
-ComfyUI is looked up, in order, through ``COMFYUI_PATH``, at ``../shared/ComfyUI`` (next to the
-pack's checkout: the read-only v0.3.64 tree every machine of this project and CI have), by walking
-up from the pack (a pack normally lives in ``ComfyUI/custom_nodes/<pack>``), and at
-``/opt/ComfyUI``. Tests that need it skip with the reason when none is found, and under ``CI=true``
-such a skip fails the run (see ``tests/support/ci_skips.py``).
+ComfyUI is looked up, in order, through ``COMFYUI_PATH``, at ``../shared/ComfyUI-v0.27`` (next to
+the pack's checkout: the read-only v0.27 tree, the ComfyUI users run), at ``../shared/ComfyUI`` (the
+read-only v0.3.64 tree, the oldest ComfyUI the pack supports), by walking up from the pack (a pack
+normally lives in ``ComfyUI/custom_nodes/<pack>``), and at ``/opt/ComfyUI``. One pytest process
+imports one ComfyUI: ``.ci/run`` runs the suite against v0.27 and, with ``COMFYUI_PATH`` set, its
+ComfyUI tests against v0.3.64. Tests that need ComfyUI skip with the reason when none is found, and
+under ``CI=true`` such a skip fails the run (see ``tests/support/ci_skips.py``).
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +29,10 @@ PACK_DIRNAME = "comfyui-jensen-kv"
 TEST_NODES_DIR = PACK_ROOT / "tests" / "comfy_test_nodes"
 
 
+#: the read-only trees next to the checkout, newest first: v0.27 (what users run), v0.3.64 (the oldest supported)
+SHARED_COMFYUIS = (PACK_ROOT.parent / "shared" / "ComfyUI-v0.27", PACK_ROOT.parent / "shared" / "ComfyUI")
+
+
 def _is_comfyui(p: Path) -> bool:
     return (p / "comfy" / "model_patcher.py").is_file() and (p / "main.py").is_file()
 
@@ -35,9 +42,9 @@ def locate_comfyui() -> Path | None:
     env = os.environ.get("COMFYUI_PATH")
     if env and _is_comfyui(Path(env)):
         return Path(env).resolve()
-    shared = PACK_ROOT.parent / "shared" / "ComfyUI"
-    if _is_comfyui(shared):
-        return shared.resolve()
+    for shared in SHARED_COMFYUIS:
+        if _is_comfyui(shared):
+            return shared.resolve()
     for parent in PACK_ROOT.parents:
         if _is_comfyui(parent):
             return parent
@@ -46,18 +53,55 @@ def locate_comfyui() -> Path | None:
     return None
 
 
-# modules ComfyUI imports at start-up (requirements.txt, plus requests which it imports but does not list)
+# modules every supported ComfyUI imports at start-up (requirements.txt, plus requests, which v0.3.64 imports but
+# does not list)
 _COMFYUI_MODULES = ("aiohttp", "yarl", "yaml", "PIL", "scipy", "tqdm", "psutil", "alembic", "sqlalchemy", "av",
                     "torchsde", "torchvision", "einops", "transformers", "tokenizers", "sentencepiece", "safetensors",
                     "kornia", "spandrel", "pydantic", "pydantic_settings", "comfyui_frontend_package", "requests")
+# modules newer ComfyUI needs too, required where its requirements.txt lists them (checked on v0.27): main.py and
+# comfy.model_management import comfy_aimdo; without comfy_kitchen, loading even a bf16 Wan fails
+# (comfy.quant_ops.ck); comfy.sd imports torchaudio (the LTX audio VAE), which v0.3.64 lists but runs without
+_LISTED_MODULES = {"comfy-aimdo": "comfy_aimdo", "comfy-kitchen": "comfy_kitchen", "torchaudio": "torchaudio"}
+_TORCHAUDIO_NEEDED_FROM = (0, 27)
+_REQUIREMENT_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
 
-def missing_comfyui_requirements() -> list[str]:
-    return [m for m in _COMFYUI_MODULES if importlib.util.find_spec(m) is None]
+def comfyui_version(comfy_dir: Path) -> tuple[int, ...] | None:
+    """``__version__`` of ``comfyui_version.py`` as a tuple, e.g. (0, 27, 0); None when it cannot be read."""
+    try:
+        text = (comfy_dir / "comfyui_version.py").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.strip().startswith("__version__"):
+            try:
+                return tuple(int(x) for x in line.split("=", 1)[1].strip().strip("\"'").split("."))
+            except ValueError:
+                return None
+    return None
+
+
+def required_modules(comfy_dir: Path) -> tuple[str, ...]:
+    """The modules the ComfyUI at ``comfy_dir`` needs to start and to run the tests' models."""
+    try:
+        lines = (comfy_dir / "requirements.txt").read_text().splitlines()
+    except OSError:
+        lines = []
+    listed = {m.group(1).lower() for m in map(_REQUIREMENT_NAME.match, lines) if m}
+    extra = [m for req, m in _LISTED_MODULES.items() if req in listed]
+    version = comfyui_version(comfy_dir)
+    if "torchaudio" in extra and (version is None or version < _TORCHAUDIO_NEEDED_FROM):
+        extra.remove("torchaudio")
+    return (*_COMFYUI_MODULES, *extra)
+
+
+def missing_comfyui_requirements(comfy_dir: Path | None = None) -> list[str]:
+    mods = required_modules(comfy_dir) if comfy_dir is not None else _COMFYUI_MODULES
+    return [m for m in mods if importlib.util.find_spec(m) is None]
 
 
 _LOCATED = locate_comfyui()
-_MISSING = missing_comfyui_requirements() if _LOCATED is not None else []
+_MISSING = missing_comfyui_requirements(_LOCATED) if _LOCATED is not None else []
 
 
 def find_comfyui() -> Path | None:
@@ -67,8 +111,8 @@ def find_comfyui() -> Path | None:
 
 if _LOCATED is None:
     SKIP_REASON = (
-        "ComfyUI not found: set COMFYUI_PATH, put a checkout at ../shared/ComfyUI, install the pack under "
-        "ComfyUI/custom_nodes/, or put a checkout at /opt/ComfyUI (see README, 'Tests')"
+        "ComfyUI not found: set COMFYUI_PATH, put a checkout at ../shared/ComfyUI-v0.27 (or ../shared/ComfyUI), "
+        "install the pack under ComfyUI/custom_nodes/, or put a checkout at /opt/ComfyUI (see README, 'Tests')"
     )
 else:
     SKIP_REASON = (
