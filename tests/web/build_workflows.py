@@ -1,14 +1,21 @@
 """Build workflows/*.json with the real front end (run by hand after changing workflow_specs.py).
 
-    python tests/web/build_workflows.py
+    COMFYUI_PATH=../shared/ComfyUI .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py
 
 Starts a throwaway ComfyUI server with the pack (and placeholder model files, so the loaders list
 the names), opens the UI in headless Chromium, builds each spec with LiteGraph and writes what
 ``app.graph.serialize()`` returns - the same JSON as the UI's Save.
+
+It builds with the oldest ComfyUI the pack supports (``requires-comfyui`` in pyproject.toml) and that
+version's front end (``.ci/run`` makes the environment above), so the files load on every supported
+version: a newer front end would save widgets the older ComfyUI does not have (v0.27's CreateVideo
+``bit_depth``), while a newer one gives a widget missing at the end of a node its default.
+``--any-comfyui`` builds with whatever ComfyUI the tests would use.
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 import tempfile
 import uuid
@@ -24,8 +31,14 @@ from support.browser import (  # noqa: E402
     open_comfyui,
     write_frontend_settings,
 )
-from support.comfyui import PACK_ROOT, ComfyServer, find_comfyui, make_base_dir  # noqa: E402
+from support.comfyui import PACK_ROOT, ComfyServer, comfyui_version, find_comfyui, make_base_dir  # noqa: E402
 from workflow_specs import BUILD_JS, WORKFLOWS, write_placeholder_files  # noqa: E402
+
+
+def oldest_supported() -> tuple[int, ...]:
+    """The minimum of ``requires-comfyui`` in pyproject.toml, e.g. (0, 3, 64)."""
+    m = re.search(r'requires-comfyui\s*=\s*">=\s*([0-9.]+)"', (PACK_ROOT / "pyproject.toml").read_text())
+    return tuple(int(x) for x in m.group(1).split("."))
 
 
 def main() -> int:
@@ -33,6 +46,13 @@ def main() -> int:
     comfy = find_comfyui()
     if reason or comfy is None:
         print(reason or "ComfyUI not found", file=sys.stderr)
+        return 2
+    version, oldest = comfyui_version(comfy), oldest_supported()
+    if version != oldest and "--any-comfyui" not in sys.argv[1:]:
+        print(f"ComfyUI {version} at {comfy}: build the workflows with the oldest supported ComfyUI {oldest} and its "
+              "front end, so they load on every supported version:\n  COMFYUI_PATH=../shared/ComfyUI "
+              ".ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py\n(--any-comfyui builds anyway)",
+              file=sys.stderr)
         return 2
     from playwright.sync_api import sync_playwright
 
