@@ -122,7 +122,7 @@ def test_runs_the_readme_command_against_v027_then_the_comfyui_tests_against_v03
     assert [c.removeprefix("CALL REQ ") for c in calls if c.startswith("CALL REQ ")] == [
         "comfyui-frontend-package==1.45.20", "torchsde", "numpy>=1.25.0", "comfy-aimdo==0.4.10"]
     # the oldest ComfyUI's environment: sees the system's packages, gets v0.3.64's pins over them
-    assert f"CALL -m venv --system-site-packages {venv}" in calls
+    assert f"CALL -m venv --system-site-packages --without-pip {venv}" in calls
     venv_installs = [c for c in calls if c.startswith("VENV -m pip install")]
     assert len(venv_installs) == 1 and venv_installs[0].endswith("requests") and " -r " in venv_installs[0]
     assert [c.removeprefix("VENV REQ ") for c in calls if c.startswith("VENV REQ ")] == [
@@ -184,7 +184,7 @@ def test_comfyui_path_wins_and_a_comfyui_above_the_checkout_is_found(sandbox):
     (_, main_env), (_, oldest_env) = pytest_runs(calls)
     assert main_env.startswith(f"CALL ENV CI=true COMFYUI_PATH={comfy} ")
     assert oldest_env.startswith(f"VENV ENV CI=true COMFYUI_PATH={oldest} ")
-    assert f"CALL -m venv --system-site-packages {venv}" in calls
+    assert f"CALL -m venv --system-site-packages --without-pip {venv}" in calls
 
 
 def test_no_oldest_comfyui_stops_before_the_tests(sandbox):
