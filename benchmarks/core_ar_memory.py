@@ -63,9 +63,16 @@ def core_cache_bytes(*, layers: int, batch: int, latent_frames: int, frame_token
 
 
 def block_in_flight_bytes(*, layers: int, batch: int, block_frames: int, frame_tokens: int, heads: int,
-                          head_dim: int, element_bytes: int, cfg_branches: int = 1) -> int:
-    """The pack's pending block on core's path: the last call's K and V of every layer (and CFG branch)."""
-    return 2 * layers * cfg_branches * batch * block_frames * frame_tokens * heads * head_dim * element_bytes
+                          head_dim: int, element_bytes: int, cfg_branches: int = 1, bits: str = "off",
+                          group_size: int = 32, rotation: str = "none") -> int:
+    """The pack's pending block on core's path: the last call's K and V of every layer (and CFG branch), held as the
+    cache will store them (the planner's ``block_in_flight_bytes``)."""
+    from jensen_core import QuantSpec
+    from jensen_core.planner import block_in_flight_bytes as planned
+
+    spec = None if bits == "off" else QuantSpec(bits=int(bits), group_size=group_size, rotation=rotation)
+    return planned(block_tokens=block_frames * frame_tokens, layers=layers, heads=heads, head_dim=head_dim,
+                   spec_k=spec, spec_v=spec, cfg_branches=cfg_branches, batch=batch, full_bytes=element_bytes)
 
 
 def latent_frames_of(video_frames: int) -> int:
@@ -124,7 +131,7 @@ class SessionWatch:
         session = self.patches._ACTIVE.get()
         if session is None:
             return
-        pending = sum(int(k.nbytes) + int(v.nbytes) for k, v in session.pending.values())
+        pending = int(session.in_flight_bytes)
         cache = sum(int(c.nbytes) for c in session.run.caches.values())
         self.pending_peak = max(self.pending_peak, pending)
         self.total_peak = max(self.total_peak, pending + cache)
@@ -188,8 +195,9 @@ def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block
         raise RuntimeError(f"core's sampler called init_kv_caches {len(calls)} times; expected once")
     formula = core_cache_bytes(layers=layers, batch=1, latent_frames=latent_frames, frame_tokens=frame_tokens,
                                heads=heads, head_dim=head_dim, element_bytes=element_bytes)
-    in_flight = block_in_flight_bytes(layers=layers, batch=1, block_frames=block_frames, frame_tokens=frame_tokens,
-                                      heads=heads, head_dim=head_dim, element_bytes=element_bytes)
+    bf16_in_flight = block_in_flight_bytes(layers=layers, batch=1, block_frames=block_frames,
+                                           frame_tokens=frame_tokens, heads=heads, head_dim=head_dim,
+                                           element_bytes=element_bytes)
 
     # (b) the pack on core's path
     rows = []
@@ -211,9 +219,15 @@ def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block
         rows.append(dict(setting=s, cache_bytes=int(report["cache_bytes"]), planned_bytes=report["planned_bytes"],
                          bf16_bytes=int(report["bf16_bytes"]), effective_bits=float(report["effective_bits"]),
                          pending_bytes=watch.pending_peak, total_bytes=watch.total_peak, seconds=seconds,
+                         in_flight_formula=block_in_flight_bytes(
+                             layers=layers, batch=1, block_frames=block_frames, frame_tokens=frame_tokens, heads=heads,
+                             head_dim=head_dim, element_bytes=element_bytes, bits=s.bits, group_size=s.group_size,
+                             rotation=s.rotation),
+                         reported_in_flight=int(report["in_flight_bytes"]),
+                         planned_in_flight=int(report["planned_in_flight_bytes"]),
                          rel_rms_vs_core=rel, chunks=int(report["chunks"])))
     return dict(geometry=geometry, core=dict(calls[0], formula_bytes=formula, seconds=core_seconds),
-                in_flight_formula=in_flight, rows=rows)
+                in_flight_formula=bf16_in_flight, rows=rows)
 
 
 def format_measured(result: dict) -> list[str]:
@@ -225,8 +239,9 @@ def format_measured(result: dict) -> list[str]:
         f"  core's cache: measured {core['bytes']:,} B; formula 2 x {g['layers']} x 1 x {g['latent_frames']} x "
         f"{g['frame_tokens']} x {g['heads']} x {g['head_dim']} x {g['element_bytes']} = {core['formula_bytes']:,} B "
         f"({'equal' if core['bytes'] == core['formula_bytes'] else 'DIFFERENT'}); sampling {core['seconds']:.1f} s",
-        f"  block in flight (pack): formula 2 x {g['layers']} x {g['block_frames'] * g['frame_tokens']} tokens x "
-        f"{g['heads']} x {g['head_dim']} x {g['element_bytes']} = {result['in_flight_formula']:,} B",
+        f"  block in flight (pack), at full precision: 2 x {g['layers']} x {g['block_frames'] * g['frame_tokens']} "
+        f"tokens x {g['heads']} x {g['head_dim']} x {g['element_bytes']} = {result['in_flight_formula']:,} B; "
+        "quantized settings hold it at the cache's bits",
         f"  {'pack setting':<40} {'cache peak B':>12} {'planner B':>12} {'=':>2} {'bits':>5} {'in flight B':>11} "
         f"{'core/cache':>10} {'core/(cache+fl.)':>16} {'rel.RMS vs core':>15} {'s':>5}",
     ]
@@ -236,8 +251,9 @@ def format_measured(result: dict) -> list[str]:
             f"  {r['setting'].label:<40} {r['cache_bytes']:>12,} {r['planned_bytes']:>12,} {same:>2} "
             f"{r['effective_bits']:>5.2f} {r['pending_bytes']:>11,} {core['bytes'] / r['cache_bytes']:>10.2f} "
             f"{core['bytes'] / r['total_bytes']:>16.2f} {r['rel_rms_vs_core']:>15.4f} {r['seconds']:>5.1f}")
-    same = all(r["pending_bytes"] == result["in_flight_formula"] for r in result["rows"])
-    lines.append(f"  block in flight measured = formula in every row: {'yes' if same else 'NO'}; the pack never "
+    same = all(r["pending_bytes"] == r["in_flight_formula"] == r["reported_in_flight"] == r["planned_in_flight"]
+               for r in result["rows"])
+    lines.append(f"  block in flight measured = planner = report in every row: {'yes' if same else 'NO'}; the pack never "
                  "stores the last block (nothing reads it), core's preallocation holds it")
     return lines
 
@@ -286,9 +302,6 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
                 frame_tokens = tokens_per_frame(lat_h, lat_w)
                 core = core_cache_bytes(layers=layers, batch=1, latent_frames=lat_t, frame_tokens=frame_tokens,
                                         heads=heads, head_dim=head_dim, element_bytes=2)
-                in_flight = block_in_flight_bytes(layers=layers, batch=1, block_frames=PLAN_CHUNK,
-                                                  frame_tokens=frame_tokens, heads=heads, head_dim=head_dim,
-                                                  element_bytes=2)
                 pack = {}
                 for col, bits, win, snk in plan_settings(window, sink):
                     spec = None if bits is None else QuantSpec(bits=bits, group_size=32, rotation="hadamard")
@@ -296,9 +309,13 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
                                       chunk_frames=PLAN_CHUNK, window_chunks=win, sink_chunks=snk, layers=layers,
                                       heads=heads, head_dim=head_dim, spec_k=spec, spec_v=spec, full_bytes=2,
                                       write_last=False)
-                    pack[col] = (plan.quantized_bytes, plan.effective_bits, plan.cached_chunks_peak)
+                    flight = block_in_flight_bytes(layers=layers, batch=1, block_frames=PLAN_CHUNK,
+                                                   frame_tokens=frame_tokens, heads=heads, head_dim=head_dim,
+                                                   element_bytes=2, bits="off" if bits is None else str(bits),
+                                                   rotation="hadamard")
+                    pack[col] = (plan.quantized_bytes, plan.effective_bits, plan.cached_chunks_peak, flight)
                 rows.append(dict(model=model, res=res, frames=frames, latent=(lat_t, lat_h, lat_w),
-                                 frame_tokens=frame_tokens, core=core, in_flight=in_flight, pack=pack))
+                                 frame_tokens=frame_tokens, core=core, pack=pack))
     return rows
 
 
@@ -306,20 +323,22 @@ def format_planner(rows: list[dict], window: int = 4, sink: int = 1) -> list[str
     cols = [c for c, *_ in plan_settings(window, sink)]
     head = f"{'model':<9} {'video':<15} {'latent':>12} {'tok/fr':>6} {'core':>8}"
     lines = ["GiB (2^30 B); the pack's columns are its cache's peak (chunks held in brackets); 'in flight' is the "
-             "block of 3 latent frames the pack also holds in BF16 (every layer) until the next model call",
-             head + "".join(f" {c:>14}" for c in cols) + f" {'in flight':>9}"]
+             "block of 3 latent frames the pack also holds (every layer, at the cache's bits: BF16 / INT2 shown) "
+             "until the next model call",
+             head + "".join(f" {c:>14}" for c in cols) + f" {'in flight':>15}"]
     for r in rows:
         lat = "x".join(str(v) for v in r["latent"])
         line = f"{r['model']:<9} {r['res'] + ' ' + format(r['frames'], ',') + ' fr':<15} {lat:>12} " \
                f"{r['frame_tokens']:>6} {r['core'] / GIB:>8.2f}"
         for c in cols:
-            b, _, held = r["pack"][c]
+            b, _, held, _ = r["pack"][c]
             line += f" {f'{b / GIB:.2f} [{held}]':>14}"
-        lines.append(line + f" {r['in_flight'] / GIB:>9.2f}")
+        flights = f"{r['pack'][cols[0]][3] / GIB:.2f} / {r['pack'][cols[-1]][3] / GIB:.2f}"
+        lines.append(line + f" {flights:>15}")
     # every figure scales with layers x heads x tokens per frame: the ratios depend on the frame count alone
     ratios: dict[int, set] = {}
     for r in rows:
-        cells = tuple(f"{r['core'] / r['pack'][c][0]:.1f} / {r['core'] / (r['pack'][c][0] + r['in_flight']):.1f}"
+        cells = tuple(f"{r['core'] / r['pack'][c][0]:.1f} / {r['core'] / (r['pack'][c][0] + r['pack'][c][3]):.1f}"
                       for c in cols)
         ratios.setdefault(r["frames"], set()).add(cells)
     lines += ["", "core / pack (cache alone / cache + block in flight); the same for both models and both resolutions"
@@ -339,15 +358,15 @@ def planner_csv_rows(rows: list[dict], window: int = 4, sink: int = 1) -> list[d
     for r in rows:
         lat_t, lat_h, lat_w = r["latent"]
         for col, bits, win, snk in plan_settings(window, sink):
-            b = r["pack"][col][0]
+            b, flight = r["pack"][col][0], r["pack"][col][3]
             out.append(dict(part="planner", model=r["model"], video=f"{r['res']} {r['frames']} frames",
                             latent_frames=lat_t, latent_height=lat_h, latent_width=lat_w,
                             tokens_per_frame=r["frame_tokens"], block_frames=PLAN_CHUNK, setting=col,
                             bits="off" if bits is None else bits, group_size="" if bits is None else 32,
                             rotation="" if bits is None else "hadamard", window=win,
                             sink=snk, core_bytes=r["core"], core_formula_bytes=r["core"], pack_cache_bytes=b,
-                            planned_bytes=b, in_flight_bytes=r["in_flight"], core_over_cache=r["core"] / b,
-                            core_over_cache_plus_in_flight=r["core"] / (b + r["in_flight"])))
+                            planned_bytes=b, in_flight_bytes=flight, core_over_cache=r["core"] / b,
+                            core_over_cache_plus_in_flight=r["core"] / (b + flight)))
     return out
 
 

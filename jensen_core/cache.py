@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -17,6 +18,18 @@ from .spec import FLOAT_FORMATS, QuantSpec
 _META_KEY = "__jensen_kv_meta__"
 _FORMAT_VERSION = 2  # 2: specs carry method/qvg_* fields and QVG parts (centroids, ids); 1 still loads
 _READABLE_VERSIONS = (1, 2)
+
+
+@dataclass(frozen=True, eq=False)
+class PreparedChunk:
+    """A chunk validated and stored as the cache would store it (:meth:`ChunkCache.prepare`), not yet appended."""
+
+    entry: CacheEntry
+    layout: tuple  # (batch, heads, head_dim, dtype, device) of the chunk as given
+
+    @property
+    def nbytes(self) -> int:
+        return self.entry.nbytes
 
 
 class ChunkCache:
@@ -125,13 +138,31 @@ class ChunkCache:
         Everything is validated and quantized before the cache changes: a rejected chunk leaves
         the cache as it was. Beyond ``window_chunks`` the oldest chunk is dropped.
         """
+        self.append_prepared(self.prepare(k, v))
+
+    def prepare(self, k: Tensor, v: Tensor) -> PreparedChunk:
+        """Validate and quantize a chunk exactly as :meth:`append` stores it, without storing it.
+
+        For a caller that learns only later whether the chunk is final (ComfyUI core's AR
+        sampler): it holds the chunk at the cache's precision meanwhile, then hands it to
+        :meth:`append_prepared` or drops it.
+        """
         self._validate_chunk(k, v)
         entry = CacheEntry(
             k=quantize(k, self.spec_k) if self.spec_k is not None else k.detach().clone(),
             v=quantize(v, self.spec_v) if self.spec_v is not None else v.detach().clone(),
         )
+        return PreparedChunk(entry, (k.shape[0], k.shape[1], k.shape[-1], k.dtype, k.device))
+
+    def append_prepared(self, chunk: PreparedChunk) -> None:
+        """Store a chunk from :meth:`prepare` (of this cache or one with the same specs)."""
+        if not isinstance(chunk, PreparedChunk):
+            raise TypeError(f"append_prepared takes a PreparedChunk from prepare(), got {type(chunk).__name__}")
+        if self._layout is not None and chunk.layout != self._layout:
+            raise ValueError(f"prepared chunk layout {chunk.layout} differs from the cached chunks' {self._layout}")
+        entry = chunk.entry
         if self._layout is None:
-            self._layout = (k.shape[0], k.shape[1], k.shape[-1], k.dtype, k.device)
+            self._layout = chunk.layout
         self._entries.append(entry)
         self.chunks_appended += 1
         if self._sink_held < self.sink_chunks:

@@ -189,3 +189,19 @@ def plan_cache(
         warnings=tuple(warnings),
         errors=tuple(errors),
     )
+
+
+def block_in_flight_bytes(*, block_tokens: int, layers: int, heads: int, head_dim: int, spec_k: QuantSpec | None,
+                          spec_v: QuantSpec | None, cfg_branches: int = 1, batch: int = 1, full_bytes: int = 2) -> int:
+    """Bytes of the block a run on ComfyUI core's AR sampler holds until the next model call says it is final.
+
+    One block of ``block_tokens`` per layer and CFG branch, stored as the cache will store it; a QVG
+    side waits in the model's precision (``full_bytes``: its k-means runs once, at commit). Add it to
+    :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path.
+    """
+    def waits_as(spec: QuantSpec | None) -> QuantSpec | None:
+        return None if spec is None or spec.method == "qvg" else spec
+
+    qvg = any(s is not None and s.method == "qvg" for s in (spec_k, spec_v))
+    k, v = (None, None) if qvg else (waits_as(spec_k), waits_as(spec_v))
+    return layers * cfg_branches * chunk_bytes(k, v, batch * heads, block_tokens, head_dim, full_bytes=full_bytes)

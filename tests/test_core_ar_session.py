@@ -159,3 +159,28 @@ def test_a_call_that_skips_layers_is_refused():
     s.attend(0, q, k, v, [0])
     with pytest.raises(session_mod.CoreARProtocolError, match=r"layers \[1\]"):
         s.end_call()
+
+
+def test_the_block_in_flight_waits_at_the_cache_precision():
+    """RTN: the pending block is held quantized (what the cache will store); QVG: raw, quantized once at commit."""
+    gen = torch.Generator().manual_seed(7)
+    rtn = jk.QuantSpec(bits=2, group_size=32)
+    s = make(spec=rtn)
+    kv = s.init_caches(1, 8 * FRAME_TOKENS)
+    run_block(s, kv, 2, 2, gen)
+    held = s.in_flight_bytes
+    cache_one_chunk = s.run.new_cache()
+    probe = torch.randn(1, HEADS, 2 * FRAME_TOKENS, D)
+    cache_one_chunk.append(probe, probe)
+    assert held == LAYERS * cache_one_chunk.nbytes  # one block per layer, at INT2
+    assert held < LAYERS * 2 * probe.numel() * 4 / 5  # far below the fp32 block
+    run_block(s, kv, 2, 2, gen)
+    assert s.run.caches[(0, 0)].nbytes == cache_one_chunk.nbytes  # what was held is what got committed
+
+    qvg = jk.QuantSpec(bits=2, group_size=32, method="qvg", qvg_centroids=4)
+    s = make(spec=qvg)
+    kv = s.init_caches(1, 8 * FRAME_TOKENS)
+    run_block(s, kv, 2, 2, gen)
+    assert s.in_flight_bytes == LAYERS * 2 * 2 * FRAME_TOKENS * HEADS * D * 4  # fp32 k and v
+    run_block(s, kv, 2, 2, gen)
+    assert s.run.caches[(0, 0)].num_chunks == 1 and s.run.caches[(0, 0)].nbytes < s.in_flight_bytes / LAYERS

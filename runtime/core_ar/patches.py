@@ -291,7 +291,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     """The run's report (same keys as the Chunked AR sampler's where they mean the same), or None after a failure."""
     if not ok:
         return None
-    from ...jensen_core.planner import plan_cache
+    from ...jensen_core.planner import block_in_flight_bytes, plan_cache
     from ..report import build_report
 
     g, cfg_branches = session.geometry, max(len(session.run.branches), 1)
@@ -314,6 +314,13 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     report["sampler"] = "core sample_ar_video"
     report["prefix_frames"] = session.prefix_frames
     report["model_calls"] = session.calls
+    # the last call's block, held (quantized like the cache, QVG and diagnostics: model dtype) until the next
+    # call shows whether it is final; not in cache_bytes / planned_bytes
+    report["in_flight_bytes"] = int(session.in_flight_peak_bytes)
+    report["planned_in_flight_bytes"] = block_in_flight_bytes(
+        block_tokens=session.block_frames * g.frame_tokens, layers=adapter.num_layers, heads=adapter.heads,
+        head_dim=adapter.head_dim, spec_k=config.spec_k, spec_v=config.spec_v, cfg_branches=cfg_branches,
+        batch=g.batch, full_bytes=torch.finfo(session.model_dtype).bits // 8)
     if session.diagnostics is not None:
         report["diagnostics"] = session.diagnostics.summary()
     logger.info("jensen_kv: core AR run: cache peak %.2f MiB (BF16 would be %.2f MiB), planned %s MiB",

@@ -13,6 +13,12 @@ Core's protocol, as ``comfy/k_diffusion/sampling.py::sample_ar_video`` (v0.27) d
   call, commits it to the quantized :class:`jensen_core.ChunkCache` (window and sink evict there)
   when ``end`` stayed, drops it when ``end`` went back, and refuses any other move.
 
+The pending block is held already quantized as the cache will store it (``ChunkCache.prepare``),
+so the block in flight costs the cache's bits, not the model's: 14B at 720p holds 1.4 GiB of INT2
+in flight instead of 8.2 GiB of BF16. QVG's k-means would then run at every denoising step, so with
+``method="qvg"`` the block waits in the model's dtype and is quantized once, at commit. KV Cache
+Diagnostics also keeps the full-precision block (its shadow cache needs it).
+
 A "call" is one sampler model call, i.e. one ``calc_cond_batch`` (cond and uncond may run as one
 batch or as separate ``apply_model`` calls; both write the same block at the same ``end``).
 RoPE positions are core's own (absolute): the pack never recomputes them on this path.
@@ -24,9 +30,24 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ...jensen_core.cache import PreparedChunk
 from ..cache_run import CacheRun
 from ..config import JensenKVConfig, mode_to_correction
 from ..observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+
+
+@dataclass(eq=False)
+class PendingBlock:
+    """One (layer, branch)'s block of the last call: prepared for the cache, or raw k, v (QVG, diagnostics)."""
+
+    prepared: PreparedChunk | None
+    k: Tensor | None
+    v: Tensor | None
+
+    @property
+    def nbytes(self) -> int:
+        raw = sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
+        return raw + (self.prepared.nbytes if self.prepared is not None else 0)
 
 
 class CoreARProtocolError(RuntimeError):
@@ -115,7 +136,11 @@ class CoreARSession:
         self.call_start: int | None = None   # token where the block of the current call starts
         self.call_tokens: int | None = None  # tokens of that block (known at the first attention)
         self.committed_end = 0               # token after the last committed block
-        self.pending: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}
+        self.pending: dict[tuple[int, int], PendingBlock] = {}
+        self.in_flight_peak_bytes = 0
+        specs = [sp for sp in (config.spec_k, config.spec_v) if sp is not None]
+        #: hold the pending block quantized (RTN, full precision); QVG waits in the model's dtype (see module doc)
+        self.prepare_pending = not any(sp.method == "qvg" for sp in specs)
         self.pending_start: int | None = None
         self.pending_tokens: int | None = None
         self.reached: set[tuple[int, int]] = set()
@@ -196,7 +221,13 @@ class CoreARSession:
                     "remove it when sampling with the Jensen KV cache"
                 )
             self.pending_start, self.pending_tokens = self.call_start, self.call_tokens
+            self.in_flight_peak_bytes = max(self.in_flight_peak_bytes, self.in_flight_bytes)
         self.call_start = self.call_tokens = None
+
+    @property
+    def in_flight_bytes(self) -> int:
+        """Bytes of the block held until the next call says whether it is final (every layer and branch)."""
+        return sum(b.nbytes for b in self.pending.values())
 
     def _commit(self) -> None:
         """The pending block is final: append it to every (layer, branch) cache (window and sink evict there)."""
@@ -204,16 +235,21 @@ class CoreARSession:
         frame_tokens = self.geometry.frame_tokens if self.geometry else None
         frame0 = self.pending_start // frame_tokens if frame_tokens else 0
         run.begin(self.chunk, frame0, PHASE_WRITE)
-        for (layer, branch), (k, v) in sorted(self.pending.items(), key=lambda kv: kv[0]):
+        for (layer, branch), block in sorted(self.pending.items(), key=lambda kv: kv[0]):
             cache = run.caches.get((layer, branch))
             if cache is None:
                 cache = run.caches[(layer, branch)] = run.new_cache()
-            if run.observer is not None and (run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0)):
+            if block.k is not None and run.observer is not None and (
+                    run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0)):
                 # a write event carries the chunk's keys and values (observers read k, v of writes only)
                 run.observer(AttentionEvent(layer=layer, branch=branch, chunk=self.chunk, frame_offset=frame0,
-                                            phase=PHASE_WRITE, step=0, q=k, k=k, v=v, cache=cache, out=v,
-                                            correction=mode_to_correction(run.correction), strength=run.strength))
-            cache.append(k, v)
+                                            phase=PHASE_WRITE, step=0, q=block.k, k=block.k, v=block.v, cache=cache,
+                                            out=block.v, correction=mode_to_correction(run.correction),
+                                            strength=run.strength))
+            if block.prepared is not None:
+                cache.append_prepared(block.prepared)
+            else:
+                cache.append(block.k, block.v)
             run.branches_written.add(branch)
         run._record_peak()
         self.pending.clear()
@@ -251,9 +287,15 @@ class CoreARSession:
         run.phase, run.step = PHASE_DENOISE, self.step
         out = run.attend(layer, q, k, v, {"cond_or_uncond": list(labels)})
         per = q.shape[0] // max(len(labels), 1)
+        keep_raw = not self.prepare_pending or run.observer is not None
         for i, branch in enumerate(labels):
             sl = slice(i * per, (i + 1) * per)
-            self.pending[(layer, branch)] = (k[sl].detach(), v[sl].detach())
+            kb, vb = k[sl].detach(), v[sl].detach()
+            prepared = None
+            if self.prepare_pending:
+                cache = run.caches.get((layer, branch)) or run.new_cache()
+                prepared = cache.prepare(kb, vb)
+            self.pending[(layer, branch)] = PendingBlock(prepared, kb if keep_raw else None, vb if keep_raw else None)
             self.reached.add((layer, branch))
         cache_dict["end"] = self.call_start + s
         if implicit and layer == self.num_layers - 1:
