@@ -3,7 +3,11 @@
 // - On "Quantize KV Cache": a live line with the effective bits of the key / value cache and the
 //   compression against BF16, a warning line, and a memory planner (video size, chunking, model
 //   dimensions -> projected peak cache size at BF16 and at the chosen setting).
-// - On the chunked AR samplers: the report of the last run (cache MiB, seconds per chunk).
+// - On the chunked AR samplers and on KV Cache Report (core's SamplerARVideo path): the report of the
+//   last run (cache MiB, seconds per chunk).
+// - "Follow the workflow" reads the pack's sampler, or core's path: SamplerCustom(Advanced) with
+//   SamplerARVideo (its frames per block are the chunk), the guider's cfg, EmptyARVideoLatent, and
+//   an AR Cache Window on the MODEL path (window, sink).
 //
 // Every number comes from the server (web/routes.py, which calls jensen_core); this file only
 // collects inputs, asks /jensen_kv/spec and /jensen_kv/plan, and displays the answers. There is
@@ -13,6 +17,10 @@ import { api } from "../../scripts/api.js";
 
 const QUANT_NODE = "JensenKVQuantizeKVCache";
 const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"]);
+// ComfyUI's own samplers that run SamplerARVideo (v0.27+): followed for the planner
+const CORE_SAMPLER_NODES = new Set(["SamplerCustomAdvanced", "SamplerCustom"]);
+const REPORT_NODES = new Set([...SAMPLER_NODES, "JensenKVCacheReport"]);
+const WINDOW_NODE = "JensenKVARCacheWindow";
 const PANEL = "jensen_kv_panel";
 const REPORT = "jensen_kv_report";
 const STATE_KEY = "jensen_kv_planner";
@@ -147,7 +155,9 @@ function fitNode(node) {
 
 // ------------------------------------------------------------------------------- graph following
 function downstreamSampler(node) {
+  // the pack's sampler, or core's SamplerCustom(Advanced) (through guiders); AR Cache Window nodes on the way
   const seen = new Set([node.id]);
+  const windows = [];
   let frontier = [node];
   for (let depth = 0; depth < 8 && frontier.length; depth++) {
     const next = [];
@@ -156,20 +166,35 @@ function downstreamSampler(node) {
         for (const m of n.getOutputNodes(slot) ?? []) {
           if (seen.has(m.id)) continue;
           seen.add(m.id);
-          if (SAMPLER_NODES.has(m.type)) return m;
+          if (m.type === WINDOW_NODE) windows.push(m);
+          if (SAMPLER_NODES.has(m.type) || CORE_SAMPLER_NODES.has(m.type)) return { sampler: m, windows };
           next.push(m);
         }
       }
     }
     frontier = next;
   }
+  return { sampler: null, windows };
+}
+
+function inputNode(node, name) {
+  const slot = node?.inputs?.findIndex((i) => i.name === name) ?? -1;
+  return slot >= 0 ? node.getInputNode(slot) : null;
+}
+
+function upstreamWindow(node) {
+  // an AR Cache Window before Quantize KV Cache on the MODEL path
+  let n = inputNode(node, "model");
+  for (let depth = 0; n && depth < 8; depth++) {
+    if (n.type === WINDOW_NODE) return n;
+    n = inputNode(n, "model");
+  }
   return null;
 }
 
 function upstreamLatent(sampler) {
-  const slot = sampler.inputs?.findIndex((i) => i.name === "latent") ?? -1;
-  let n = slot >= 0 ? sampler.getInputNode(slot) : null;
-  // walk through pass-through nodes (reroutes, latent batch tools) until a node states the size
+  let n = inputNode(sampler, "latent") ?? inputNode(sampler, "latent_image");
+  // walk through pass-through nodes (reroutes, latent batch tools, ARVideoI2V) until a node states the size
   for (let depth = 0; n && depth < 6; depth++) {
     if (widgetValue(n, "width") != null && widgetValue(n, "height") != null) return n;
     const idx = n.inputs?.findIndex((i) => i.type === "LATENT" || i.type === "*") ?? -1;
@@ -180,14 +205,33 @@ function upstreamLatent(sampler) {
 
 function fromWorkflow(node) {
   const found = {};
-  const sampler = downstreamSampler(node);
+  const { sampler, windows } = downstreamSampler(node);
   if (!sampler) return { found, sampler: null };
-  for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
-    const v = widgetValue(sampler, name);
-    if (v != null) found[name] = v;
+  // the node that shows the measured report: the pack's sampler itself, or a KV Cache Report after core's
+  let reporter = sampler;
+  if (CORE_SAMPLER_NODES.has(sampler.type)) {
+    // core's AR path: chunk = SamplerARVideo's block, window and sink from AR Cache Window, cfg from the guider
+    const arSampler = inputNode(sampler, "sampler");
+    const block = arSampler?.type === "SamplerARVideo" ? widgetValue(arSampler, "num_frame_per_block") : null;
+    if (block != null) found.chunk_frames = block;
+    const win = windows[0] ?? upstreamWindow(node);
+    found.window_chunks = win ? (widgetValue(win, "window_chunks") ?? 0) : 0;
+    found.sink_chunks = win ? (widgetValue(win, "sink_chunks") ?? 0) : 0;
+    const guider = inputNode(sampler, "guider");
+    const cfg = widgetValue(guider ?? sampler, "cfg");
+    found.cfg_branches = cfg != null && Number(cfg) > 1 ? 2 : 1;
+    for (let slot = 0; slot < (sampler.outputs?.length ?? 0); slot++) {
+      const r = (sampler.getOutputNodes(slot) ?? []).find((m) => m.type === "JensenKVCacheReport");
+      if (r) { reporter = r; break; }
+    }
+  } else {
+    for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
+      const v = widgetValue(sampler, name);
+      if (v != null) found[name] = v;
+    }
+    const cfg = widgetValue(sampler, "cfg");
+    if (cfg != null) found.cfg_branches = Number(cfg) > 1 ? 2 : 1;
   }
-  const cfg = widgetValue(sampler, "cfg");
-  if (cfg != null) found.cfg_branches = Number(cfg) > 1 ? 2 : 1;
   const latent = upstreamLatent(sampler);
   if (latent) {
     for (const [field, name] of [["width", "width"], ["height", "height"], ["frames", "length"], ["batch", "batch_size"]]) {
@@ -195,7 +239,7 @@ function fromWorkflow(node) {
       if (v != null) found[field] = v;
     }
   }
-  return { found, sampler };
+  return { found, sampler: reporter };
 }
 
 // ----------------------------------------------------------------------------- quantize node panel
@@ -495,7 +539,7 @@ app.registerExtension({
         quantNodes.delete(this);
         return removed?.apply(this, args);
       };
-    } else if (SAMPLER_NODES.has(nodeData?.name)) {
+    } else if (REPORT_NODES.has(nodeData?.name)) {
       const created = nodeType.prototype.onNodeCreated;
       nodeType.prototype.onNodeCreated = function (...args) {
         const r = created?.apply(this, args);
