@@ -208,3 +208,30 @@ def test_pack_sampler_refuses_a_conflicting_ar_cache_window(nodes, loop, tiny, e
                               sigmas=torch.tensor([1.0, 0.5, 0.0]), chunk_frames=1, window_chunks=2, sink_chunks=1,
                               progress=False)
     assert out.report["window_chunks"] == 2 and out.report["sink_chunks"] == 1
+
+
+def test_an_interrupt_mid_run_leaves_nothing_behind(nodes, core_ar, causal):
+    """An interrupt in the middle of core's loop: the session ends, the next run (pack or core) is as before."""
+    import comfy.model_management
+    import comfy.sample
+    import comfy.utils
+
+    lat = torch.zeros(1, 16, 4, 8, 8)
+    m = quantized(nodes, causal, "2", mode="taylor")
+    ref = cw.sample_core(m, lat, SIGMAS, num_frame_per_block=1, seed=9)
+    calls = []
+
+    def interrupt_at_block_2(step, x0, x, total):
+        calls.append(step)
+        if len(calls) == 6:  # second block, second step
+            raise comfy.model_management.InterruptProcessingException()
+
+    pos = wan_tiny.conditioning(1, 16, 32)
+    noise = comfy.sample.prepare_noise(lat, 9)
+    with pytest.raises(comfy.model_management.InterruptProcessingException):
+        comfy.sample.sample_custom(m, noise, 1.0, cw.ar_sampler(1), SIGMAS, pos, pos, lat, callback=interrupt_at_block_2,
+                                   disable_pbar=True, seed=9)
+    assert core_ar.patches._ACTIVE.get() is None
+    assert torch.equal(cw.sample_core(m, lat, SIGMAS, num_frame_per_block=1, seed=9), ref)
+    core_ref = cw.sample_core(causal, lat, SIGMAS, num_frame_per_block=1, seed=9)
+    assert (core_ref - ref).abs().max() > 1e-4  # INT2 differs from core's own, so the pack did engage above
