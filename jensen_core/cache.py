@@ -5,6 +5,7 @@ import json
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -16,8 +17,13 @@ from .qvg import CENTROID_DTYPE, QVGTensor
 from .spec import FLOAT_FORMATS, QuantSpec
 
 _META_KEY = "__jensen_kv_meta__"
+META_KEY = _META_KEY  #: the state-dict entry holding a cache's JSON record (:func:`read_meta`)
 _FORMAT_VERSION = 2  # 2: specs carry method/qvg_* fields and QVG parts (centroids, ids); 1 still loads
 _READABLE_VERSIONS = (1, 2)
+#: the largest ``__jensen_kv_meta__`` record read (JSON, about 250 bytes per cached chunk: 4,000 chunks fit)
+MAX_META_BYTES = 1 << 20
+#: the largest batch, heads, tokens or head_dim a cache file may record
+MAX_DIM = (1 << 31) - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -232,52 +238,58 @@ class ChunkCache:
         return sd
 
     def load_state_dict(self, sd: dict[str, Tensor]) -> None:
-        """Replace the contents with a state dict saved under the same specs; rejects others clearly."""
+        """Replace the contents with a state dict saved under the same specs; rejects others clearly.
+
+        The record in ``__jensen_kv_meta__`` is checked whole first (:func:`read_meta`), then every
+        tensor against it; nothing changes unless all of it fits, and a tensor the record does not
+        describe is refused too."""
         if _META_KEY not in sd:
             raise ValueError("not a jensen-kv cache file: the __jensen_kv_meta__ entry is missing")
-        meta = json.loads(bytes(sd[_META_KEY].cpu().tolist()).decode())
-        if meta.get("version") not in _READABLE_VERSIONS:
-            raise ValueError(f"cache file format {meta.get('version')} is not supported (expected one of {_READABLE_VERSIONS})")
+        meta = read_meta(sd[_META_KEY])
         mine = (self.spec_k.to_dict() if self.spec_k else None, self.spec_v.to_dict() if self.spec_v else None)
-        try:  # older files lack the fields added since: compare as specs, defaults filled in
-            theirs = tuple(None if d is None else QuantSpec.from_dict(d).to_dict() for d in (meta["spec_k"], meta["spec_v"]))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"the file's quantization specs are not readable: {exc}") from None
+        theirs = tuple(None if s is None else s.to_dict() for s in (meta.spec_k, meta.spec_v))
         if mine != theirs:
             raise ValueError(
                 f"the file was saved with specs (keys, values) {theirs} but this cache uses {mine}; "
                 "create the ChunkCache with the file's specs to load it"
             )
-        lay = meta["layout"]
-        if self._layout is not None and lay is not None:
-            b0, h0, d0, _, _ = self._layout
-            if (lay["batch"], lay["heads"], lay["head_dim"]) != (b0, h0, d0):
-                raise ValueError(
-                    f"the file holds batch {lay['batch']}, heads {lay['heads']}, head_dim {lay['head_dim']} "
-                    f"but this cache holds batch {b0}, heads {h0}, head_dim {d0}; clear() it first"
-                )
-        entries = []
-        for i, cm in enumerate(meta["chunks"]):
-            parts = {}
-            for name in ("k", "v"):
-                parts[name] = _load_part(sd, f"chunk{i}.{name}", cm[name], self.spec_k if name == "k" else self.spec_v)
-            entries.append(CacheEntry(**parts))
-        if int(meta.get("sink_chunks", 0)) != self.sink_chunks:
+        if meta.sink_chunks != self.sink_chunks:
             raise ValueError(
-                f"the file was saved with sink_chunks={meta.get('sink_chunks', 0)} but this cache uses "
+                f"the file was saved with sink_chunks={meta.sink_chunks} but this cache uses "
                 f"{self.sink_chunks}; create the ChunkCache with the file's sink to load it"
             )
-        held = int(meta.get("sink_held", 0))
-        if not 0 <= held <= min(self.sink_chunks, len(entries)):
-            raise ValueError(f"cache file records {held} sink chunks, which does not fit its {len(entries)} chunks")
+        n, held = len(meta.chunks), meta.sink_held
+        if self.window_chunks is not None and n - held > self.window_chunks:
+            raise ValueError(
+                f"the file holds {n - held} chunks besides its sink, more than this cache's window of "
+                f"{self.window_chunks}; create the ChunkCache with the file's window to load it"
+            )
+        lay = meta.layout
+        if self._layout is not None and lay is not None:
+            b0, h0, d0, _, _ = self._layout
+            if lay[:3] != (b0, h0, d0):
+                raise ValueError(
+                    f"the file holds batch {lay[0]}, heads {lay[1]}, head_dim {lay[2]} "
+                    f"but this cache holds batch {b0}, heads {h0}, head_dim {d0}; clear() it first"
+                )
+        used = {_META_KEY}
+        entries = []
+        for i, cm in enumerate(meta.chunks):
+            parts = {}
+            for name in ("k", "v"):
+                parts[name] = _load_part(sd, f"chunk{i}.{name}", cm[name], self.spec_k if name == "k" else self.spec_v,
+                                         used)
+            entries.append(CacheEntry(**parts))
+        extra = sorted(set(sd) - used)
+        if extra:
+            raise ValueError(f"cache file holds entries its metadata does not describe ({extra[:3]}"
+                             f"{' ...' if len(extra) > 3 else ''})")
         self._entries = deque(entries)
         self._sink_held = held
         if lay is None or not entries:
             self._layout = None
         else:
-            first = entries[0].k
-            device = first.device
-            self._layout = (lay["batch"], lay["heads"], lay["head_dim"], _float_dtype(lay["dtype"], "layout"), device)
+            self._layout = (*lay, entries[0].k.device)
 
     def save(self, path: str) -> None:
         """Write the cache to a safetensors file."""
@@ -311,7 +323,217 @@ def _part_meta(t: QuantizedTensor | Tensor) -> dict:
     return {"quantized": False, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
-def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec | None) -> QuantizedTensor | Tensor:
+@dataclass(frozen=True)
+class CacheFileMeta:
+    """A saved cache's ``__jensen_kv_meta__`` record, checked whole (:func:`read_meta`).
+
+    ``layout`` is (batch, heads, head_dim, dtype) of the cached chunks, or None for an empty cache;
+    ``chunks`` holds per chunk ``{"k": part, "v": part}``, every part's record already checked
+    (``quantized``, ``shape`` (batch, heads, tokens, head_dim), ``dtype``, ``scale_format``, QVG
+    ``segments``).
+    """
+
+    version: int
+    spec_k: QuantSpec | None
+    spec_v: QuantSpec | None
+    window_chunks: int | None
+    sink_chunks: int
+    sink_held: int
+    layout: tuple[int, int, int, torch.dtype] | None
+    chunks: tuple[dict, ...]
+
+    @property
+    def chunk_tokens(self) -> list[int]:
+        """Tokens of every cached chunk, oldest first."""
+        return [c["k"]["shape"][2] for c in self.chunks]
+
+    def tensor_names(self) -> set[str]:
+        """The state-dict entries this record describes (``__jensen_kv_meta__`` aside): what a reader may read."""
+        names = set()
+        for i, c in enumerate(self.chunks):
+            for side, spec in (("k", self.spec_k), ("v", self.spec_v)):
+                p = f"chunk{i}.{side}"
+                if not c[side]["quantized"]:
+                    names.add(p)
+                    continue
+                names.update(p + s for s in (".packed", ".scale", ".zero"))
+                if spec is not None and spec.method == "qvg":
+                    names.update((p + ".centroids", p + ".ids"))
+        return names
+
+
+def parse_json(raw: bytes | str, what: str) -> Any:
+    """JSON of a file someone else wrote: one ValueError naming ``what`` for anything unreadable.
+
+    Nesting too deep for Python and a key given twice in one object are refused as well (a file
+    this pack writes has neither)."""
+    def no_duplicates(pairs):
+        out = {}
+        for k, v in pairs:
+            if k in out:
+                raise ValueError(f"the key {k!r} appears twice in one object")
+            out[k] = v
+        return out
+
+    def no_constants(name):
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constants)
+    except RecursionError:
+        raise ValueError(f"{what} is not readable JSON (nested too deeply)") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"{what} is not readable JSON ({exc})") from None
+
+
+def whole(value, what: str, lo: int = 0, hi: int = MAX_DIM) -> int:
+    """``value`` when it is an integer (not a bool or a float) from ``lo`` to ``hi``; else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{what}={_short(value)} must be a whole number from {lo} to {hi}")
+    return value
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _record(value, what: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+    """``value`` when it is a JSON object with every ``required`` key and no key outside ``required + optional``."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, got {type(value).__name__}")
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise ValueError(f"{what} lacks {', '.join(missing)}")
+    unknown = sorted(k for k in value if k not in required and k not in optional)
+    if unknown:
+        raise ValueError(f"{what} has fields this format does not know: {_short(unknown)}")
+    return value
+
+
+def read_meta(t) -> CacheFileMeta:
+    """Decode and check the ``__jensen_kv_meta__`` entry of a saved cache, before any chunk is read.
+
+    At most :data:`MAX_META_BYTES` bytes, decoded without per-byte Python objects. Every field is
+    checked: specs, window and sink, how many chunks the sink holds (the first ``sink`` ever
+    appended), no more chunks than sink + window, every chunk's keys and values of one shape
+    (batch, heads, tokens, head_dim) and dtype matching the layout, quantized exactly where the
+    spec says so. Anything else is one ValueError naming the field and what was expected.
+    """
+    if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.dim() != 1:
+        raise ValueError(f"cache file entry {_META_KEY} must be a 1-D uint8 tensor of JSON, got "
+                         f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__} "
+                         f"{t.dtype if isinstance(t, Tensor) else ''}".rstrip())
+    if t.numel() > MAX_META_BYTES:
+        raise ValueError(f"cache file entry {_META_KEY} holds {t.numel()} bytes; a cache record is at most "
+                         f"{MAX_META_BYTES} bytes")
+    meta = parse_json(t.detach().to("cpu").contiguous().numpy().tobytes(), f"cache file entry {_META_KEY}")
+    if not isinstance(meta, dict):
+        raise ValueError(f"cache file entry {_META_KEY} must be a JSON object, got {type(meta).__name__}")
+    version = meta.get("version")
+    if isinstance(version, bool) or version not in _READABLE_VERSIONS:
+        raise ValueError(f"cache file format {_short(version)} is not supported (expected one of {_READABLE_VERSIONS})")
+    _record(meta, "cache file metadata", ("version", "spec_k", "spec_v", "window_chunks", "layout", "chunks"),
+            ("sink_chunks", "sink_held"))
+    specs = []
+    for side in ("spec_k", "spec_v"):
+        d = meta[side]
+        if d is not None and not isinstance(d, dict):
+            raise ValueError(f"the file's quantization specs are not readable: {side} must be a JSON object or null")
+        try:  # older files lack the fields added since: read as specs, defaults filled in
+            specs.append(None if d is None else QuantSpec.from_dict(d))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the file's quantization specs are not readable: {side}: {exc}") from None
+    window = meta["window_chunks"]
+    window = None if window is None else whole(window, "cache file metadata window_chunks") or None
+    sink = whole(meta.get("sink_chunks", 0), "cache file metadata sink_chunks")
+    held = whole(meta.get("sink_held", 0), "cache file metadata sink_held")
+    chunks = meta["chunks"]
+    if not isinstance(chunks, list):
+        raise ValueError(f"cache file metadata chunks must be a list, got {type(chunks).__name__}")
+    n = len(chunks)
+    if window is not None and n > sink + window:
+        raise ValueError(f"cache file metadata lists {n} chunks, but a cache with window_chunks={window} and "
+                         f"sink_chunks={sink} holds at most {sink + window}")
+    if held != min(sink, n):
+        raise ValueError(f"cache file metadata sink_held={held} does not fit its {n} chunks under sink_chunks={sink} "
+                         f"(the sink holds the first {min(sink, n)})")
+    layout = None
+    if meta["layout"] is not None:
+        lay = _record(meta["layout"], "cache file metadata layout", ("batch", "heads", "head_dim", "dtype"))
+        layout = (whole(lay["batch"], "cache file layout batch", 1), whole(lay["heads"], "cache file layout heads", 1),
+                  whole(lay["head_dim"], "cache file layout head_dim", 1), _float_dtype(lay["dtype"], "layout"))
+    if n and layout is None:
+        raise ValueError(f"cache file metadata lists {n} chunks but no layout (batch, heads, head_dim, dtype)")
+    checked = []
+    for i, cm in enumerate(chunks):
+        cm = _record(cm, f"cache file entry chunk{i}", ("k", "v"))
+        parts = {name: _check_part(cm[name], f"chunk{i}.{name}", spec)
+                 for name, spec in (("k", specs[0]), ("v", specs[1]))}
+        k, v = parts["k"], parts["v"]
+        if k["shape"] != v["shape"] or k["dtype"] != v["dtype"]:
+            raise ValueError(f"cache file entry chunk{i} stores keys {k['shape']} {k['dtype']} and values "
+                             f"{v['shape']} {v['dtype']}; a chunk's keys and values share shape and dtype")
+        B, H, _, D = k["shape"]
+        if (B, H, D, _CACHE_DTYPES[k["dtype"]]) != layout:
+            raise ValueError(
+                f"cache file entry chunk{i} holds (batch, heads, head_dim, dtype) = ({B}, {H}, {D}, {k['dtype']}), "
+                f"not the layout's ({layout[0]}, {layout[1]}, {layout[2]}, {str(layout[3]).removeprefix('torch.')})")
+        checked.append(parts)
+    return CacheFileMeta(version=version, spec_k=specs[0], spec_v=specs[1], window_chunks=window, sink_chunks=sink,
+                         sink_held=held, layout=layout, chunks=tuple(checked))
+
+
+def _check_part(rec, prefix: str, spec: QuantSpec | None) -> dict:
+    """One stored side of a chunk, as its record says: checked against the spec, shapes bounded."""
+    rec = _record(rec, f"cache file entry {prefix}", ("quantized", "shape", "dtype"), ("scale_format", "segments"))
+    if not isinstance(rec["quantized"], bool):
+        raise ValueError(f"cache file entry {prefix} quantized={_short(rec['quantized'])} must be true or false")
+    shape = rec["shape"]
+    if not isinstance(shape, list) or len(shape) != 4:
+        raise ValueError(f"cache file entry {prefix} shape={_short(shape)} must be [batch, heads, tokens, head_dim]")
+    shape = [whole(s, f"cache file entry {prefix} shape[{j}]", 1) for j, s in enumerate(shape)]
+    _float_dtype(rec["dtype"], prefix)
+    if rec["quantized"] != (spec is not None):
+        raise ValueError(f"cache file entry {prefix} is {'' if rec['quantized'] else 'not '}quantized but this cache "
+                         f"{'keeps that side unquantized' if spec is None else 'quantizes that side'}")
+    if spec is None:
+        if "scale_format" in rec or "segments" in rec:
+            raise ValueError(f"cache file entry {prefix} is not quantized but records a scale format or QVG segments")
+    else:
+        if rec.get("scale_format") not in FLOAT_FORMATS:
+            raise ValueError(f"cache file entry {prefix} has an unknown scale format {_short(rec.get('scale_format'))}")
+        try:
+            spec.check_head_dim(shape[3])
+        except ValueError as exc:
+            raise ValueError(f"cache file entry {prefix}: {exc}") from None
+        if spec.method != "qvg" and "segments" in rec:
+            raise ValueError(f"cache file entry {prefix} holds QVG centroids but the spec's method is {spec.method!r}")
+        if spec.method == "qvg":
+            _segments(rec, prefix, spec, shape)
+    return {**rec, "shape": shape}
+
+
+def _segments(meta: dict, prefix: str, spec: QuantSpec, shape) -> tuple[tuple[int, int], ...]:
+    """A QVG part's ``(tokens, k)`` segments: whole numbers, at least one token each, covering the chunk's tokens."""
+    segments = meta.get("segments")
+    if not isinstance(segments, list) or not 0 < len(segments) <= shape[-2] or any(
+        not isinstance(s, list) or len(s) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+        or s[0] < 1 for s in segments
+    ):
+        raise ValueError(f"cache file entry {prefix} has no valid QVG segments record")
+    segments = tuple((t, k) for t, k in segments)
+    if sum(t for t, _ in segments) != shape[-2] or any(k != spec.centroids_per_chunk(t) for t, k in segments):
+        raise ValueError(
+            f"cache file entry {prefix}: segments {segments} do not fit {shape[-2]} tokens with K={spec.qvg_centroids}"
+        )
+    return segments
+
+
+def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec | None,
+               used: set[str]) -> QuantizedTensor | Tensor:
+    """The stored tensor(s) of one side of a chunk, checked against its record (from :func:`read_meta`)."""
     shape = torch.Size(meta["shape"])
     dtype = _float_dtype(meta.get("dtype"), prefix)
     if not meta["quantized"]:
@@ -320,6 +542,7 @@ def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec |
             raise ValueError(f"cache file entry {prefix} is missing or has the wrong shape (expected {tuple(shape)})")
         if t.dtype != dtype:
             raise ValueError(f"cache file entry {prefix} is {t.dtype}, but its metadata says {dtype}")
+        used.add(prefix)
         return t
     if spec is None:
         raise ValueError(f"cache file entry {prefix} is quantized but this cache keeps that side unquantized")
@@ -337,12 +560,14 @@ def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec |
         raise ValueError(
             f"cache file entry {prefix} stores codes/scales/zeros in unexpected dtypes {packed.dtype}/{scale.dtype}/{zero.dtype}"
         )
+    used.update(prefix + s for s in (".packed", ".scale", ".zero"))
     fields = dict(packed=packed, scale=scale, zero=zero, spec=spec, shape=shape,
                   dtype=dtype, scale_format=meta["scale_format"])
     if spec.method != "qvg":
         if f"{prefix}.centroids" in sd or "segments" in meta:
             raise ValueError(f"cache file entry {prefix} holds QVG centroids but the spec's method is {spec.method!r}")
         return QuantizedTensor(**fields)
+    used.update(prefix + s for s in (".centroids", ".ids"))
     return QVGTensor(**fields, **_load_qvg(sd, prefix, meta, spec, shape))
 
 
@@ -352,17 +577,8 @@ def _load_qvg(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec, s
         centroids, ids = sd[prefix + ".centroids"], sd[prefix + ".ids"]
     except KeyError as exc:
         raise ValueError(f"cache file entry {exc.args[0]} is missing (a QVG chunk stores centroids and cluster ids)") from None
-    segments = meta.get("segments")
-    if not isinstance(segments, list) or not segments or any(
-        not isinstance(s, list) or len(s) != 2 or not all(isinstance(v, int) for v in s) for s in segments
-    ):
-        raise ValueError(f"cache file entry {prefix} has no valid QVG segments record")
-    segments = tuple((t, k) for t, k in segments)
-    T, D, S = shape[-2], shape[-1], spec.qvg_stages
-    if sum(t for t, _ in segments) != T or any(k != spec.centroids_per_chunk(t) for t, k in segments):
-        raise ValueError(
-            f"cache file entry {prefix}: segments {segments} do not fit {T} tokens with K={spec.qvg_centroids}"
-        )
+    segments = _segments(meta, prefix, spec, shape)
+    D, S = shape[-1], spec.qvg_stages
     k_total = sum(k for _, k in segments)
     if tuple(centroids.shape) != (S, *shape[:-2], k_total, D) or centroids.dtype != CENTROID_DTYPE:
         raise ValueError(
@@ -384,8 +600,8 @@ _CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16":
 
 def _float_dtype(name, where: str) -> torch.dtype:
     """A dtype named in a cache file's metadata (only float dtypes; never ``getattr(torch, anything)``)."""
-    if name not in _CACHE_DTYPES:
-        raise ValueError(f"cache file entry {where} records dtype {name!r}; expected one of {sorted(_CACHE_DTYPES)}")
+    if not isinstance(name, str) or name not in _CACHE_DTYPES:
+        raise ValueError(f"cache file entry {where} records dtype {_short(name)}; expected one of {sorted(_CACHE_DTYPES)}")
     return _CACHE_DTYPES[name]
 
 
