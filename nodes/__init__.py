@@ -27,12 +27,6 @@ from .tiny_ar_prompt import JensenKVTinyARPrompt
 
 logger = logging.getLogger("jensen_kv")
 
-try:
-    from ..web import routes  # noqa: F401 - registers the pack's HTTP routes (cache planner) on import
-except ImportError:
-    logger.warning("jensen_kv: the HTTP routes (web/routes.py) did not load; the web planner is unavailable",
-                   exc_info=True)
-
 NODES: list[type[io.ComfyNode]] = [
     JensenKVQuantizeKVCache,
     JensenKVBiasCorrection,
@@ -50,9 +44,25 @@ DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiag
 CORE_AR_NODES: list[type[io.ComfyNode]] = [JensenKVARCacheWindow, JensenKVCacheReport]
 
 
+def register_routes() -> bool:
+    """Attach the pack's HTTP routes (routes/ui.py: the web planner's numbers) to the running server; idempotent."""
+    try:
+        from ..routes import ui as routes_ui
+
+        return routes_ui.register()
+    except Exception:  # noqa: BLE001 - the planner is a nicety; the nodes must load without it
+        logger.warning("jensen_kv: the HTTP routes (routes/ui.py) did not load; the web planner is unavailable",
+                       exc_info=True)
+        return False
+
+
 class JensenKVExtension(ComfyExtension):
+    async def on_load(self) -> None:
+        register_routes()
+
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         register_bundled_models()
+        register_routes()  # ComfyUI v0.3.64 never calls on_load; registering twice is a no-op
         return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *CORE_AR_NODES, *DEMO_NODES]
 
 

@@ -1,9 +1,12 @@
 """The house rules: which room may import which (README, "How it works").
 
-    jensen_core/  pure torch           -> imports no ComfyUI module and nothing else of the pack
-    runtime/      runs during sampling -> may import jensen_core and ComfyUI, never nodes/
-    web/          routes + extension   -> may import jensen_core and runtime/config, never nodes/
-    nodes/        one file per node    -> may import everything above
+    jensen_core/      pure torch             -> imports no ComfyUI module and nothing else of the pack
+    runtime/          runs during sampling   -> may import jensen_core and ComfyUI, never nodes/ or routes/
+    runtime/core_ar/  core's AR sampler path -> may import runtime/ and jensen_core; nothing else in runtime/
+                                                imports it
+    routes/           HTTP routes            -> may import jensen_core and runtime/, never nodes/
+    web/              static files only      -> no Python at all (ComfyUI serves the folder whole)
+    nodes/            one file per node      -> may import everything above
 
 Checked statically (every import statement of every file, including those inside functions) and,
 for jensen_core, dynamically in a fresh interpreter.
@@ -74,8 +77,31 @@ def test_runtime_never_imports_a_node_module():
     assert violations("runtime", {"nodes"}, allow_comfy=True) == []
 
 
-def test_web_routes_never_import_a_node_module_or_comfyui_at_import_time():
-    assert violations("web", {"nodes"}, allow_comfy=True) == []
+def test_routes_never_import_a_node_module():
+    assert violations("routes", {"nodes"}, allow_comfy=True) == []
+
+
+def test_runtime_never_imports_routes():
+    assert violations("runtime", {"routes"}, allow_comfy=True) == []
+
+
+def test_web_holds_static_files_only():
+    """ComfyUI serves WEB_DIRECTORY whole: a .py there (server code, a secret) could be downloaded."""
+    served = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "web").rglob("*") if p.is_file())
+    assert served and not [p for p in served if p.endswith((".py", ".pyc"))], served
+    assert all(p.endswith((".js", ".css", ".svg", ".png", ".json")) for p in served), served
+
+
+def test_only_core_ar_imports_core_ar():
+    """runtime/core_ar/ serves core's sampler beside the pack's own loop: the rest of runtime/ never reaches into it."""
+    found = []
+    for path in _py_files("runtime"):
+        if "core_ar" in path.relative_to(ROOT).parts:
+            continue
+        for line, module, level in _imports(path):
+            if level and "core_ar" in _resolve(path, module, level).split("."):
+                found.append(f"{path.relative_to(ROOT)}:{line}")
+    assert found == []
 
 
 def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
@@ -91,7 +117,7 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
         "jensen_core/bad.py:1 imports ComfyUI module 'comfy.model_management'"]
 
 
-@pytest.mark.parametrize("room", ["jensen_core", "runtime", "nodes", "web"])
+@pytest.mark.parametrize("room", ["jensen_core", "runtime", "runtime/core_ar", "runtime/families", "nodes", "routes"])
 def test_rooms_exist_as_packages(room):
     assert (ROOT / room / "__init__.py").is_file()
 

@@ -9,7 +9,7 @@
 //   SamplerARVideo (its frames per block are the chunk), the guider's cfg, EmptyARVideoLatent, and
 //   an AR Cache Window on the MODEL path (window, sink).
 //
-// Every number comes from the server (web/routes.py, which calls jensen_core); this file only
+// Every number comes from the server (routes/ui.py, which calls jensen_core); this file only
 // collects inputs, asks /jensen_kv/spec and /jensen_kv/plan, and displays the answers. There is
 // deliberately no copy of the formula here.
 import { app } from "../../scripts/app.js";

@@ -4,7 +4,7 @@ Modules under ``nodes/`` use relative imports (``from ..jensen_core import ...``
 import as part of the pack's package. ComfyUI imports the pack folder as a package; here the pack
 root is registered under :data:`PACK_PACKAGE` and ``nodes`` as a bare namespace (its
 ``__init__.py``, which needs ComfyUI, is not run), so a ComfyUI-free module such as
-``web/routes.py`` can be unit-tested.
+``routes/ui.py`` can be unit-tested.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def _package(name: str, path) -> types.ModuleType:
 
 
 def load_pack_module(dotted: str) -> types.ModuleType:
-    """``load_pack_module("web.routes")`` -> that module, imported inside a stand-in pack package."""
+    """``load_pack_module("routes.ui")`` -> that module, imported inside a stand-in pack package."""
     _package(PACK_PACKAGE, PACK_ROOT)
     parts = dotted.split(".")
     for i in range(1, len(parts)):

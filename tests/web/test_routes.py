@@ -1,4 +1,4 @@
-"""The numbers the web UI shows: web/routes.py, tested without a server.
+"""The numbers the web UI shows: routes/ui.py, tested without a server.
 
 The route functions must agree with jensen_core (one source for the formula), reject bad query
 values with a message that names the value and the fix, and project exactly the bytes a real
@@ -17,7 +17,7 @@ from support.pack import load_pack_module
 from jensen_core import ChunkCache, QuantSpec
 from jensen_core.planner import MODEL_PRESETS, plan_cache
 
-routes = load_pack_module("web.routes")
+routes = load_pack_module("routes.ui")
 
 
 # ------------------------------------------------------------------------------------------- spec

@@ -43,7 +43,7 @@ def test_no_second_copy_of_the_formula_in_js():
     }
     for what, pattern in forbidden.items():
         hits = re.findall(pattern, src)
-        assert not hits, f"web/jensen_kv.js computes {what} ({hits}); ask the server (web/routes.py) instead"
+        assert not hits, f"web/jensen_kv.js computes {what} ({hits}); ask the server (routes/ui.py) instead"
 
 
 def test_javascript_parses_as_an_es_module():

@@ -406,7 +406,7 @@ def test_planner_defaults_and_ranges_match_the_nodes(object_info):
     """The planner route accepts what the nodes accept and starts where they start."""
     from support.pack import load_pack_module
 
-    routes = load_pack_module("web.routes")
+    routes = load_pack_module("routes.ui")
     q = object_info["JensenKVQuantizeKVCache"]["input"]["required"]
     for name in ("key_bits", "value_bits", "group_size", "rotation", "scale_format"):
         opts = q[name][1]

@@ -17,7 +17,8 @@ Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
 
 A bad query value answers HTTP 400 with ``{"error": ..., "param": ..., "value": ..., "fix": ...}``.
 The pure functions :func:`options`, :func:`spec_summary` and :func:`plan_summary` do the work and
-import without ComfyUI; :func:`register` attaches them to ``PromptServer.instance.routes``.
+import without ComfyUI; :func:`register` attaches them to ``PromptServer.instance.routes`` (called by the
+extension's ``on_load``; importing this module registers nothing).
 """
 from __future__ import annotations
 
@@ -347,6 +348,3 @@ def register(route_table=None) -> bool:
         if path not in existing:
             route_table.get(path)(_json_handler(fn))
     return True
-
-
-register()
