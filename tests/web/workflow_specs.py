@@ -733,3 +733,298 @@ def tiny_workflow() -> dict:
         ("sampler", "LATENT", "save", "samples"),
     ]
     return {"name": "tiny_wan_int2_jensen_cfg2", "nodes": nodes, "links": links, "groups": []}
+
+
+# ============================================================================ ComfyUI's own AR sampler (v0.27+)
+# Workflows on core's AR path: SamplerCustomAdvanced + SamplerARVideo over a causal-AR Wan (WAN21_CausalAR), the
+# pack's nodes in front of the guider. SamplerARVideo, EmptyARVideoLatent and ARVideoI2V exist from ComfyUI v0.27 on:
+# build_workflows.py builds these with a ComfyUI that has core's AR path (and the rest with the oldest supported
+# one); their tests are marked core_ar (tests/web/conftest.py marks the shared per-file tests too).
+SELF_FORCING_CAUSAL = "self_forcing_dmd_causal.safetensors"  # Self-Forcing converted with --causal
+CAUSAL_FORCING_FRAMEWISE = "causal_forcing-framewise.safetensors"  # the name ComfyUI's own Causal Forcing template uses
+START_IMAGE = "jensen_kv_start_frame.png"  # the I2V workflow's start image (ComfyUI/input)
+MODEL_FILES["diffusion_models"] = (*MODEL_FILES["diffusion_models"], SELF_FORCING_CAUSAL, CAUSAL_FORCING_FRAMEWISE)
+
+_write_placeholder_files_before_core_ar = write_placeholder_files
+
+
+def write_placeholder_files(base) -> None:  # noqa: F811 - extends the one above with the I2V start image
+    """What the workflows' file widgets name (see above), and a real PNG start image for Load Image."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    _write_placeholder_files_before_core_ar(base)
+    image = Image.new("RGB", (832, 480))
+    image.putdata([(x * 255 // 831, y * 255 // 479, 128) for y in range(480) for x in range(832)])
+    image.save(Path(base) / "input" / START_IMAGE)
+
+
+_CORE_AR_NEEDS = """Needs ComfyUI v0.27 or later: SamplerARVideo, EmptyARVideoLatent and ARVideoI2V are core nodes from
+v0.27 on, and the checkpoint must load as a causal-AR Wan (WAN21_CausalAR): ComfyUI picks that class
+when the file's metadata carries the causal flag, which convert_checkpoint.py --causal writes (a
+checkpoint without it loads as plain Wan 2.1, and SamplerARVideo refuses it). On older ComfyUI use
+the Chunked AR Video Sampler workflows."""
+
+_CORE_AR_CACHE = """The pack's nodes take over core's KV cache (core's own is one dense K and V per layer for the whole
+video, allocated up front: no window, no quantization):
+- Quantize KV Cache: finished blocks are stored in INT2 (group 32, Hadamard rotation, FP8 scales:
+  2.75 bits/element, 5.8x smaller than BF16);
+- Jensen Bias Correction (taylor): removes the attention shift that quantized keys cause;
+- AR Cache Window: which finished blocks stay cached (a block = one SamplerARVideo block).
+KV Cache Report (the guider's MODEL + the sampler's output) gives what the cache cost after the run:
+peak bytes, BF16 bytes, effective bits and the planner's figure for the same run. At cfg 1 the CFG
+Guider runs the positive prompt only (one cache); raise cfg and the pack keeps a second cache for the
+negative branch (core's own cache is allocated for the latent's batch and fails there)."""
+
+_CORE_AR_SAMPLING = """Core's sampler (SamplerARVideo) denoises block by block: each step predicts x0 and re-noises it with
+fresh noise (seed + 1000 x block + step), and the finished block runs once more at sigma 0 to write
+it into the cache. Schedule: AR Video Schedule, preset self_forcing_4step:
+t = 1000, 937.5, 833.3, 625 (Self-Forcing's and Causal Forcing's [1000, 750, 500, 250] warped with
+shift 5; BasicScheduler simple, 4 steps on shift 5 gives the same sigmas)."""
+
+_SELF_FORCING_CAUSAL_FILE = f"""- models/diffusion_models/{SELF_FORCING_CAUSAL}
+  Self-Forcing (gdhe17/Self-Forcing, checkpoints/self_forcing_dmd.pt), converted once with the causal flag:
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py self_forcing_dmd.pt \\
+        models/diffusion_models/{SELF_FORCING_CAUSAL} --key generator_ema --causal
+  Causal Forcing chunk-wise runs the same way: zhuhz22/Causal-Forcing chunkwise/causal_forcing.pt,
+  converted with --key generator --causal (its reference samples the generator weights); pick the
+  file you wrote in Load Diffusion Model."""
+
+_CAUSAL_FORCING_FRAMEWISE_FILE = f"""- models/diffusion_models/{CAUSAL_FORCING_FRAMEWISE}
+  Causal Forcing frame-wise, the file ComfyUI's own Causal Forcing template loads (already marked causal):
+  TalmajM/causal_forcing_framewise_ComfyUI_repackaged (split_files/diffusion_models). Or convert
+  zhuhz22/Causal-Forcing framewise/causal_forcing.pt (its reference samples the EMA weights):
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py causal_forcing.pt \\
+        models/diffusion_models/{CAUSAL_FORCING_FRAMEWISE} --key generator_ema --causal"""
+
+NOTE_CORE_CHUNKWISE = f"""Self-Forcing / Causal Forcing chunk-wise on ComfyUI's own AR sampler: INT2 KV cache + Jensen
+
+Wan 2.1 T2V 1.3B, chunk-wise causal: SamplerCustomAdvanced with SamplerARVideo, num_frame_per_block
+3 (3 latent frames per block, as these checkpoints were trained), EmptyARVideoLatent 832x480,
+81 frames = 21 latent frames = 7 blocks, CFG Guider at cfg 1, seed 42.
+{_CORE_AR_SAMPLING}
+
+{_CORE_AR_CACHE}
+Window here: 0 keeps every block. 81 frames is the length these checkpoints were trained on, so each
+block attends to all earlier ones, as in the reference. For longer videos (raise length) bound the
+cache, e.g. window 6 + sink 1: the first block stays, then the last 6, and the cache stops growing.
+
+{_CORE_AR_NEEDS}
+
+{_COMMON_FILES}
+{_SELF_FORCING_CAUSAL_FILE}"""
+
+NOTE_CORE_FRAMEWISE = f"""Causal Forcing frame-wise on ComfyUI's own AR sampler: INT2 KV cache + Jensen
+
+Wan 2.1 T2V 1.3B, frame-wise causal: SamplerCustomAdvanced with SamplerARVideo, num_frame_per_block
+1 (one latent frame per block: the frame-wise checkpoints are trained that way; a chunk-wise
+checkpoint needs 3), EmptyARVideoLatent 832x480, 81 frames = 21 latent frames = 21 blocks, CFG Guider
+at cfg 1, seed 42. Frame-wise Causal Forcing moves more than the chunk-wise models (its authors:
+"higher dynamic degree"); every frame is one more block in the cache.
+{_CORE_AR_SAMPLING}
+
+{_CORE_AR_CACHE}
+Window here: 0 keeps every block (frame). 81 frames (21 latent frames) is the training length: each
+frame attends to all earlier ones, as in the reference. For longer videos (raise length) bound the
+cache, e.g. window 17 + sink 3: the first 3 frames stay, then the last 17 (20 frames of context).
+
+{_CORE_AR_NEEDS}
+
+{_COMMON_FILES}
+{_CAUSAL_FORCING_FRAMEWISE_FILE}"""
+
+NOTE_CORE_I2V = f"""Image to video with Causal Forcing frame-wise on ComfyUI's own AR sampler: INT2 KV cache + Jensen
+
+Load Image (ComfyUI/input/{START_IMAGE}: put your image there, or upload another) -> ARVideoI2V:
+it scales the image to 832x480, VAE-encodes it as latent frame 0 and hands it to the MODEL; its
+LATENT output is the empty video (81 frames = 21 latent frames) for the sampler. Core runs the start
+frame through the model once at sigma 0, which writes it into the cache; the pack caches it like any
+block (here in INT2), and every later frame attends to it. The video starts with your image.
+SamplerARVideo num_frame_per_block 1 (frame-wise: 20 blocks after the start frame), CFG Guider at
+cfg 1, seed 42, as ComfyUI's own Causal Forcing I2V template samples it.
+{_CORE_AR_SAMPLING}
+
+Order: the pack's nodes come before ARVideoI2V, which clones the MODEL with everything they put on it
+and adds the start frame; KV Cache Report takes ARVideoI2V's MODEL (the one the guider got).
+
+{_CORE_AR_CACHE}
+Window here: 0 keeps every block, the start frame included: the reference attends to it all along.
+For longer videos, a sink of 1 keeps the start frame while the window moves on (e.g. window 19 +
+sink 1).
+
+{_CORE_AR_NEEDS}
+
+{_COMMON_FILES}
+{_CAUSAL_FORCING_FRAMEWISE_FILE}"""
+
+NOTE_CORE_TINY = """Try ComfyUI's own AR sampler on any CPU: the pack's tiny trained AR model, one seed through three caches
+
+The tiny CPU demo again, sampled by ComfyUI's own AR sampler (SamplerCustomAdvanced + SamplerARVideo)
+instead of the pack's Chunked AR Video Sampler. jensen-kv-tiny-ar is a 6M-parameter Wan 2.1 model
+(2 heads x 128, 4 blocks) trained by this pack on synthetic latent videos: coloured balls that bounce
+and occlude over a panning texture (custom_nodes/comfyui-jensen-kv/models/tiny_ar, bundled: Load
+Diffusion Model lists it, nothing to download). Its file carries the causal flag, so ComfyUI v0.27+
+loads it as a causal-AR Wan (WAN21_CausalAR). It knows six prompts (Tiny AR Prompt) and needs no text
+encoder and no VAE (Tiny AR Decode maps its latents to colours). 128x128 pixels (16x16 latents),
+93 frames = 24 latent frames = 8 blocks of 3 (SamplerARVideo 3), 8 steps (BasicScheduler simple on
+shift 3), seed 42. Core re-noises after every step (the pack's demo integrates with euler), so the
+videos are not that demo's.
+AR Cache Window 3 (the model's training window: 3 finished blocks) in front of all three samplers:
+  left   - full-precision cache: AR Cache Window alone (core's own cache has no window);
+  middle - INT2 cache (group 32, Hadamard rotation): quantized keys steal attention;
+  right  - INT2 + Jensen bias correction.
+Saved side by side as an animated WEBP (jensen_kv/tiny_core_ab_*.webp); each KV Cache Report gives
+its cache's bytes and bits. It runs in under a minute on 2 CPU cores. A proxy with learned attention -
+not a substitute for Wan. Needs ComfyUI v0.27 or later (SamplerARVideo, EmptyARVideoLatent); on older
+ComfyUI use the tiny AR CPU demo."""
+
+NEGATIVE_WAN = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
+                "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，"
+                "静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")  # Wan's own negative prompt
+PROMPT_I2V = "The scene comes alive: slow camera push-in, soft light drifting across the frame, gentle natural motion"
+CORE_NOISE = {"noise_seed": 42, "control_after_generate": "fixed"}
+CORE_WINDOW_ALL = {"window_chunks": 0, "sink_chunks": 0}
+
+
+def _core_ar(kind: str) -> dict:
+    """T2V chunk-wise ("chunkwise"), T2V frame-wise ("framewise") or I2V frame-wise ("i2v") on core's sampler."""
+    i2v = kind == "i2v"
+    unet = SELF_FORCING_CAUSAL if kind == "chunkwise" else CAUSAL_FORCING_FRAMEWISE
+    block = 3 if kind == "chunkwise" else 1
+    note = {"chunkwise": NOTE_CORE_CHUNKWISE, "framewise": NOTE_CORE_FRAMEWISE, "i2v": NOTE_CORE_I2V}[kind]
+    block_title = {"chunkwise": "Sampler AR Video (3 latent frames per block)",
+                   "framewise": "Sampler AR Video (1 latent frame per block)",
+                   "i2v": "Sampler AR Video (1 latent frame per block)"}[kind]
+    nodes = [
+        _note(note, size=(600, 1040 if i2v else 940)),
+        *_loaders(unet, shift=5.0),
+        _n("pos", "CLIPTextEncode", 2, {"text": PROMPT_I2V if i2v else PROMPT}, title="Prompt", size=[400, 160]),
+        _n("neg", "CLIPTextEncode", 2, {"text": NEGATIVE_WAN}, title="Negative prompt (used above cfg 1)",
+           size=[400, 130]),
+        *([_n("image", "LoadImage", 2, {"image": START_IMAGE}, title="Start image (ComfyUI/input)")] if i2v else [
+            _n("latent", "EmptyARVideoLatent", 2, {"width": 832, "height": 480, "length": 81, "batch_size": 1})]),
+        _n("noise", "RandomNoise", 2, CORE_NOISE),
+        _n("select", "SamplerARVideo", 2, {"num_frame_per_block": block}, title=block_title),
+        _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule (t = 1000, 937.5, 833.3, 625)"),
+        _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2),
+        _n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR),
+        _n("window", "JensenKVARCacheWindow", 3, CORE_WINDOW_ALL, title="AR Cache Window (0 = every block)"),
+        *([_n("i2v", "ARVideoI2V", 3, {"width": 832, "height": 480, "length": 81, "batch_size": 1},
+              title="ARVideoI2V (start frame -> cache)")] if i2v else []),
+        _n("guider", "CFGGuider", 4, {"cfg": 1.0}, title="CFG Guider (cfg 1)"),
+        _n("sampler", "SamplerCustomAdvanced", 4, size=[300, 130]),
+        _n("decode", "VAEDecode", 5),
+        _n("video", "CreateVideo", 5, {"fps": 16.0}),
+        _n("save", "SaveVideo", 5, {"filename_prefix": f"jensen_kv/core_ar_{kind}_int2_jensen", "format": "auto",
+                                    "codec": "auto"}, size=[400, 360]),
+        _n("report", "JensenKVCacheReport", 6, size=[360, 120]),
+    ]
+    model = "i2v" if i2v else "window"
+    links = [
+        ("unet", "MODEL", "shift", "model"),
+        ("shift", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "window", "model"),
+        *([("window", "MODEL", "i2v", "model"), ("vae", "VAE", "i2v", "vae"),
+           ("image", "IMAGE", "i2v", "start_image")] if i2v else []),
+        (model, "MODEL", "guider", "model"),
+        ("clip", "CLIP", "pos", "clip"),
+        ("clip", "CLIP", "neg", "clip"),
+        ("pos", "CONDITIONING", "guider", "positive"),
+        ("neg", "CONDITIONING", "guider", "negative"),
+        ("noise", "NOISE", "sampler", "noise"),
+        ("guider", "GUIDER", "sampler", "guider"),
+        ("select", "SAMPLER", "sampler", "sampler"),
+        ("sched", "SIGMAS", "sampler", "sigmas"),
+        ("i2v" if i2v else "latent", "LATENT", "sampler", "latent_image"),
+        ("sampler", "LATENT", "decode", "samples"),
+        ("vae", "VAE", "decode", "vae"),
+        ("decode", "IMAGE", "video", "images"),
+        ("video", "VIDEO", "save", "video"),
+        (model, "MODEL", "report", "model"),
+        ("sampler", "LATENT", "report", "samples"),
+    ]
+    name = {"chunkwise": "jensen_kv_core_ar_chunkwise_t2v_int2_jensen",
+            "framewise": "jensen_kv_core_ar_framewise_t2v_int2_jensen",
+            "i2v": "jensen_kv_core_ar_i2v_framewise_int2_jensen"}[kind]
+    return {"name": name, "nodes": nodes, "links": links, "groups": []}
+
+
+def _core_ar_tiny_cpu_demo() -> dict:
+    stitch = {"direction": "right", "match_image_size": True, "spacing_width": 4, "spacing_color": "white"}
+    arms = (("fp", "A: full-precision cache"), ("int2", "B: INT2 cache"), ("jensen", "C: INT2 + Jensen"))
+    nodes = [
+        _note(NOTE_CORE_TINY, size=(540, 640)),
+        _n("unet", "UNETLoader", 1, {"unet_name": TINY_AR, "weight_dtype": "default"}, size=[340, 90]),
+        _n("shift", "ModelSamplingSD3", 1, {"shift": 3.0}),
+        _n("window", "JensenKVARCacheWindow", 1, {"window_chunks": 3, "sink_chunks": 0},
+           title="AR Cache Window (3 = its training window)"),
+        _n("pos", "JensenKVTinyARPrompt", 2, {"prompt": "three balls bouncing fast over a cool texture"}, size=[380, 60]),
+        _n("latent", "EmptyARVideoLatent", 2, {"width": 128, "height": 128, "length": 93, "batch_size": 1},
+           title="24 latent frames of 16x16"),
+        _n("noise", "RandomNoise", 2, CORE_NOISE),
+        _n("select", "SamplerARVideo", 2, {"num_frame_per_block": 3}, title="Sampler AR Video (3 latent frames per block)"),
+        _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 8, "denoise": 1.0}),
+    ]
+    for i, (arm, title) in enumerate(arms):
+        first = f"g_{arm}"
+        if arm == "int2":
+            nodes.append(_n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2, below="r_fp"))
+            first = "quant"
+        elif arm == "jensen":
+            nodes.append(_n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR, below="r_int2"))
+            first = "jensen"
+        nodes += [
+            _n(f"g_{arm}", "BasicGuider", 4, title=f"{title[:2]} guider", align=None if i == 0 else first),
+            _n(f"s_{arm}", "SamplerCustomAdvanced", 5, title=title, align=f"g_{arm}", size=[300, 130]),
+            _n(f"d_{arm}", "JensenKVTinyARDecode", 6, {"scale": 8}, align=f"g_{arm}"),
+            _n(f"r_{arm}", "JensenKVCacheReport", 6, title=f"{title[:2]} KV Cache Report", size=[320, 110]),
+        ]
+    nodes += [
+        _n("stitch1", "ImageStitch", 7, stitch, title="A | B", align="g_int2"),
+        _n("stitch2", "ImageStitch", 7, stitch, title="A | B | C"),
+        _n("save", "SaveAnimatedWEBP", 8, {"filename_prefix": "jensen_kv/tiny_core_ab", "fps": 8.0, "lossless": True,
+                                           "quality": 90, "method": "default"}, align="g_int2", size=[420, 300]),
+    ]
+    links = [
+        ("unet", "MODEL", "shift", "model"),
+        ("shift", "MODEL", "window", "model"),
+        ("shift", "MODEL", "sched", "model"),
+        ("window", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+    ]
+    for arm, model in (("fp", "window"), ("int2", "quant"), ("jensen", "jensen")):
+        links += [
+            (model, "MODEL", f"g_{arm}", "model"),
+            ("pos", "CONDITIONING", f"g_{arm}", "conditioning"),
+            ("noise", "NOISE", f"s_{arm}", "noise"),
+            (f"g_{arm}", "GUIDER", f"s_{arm}", "guider"),
+            ("select", "SAMPLER", f"s_{arm}", "sampler"),
+            ("sched", "SIGMAS", f"s_{arm}", "sigmas"),
+            ("latent", "LATENT", f"s_{arm}", "latent_image"),
+            (f"s_{arm}", "LATENT", f"d_{arm}", "samples"),
+            (model, "MODEL", f"r_{arm}", "model"),
+            (f"s_{arm}", "LATENT", f"r_{arm}", "samples"),
+        ]
+    links += [
+        ("d_fp", "IMAGE", "stitch1", "image1"),
+        ("d_int2", "IMAGE", "stitch1", "image2"),
+        ("stitch1", "IMAGE", "stitch2", "image1"),
+        ("d_jensen", "IMAGE", "stitch2", "image2"),
+        ("stitch2", "IMAGE", "save", "images"),
+    ]
+    groups = [
+        {"title": "A: full-precision cache (AR Cache Window alone)", "members": ["g_fp", "s_fp", "d_fp", "r_fp"],
+         "color": "#3f789e"},
+        {"title": "B: INT2 cache", "members": ["quant", "g_int2", "s_int2", "d_int2", "r_int2"], "color": "#a1309b"},
+        {"title": "C: INT2 + Jensen bias correction", "members": ["jensen", "g_jensen", "s_jensen", "d_jensen", "r_jensen"],
+         "color": "#8A8"},
+    ]
+    return {"name": "jensen_kv_core_ar_tiny_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
+
+
+#: the workflows on ComfyUI's own AR sampler (v0.27+), built and tested apart from the others (see above)
+CORE_WORKFLOWS: list[dict] = [_core_ar("chunkwise"), _core_ar("framewise"), _core_ar("i2v"), _core_ar_tiny_cpu_demo()]
+CORE_WORKFLOW_NAMES = frozenset(spec["name"] for spec in CORE_WORKFLOWS)
+WORKFLOWS += CORE_WORKFLOWS
