@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
+import stat
+import struct
 
 from comfy_api.latest import io, ui
 
@@ -11,6 +15,8 @@ from .common import CATEGORY, JensenKVCache, logger
 
 ROOTS = ("output", "input")
 MAX_LISTED = 1000
+#: at most this many ``.safetensors`` files are looked at per listing (output first, then input)
+MAX_EXAMINED = 20000
 
 
 def _root_dir(root: str) -> str:
@@ -19,29 +25,131 @@ def _root_dir(root: str) -> str:
     return folder_paths.get_output_directory() if root == "output" else folder_paths.get_input_directory()
 
 
-def _is_cache_file(path: str) -> bool:
-    try:
-        from safetensors import safe_open
+#: how much of a safetensors header the listing reads to find the file's format: safetensors writes
+#: ``__metadata__`` first, and a cache file's metadata is a few KiB (its tensor entries follow it)
+LISTING_HEADER_BYTES = 4 << 20
+_FIRST_READ = 64 << 10
+#: the largest header safetensors itself reads (100 MB): a file claiming more is not a safetensors file
+_SAFETENSORS_MAX_HEADER = 100_000_000
+_METADATA_START = re.compile(rb'\s*\{\s*"__metadata__"\s*:\s*')
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NOCTTY", 0)
 
-        with safe_open(path, framework="pt") as f:
-            return (f.metadata() or {}).get("format") == FORMAT
-    except Exception:  # noqa: BLE001 - anything unreadable is simply not listed
-        return False
+#: real path -> ((device, inode, mtime_ns, size), whether it is a cache file) of every file the last listing saw;
+#: rebuilt by every listing, so it never holds more than the folders do
+_LISTING_CACHE: dict[str, tuple[tuple[int, int, int, int], bool]] = {}
+
+
+def _read_upto(fd: int, n: int) -> bytes:
+    chunks, left = [], n
+    while left > 0:
+        block = os.read(fd, min(left, 1 << 20))
+        if not block:
+            break
+        chunks.append(block)
+        left -= len(block)
+    return b"".join(chunks)
+
+
+def _header_format(path: str) -> str | None:
+    """The ``format`` in the safetensors metadata of the regular file ``path`` (a real path), or None.
+
+    Reads at most 8 + :data:`LISTING_HEADER_BYTES` bytes; opens without blocking and without following a
+    last symlink, and reads nothing from anything that turns out not to be a regular file (a FIFO or
+    device swapped in after the listing's ``stat``)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        raw = _read_upto(fd, 8)
+        if len(raw) != 8:
+            return None
+        n = struct.unpack("<Q", raw)[0]
+        if n < 2 or n > _SAFETENSORS_MAX_HEADER or 8 + n > st.st_size:
+            return None
+        data = _read_upto(fd, min(n, _FIRST_READ))
+        start = _METADATA_START.match(data)
+        if start is None:  # no metadata first: not written by safetensors with metadata, so no cache file
+            return None
+        decoder = json.JSONDecoder()
+        while True:
+            try:
+                meta, _ = decoder.raw_decode(data.decode("utf-8", errors="replace"), start.end())
+                break
+            except ValueError:
+                if len(data) >= min(n, LISTING_HEADER_BYTES):
+                    return None  # malformed, or metadata larger than the listing reads
+                data += _read_upto(fd, min(n, LISTING_HEADER_BYTES) - len(data))
+        fmt = meta.get("format") if isinstance(meta, dict) else None
+        return fmt if isinstance(fmt, str) else None
+    except (OSError, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _safetensors_files(base: str):
+    """(path, real path, stat) of every ``.safetensors`` under the real folder ``base`` that is a regular file
+    whose real path is inside ``base``: symlinks are followed only to check that (a symlinked folder is not
+    entered), FIFOs, devices and sockets are skipped without being opened. Sorted, depth first."""
+    stack = [base]
+    while stack:
+        folder = stack.pop()
+        try:
+            with os.scandir(folder) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError:
+            continue
+        subfolders = []
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    subfolders.append(e.path)
+                    continue
+                if not e.name.endswith(".safetensors"):
+                    continue
+                if e.is_symlink():
+                    real = os.path.realpath(e.path)
+                    if os.path.commonpath((base, real)) != base:
+                        continue  # points outside the folder
+                    st = os.stat(real)
+                else:
+                    real, st = e.path, e.stat(follow_symlinks=False)
+            except (OSError, ValueError):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                yield e.path, real, st
+        stack.extend(reversed(subfolders))
 
 
 def list_cache_files() -> list[str]:
-    """``output/...`` and ``input/...`` names of the Jensen KV cache files ComfyUI's folders hold."""
-    found = []
+    """``output/...`` and ``input/...`` names of the Jensen KV cache files ComfyUI's folders hold.
+
+    Runs on ComfyUI's event loop (every ``/object_info`` and ``/prompt`` builds the combo), so it must
+    never block: only regular files whose real path is inside the folder are considered, only the start of
+    their header is read (see :func:`_header_format`), and the answer per file is kept until its
+    (device, inode, mtime, size) changes, so a listing of unchanged folders opens no file at all."""
+    global _LISTING_CACHE
+    previous, seen, found = _LISTING_CACHE, {}, []
     for root in ROOTS:
-        base = _root_dir(root)
-        for dirpath, _, files in os.walk(base):
-            for f in sorted(files):
-                if f.endswith(".safetensors"):
-                    full = os.path.join(dirpath, f)
-                    if _is_cache_file(full):
-                        found.append(f"{root}/{os.path.relpath(full, base)}")
+        base = os.path.realpath(_root_dir(root))
+        for path, real, st in _safetensors_files(base):
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = seen.get(real) or previous.get(real)
+            is_cache = cached[1] if cached is not None and cached[0] == key else _header_format(real) == FORMAT
+            seen[real] = (key, is_cache)
+            if is_cache:
+                found.append(f"{root}/{os.path.relpath(path, base)}")
                 if len(found) >= MAX_LISTED:
-                    return sorted(found)
+                    break
+            if len(seen) >= MAX_EXAMINED:
+                break
+        if len(found) >= MAX_LISTED or len(seen) >= MAX_EXAMINED:
+            break
+    _LISTING_CACHE = seen
     return sorted(found)
 
 
