@@ -25,12 +25,11 @@ def _root_dir(root: str) -> str:
     return folder_paths.get_output_directory() if root == "output" else folder_paths.get_input_directory()
 
 
-#: how much of a safetensors header the listing reads to find the file's format: safetensors writes
-#: ``__metadata__`` first, and a cache file's metadata is a few KiB (its tensor entries follow it)
-LISTING_HEADER_BYTES = 4 << 20
+#: the longest safetensors header a listed file may have (a file claiming more is no cache file Load KV Cache
+#: reads: 16 MiB, ~100 bytes per tensor). Safetensors writes ``__metadata__`` first, so the listing reads only
+#: as far as the metadata's end: the first 64 KiB, more only for a file whose metadata is longer
+LISTING_HEADER_BYTES = 16 << 20
 _FIRST_READ = 64 << 10
-#: the largest header safetensors itself reads (100 MB): a file claiming more is not a safetensors file
-_SAFETENSORS_MAX_HEADER = 100_000_000
 _METADATA_START = re.compile(rb'\s*\{\s*"__metadata__"\s*:\s*')
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NOCTTY", 0)
 
@@ -53,7 +52,8 @@ def _read_upto(fd: int, n: int) -> bytes:
 def _header_format(path: str) -> str | None:
     """The ``format`` in the safetensors metadata of the regular file ``path`` (a real path), or None.
 
-    Reads at most 8 + :data:`LISTING_HEADER_BYTES` bytes; opens without blocking and without following a
+    Reads 8 bytes, then the header as far as the metadata's end (64 KiB, at most :data:`LISTING_HEADER_BYTES`
+    for a file whose metadata is longer); opens without blocking and without following a
     last symlink, and reads nothing from anything that turns out not to be a regular file (a FIFO or
     device swapped in after the listing's ``stat``)."""
     try:
@@ -68,7 +68,7 @@ def _header_format(path: str) -> str | None:
         if len(raw) != 8:
             return None
         n = struct.unpack("<Q", raw)[0]
-        if n < 2 or n > _SAFETENSORS_MAX_HEADER or 8 + n > st.st_size:
+        if n < 2 or n > LISTING_HEADER_BYTES or 8 + n > st.st_size:
             return None
         data = _read_upto(fd, min(n, _FIRST_READ))
         start = _METADATA_START.match(data)
@@ -80,9 +80,9 @@ def _header_format(path: str) -> str | None:
                 meta, _ = decoder.raw_decode(data.decode("utf-8", errors="replace"), start.end())
                 break
             except ValueError:
-                if len(data) >= min(n, LISTING_HEADER_BYTES):
-                    return None  # malformed, or metadata larger than the listing reads
-                data += _read_upto(fd, min(n, LISTING_HEADER_BYTES) - len(data))
+                if len(data) >= n:
+                    return None  # malformed
+                data += _read_upto(fd, n - len(data))
         fmt = meta.get("format") if isinstance(meta, dict) else None
         return fmt if isinstance(fmt, str) else None
     except (OSError, ValueError, RecursionError):

@@ -167,34 +167,42 @@ def test_each_header_is_read_once_until_the_file_changes(lk, folders, monkeypatc
 def test_the_listing_reads_a_header_only_up_to_its_cap(lk, folders, monkeypatch):
     out, _, _ = folders
     cap = lk.LISTING_HEADER_BYTES
-    # valid safetensors whose metadata (format last) ends past the cap: the listing does not read that far
-    pad = json.dumps({"__metadata__": {"pad": "a" * (cap + 1000), "format": FORMAT}}).encode()
-    pad += b" " * (-len(pad) % 8)
-    raw_safetensors(out / "huge_header.safetensors", pad)
-    # a header length far beyond the file, and one beyond safetensors' own 100 MB limit
+    # a valid safetensors file, its metadata first, but a header longer than any cache file's: not read
+    blob = json.dumps({"__metadata__": {"format": FORMAT, "pad": "a" * cap}}).encode()
+    raw_safetensors(out / "huge_header.safetensors", blob + b" " * (-len(blob) % 8))
+    # a header length far beyond the file, and one of 200 MB (present: a sparse file, no disk used)
     raw_safetensors(out / "liar.safetensors", b'{"__metadata__":{"format":"' + FORMAT.encode() + b'"}}', 2**40)
-    with open(out / "sparse.safetensors", "wb") as f:  # 200 MB claimed and present (sparse: no disk used)
+    with open(out / "sparse.safetensors", "wb") as f:
         f.write(struct.pack("<Q", 200_000_000) + b'{"__metadata__":{"format":"' + FORMAT.encode() + b'"}}')
         f.truncate(8 + 200_000_000)
+    # a long state (1 MiB of metadata, format last): read as far as the metadata's end, listed
+    blob = json.dumps({"__metadata__": {"state": "s" * (1 << 20), "format": FORMAT}}).encode()
+    raw_safetensors(out / "long_state.safetensors", blob + b" " * (-len(blob) % 8))
+    # metadata that never closes within the header: malformed, not listed
+    raw_safetensors(out / "unclosed.safetensors", b'{"__metadata__":{"format":"' + FORMAT.encode() + b'"' + b" " * 70000)
     cache_file(out / "fine.safetensors")
     read = []
     real_read = lk._read_upto
     monkeypatch.setattr(lk, "_read_upto", lambda fd, n: read.append(n) or real_read(fd, n))
-    assert lk.list_cache_files() == ["output/fine.safetensors"]
-    assert sum(read) <= 4 * (8 + cap), read  # four files, each at most the length and the capped header
+    assert lk.list_cache_files() == ["output/fine.safetensors", "output/long_state.safetensors"]
+    assert sum(read) <= 6 * 8 + 3 * (64 << 10) + (1 << 20) + 70000, read  # nothing of the three liars' headers
 
 
-def test_a_cache_file_with_a_large_state_is_listed(lk, folders):
-    """The metadata of a real cache file (a long state JSON, in whatever order safetensors writes the keys)
-    stays listed: only the metadata object is read, not the tensor entries after it."""
+def test_a_cache_file_is_known_by_its_metadata_alone(lk, folders, monkeypatch):
+    """A real cache file's header holds an entry per tensor after the metadata (MiBs for a long run): the listing
+    reads the first 64 KiB of it, whatever order safetensors wrote the metadata's keys in."""
     out, _, _ = folders
-    state = json.dumps({"retained": [{"chunk": i, "shape": [1, 16, 3, 60, 104]} for i in range(2000)]})
-    tensors = {f"cache.{i}.{'k' * 1500}": torch.zeros(1, dtype=torch.uint8) for i in range(3000)}  # > 4 MiB
+    state = json.dumps({"retained": [{"chunk": i, "shape": [1, 16, 3, 60, 104]} for i in range(200)]})
+    tensors = {f"cache.{i}.{'k' * 1500}": torch.zeros(1, dtype=torch.uint8) for i in range(3000)}
     save_file(tensors, str(out / "long_00001_.safetensors"),
               metadata={"format": FORMAT, "version": "1", "state": state, "sha256": "0" * 64})
     header_len = struct.unpack("<Q", (out / "long_00001_.safetensors").read_bytes()[:8])[0]
-    assert header_len > lk.LISTING_HEADER_BYTES  # the whole header is beyond the cap; its metadata is not
+    assert header_len > 4 << 20
+    read = []
+    real_read = lk._read_upto
+    monkeypatch.setattr(lk, "_read_upto", lambda fd, n: read.append(n) or real_read(fd, n))
     assert lk.list_cache_files() == ["output/long_00001_.safetensors"]
+    assert read == [8, 64 << 10]
 
 
 # ----------------------------------------------------------------------------- item 7: Save KV Cache's path
