@@ -210,7 +210,10 @@ class JensenKVLoadKVCache(io.ComfyNode):
 
     @classmethod
     def execute(cls, cache_file) -> io.NodeOutput:
-        state = load_run_state(resolve(cache_file))
+        import comfy.model_management
+
+        state = load_run_state(resolve(cache_file),
+                               check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted)
         text = f"{cache_file}: {state.describe()}"
         logger.info("jensen_kv: loaded %s", text)
         return io.NodeOutput(state, text, ui=ui.PreviewText(text))

@@ -251,7 +251,9 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
         head_dim=adapter.head_dim, spec_k=config.spec_k, spec_v=config.spec_v, cfg_branches=len(branches),
         batch=latent_image.shape[0], full_bytes=torch.finfo(model.model_dtype()).bits // 8,
         sink_chunks=sink_chunks, write_last=keep_state,
-        prefix_frames=first_frame,  # what is in the cache before the first generated chunk, as frames
+        # what is in the cache before the first generated chunk, as frames: a loaded state's chunks as it holds
+        # them (never its claimed next_frame), a prefix clip's frames
+        prefix_frames=len(resume.retained) * chunk_frames if resume is not None else first_frame,
     )
     planned_bytes = planned.quantized_bytes or 0
 
