@@ -1,0 +1,91 @@
+"""Cache files from strangers loaded in a live ComfyUI server (issue 19, items 1 and 2).
+
+Anyone who reaches a server can put a file in input/ (``/upload/image``). Re-signed files (the SHA-256
+has no key) that repeat one (layer, branch) pair 100,000 times or claim a million frames before them
+are listed (their header says they are cache files), and a prompt loading one fails in seconds with the
+loader's reason, while ``/system_stats`` keeps answering; then a good file loads. Every file is built
+here, after the server started.
+"""
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import urllib.error
+
+import pytest
+from support import comfyui as support_comfyui
+from support.run_state_files import craft, make_state
+
+pytestmark = [pytest.mark.comfyui, pytest.mark.server]
+
+NODE = "JensenKVLoadKVCache"
+#: generous: a refusal takes milliseconds here; the unchecked loader took minutes on the first file
+REFUSED_WITHIN_S = 60.0
+ANSWER_WITHIN_S = 15.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    comfy_dir = support_comfyui.find_comfyui()
+    if comfy_dir is None:
+        pytest.skip(support_comfyui.SKIP_REASON)
+    base = support_comfyui.make_base_dir(tmp_path_factory.mktemp("hostile_loads"))
+    with support_comfyui.ComfyServer(comfy_dir, base) as srv:
+        yield srv
+
+
+def _prompt(name: str) -> dict:
+    return {"1": {"class_type": NODE, "inputs": {"cache_file": name}},
+            "2": {"class_type": "JensenKVSaveKVCache", "inputs": {"kv_cache": ["1", 0], "filename_prefix": "kv"}}}
+
+
+def _run_while_answering(server, name: str) -> tuple[dict, float]:
+    """Queue a prompt loading ``name``; poll /system_stats until it ends. Returns its history entry and seconds."""
+    status, body = server.post("/prompt", {"prompt": _prompt(name)}, timeout=ANSWER_WITHIN_S)
+    assert status == 200 and body["node_errors"] == {}, body
+    t0 = time.monotonic()
+    result: dict = {}
+    waiter = threading.Thread(target=lambda: result.setdefault(
+        "entry", server.wait_for_prompt(body["prompt_id"], timeout=REFUSED_WITHIN_S)), daemon=True)
+    waiter.start()
+    try:
+        while waiter.is_alive():
+            t = time.monotonic()
+            assert "system" in server.get("/system_stats", timeout=ANSWER_WITHIN_S)
+            assert time.monotonic() - t < ANSWER_WITHIN_S
+            time.sleep(0.05)
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        pytest.fail(f"/system_stats did not answer while {name} loaded ({exc})\n{server.log_tail()}")
+    waiter.join()
+    assert "entry" in result, f"{name} was still loading after {REFUSED_WITHIN_S:.0f} s\n{server.log_tail()}"
+    return result["entry"], time.monotonic() - t0
+
+
+def _error(entry: dict) -> str:
+    errors = [m[1] for m in entry["status"]["messages"] if m[0] == "execution_error"]
+    assert errors, entry["status"]
+    return str(errors[0].get("exception_message"))
+
+
+def test_hostile_cache_files_are_refused_in_seconds_and_the_server_keeps_answering(server, tmp_path):
+    inp = server.base_dir / "input"
+    repeat = craft(tmp_path, lambda st, t: st.update(caches=st["caches"] + [[0, 0]] * (100_000 - len(st["caches"]))),
+                   name="repeat.safetensors")
+    far = craft(tmp_path, lambda st, t: st.update(next_frame=10**6), name="far.safetensors")
+    for path in (repeat, far):
+        shutil.copy(path, inp)  # as an upload to input/ would leave it
+    make_state().save(str(inp / "good.safetensors"))
+    listed = server.get(f"/object_info/{NODE}")[NODE]["input"]["required"]["cache_file"]
+    listed = listed[0] if isinstance(listed[0], list) else listed[1]["options"]
+    assert {"input/repeat.safetensors", "input/far.safetensors", "input/good.safetensors"} <= set(listed)
+
+    for name, reason in (("input/repeat.safetensors", "caches lists 100000 entries"),
+                         ("input/far.safetensors", "next_frame=1000000 does not follow the retained chunks")):
+        entry, seconds = _run_while_answering(server, name)
+        assert entry["status"]["status_str"] == "error", entry["status"]
+        assert reason in _error(entry), _error(entry)
+        assert seconds < REFUSED_WITHIN_S
+    entry, _ = _run_while_answering(server, "input/good.safetensors")
+    assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{server.log_tail()}"
+    assert list((server.base_dir / "output").glob("kv_*.safetensors"))  # Save KV Cache wrote the loaded state
