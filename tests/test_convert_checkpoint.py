@@ -340,3 +340,12 @@ def test_help_describes_causal():
     text = cc._parser().format_help()
     assert "--causal" in text and "causal_ar" in text and "WAN21_CausalAR" in text
     assert "--causal" in cc.__doc__ and '{"transformer": {"causal_ar": true}}' in cc.__doc__
+
+
+# ----------------------------------------------------------------------------- wrappers (issue 19, item 8)
+@pytest.mark.parametrize("prefix", ["model.diffusion_model.", "module.model.", "module.model.diffusion_model.",
+                                    "model._orig_mod.diffusion_model."])
+def test_every_leading_wrapper_is_stripped_not_only_the_first(prefix):
+    sd = fake_wan(0)
+    assert_converted(cc.convert({"generator": prefixed(sd, lambda k: prefix + k)}), sd)
+    assert list(cc.strip_wrappers({prefix + "blocks.0.ffn.0.weight": torch.zeros(1)})) == ["blocks.0.ffn.0.weight"]
