@@ -18,20 +18,35 @@ from support.pack import load_tool
 cc = load_tool("convert_checkpoint")
 
 DIM = 8
+FFN = 2 * DIM
 
 
 def fake_wan(seed: int = 0, in_channels: int = 16, layers: int = 2) -> dict[str, torch.Tensor]:
-    """Keys of a Wan 2.1 T2V diffusion model (ComfyUI names) with tiny random fp32 tensors."""
+    """Every key of a Wan 2.1 T2V diffusion model (ComfyUI's names, as ComfyUI's WanModel has them) with tiny random
+    fp32 tensors: dim 8, ffn 16; the text (4096), time (256), patch (1, 2, 2) and output (16) sizes of every Wan."""
     g = torch.Generator().manual_seed(seed)
-    sd = {"patch_embedding.weight": torch.randn(DIM, in_channels, 1, 2, 2, generator=g),
-          "patch_embedding.bias": torch.randn(DIM, generator=g),
-          "head.modulation": torch.randn(1, 2, DIM, generator=g),
-          "head.head.weight": torch.randn(16 * 4, DIM, generator=g)}
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    sd = {"patch_embedding.weight": r(DIM, in_channels, 1, 2, 2), "patch_embedding.bias": r(DIM),
+          "text_embedding.0.weight": r(DIM, 4096), "text_embedding.0.bias": r(DIM),
+          "text_embedding.2.weight": r(DIM, DIM), "text_embedding.2.bias": r(DIM),
+          "time_embedding.0.weight": r(DIM, 256), "time_embedding.0.bias": r(DIM),
+          "time_embedding.2.weight": r(DIM, DIM), "time_embedding.2.bias": r(DIM),
+          "time_projection.1.weight": r(6 * DIM, DIM), "time_projection.1.bias": r(6 * DIM),
+          "head.head.weight": r(16 * 4, DIM), "head.head.bias": r(16 * 4), "head.modulation": r(1, 2, DIM)}
     for i in range(layers):
-        for name in ("q", "k", "v", "o"):
-            sd[f"blocks.{i}.self_attn.{name}.weight"] = torch.randn(DIM, DIM, generator=g)
-        sd[f"blocks.{i}.ffn.0.weight"] = torch.randn(2 * DIM, DIM, generator=g)
-        sd[f"blocks.{i}.modulation"] = torch.randn(1, 6, DIM, generator=g)
+        for attn in ("self_attn", "cross_attn"):
+            for name in ("q", "k", "v", "o"):
+                sd[f"blocks.{i}.{attn}.{name}.weight"] = r(DIM, DIM)
+                sd[f"blocks.{i}.{attn}.{name}.bias"] = r(DIM)
+            sd[f"blocks.{i}.{attn}.norm_q.weight"] = r(DIM)
+            sd[f"blocks.{i}.{attn}.norm_k.weight"] = r(DIM)
+        sd[f"blocks.{i}.norm3.weight"], sd[f"blocks.{i}.norm3.bias"] = r(DIM), r(DIM)
+        sd[f"blocks.{i}.ffn.0.weight"], sd[f"blocks.{i}.ffn.0.bias"] = r(FFN, DIM), r(FFN)
+        sd[f"blocks.{i}.ffn.2.weight"], sd[f"blocks.{i}.ffn.2.bias"] = r(DIM, FFN), r(DIM)
+        sd[f"blocks.{i}.modulation"] = r(1, 6, DIM)
     return sd
 
 
@@ -349,3 +364,211 @@ def test_every_leading_wrapper_is_stripped_not_only_the_first(prefix):
     sd = fake_wan(0)
     assert_converted(cc.convert({"generator": prefixed(sd, lambda k: prefix + k)}), sd)
     assert list(cc.strip_wrappers({prefix + "blocks.0.ffn.0.weight": torch.zeros(1)})) == ["blocks.0.ffn.0.weight"]
+
+
+# ----------------------------------------------------------------------------- checkpoints from strangers (issue 19, item 4)
+def run_cli(tmp_path, capsys, state, *args) -> tuple[int, str]:
+    """``main`` on ``state`` saved as a .pt: (exit status, stderr); asserts nothing was written on a refusal."""
+    src, out = tmp_path / "in.pt", tmp_path / "out.safetensors"
+    torch.save(state, src)
+    status = cc.main([str(src), str(out), *args])
+    err = capsys.readouterr().err
+    if status != 0:
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in.pt"]
+    return status, err
+
+
+def test_an_expanded_tensor_is_refused_not_written_out(tmp_path, capsys):
+    """The review's case: zeros(1).expand(30000, 30000) in place of blocks.0.ffn.0.weight is 4 bytes of storage
+    in the .pt and was written as a 1.8 GB bf16 tensor with exit 0."""
+    sd = fake_wan(0)
+    sd["blocks.0.ffn.0.weight"] = torch.zeros(1).expand(30000, 30000)
+    status, err = run_cli(tmp_path, capsys, {"generator": sd})
+    assert (tmp_path / "in.pt").stat().st_size < 2**20
+    assert status == 2 and "blocks.0.ffn.0.weight" in err and "repeats its data" in err
+
+
+@pytest.mark.parametrize("key,tensor", [
+    ("blocks.0.ffn.0.weight", lambda: torch.zeros(1).expand(FFN, DIM)),  # the shape a Wan has
+    ("head.modulation", lambda: torch.zeros(1).expand(1, 2, DIM)),
+    ("blocks.1.self_attn.q.weight", lambda: torch.randn(DIM).expand(DIM, DIM)),  # stride 0 on one dim
+    ("extra.buffer", lambda: torch.zeros(1).expand(30000, 30000)),  # a key no Wan has
+    ("blocks.0.modulation", lambda: torch.randn(64).as_strided((1, 6, DIM), (0, 1, 1))),  # overlapping rows
+], ids=["wan_shaped", "head_modulation", "row_repeated", "extra_key", "as_strided"])
+def test_tensors_whose_storage_is_smaller_than_their_size_are_refused(tmp_path, capsys, key, tensor):
+    sd = fake_wan(0)
+    sd[key] = tensor()
+    with pytest.raises(cc.ConversionError, match=f"{key}: a .* tensor .* repeats its data"):
+        cc.convert({"generator": sd})
+    status, err = run_cli(tmp_path, capsys, {"generator": sd})
+    assert status == 2 and "repeats its data" in err
+
+
+def test_one_storage_under_many_keys_is_refused_but_a_flat_buffer_is_not(tmp_path, capsys):
+    sd = fake_wan(0)
+    shared = torch.randn(DIM, DIM)
+    for k in [k for k in sd if k.endswith((".q.weight", ".k.weight", ".v.weight", ".o.weight"))]:
+        sd[k] = shared  # saved once, loaded as 16 tensors over one storage: 16 x its bytes once written
+    status, err = run_cli(tmp_path, capsys, {"generator": sd})
+    assert status == 2 and "share one storage" in err
+    # FSDP's flat parameters: every tensor a separate slice of one buffer, as much data as the buffer holds
+    ref = fake_wan(1)
+    flat = torch.cat([v.reshape(-1) for v in ref.values()])
+    views, at = {}, 0
+    for k, v in ref.items():
+        views[k] = flat[at:at + v.numel()].view(v.shape)
+        at += v.numel()
+    assert cc.main([str(_saved(tmp_path / "flat.pt", {"generator": views})), str(tmp_path / "flat.safetensors")]) == 0
+    assert_converted(load_file(str(tmp_path / "flat.safetensors")), ref)
+
+
+def _saved(path, state):
+    torch.save(state, path)
+    return path
+
+
+def _rezip(src, dst, compress=(), patch=None):
+    """``src`` (a torch.save zip) rewritten: members whose name ends with one of ``compress`` deflated."""
+    import zipfile
+
+    with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as out:
+        for info in z.infolist():
+            deflate = info.filename.endswith(tuple(compress))
+            out.writestr(info.filename, z.read(info.filename),
+                         compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+    return dst
+
+
+@pytest.fixture
+def no_torch_load(monkeypatch):
+    """torch.load inside the tool fails the test: what is refused must be refused before anything is unpickled."""
+    def refuse(*a, **k):
+        raise AssertionError("torch.load ran")
+
+    monkeypatch.setattr(cc.torch, "load", refuse)
+
+
+@pytest.mark.parametrize("member", ["data.pkl", "data/0"])
+def test_a_compressed_member_is_refused_before_loading(tmp_path, capsys, member):
+    """The review's case: a deflated pickle (262 KB) unpickled for 98 s into 2.8 GB before a refusal. torch.load
+    reads compressed members; torch.save never writes them."""
+    src = _saved(tmp_path / "plain.pt", {"generator": fake_wan(0)})
+    packed = _rezip(src, tmp_path / "packed.pt", compress=(member,))
+    import zipfile
+
+    with zipfile.ZipFile(packed) as z:
+        assert any(i.compress_type == zipfile.ZIP_DEFLATED for i in z.infolist())
+    assert torch.load(packed, weights_only=True)["generator"].keys() == fake_wan(0).keys()  # torch would load it
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cc.torch, "load", lambda *a, **k: pytest.fail("torch.load ran"))
+        assert cc.main([str(packed), str(tmp_path / "o.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "is compressed" in err and member in err and "refused before loading" in err
+    assert not (tmp_path / "o.safetensors").exists()
+
+
+def test_a_pickle_over_the_cap_is_refused_before_loading(tmp_path, capsys, monkeypatch, no_torch_load):
+    src = _saved(tmp_path / "in.pt", {"generator": fake_wan(0)})
+    monkeypatch.setattr(cc, "MAX_PICKLE_BYTES", 256)  # the real cap is 16 MiB; this pickle is a few KiB
+    assert cc.main([str(src), str(tmp_path / "o.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "data.pkl" in err and "refused before loading" in err
+
+
+def test_a_member_size_the_archive_cannot_hold_is_refused_before_loading(tmp_path, capsys, no_torch_load):
+    """A central directory that claims a 4 GB member in a file of some KB (edited in place)."""
+    import zipfile
+
+    src = _saved(tmp_path / "in.pt", {"generator": fake_wan(0)})
+    raw = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as z:
+        name = next(i.filename for i in z.infolist() if i.filename.endswith("data/0")).encode()
+    at = raw.find(b"PK\x01\x02", raw.find(b"PK\x01\x02"))
+    while raw[at + 46:at + 46 + len(name)] != name:  # the central directory entry of data/0
+        at = raw.find(b"PK\x01\x02", at + 4)
+    raw[at + 24:at + 28] = (0xFFFFFFF0).to_bytes(4, "little")  # uncompressed size
+    src.write_bytes(bytes(raw))
+    assert cc.main([str(src), str(tmp_path / "o.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "claims 4294967280 bytes" in err and "refused before loading" in err
+
+
+def test_a_zero_d_head_modulation_is_a_conversion_error(tmp_path, capsys):
+    """Was an uncaught IndexError (head.modulation.shape[-1])."""
+    sd = fake_wan(0)
+    sd["head.modulation"] = torch.tensor(1.0)
+    with pytest.raises(cc.ConversionError, match=r"head.modulation has shape \(\) where a Wan 2.1 model has "
+                                                 r"\(1, 2, dim\)"):
+        cc.convert({"generator": sd})
+    status, err = run_cli(tmp_path, capsys, {"generator": sd})
+    assert status == 2 and "head.modulation has shape ()" in err
+
+
+def _drop(*keys):
+    return lambda sd: [sd.pop(k) for k in keys]
+
+
+def _drop_block(i):
+    return lambda sd: [sd.pop(k) for k in [k for k in sd if k.startswith(f"blocks.{i}.")]]
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (_drop("head.head.weight"), r"incomplete Wan 2.1 T2V .* missing: head.head.weight"),  # ComfyUI: KeyError
+    (_drop("blocks.0.ffn.0.weight"), r"incomplete .* blocks.0.ffn.0.weight"),  # ComfyUI: KeyError
+    (_drop("blocks.1.cross_attn.k.weight", "blocks.1.norm3.bias"),
+     r"2 of its 96 keys are missing: blocks.1.(norm3.bias, blocks.1.cross_attn.k.weight|cross_attn.k.weight, "
+     r"blocks.1.norm3.bias)$"),
+    (_drop("text_embedding.0.weight"), "missing: text_embedding.0.weight"),
+    (_drop_block(1), r"its blocks are numbered up to 2, but block 1 is missing"),
+    (lambda sd: sd.update({"blocks.x.ffn.0.weight": torch.zeros(FFN, DIM)}), "block numbers must be integers"),
+    (lambda sd: sd.update({f"blocks.{'9' * 5000}.ffn.0.weight": torch.zeros(1)}), "block numbers must be integers"),
+    (lambda sd: sd.update({"blocks.99999.ffn.0.weight": torch.zeros(1)}), "block count 100000 is larger"),
+    (lambda sd: sd.update({"blocks.1.ffn.2.weight": torch.zeros(DIM, FFN + 1)}),
+     r"blocks.1.ffn.2.weight \(8, 17\) \(expected \(8, 16\)\)"),
+    (lambda sd: sd.update({"text_embedding.0.weight": torch.zeros(DIM, 77)}), r"text_embedding.0.weight \(8, 77\)"),
+    (lambda sd: sd.update({"head.modulation": torch.zeros(1, 2, 6144)}), "dim 6144 is larger than any Wan 2.1 T2V"),
+    (lambda sd: sd.update({"blocks.0.ffn.0.weight": torch.zeros(14000, DIM)}), "ffn_dim 14000 is larger"),
+    (lambda sd: sd.update({f"blocks.{i}.{k.split('.', 2)[2]}": v for i in range(2, 41)
+                           for k, v in fake_wan(0, layers=1).items() if k.startswith("blocks.0.")}),
+     "block count 41 is larger"),
+    (lambda sd: sd.update({"extra.buffer": torch.zeros(300_000)}), "keys no Wan 2.1 T2V has hold 300000 elements"),
+], ids=["head_head", "ffn0", "two_keys", "text_embedding", "block_gap", "block_name", "block_number_digits",
+        "block_number_big", "ffn2_shape", "text_dim",
+        "dim_too_big", "ffn_too_big", "too_many_blocks", "extra_keys"])
+def test_an_incomplete_or_oversized_model_is_a_conversion_error(tmp_path, capsys, mutate, match):
+    sd = fake_wan(0, layers=3)
+    mutate(sd)
+    with pytest.raises(cc.ConversionError, match=match):
+        cc.convert({"generator": sd})
+    status, err = run_cli(tmp_path, capsys, {"generator": sd})
+    assert status == 2 and err.startswith("error: ")
+
+
+def test_the_output_is_capped_relative_to_the_input(tmp_path, capsys, monkeypatch):
+    sd = fake_wan(0)
+    need = sum(v.numel() for v in sd.values()) * 2  # bf16
+    with pytest.raises(cc.ConversionError, match=f"would take {need} bytes, more than the {need - 1} allowed"):
+        cc.convert({"generator": sd}, max_output_bytes=need - 1)
+    assert cc.convert({"generator": sd}, max_output_bytes=need).keys() == sd.keys()
+    # main allows OUTPUT_FACTOR x the input: an fp16 file written as fp32 (2x) converts; with the factor and slack
+    # at 1/4 and 0 it is refused
+    half = {k: v.half() for k, v in sd.items()}
+    assert run_cli(tmp_path, capsys, half, "--dtype", "fp32")[0] == 0
+    monkeypatch.setattr(cc, "OUTPUT_FACTOR", 0.25)
+    monkeypatch.setattr(cc, "OUTPUT_SLACK", 0)
+    (tmp_path / "out.safetensors").unlink()
+    status, err = run_cli(tmp_path, capsys, half, "--dtype", "fp32")
+    assert status == 2 and "more than the" in err and "x the input file" in err
+
+
+def test_a_safetensors_header_with_a_bad_entry_is_a_conversion_error(tmp_path, capsys):
+    for entry in ('"shape":[-1]', '"shape":"big"', '"shape":[1e30]'):
+        header = b'{"head.modulation":{"dtype":"F32",' + entry.encode() + b',"data_offsets":[0,4]}}'
+        src = tmp_path / "x.safetensors"
+        src.write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+        assert cc.main([str(src), str(tmp_path / "o.safetensors"), "--causal"]) == 2
+        assert "is not a list of sizes" in capsys.readouterr().err
+    header = b'{"head.modulation":[1,2]}'
+    src.write_bytes(len(header).to_bytes(8, "little") + header)
+    assert cc.main([str(src), str(tmp_path / "o.safetensors"), "--causal"]) == 2
+    assert "not an object" in capsys.readouterr().err

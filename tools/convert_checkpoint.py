@@ -10,21 +10,31 @@ Self-Forcing saves ``{"generator": ..., "generator_ema": ..., "critic": ...}`` a
 prefixes (``model.blocks.0...``, ``model._fsdp_wrapped_module.blocks.0...``). ComfyUI's UNETLoader
 lists ``.pt`` files but finds no model in that nesting. This tool:
 
-1. loads the file with ``torch.load(..., map_location="cpu", weights_only=True)``: tensors and plain
+1. checks the zip members first (``torch.save`` writes them uncompressed: a compressed member, a size the
+   archive cannot hold or a pickle over :data:`MAX_PICKLE_BYTES` is refused before anything is unpickled),
+   then loads the file with ``torch.load(..., map_location="cpu", weights_only=True)``: tensors and plain
    containers only, a pickle that holds anything else is refused, never executed (``mmap`` when the
    file allows it, so a 17 GB checkpoint is not read whole);
 2. takes the sub-dict: ``--key``, else ``generator_ema`` (the EMA weights Self-Forcing samples with),
    else ``generator``, else the file itself when it is a bare state dict;
 3. strips the wrappers' path components: leading ``model.`` / ``module.`` / ``diffusion_model.``,
    and ``_fsdp_wrapped_module.`` / ``_checkpoint_wrapped_module.`` / ``_orig_mod.`` anywhere;
-4. makes every tensor contiguous and casts floating tensors to ``--dtype`` (default bf16);
-5. checks that the result is a Wan 2.1 text-to-video model (the keys ComfyUI's detection reads:
-   ``head.modulation``, ``patch_embedding.weight`` with 16 input channels,
-   ``blocks.0.self_attn.q.weight``, no image-embedding ``img_emb.`` keys) and, where ComfyUI is
-   importable (``--comfyui PATH``, ``COMFYUI_PATH``, already on ``sys.path``, or a folder above this
-   pack), runs ComfyUI's own ``model_detection.model_config_from_unet`` on it and requires WAN21 T2V;
-6. only then writes OUT atomically (a temporary file in OUT's folder, renamed at the end): a failed
+4. checks that every tensor's storage holds its data (a ``zeros(1).expand(30000, 30000)`` is 4 bytes in
+   the file and 1.8 GB written out in bf16: refused) and that no storage is shared by more data than it holds;
+5. checks that the result is a complete Wan 2.1 text-to-video model: every key of every block, each of
+   the shape a Wan of its ``dim`` (``head.modulation`` is ``(1, 2, dim)``) and ``ffn_dim`` has, no
+   dimension beyond the largest Wan 2.1 T2V (14B: dim 5120, ffn 13824, 40 blocks), 16 latent channels,
+   no image-embedding ``img_emb.`` (or VACE, control, reference) keys, keys no Wan has at most
+   :data:`EXTRA_FRACTION` of the model; and that the output is at most :data:`OUTPUT_FACTOR` x the
+   input file (+1 MiB); only then makes every tensor contiguous and casts floating tensors to
+   ``--dtype`` (default bf16);
+6. where ComfyUI is importable (``--comfyui PATH``, ``COMFYUI_PATH``, already on ``sys.path``, or a
+   folder above this pack), runs ComfyUI's own ``model_detection.model_config_from_unet`` on it and
+   requires WAN21 T2V;
+7. only then writes OUT atomically (a temporary file in OUT's folder, renamed at the end): a failed
    run leaves no half-written file.
+
+Every refusal is a :class:`ConversionError` naming what is wrong; ``main`` prints it and exits with 2.
 
 ``--causal`` adds the safetensors metadata ``config`` = ``{"transformer": {"causal_ar": true}}`` (JSON,
 merged into any ``config`` already there). ComfyUI v0.27 and later read it in ``model_detection`` and
@@ -46,6 +56,7 @@ import argparse
 import importlib.util
 import inspect
 import json
+import math
 import os
 import pickle
 import re
@@ -53,6 +64,7 @@ import shutil
 import struct
 import sys
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +80,23 @@ ANYWHERE_WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_ori
 #: key prefixes of Wan variants that are not plain text-to-video (image embedding, VACE, control, reference)
 NON_T2V_PREFIXES = ("img_emb.", "vace_blocks.", "vace_patch_embedding.", "control_adapter.", "ref_conv.")
 WAN_LATENT_CHANNELS = 16
+#: what ComfyUI's Wan detection assumes (patch_size (1, 2, 2), freq_dim 256, the default text_dim 4096, out_dim 16)
+WAN_PATCH = (1, 2, 2)
+WAN_FREQ_DIM = 256
+WAN_TEXT_DIM = 4096
+WAN_OUT_DIM = 16
+#: the largest Wan 2.1 text-to-video model (14B): no converted model is bigger
+WAN_MAX_DIM, WAN_MAX_FFN_DIM, WAN_MAX_LAYERS = 5120, 13824, 40
+#: keys no Wan has may add at most this fraction of the model's elements (or 65,536 elements, if more)
+EXTRA_FRACTION = 0.01
+#: the written file may be at most this many times the input file, plus 1 MiB (a half-precision checkpoint
+#: written as fp32 is 2x)
+OUTPUT_FACTOR = 2
+OUTPUT_SLACK = 1 << 20
+#: the largest pickle (``data.pkl``) a checkpoint's zip may hold: a real one is ~200 bytes per tensor
+MAX_PICKLE_BYTES = 16 << 20
+#: the most members a checkpoint's zip may hold (one per storage)
+MAX_ZIP_MEMBERS = 200_000
 #: what ComfyUI (v0.27+) reads from the safetensors metadata ``config`` to load a Wan as WAN21_CausalAR
 CAUSAL_AR = {"transformer": {"causal_ar": True}}
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
@@ -93,11 +122,53 @@ class WanInfo:
 
 
 # ----------------------------------------------------------------------------- loading and picking
+def check_zip_members(path: str | os.PathLike) -> None:
+    """Refuse a zip checkpoint whose members ``torch.save`` would not have written, before anything is unpickled.
+
+    ``torch.save`` stores every member uncompressed; ``torch.load`` would still inflate a compressed one, so
+    a few hundred KB could unpickle for minutes into gigabytes. Refused: compressed members, members (or all
+    of them together) larger than the archive, a pickle over :data:`MAX_PICKLE_BYTES`, more than
+    :data:`MAX_ZIP_MEMBERS` members. A file that is no zip (torch's legacy format) is left to ``torch.load``."""
+    path = Path(path)
+    if not zipfile.is_zipfile(path):
+        return
+    size = path.stat().st_size
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
+        raise ConversionError(f"{path} is a damaged zip ({type(e).__name__}: {str(e)[:200]}); not a torch checkpoint "
+                              "torch.save wrote") from None
+    if len(members) > MAX_ZIP_MEMBERS:
+        raise ConversionError(f"{path} holds {len(members)} zip members (at most {MAX_ZIP_MEMBERS}: one per tensor "
+                              "storage); refused before loading")
+    for m in members:
+        if m.compress_type != zipfile.ZIP_STORED:
+            raise ConversionError(
+                f"{path}: the member {m.filename!r} is compressed ({m.compress_size} bytes that unpack to "
+                f"{m.file_size}); torch.save never compresses, and unpacking it could take minutes and gigabytes: "
+                "refused before loading (get the checkpoint from its official source)")
+        if m.file_size > size or m.header_offset + m.file_size > size:
+            raise ConversionError(f"{path}: the member {m.filename!r} claims {m.file_size} bytes, more than the "
+                                  f"{size}-byte file holds; refused before loading")
+        if m.filename.endswith(".pkl") and m.file_size > MAX_PICKLE_BYTES:
+            raise ConversionError(
+                f"{path}: the pickle {m.filename!r} is {m.file_size / 2**20:.1f} MiB (at most "
+                f"{MAX_PICKLE_BYTES / 2**20:.0f} MiB: a checkpoint's pickle holds ~200 bytes per tensor, its data "
+                "are separate members); refused before loading")
+    total = sum(m.file_size for m in members)
+    if total > size:
+        raise ConversionError(f"{path}: its members claim {total} bytes together, more than the {size}-byte file "
+                              "holds uncompressed; refused before loading")
+
+
 def load_checkpoint(path: str | os.PathLike):
-    """``torch.load`` with ``weights_only=True`` (and mmap where the file format allows it)."""
+    """:func:`check_zip_members`, then ``torch.load`` with ``weights_only=True`` (and mmap where the file format
+    allows it)."""
     path = Path(path)
     if not path.is_file():
         raise ConversionError(f"{path} does not exist or is not a file")
+    check_zip_members(path)
     try:
         try:
             return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -179,8 +250,46 @@ def strip_wrappers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def _shape(t) -> tuple[int, ...]:
+    return tuple(int(x) for x in t.shape)
+
+
+def wan_t2v_shapes(dim: int, ffn_dim: int, layers: int) -> dict[str, tuple[int, ...]]:
+    """Every key of a Wan 2.1 text-to-video model (ComfyUI's names) and its shape."""
+    d, patch = dim, WAN_PATCH
+    out = WAN_OUT_DIM * patch[0] * patch[1] * patch[2]
+    shapes = {
+        "patch_embedding.weight": (d, WAN_LATENT_CHANNELS, *patch), "patch_embedding.bias": (d,),
+        "text_embedding.0.weight": (d, WAN_TEXT_DIM), "text_embedding.0.bias": (d,),
+        "text_embedding.2.weight": (d, d), "text_embedding.2.bias": (d,),
+        "time_embedding.0.weight": (d, WAN_FREQ_DIM), "time_embedding.0.bias": (d,),
+        "time_embedding.2.weight": (d, d), "time_embedding.2.bias": (d,),
+        "time_projection.1.weight": (6 * d, d), "time_projection.1.bias": (6 * d,),
+        "head.head.weight": (out, d), "head.head.bias": (out,), "head.modulation": (1, 2, d),
+    }
+    block = {"norm3.weight": (d,), "norm3.bias": (d,), "ffn.0.weight": (ffn_dim, d), "ffn.0.bias": (ffn_dim,),
+             "ffn.2.weight": (d, ffn_dim), "ffn.2.bias": (d,), "modulation": (1, 6, d)}
+    for attn in ("self_attn", "cross_attn"):
+        for p in ("q", "k", "v", "o"):
+            block[f"{attn}.{p}.weight"], block[f"{attn}.{p}.bias"] = (d, d), (d,)
+        block[f"{attn}.norm_q.weight"] = block[f"{attn}.norm_k.weight"] = (d,)
+    for i in range(layers):
+        shapes.update({f"blocks.{i}.{k}": v for k, v in block.items()})
+    return shapes
+
+
+def _some(items, n: int = 5) -> str:
+    items = list(items)
+    return ", ".join(items[:n]) + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
 def check_wan_t2v(sd: dict[str, torch.Tensor]) -> WanInfo:
-    """The key check ComfyUI's detection relies on; raises :class:`ConversionError` naming what is wrong."""
+    """A complete Wan 2.1 T2V of known shapes, or :class:`ConversionError` naming what is wrong.
+
+    The keys ComfyUI's detection reads come first (their messages say which model this is instead); then
+    ``dim`` (from ``head.modulation``), ``ffn_dim`` (``blocks.0.ffn.0.weight``) and the block count, each
+    at most the largest Wan 2.1 T2V's; then every key of every block, each of its exact shape; keys no Wan
+    has may add at most :data:`EXTRA_FRACTION` of the model."""
     sample = ", ".join(sorted(sd)[:6])
     missing = [k for k in ("head.modulation", "patch_embedding.weight", "blocks.0.self_attn.q.weight") if k not in sd]
     if missing:
@@ -191,25 +300,121 @@ def check_wan_t2v(sd: dict[str, torch.Tensor]) -> WanInfo:
                               "video, VACE, control or reference input); the Chunked AR sampler supports Wan 2.1 T2V")
     patch = sd["patch_embedding.weight"]
     if patch.ndim != 5 or patch.shape[1] != WAN_LATENT_CHANNELS:
-        raise ConversionError(f"patch_embedding.weight has shape {tuple(patch.shape)}: {patch.shape[1]} input channels "
+        in_ch = patch.shape[1] if patch.ndim >= 2 else "no"
+        raise ConversionError(f"patch_embedding.weight has shape {_shape(patch)}: {in_ch} input channels "
                               f"where Wan 2.1 T2V has {WAN_LATENT_CHANNELS} (an image-to-video, control or Fun variant)")
-    layers = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+    mod = sd["head.modulation"]
+    if mod.ndim != 3 or _shape(mod)[:2] != (1, 2) or mod.shape[2] < 1:
+        raise ConversionError(f"head.modulation has shape {_shape(mod)} where a Wan 2.1 model has (1, 2, dim); "
+                              "not a Wan 2.1 diffusion model (or a damaged one)")
+    dim = int(mod.shape[2])
     ffn = sd.get("blocks.0.ffn.0.weight")
-    return WanInfo(dim=int(sd["head.modulation"].shape[-1]), layers=layers,
-                   ffn_dim=int(ffn.shape[0]) if ffn is not None else 0, in_channels=int(patch.shape[1]))
+    ffn_dim = int(ffn.shape[0]) if ffn is not None and ffn.ndim == 2 else 0
+    ids = {k.split(".")[1] for k in sd if k.startswith("blocks.") and k.count(".") >= 2}
+    bad_ids = sorted(i for i in ids if not (i.isdigit() and i.isascii() and len(i) <= 6))
+    if bad_ids:
+        raise ConversionError(f"block numbers must be integers: found blocks.{bad_ids[0][:20]!r} ...; not one Wan's "
+                              "state dict")
+    numbers = {int(i) for i in ids}
+    layers = max(numbers) + 1
+    for what, value, most in (("dim", dim, WAN_MAX_DIM), ("ffn_dim", ffn_dim, WAN_MAX_FFN_DIM),
+                              ("block count", layers, WAN_MAX_LAYERS)):
+        if value > most:
+            raise ConversionError(f"{what} {value} is larger than any Wan 2.1 T2V's (the largest, 14B, has dim "
+                                  f"{WAN_MAX_DIM}, ffn_dim {WAN_MAX_FFN_DIM}, {WAN_MAX_LAYERS} blocks); refused")
+    gaps = sorted(set(range(layers)) - numbers)
+    if gaps:
+        raise ConversionError(f"an incomplete Wan 2.1 T2V: its blocks are numbered up to {layers - 1}, but "
+                              f"block{'s' if len(gaps) > 1 else ''} {_some(map(str, gaps))} "
+                              f"{'are' if len(gaps) > 1 else 'is'} missing")
+    expected = wan_t2v_shapes(dim, ffn_dim, layers)
+    absent = [k for k in expected if k not in sd]
+    if absent:
+        raise ConversionError(f"an incomplete Wan 2.1 T2V (dim {dim}, {layers} blocks): {len(absent)} of its "
+                              f"{len(expected)} keys are missing: {_some(absent)}")
+    wrong = [f"{k} {_shape(sd[k])} (expected {v})" for k, v in expected.items() if _shape(sd[k]) != v]
+    if wrong:
+        raise ConversionError(f"not the shapes of a Wan 2.1 T2V of dim {dim}, ffn_dim {ffn_dim} (head.modulation "
+                              f"(1, 2, {dim}), blocks.0.ffn.0.weight ({ffn_dim}, {dim})): {_some(wrong, 3)}")
+    extra = {k: v for k, v in sd.items() if k not in expected}
+    model = sum(math.prod(v) for v in expected.values())
+    allowed = max(1 << 16, int(EXTRA_FRACTION * model))
+    extra_numel = sum(v.numel() for v in extra.values())
+    if extra_numel > allowed:
+        biggest = sorted(extra, key=lambda k: -extra[k].numel())
+        raise ConversionError(f"keys no Wan 2.1 T2V has hold {extra_numel} elements (at most {allowed}: "
+                              f"{EXTRA_FRACTION:.0%} of this model's {model}): "
+                              f"{_some(f'{k} {_shape(extra[k])}' for k in biggest)}")
+    return WanInfo(dim=dim, layers=layers, ffn_dim=ffn_dim, in_channels=int(patch.shape[1]))
 
 
-def convert(state, key: str | None = None, dtype: str | torch.dtype = "bf16") -> dict[str, torch.Tensor]:
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may share memory: a stride of 0, or strides that do not step over the dims
+    inside them (taken in stride order); plain, transposed and sliced tensors never do."""
+    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            return True
+        span = st * n
+    return False
+
+
+def check_storage(sd: dict[str, torch.Tensor]) -> None:
+    """Refuse tensors whose storage holds less than their data or whose elements overlap, and storages shared by
+    more data than they hold.
+
+    A ``zeros(1).expand(30000, 30000)`` is saved as its 4-byte storage and a view; made contiguous it would
+    be 3.6 GB (1.8 GB in bf16). Such views repeat data, so the output could be any multiple of the input:
+    refused. Real checkpoints hold each tensor in storage of its own, or as non-overlapping parts of a flat
+    buffer (FSDP)."""
+    per_storage: dict[tuple[int, int], list[str]] = {}
+    used: dict[tuple[int, int], int] = {}
+    for name, t in sd.items():
+        if t.device.type == "meta" or t.numel() == 0:
+            continue
+        need = t.numel() * t.element_size()
+        storage = t.untyped_storage()
+        held = storage.nbytes() - t.storage_offset() * t.element_size()
+        if need > held or _overlaps(t):
+            raise ConversionError(
+                f"{name}: a {_shape(t)} {str(t.dtype).removeprefix('torch.')} tensor (strides {tuple(t.stride())}) "
+                f"over a storage of {storage.nbytes()} bytes: a view that repeats its data (e.g. expand), "
+                f"{need} bytes once written out; refused (a real checkpoint stores every element)")
+        key = (storage.data_ptr(), storage.nbytes())
+        per_storage.setdefault(key, []).append(name)
+        used[key] = used.get(key, 0) + need
+    for key, names in per_storage.items():
+        if used[key] > key[1]:
+            raise ConversionError(f"{_some(names, 4)} share one storage of {key[1]} bytes but hold {used[key]} "
+                                  "bytes between them (the same data under several keys); refused")
+
+
+def output_bytes(sd: dict[str, torch.Tensor], target: torch.dtype) -> int:
+    """Bytes of the tensors once cast to ``target`` (floating ones) and made contiguous."""
+    size = torch.empty((), dtype=target).element_size()
+    return sum(t.numel() * (size if t.is_floating_point() else t.element_size()) for t in sd.values())
+
+
+def convert(state, key: str | None = None, dtype: str | torch.dtype = "bf16",
+            max_output_bytes: int | None = None) -> dict[str, torch.Tensor]:
     """A loaded checkpoint -> a Wan 2.1 T2V state dict with ComfyUI's key names, contiguous, cast to ``dtype``.
 
-    Pure torch (no ComfyUI); raises :class:`ConversionError` for anything it cannot convert.
+    Pure torch (no ComfyUI); raises :class:`ConversionError` for anything it cannot convert, before any
+    tensor is copied: :func:`check_storage`, the key and shape check, and ``max_output_bytes`` (``main``
+    passes :data:`OUTPUT_FACTOR` x the input file + :data:`OUTPUT_SLACK`).
     """
-    target = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    target = DTYPES[dtype] if isinstance(dtype, str) and dtype in DTYPES else dtype
     if target not in DTYPES.values():
         raise ConversionError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     _, sd = select_state_dict(state, key)
     sd = strip_wrappers(sd)
+    check_storage(sd)
     check_wan_t2v(sd)
+    size = output_bytes(sd, target)
+    if max_output_bytes is not None and size > max_output_bytes:
+        raise ConversionError(f"the converted weights would take {size} bytes, more than the {max_output_bytes} "
+                              f"allowed ({OUTPUT_FACTOR} x the input file + {OUTPUT_SLACK} bytes); refused")
     return {k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
 
 
@@ -272,10 +477,16 @@ def meta_state_dict(header: dict) -> dict[str, torch.Tensor]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
+        if not isinstance(info, dict):
+            raise ConversionError(f"{name}: the safetensors header entry is {type(info).__name__}, not an object")
         dtype = _ST_DTYPES.get(info.get("dtype"))
         if dtype is None:
             raise ConversionError(f"{name}: safetensors dtype {info.get('dtype')!r} is not one this tool knows")
-        sd[name] = torch.empty(info["shape"], dtype=dtype, device="meta")
+        shape = info.get("shape")
+        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**40
+                                                  for x in shape) or len(shape) > 8:
+            raise ConversionError(f"{name}: the safetensors shape {str(shape)[:100]} is not a list of sizes")
+        sd[name] = torch.empty(shape, dtype=dtype, device="meta")
     return sd
 
 
@@ -354,8 +565,12 @@ def comfyui_detect(sd: dict[str, torch.Tensor], comfy_dir: Path, metadata: dict[
     meta = {}
     if metadata is not None and "metadata" in inspect.signature(comfy.model_detection.model_config_from_unet).parameters:
         meta = {"metadata": metadata}
-    unet = comfy.model_detection.detect_unet_config(sd, "", **meta) or {}
-    config = comfy.model_detection.model_config_from_unet(dict(sd), "", **meta)
+    try:
+        unet = comfy.model_detection.detect_unet_config(sd, "", **meta) or {}
+        config = comfy.model_detection.model_config_from_unet(dict(sd), "", **meta)
+    except Exception as e:  # noqa: BLE001 - ComfyUI's detection indexes keys it assumes present
+        raise ConversionError(f"ComfyUI's model detection failed on the converted weights ({type(e).__name__}: "
+                              f"{str(e)[:200]}); they would not load as Wan 2.1 T2V") from None
     what = f"image_model {unet.get('image_model')!r}, model_type {unet.get('model_type')!r}"
     if config is None:
         raise ConversionError(f"ComfyUI's model detection recognises no model in the converted weights ({what}); "
@@ -445,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         dtype = args.dtype or "bf16"
         state = load_checkpoint(src)
         used, _ = select_state_dict(state, args.key)
-        sd = convert(state, key=used, dtype=dtype)
+        sd = convert(state, key=used, dtype=dtype, max_output_bytes=OUTPUT_FACTOR * src.stat().st_size + OUTPUT_SLACK)
         info = check_wan_t2v(sd)
         del state
         metadata = {"format": "pt", "converted_from": src.name, "source_key": used or "(bare state dict)",

@@ -96,6 +96,24 @@ def test_comfyui_detection_refuses_what_it_does_not_see_as_wan_t2v(comfy, weight
         cc.comfyui_detect(i2v, comfy)
 
 
+@pytest.mark.parametrize("drop", ["head.head.weight", "blocks.0.ffn.0.weight", "blocks.1.cross_attn.o.bias"])
+def test_an_incomplete_model_is_a_conversion_error_not_a_keyerror(comfy, weights, tmp_path, capsys, drop):
+    """Issue 19: ComfyUI's detection indexes head.head.weight and blocks.0.ffn.0.weight, so an incomplete model
+    ended in an uncaught KeyError; a missing key elsewhere loaded with the weight left random. Now the tool's
+    own check refuses it (exit 2, nothing written), and its detection step turns whatever ComfyUI raises into
+    a ConversionError."""
+    sd = dict(weights[0])
+    sd.pop(drop)
+    src, out = tmp_path / "in.pt", tmp_path / "out.safetensors"
+    torch.save({"generator": sd}, src)
+    assert cc.main([str(src), str(out), "--comfyui", str(comfy)]) == 2
+    err = capsys.readouterr().err
+    assert "an incomplete Wan 2.1 T2V" in err and drop in err and not out.exists()
+    if drop != "blocks.1.cross_attn.o.bias":  # what ComfyUI's detection itself does with it: a KeyError, wrapped
+        with pytest.raises(cc.ConversionError, match=f"ComfyUI's model detection failed .*KeyError.*{drop}"):
+            cc.comfyui_detect(sd, comfy)
+
+
 # ----------------------------------------------------------------------------- --causal: core's AR model class (v0.27+)
 def has_core_ar() -> bool:
     """Whether this ComfyUI has core's causal AR path (v0.27+: WAN21_CausalAR, chosen from the metadata flag)."""
