@@ -31,6 +31,7 @@ import json
 import math
 import os
 import stat
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -185,12 +186,16 @@ class RunState:
             tensors[f"{_LATENT_PREFIX}.{r.chunk}"] = r.latent.detach().to("cpu").contiguous()
         state = json.dumps(self._meta())
         meta = {"format": FORMAT, "version": str(VERSION), "state": state, "sha256": _digest(tensors, state)}
-        tmp = f"{path}.tmp-{os.getpid()}"
+        # a fresh temporary file (O_EXCL, unguessable name) beside the target: a symlink planted under a
+        # predictable name in output/ cannot redirect the write
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+        os.close(fd)
         try:
             save_file(tensors, tmp, metadata=meta)
             os.replace(tmp, path)
         finally:
-            if os.path.exists(tmp):
+            if os.path.lexists(tmp):
                 os.remove(tmp)
         return os.path.getsize(path)
 

@@ -604,3 +604,21 @@ def test_each_compared_field_is_refused_on_its_own(change, match):
         run["fingerprint"] = {**same["fingerprint"], **change["fingerprint"]}
     with pytest.raises(ValueError, match=match):
         state.check_compatible(**run)
+
+
+def test_save_never_writes_through_a_symlink_planted_under_the_old_temporary_name(tmp_path):
+    """RunState.save used ``{path}.tmp-{pid}``: a symlink at that name in output/ redirected the write outside."""
+    import os
+
+    from support import run_state_files as rsf
+
+    state = rsf.make_state()
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"keep")
+    target = tmp_path / "out" / "kv.safetensors"
+    target.parent.mkdir()
+    os.symlink(outside, f"{target}.tmp-{os.getpid()}")
+    state.save(str(target))
+    assert outside.read_bytes() == b"keep"
+    assert target.is_file() and not target.is_symlink()
+    assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f"{target.name}.tmp-{os.getpid()}"])
