@@ -14,6 +14,7 @@ All marked ``core_ar``: deselected against ComfyUI without core's AR path (v0.3.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from workflow_specs import (
 pytestmark = pytest.mark.core_ar
 
 WORKFLOW_DIR = PACK_ROOT / "workflows"
+ARTIFACTS = PACK_ROOT / "artifacts" / "browser"  # screenshots of the loaded workflows
 CORE_FILES = [WORKFLOW_DIR / f"{spec['name']}.json" for spec in CORE_WORKFLOWS]
 CORE_NODES = ("SamplerARVideo", "EmptyARVideoLatent", "ARVideoI2V")
 PACK_CHAIN = ["JensenKVARCacheWindow", "JensenKVBiasCorrection", "JensenKVQuantizeKVCache", "ModelSamplingSD3",
@@ -160,9 +162,23 @@ def server():
         base = make_base_dir(Path(tmp))
         write_frontend_settings(base)
         write_placeholder_files(base)  # the loaders' file names and the I2V start image
-        with ComfyServer(comfy, base) as srv:
+        # one torch thread in the server: torch's OpenMP threads spin-wait, and on a 2-core machine shared with
+        # other jobs two of them made the tiny demo 10x slower (~200 s against ~17 s with one; ~15 s with two
+        # on an idle machine)
+        saved = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"
+        try:
+            srv = ComfyServer(comfy, base).__enter__()
+        finally:
+            if saved is None:
+                os.environ.pop("OMP_NUM_THREADS")
+            else:
+                os.environ["OMP_NUM_THREADS"] = saved
+        try:
             srv.object_info = srv.get("/object_info")
             yield srv
+        finally:
+            srv.__exit__(None, None, None)
 
 
 @pytest.mark.comfyui
@@ -223,8 +239,8 @@ def test_tiny_core_demo_runs_three_different_caches_in_a_live_server(server):
     assert fp.std() > 10, "the full-precision column is flat"
     assert err_int2 > 1.0, "INT2 did not change the video"
     assert err_jensen < err_int2, "the correction did not bring INT2 back towards full precision"
-    # ~15-20 s on 2 idle CPU cores; the bound is for a machine shared with other jobs
-    assert elapsed <= 300, f"the CPU demo on core's path took {elapsed:.1f} s"
+    # ~15-20 s on one thread of a 2-core machine (see the server fixture); the bound leaves room for a busy one
+    assert elapsed <= 180, f"the CPU demo on core's path took {elapsed:.1f} s"
 
 
 @pytest.fixture(scope="module")
@@ -269,4 +285,8 @@ def test_core_workflow_loads_in_the_front_end_without_missing_nodes(path, page, 
         info = server.object_info.get(n_file["type"])
         filled = list(frontend_defaults(n_file, info).values()) if info else []
         assert n_ui["widgets"] == (n_file.get("widgets_values") or []) + filled, n_file["type"]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.evaluate("() => { app.canvas.ds.scale = 0.62; app.canvas.ds.offset = [30, 60]; app.canvas.setDirty(true, true); }")
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(ARTIFACTS / f"core_ar_loaded_{path.stem}.png"))
     assert not our_errors(page.jensen_errors), our_errors(page.jensen_errors)
