@@ -498,8 +498,10 @@ function showReport(node, report) {
     `KV cache ${bytesText(report.cache_bytes)} (BF16 ${bytesText(report.bf16_bytes)}) · ${num(report.effective_bits, 3)} bits`,
     `${quant}${corr}`,
     `${report.chunks} chunks × ${report.chunk_frames} latent frames, window ${report.window_chunks || "all"}${report.sink_chunks ? ` + sink ${report.sink_chunks}` : ""} · ${report.layers} layers × ${report.heads} heads × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
-    `s/chunk: ${spc.map((s) => fmt(s, 2)).join(" ")} (total ${fmt(total, 2)} s)`,
   ];
+  // the pack's sampler times each chunk; on core's sampler (KV Cache Report) core runs the loop
+  if (spc.length) lines.push(`s/chunk: ${spc.map((s) => fmt(s, 2)).join(" ")} (total ${fmt(total, 2)} s)`);
+  else if (report.sampler) lines.push(`sampler: ${report.sampler}, ${report.model_calls ?? "?"} model calls`);
   const prompts = report.prompts ?? [];
   if (prompts.length > 1) {
     lines.push("prompts: " + prompts.map((p) => `${p.label} @ chunk ${p.start_chunk}${p.recached_chunks ? ` (re-cached ${p.recached_chunks})` : ""}`).join(" · "));
