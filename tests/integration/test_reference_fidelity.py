@@ -242,3 +242,32 @@ def test_variants_with_extra_latent_inputs_are_refused(loop, comfy, euler, pack)
         with pytest.raises(ValueError, match=f"extra latent inputs \\({name}\\)"):
             wrapper(Executor(), x, torch.zeros(1), torch.zeros(1, 13, 32), transformer_options={},
                     **{name: [torch.zeros(1, 16, 1, 8, 8)]})
+
+
+def test_a_model_missing_norm_k_only_in_its_last_block_is_refused_before_the_run(pack, comfy):
+    """The probe reads every block's self-attention, not only the first."""
+    import importlib
+
+    families = importlib.import_module("comfyui_jensen_kv.runtime.families")
+    patcher = wan_tiny.build_patcher()
+    del patcher.model.diffusion_model.blocks[-1].self_attn.norm_k
+    with pytest.raises(families.UnsupportedModelError, match=r"block 1\) without \['norm_k'\]"):
+        families.detect(patcher)
+
+
+def test_a_t2v_subclass_with_its_own_forward_orig_is_refused(pack, comfy):
+    """A WanModel subclass that overrides forward_orig (VACE, camera, audio ...) feeds inputs a chunk cache cannot hold."""
+    import importlib
+
+    from comfy.ldm.wan.model import WanModel
+
+    families = importlib.import_module("comfyui_jensen_kv.runtime.families")
+
+    class WanWithExtraInputs(WanModel):
+        def forward_orig(self, *args, **kwargs):
+            return super().forward_orig(*args, **kwargs)
+
+    patcher = wan_tiny.build_patcher()
+    patcher.model.diffusion_model.__class__ = WanWithExtraInputs
+    with pytest.raises(families.UnsupportedModelError, match="own forward_orig.*WanWithExtraInputs"):
+        families.detect(patcher)
