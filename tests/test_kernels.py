@@ -167,3 +167,18 @@ def test_butterfly_rotations_take_the_same_route(mode, monkeypatch):
     monkeypatch.setattr(hadamard, "MATMUL_MAX_DIM", 0)
     torch.testing.assert_close(cached_attention(q, kc, vc, entries, mode, 0.8), fast, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(fast, _reference(entries, q, kc, vc, mode, 0.8), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("broken", ["output", "lse"])
+def test_the_float64_check_refuses_a_layout_right_in_one_half_only(monkeypatch, broken):
+    """A layout whose log-sum-exp is right but whose output is wrong (or the reverse) must fail its float64 check."""
+    lay = kernels.Layout("pad", 136)
+    assert kernels._layout_ok(lay, torch.device("cpu"), torch.float32, 128, 4)  # the real one passes
+    real = kernels.layout_attend
+
+    def half_wrong(*args, **kwargs):
+        out, lse = real(*args, **kwargs)
+        return (out * 1.01, lse) if broken == "output" else (out, lse + 0.01)
+
+    monkeypatch.setattr(kernels, "layout_attend", half_wrong)
+    assert not kernels._layout_ok(lay, torch.device("cpu"), torch.float32, 128, 4)
