@@ -345,3 +345,20 @@ def test_int2_correction_removes_most_of_the_partition_sum_bias(method):
     bias, se = _partition_ratios(QuantSpec(**kw), 100, 1.0)
     assert bias[0] > 10 * se[0]
     assert abs(bias[1]) < 0.25 * bias[0], (bias, se)
+
+
+def test_an_empty_cluster_keeps_its_previous_centroid_and_never_becomes_zero():
+    """k-means' update: a centroid no token chose stays where it was (a mean over 0 members would be 0 or NaN)."""
+    from jensen_core import qvg
+
+    x = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]])  # (N=1, T=3, d=2)
+    old = torch.tensor([[[0.0, 0.0], [7.0, -7.0], [9.0, 9.0]]])  # cluster 1 gets no token
+    ids = torch.tensor([[0, 0, 2]])
+    new = qvg._update(x, ids, old)
+    torch.testing.assert_close(new[0, 0], torch.tensor([2.0, 3.0]))
+    torch.testing.assert_close(new[0, 1], old[0, 1])  # kept, not zero, not NaN
+    torch.testing.assert_close(new[0, 2], torch.tensor([5.0, 6.0]))
+    # and through kmeans: more centroids than distinct points leaves some empty, none is zero or NaN
+    pts = torch.tensor([[[1.0, 1.0]] * 6 + [[-2.0, 3.0]] * 6])
+    _, centroids, _ = qvg.kmeans(pts, 4, iters=5)
+    assert torch.isfinite(centroids).all() and not (centroids == 0).all(-1).any()
