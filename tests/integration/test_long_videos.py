@@ -258,3 +258,35 @@ def test_planner_projects_the_cache_file_size(loop, nodes, tiny, tmp_path):
     payload = res.state.nbytes + sum(r.latent.numel() * 4 for r in res.state.retained)
     assert plan.state_file_bytes == payload == res.report["state_file_bytes"]
     assert 0 < size - payload < 64 * 1024  # the rest is the safetensors header (JSON metadata)
+
+
+@pytest.mark.parametrize("switch_at", [2, 3])  # the switch at the first chunk after loading, or inside the second run
+def test_resume_across_a_prompt_switch_equals_the_one_run_schedule(loop, tiny, rs, tmp_path, switch_at):
+    """2 chunks under an A -> B schedule, save, load, 2 more: bit for bit the one run's video (re-cache included)."""
+    ps = importlib.import_module("comfyui_jensen_kv.runtime.prompt_schedule")
+    kw = dict(window_chunks=1, sink_chunks=1)
+    whole = _run(loop, tiny, FRAMES, positive=_schedule(ps, switch_at), **kw)
+    first = _run(loop, tiny, FRAMES // 2, positive=_schedule(ps, switch_at), keep_state=True, **kw)
+    path = str(tmp_path / "state.safetensors")
+    first.state.save(path)
+    second = _run(loop, tiny, FRAMES // 2, positive=_schedule(ps, switch_at), resume=rs.load_run_state(path), **kw)
+    assert torch.equal(first.samples, whole.samples[:, :, : FRAMES // 2])
+    assert torch.equal(second.samples, whole.samples[:, :, FRAMES // 2:])
+    assert [(p["label"], p["recached_chunks"]) for p in second.report["prompts"]] == [("A", 0), ("B", 2)]
+
+
+def test_a_second_continuation_reports_its_next_frame_and_equals_one_long_run(loop, nodes, tiny, rs, tmp_path):
+    model = _model(nodes, tiny, "2", "taylor")
+    kw = dict(window_chunks=2, sink_chunks=1)
+    whole = _run(loop, model, 3 * FRAMES // 2, **kw).samples  # 6 chunks
+    part = FRAMES // 2  # 2 chunks per run
+    first = _run(loop, model, part, keep_state=True, **kw)
+    first.state.save(str(tmp_path / "one.safetensors"))
+    second = _run(loop, model, part, keep_state=True, resume=rs.load_run_state(str(tmp_path / "one.safetensors")), **kw)
+    second.state.save(str(tmp_path / "two.safetensors"))
+    state = rs.load_run_state(str(tmp_path / "two.safetensors"))
+    assert (state.next_chunk, state.next_frame) == (4, 2 * part)
+    assert second.report["first_chunk"] == 2
+    third = _run(loop, model, part, resume=state, **kw)
+    assert third.report["first_chunk"] == 4
+    assert torch.equal(torch.cat([first.samples, second.samples, third.samples], dim=2), whole)
