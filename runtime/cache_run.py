@@ -93,6 +93,21 @@ class CacheRun:
         self._written.clear()
         self.active = False
 
+    def store(self, layer: int, branch: int, k: Tensor | None = None, v: Tensor | None = None,
+              prepared=None) -> None:
+        """Append one finished chunk to the (layer, branch) cache: raw ``k``, ``v``, or ``prepared`` by
+        :meth:`jensen_core.ChunkCache.prepare` (core's AR path holds a block that way until it is final)."""
+        key = (layer, branch)
+        cache = self.caches.get(key)
+        if cache is None:
+            cache = self.caches[key] = self.new_cache()
+        if prepared is not None:
+            cache.append_prepared(prepared)
+        else:
+            cache.append(k, v)
+        self._written[key] = self.chunk
+        self.branches_written.add(branch)
+
     # ------------------------------------------------------------ attention
     def _slots(self, batch: int, transformer_options: dict | None) -> list[tuple[int, slice]]:
         labels = (transformer_options or {}).get("cond_or_uncond") or [0]
@@ -141,10 +156,6 @@ class CacheRun:
                         f"layer {layer}, branch {BRANCH_NAMES.get(branch, branch)!r} was written twice for chunk "
                         f"{self.chunk}; the cache-writing pass must run the model exactly once"
                     )
-                if cache is None:
-                    cache = self.caches[key] = self.new_cache()
-                cache.append(kb, vb)
-                self._written[key] = self.chunk
-                self.branches_written.add(branch)
+                self.store(layer, branch, kb, vb)
             outs.append(out)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

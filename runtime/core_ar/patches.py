@@ -129,19 +129,12 @@ class CoreARSelfAttention:
         if not isinstance(kv_cache, CoreLayerCache):
             return type(self.module).forward(self.module, x, freqs, kv_cache=kv_cache,
                                              transformer_options={} if transformer_options is None else transformer_options)
-        from comfy.ldm.flux.math import apply_rope1
+        from ..families.wan import self_attention_via
 
         session = kv_cache.session
-        m = self.module
-        b, s = x.shape[:2]
-        n, d = m.num_heads, m.head_dim
-        # exactly core's q, k, v (RoPE with core's absolute frequencies), in SDPA layout
-        q = apply_rope1(m.norm_q(m.q(x)).view(b, s, n, d), freqs).transpose(1, 2)
-        k = apply_rope1(m.norm_k(m.k(x)).view(b, s, n, d), freqs).transpose(1, 2)
-        v = m.v(x).view(b, s, n, d).transpose(1, 2)
         labels = session.labels if session.labels is not None else [0]
-        out = session.attend(self.layer, q, k, v, labels)
-        return m.o(out.transpose(1, 2).reshape(b, s, n * d))
+        # exactly core's q, k, v (RoPE with core's absolute frequencies); the pack's cache instead of core's
+        return self_attention_via(self.module, x, freqs, lambda q, k, v: session.attend(self.layer, q, k, v, labels))
 
 
 # ---------------------------------------------------------------------------------------------- wrappers
@@ -273,7 +266,7 @@ def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreA
                                    strength=config.strength, keys_quantized=config.keys_quantized,
                                    sink_chunks=window.sink_chunks)
     session = CoreARSession(config, num_layers=adapter.num_layers, window_chunks=window.window_chunks,
-                            sink_chunks=window.sink_chunks, observer=diagnostics, steps=steps)
+                            sink_chunks=window.sink_chunks, observer=diagnostics)
     session.geometry = CoreARGeometry(batch=int(bs), frame_tokens=int(frame_tokens), latent_frames=int(lat_t),
                                       latent_height=int(lat_h), latent_width=int(lat_w))
     session.diagnostics = diagnostics

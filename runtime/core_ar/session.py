@@ -125,12 +125,11 @@ class CoreARSession:
     """Per-run state of one ``sample_ar_video`` call: the pack's caches and core's ``end`` protocol."""
 
     def __init__(self, config: JensenKVConfig, *, num_layers: int, window_chunks: int = 0, sink_chunks: int = 0,
-                 observer=None, steps: int | None = None):
+                 observer=None):
         self.config = config
         self.num_layers = num_layers
         self.window_chunks, self.sink_chunks = int(window_chunks), int(sink_chunks)
         self.run = CacheRun(config, window_chunks, num_layers, observer=observer, sink_chunks=sink_chunks)
-        self.steps = steps
         self.layers: list[CoreLayerCache] = []
         self.geometry: CoreARGeometry | None = None
         self.call_start: int | None = None   # token where the block of the current call starts
@@ -146,7 +145,6 @@ class CoreARSession:
         self.reached: set[tuple[int, int]] = set()
         self.calls = 0
         self.commits = 0
-        self.committed_chunk_frames: list[int] = []
         self.chunk = 0
         self.step = 0
         self.labels: list[int] | None = None  # CFG branches of the apply_model call in progress
@@ -156,7 +154,6 @@ class CoreARSession:
         self.block_frames = 1
         self.prefix_frames = 0
         self.model_dtype = None
-        self.max_tokens = 0
 
     # ------------------------------------------------------------------ core's init_kv_caches
     def init_caches(self, batch: int, max_tokens: int) -> list[CoreLayerCache]:
@@ -167,7 +164,6 @@ class CoreARSession:
             raise CoreARProtocolError(f"core's AR sampler asked for caches of batch {batch}, but the latent's batch is "
                                       f"{self.geometry.batch}")
         self.layers = [CoreLayerCache(self, i) for i in range(self.num_layers)]
-        self.max_tokens = int(max_tokens)
         return self.layers
 
     def init_crossattn_caches(self) -> list[CoreCrossAttnCache]:
@@ -236,25 +232,18 @@ class CoreARSession:
         frame0 = self.pending_start // frame_tokens if frame_tokens else 0
         run.begin(self.chunk, frame0, PHASE_WRITE)
         for (layer, branch), block in sorted(self.pending.items(), key=lambda kv: kv[0]):
-            cache = run.caches.get((layer, branch))
-            if cache is None:
-                cache = run.caches[(layer, branch)] = run.new_cache()
             if block.k is not None and run.observer is not None and (
                     run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0)):
                 # a write event carries the chunk's keys and values (observers read k, v of writes only)
                 run.observer(AttentionEvent(layer=layer, branch=branch, chunk=self.chunk, frame_offset=frame0,
-                                            phase=PHASE_WRITE, step=0, q=block.k, k=block.k, v=block.v, cache=cache,
+                                            phase=PHASE_WRITE, step=0, q=block.k, k=block.k, v=block.v,
+                                            cache=run.caches.get((layer, branch)),
                                             out=block.v, correction=mode_to_correction(run.correction),
                                             strength=run.strength))
-            if block.prepared is not None:
-                cache.append_prepared(block.prepared)
-            else:
-                cache.append(block.k, block.v)
-            run.branches_written.add(branch)
+            run.store(layer, branch, block.k, block.v, prepared=block.prepared)
         run._record_peak()
         self.pending.clear()
         self.committed_end = self.pending_start + self.pending_tokens
-        self.committed_chunk_frames.append(self.pending_tokens // frame_tokens if frame_tokens else 0)
         self.commits += 1
         self.chunk += 1
         self.step = 0

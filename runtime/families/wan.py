@@ -186,19 +186,28 @@ class CachedSelfAttention:
         self.run, self.layer, self.module = run, layer, module
 
     def __call__(self, x: Tensor, freqs: Tensor, transformer_options: dict | None = None, **kwargs) -> Tensor:
-        from comfy.ldm.flux.math import apply_rope1
-
         if kwargs.get("kv_cache") is not None:
             raise ValueError("this Wan model was called with its own kv_cache (ComfyUI's AR video sampler) while "
                              "patched by the Chunked AR sampler; use one of the two samplers, not both")
-        m = self.module
-        b, s = x.shape[:2]
-        n, d = m.num_heads, m.head_dim
-        q = apply_rope1(m.norm_q(m.q(x)).view(b, s, n, d), freqs).transpose(1, 2)
-        k = apply_rope1(m.norm_k(m.k(x)).view(b, s, n, d), freqs).transpose(1, 2)
-        v = m.v(x).view(b, s, n, d).transpose(1, 2)
-        out = self.run.attend(self.layer, q, k, v, transformer_options)
-        return m.o(out.transpose(1, 2).reshape(b, s, n * d))
+        return self_attention_via(self.module, x, freqs,
+                                  lambda q, k, v: self.run.attend(self.layer, q, k, v, transformer_options))
+
+
+def self_attention_via(m: torch.nn.Module, x: Tensor, freqs: Tensor, attend) -> Tensor:
+    """``WanSelfAttention.forward`` with its attention replaced by ``attend(q, k, v)``.
+
+    q, k, v are exactly Wan's (projections, RMS norms, RoPE with ``freqs``), handed over in SDPA layout
+    (batch, heads, tokens, head_dim); ``attend`` returns the attention output in that layout.
+    """
+    from comfy.ldm.flux.math import apply_rope1
+
+    b, s = x.shape[:2]
+    n, d = m.num_heads, m.head_dim
+    q = apply_rope1(m.norm_q(m.q(x)).view(b, s, n, d), freqs).transpose(1, 2)
+    k = apply_rope1(m.norm_k(m.k(x)).view(b, s, n, d), freqs).transpose(1, 2)
+    v = m.v(x).view(b, s, n, d).transpose(1, 2)
+    out = attend(q, k, v)
+    return m.o(out.transpose(1, 2).reshape(b, s, n * d))
 
 
 def _rope_accepts_options(dm) -> bool:
