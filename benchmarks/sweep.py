@@ -15,7 +15,7 @@ Two parts, one command:
    run with an unquantized cache (same seed), averaged over seeds, and the diagnostics' ΔP_S of the run.
    A random-weight model is only a proxy for a trained one. Skipped (saying so) without ComfyUI.
 
-Writes ``sweep.csv``, ``fig5_storage_quality.png`` (quality vs effective bits, one line per correction x
+Writes ``sweep.csv``, ``sweep_comparisons.csv``, ``fig5_storage_quality.png`` (quality vs effective bits, one line per correction x
 rotation, one marker per bit width, group sizes 128/64/32 left to right), ``fig4_delta_ps_hist.png``
 (ΔP_S histograms before/after correction) and ``wan_diagnostics_int2_g128_quarot_taylor.png`` (what the KV
 Cache Diagnostics Plot node shows for one tiny-Wan run) to ``--out`` (default ``docs/results``).
@@ -24,10 +24,15 @@ Cache Diagnostics Plot node shows for one tiny-Wan run) to ``--out`` (default ``
     python benchmarks/sweep.py --quick --out /tmp/sweep   # a small grid in seconds (smoke test)
     python benchmarks/sweep.py --modes          # every correction mode at INT2/INT3 (sweep_modes.csv, no plots)
 
-``--modes`` compares the correction modes with each other (issue 12): off, taylor, chunk_mean (the
-chunk-mean bias as an offset of each cached chunk's log-sum-exp, free on every kernel), per_channel
-and exact, at INT2 and INT3, every group size, RTN and QuaRot; it writes ``sweep_modes.csv`` and
-prints, per setting, how much of Taylor's ΔP_S reduction and PSNR gain chunk_mean keeps.
+``--modes`` compares the correction modes with each other: off, taylor, chunk_mean (the chunk-mean
+bias as an offset of each cached chunk's log-sum-exp, free on every kernel), per_channel and exact, at
+INT2 and INT3, every group size, RTN and QuaRot; it writes ``sweep_modes.csv`` and
+``sweep_modes_comparisons.csv`` (per setting, how much of Taylor's ΔP_S reduction and PSNR gain each
+mode keeps).
+
+The script writes data only: ``sweep_comparisons.csv`` holds the comparisons the grid answers (INT2 g128
++ correction against INT4 without it; the best INT2 setting at QVG's effective bits), one metric per row.
+What the numbers say is written by hand in docs/results.md and docs/qvg.md.
 """
 from __future__ import annotations
 
@@ -66,6 +71,7 @@ COLUMNS = [
     "wan_latent_psnr_db", "wan_latent_psnr_se_db", "wan_latent_mse", "wan_median_delta_ps", "wan_iqr_delta_ps",
     "wan_mean_jsd", "wan_output_mse", "method", "qvg_stages", "qvg_centroids",
 ]
+COMPARISON_COLUMNS = ["comparison", "setting", "reference", "metric", "value", "reference_value", "lower_is_better"]
 # QVG (group size, K) at the bits of RTN INT2 g64 (2.375) and g32 (2.75) on 1,560-token chunks, and QVG's default
 QVG_GRID = ((128, 12), (64, 30), (64, 256))
 COLORS = {"off": "#7b3fa0", "taylor": "#f08a24", "exact": "#2a9d5c"}
@@ -285,15 +291,25 @@ def print_table(rows: list[Row], have_wan: bool) -> None:
         print(line)
 
 
-def verdict(rows: list[Row], have_wan: bool) -> list[str]:
-    """INT2 + correction at g=128 (2.1875 bits) against INT4 without correction (g=128 and g=64), per metric."""
-    by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r.values
+def _comparison(kind: str, setting: str, reference: str, metric: str, value, reference_value, lower_is_better) -> dict:
+    return {"comparison": kind, "setting": setting, "reference": reference, "metric": metric, "value": value,
+            "reference_value": reference_value, "lower_is_better": lower_is_better}
+
+
+def comparisons(rows: list[Row], have_wan: bool) -> list[dict]:
+    """The grid's two questions, as data (``COMPARISON_COLUMNS``; the reading of them is kept in the docs).
+
+    ``int2_corrected_vs_int4``: INT2 g128 with the correction (2.1875 bits) against INT4 without it at g128 and
+    g64, per metric (|median ΔP_S|, mean JSD, output MSE, tiny-Wan latent PSNR).
+    ``best_int2_at_bits``: at each QVG row's effective bits, the INT2 setting (QVG, RTN or QuaRot within
+    0.02 bits) with the best value of each workload metric.
+    """
+    by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r
           for r in rows if r.setting is not None and r.setting.method == "rtn"}
-    metrics = [("median_delta_ps", "|median dP_S|", True), ("mean_jsd", "mean JSD", True),
-               ("output_mse", "output MSE", True)]
+    metrics = [("median_delta_ps", True), ("mean_jsd", True), ("output_mse", True)]
     if have_wan:
-        metrics.append(("wan_latent_psnr_db", "tiny-Wan latent PSNR", False))
-    lines = []
+        metrics.append(("wan_latent_psnr_db", False))
+    out = []
     for rot in ("none", "hadamard"):
         for corr in ("taylor", "exact"):
             a = by.get((2, 128, rot, corr))
@@ -303,59 +319,69 @@ def verdict(rows: list[Row], have_wan: bool) -> list[str]:
                 b = by.get((4, g4, rot, "off"))
                 if b is None:
                     continue
-                bits_b = QuantSpec(bits=4, group_size=g4).effective_bits
-                parts = []
-                for key, name, lower in metrics:
-                    x, y = a.get(key), b.get(key)
+                for key, lower in metrics:
+                    x, y = a.values.get(key), b.values.get(key)
                     if x in (None, "") or y in (None, ""):
                         continue
-                    xa, ya = (abs(x), abs(y)) if key == "median_delta_ps" else (x, y)
-                    win = xa < ya if lower else xa > ya
-                    parts.append(f"{name} {xa:.3g} vs {ya:.3g} -> {'INT2 wins' if win else 'INT4 wins'}")
-                lines.append(f"{SCHEMES[rot]}: INT2 g128 + {corr} (2.1875 bits) vs INT4 g{g4} off ({bits_b:g} bits): "
-                             + "; ".join(parts))
-    return lines + matched_bits_verdict(rows)
+                    if key == "median_delta_ps":
+                        key, x, y = "abs_median_delta_ps", abs(x), abs(y)
+                    out.append(_comparison("int2_corrected_vs_int4", a.setting.label(), b.setting.label(), key, x, y, lower))
+    return out + best_at_matched_bits(rows)
 
 
-def matched_bits_verdict(rows: list[Row]) -> list[str]:
+def best_at_matched_bits(rows: list[Row]) -> list[dict]:
     """QVG against RTN and QuaRot at matched effective bits (within 0.02): the best INT2 setting per budget."""
     int2 = [r for r in rows if r.setting is not None and r.setting.bits == 2]
-    lines = []
+    out = []
     for budget in sorted({round(r.values["effective_bits"], 2) for r in int2 if r.setting.method == "qvg"}):
         near = [r for r in int2 if abs(r.values["effective_bits"] - budget) <= 0.02]
         if not any(r.setting.method == "rtn" for r in near):
             continue
-        best = {key: min(near, key=lambda r: abs(r.values[key]) if key == "median_delta_ps" else r.values[key])
-                for key in ("median_delta_ps", "mean_jsd", "output_mse")}
-        lines.append(f"~{budget:.2f} bits, best INT2 setting: " + "; ".join(
-            f"{name} {best[key].setting.label()} ({best[key].values[key]:.3g})"
-            for key, name in (("median_delta_ps", "|median dP_S|"), ("mean_jsd", "mean JSD"), ("output_mse", "output MSE"))))
-    return lines
+        for key in ("median_delta_ps", "mean_jsd", "output_mse"):
+            scores = [abs(r.values[key]) if key == "median_delta_ps" else r.values[key] for r in near]
+            i = min(range(len(near)), key=scores.__getitem__)
+            name = "abs_median_delta_ps" if key == "median_delta_ps" else key
+            out.append(_comparison("best_int2_at_bits", near[i].setting.label(), f"{budget:.2f} bits", name,
+                                   scores[i], "", True))
+    return out
 
 
-def modes_verdict(rows: list[Row], have_wan: bool) -> list[str]:
-    """Per setting: the share of Taylor's |median ΔP_S| reduction (and tiny-Wan PSNR gain) that each other mode keeps."""
-    by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r.values
+def modes_comparisons(rows: list[Row], have_wan: bool) -> list[dict]:
+    """Per setting and mode (chunk_mean, per_channel, exact) against Taylor, as data: the share of Taylor's
+    |median ΔP_S| reduction the mode keeps (``value``; ``reference_value`` 1), its mean JSD against Taylor's,
+    and with the tiny Wan its latent PSNR gain over no correction against Taylor's."""
+    by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r
           for r in rows if r.setting is not None}
-    lines = []
-    for (bits, g, rot, corr), off in sorted(by.items()):
+    out = []
+    for (bits, g, rot, corr), off_row in sorted(by.items()):
         if corr != "off" or (bits, g, rot, "taylor") not in by:
             continue
-        tay = by[(bits, g, rot, "taylor")]
-        parts = []
+        off, tay_row = off_row.values, by[(bits, g, rot, "taylor")]
+        tay = tay_row.values
         for mode in ("chunk_mean", "per_channel", "exact"):
-            v = by.get((bits, g, rot, mode))
-            if v is None:
+            row = by.get((bits, g, rot, mode))
+            if row is None:
                 continue
+            v, label, ref = row.values, row.setting.label(), tay_row.setting.label()
             red = abs(off["median_delta_ps"]) - abs(tay["median_delta_ps"])
             kept = (abs(off["median_delta_ps"]) - abs(v["median_delta_ps"])) / red if red > 0 else float("nan")
-            part = f"{mode}: {kept:.0%} of Taylor's |dP_S| reduction, JSD {v['mean_jsd']:.3g} (Taylor {tay['mean_jsd']:.3g})"
+            out.append(_comparison("share_of_taylor_reduction", label, ref, "abs_median_delta_ps_reduction_kept",
+                                   kept, 1.0, False))
+            out.append(_comparison("share_of_taylor_reduction", label, ref, "mean_jsd", v["mean_jsd"],
+                                   tay["mean_jsd"], True))
             if have_wan and v.get("wan_latent_psnr_db") not in (None, ""):
-                part += (f", PSNR {v['wan_latent_psnr_db'] - off['wan_latent_psnr_db']:+.2f} dB "
-                         f"(Taylor {tay['wan_latent_psnr_db'] - off['wan_latent_psnr_db']:+.2f})")
-            parts.append(part)
-        lines.append(f"INT{bits} g{g} {SCHEMES[rot]}: " + "; ".join(parts))
-    return lines
+                out.append(_comparison("share_of_taylor_reduction", label, ref, "wan_latent_psnr_gain_db",
+                                       v["wan_latent_psnr_db"] - off["wan_latent_psnr_db"],
+                                       tay["wan_latent_psnr_db"] - off["wan_latent_psnr_db"], False))
+    return out
+
+
+def write_comparisons(items: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=COMPARISON_COLUMNS)
+        wr.writeheader()
+        for item in items:
+            wr.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in item.items()})
 
 
 def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
@@ -508,33 +534,28 @@ def main(argv=None) -> int:
                     r.values.update(results.get(r.setting, {}))
             have_wan = True
             print(f"tiny Wan: {desc}; {len(settings) + 1} configurations x {args.seeds} seed(s) in "
-                  f"{time.perf_counter() - t0:.1f} s. PSNR = 10 log10(range(ref)^2 / MSE) on the latent against the "
-                  "same seed's unquantized-cache run; a random-weight model is only a proxy for a trained one.")
+                  f"{time.perf_counter() - t0:.1f} s")
 
     print()
     print_table(rows, have_wan)
+    print()
     if args.modes:
-        csv_path = out / "sweep_modes.csv"
+        csv_path, cmp_path = out / "sweep_modes.csv", out / "sweep_modes_comparisons.csv"
         write_csv(rows, csv_path)
-        print()
-        for line in modes_verdict(rows, have_wan):
-            print(line)
-        print(f"\ncsv: {csv_path}\nelapsed: {time.perf_counter() - t_start:.1f} s")
+        write_comparisons(modes_comparisons(rows, have_wan), cmp_path)
+        print(f"csv: {csv_path}\ncomparisons: {cmp_path}\nelapsed: {time.perf_counter() - t_start:.1f} s")
         return 0
-    csv_path = out / "sweep.csv"
+    csv_path, cmp_path = out / "sweep.csv", out / "sweep_comparisons.csv"
     write_csv(rows, csv_path)
-    print()
-    for line in verdict(rows, have_wan):
-        print(line)
-    print()
-    print(f"csv: {csv_path}")
+    write_comparisons(comparisons(rows, have_wan), cmp_path)
+    print(f"csv: {csv_path}\ncomparisons: {cmp_path}")
     if plot_fig5(rows, out / "fig5_storage_quality.png", have_wan,
                  "Storage-quality trade-off (paper Fig. 5 style): K and V quantized alike, FP8 scales + BF16 zeros"):
         plot_fig4(hists, out / "fig4_delta_ps_hist.png",
                   "ΔP_S before/after the Jensen correction on the embedded workload (paper Fig. 4 / App. K style)")
         print(f"plots: {out / 'fig5_storage_quality.png'}, {out / 'fig4_delta_ps_hist.png'}")
     for extra in sorted(out.glob("wan_diagnostics_*.png")):
-        print(f"diagnostics plot (as the KV Cache Diagnostics Plot node renders it): {extra}")
+        print(f"diagnostics plot: {extra}")
     print(f"elapsed: {time.perf_counter() - t_start:.1f} s")
     return 0
 
