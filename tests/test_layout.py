@@ -1,4 +1,4 @@
-"""The house rules: which room may import which (README, "How it works").
+"""The house rules: which room may import which (docs/design.md, "The rooms, and which way imports go").
 
     jensen_core/      pure torch             -> imports no ComfyUI module and nothing else of the pack
     runtime/          runs during sampling   -> may import jensen_core and ComfyUI, never nodes/ or routes/
