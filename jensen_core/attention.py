@@ -6,7 +6,7 @@ The Taylor correction (Eq. 15) is low rank, ``b = nu W^T`` with ``nu_mj = ||q_mj
 - ``taylor`` (per score): appended channels, ``q' = [q, -sqrt(d) lambda nu]``, ``k' = [k_hat, W]``
   (cached), so that a kernel with scale ``1/sqrt(d)`` computes ``q.k/sqrt(d) - lambda b``; or, where
   it is faster (CUDA), FlexAttention with the bias as a ``score_mod``. The layout is chosen per
-  device and dtype at first use (:mod:`jensen_core.kernels`).
+  device and dtype at first use (:mod:`jensen_core.correction_layouts`).
 - ``chunk_mean`` / ``per_channel`` (constant over a cached chunk's keys, per query): cached and
   current chunks are attended separately and merged through their log-sum-exp, so such a bias is
   an offset of the chunk's log-sum-exp - no extra channel, any kernel, no cost.
@@ -30,18 +30,11 @@ from torch import Tensor
 
 from . import hadamard
 from .bias import _exact_bias, check_mode, query_group_norms, taylor_weights
+from .correction_layouts import Layout, layout_attend, layout_query, round_up, taylor_layout
 from .hadamard import rotate, unrotate
-from .kernels import (  # noqa: F401 - lse_supported and sdpa_with_lse are part of this module's interface
-    Layout,
-    layout_attend,
-    layout_query,
-    lse_supported,
-    round_up,
-    sdpa_with_lse,
-    taylor_layout,
-)
 from .packing import from_interleaved, to_interleaved
 from .quant import QuantizedTensor
+from .sdpa_lse import lse_supported, sdpa_with_lse
 
 logger = logging.getLogger("jensen_kv")
 
@@ -131,7 +124,7 @@ def cached_attention(
     cache entry (batch, heads, T_i, d). Returns (batch, heads, M, d) in ``q.dtype``.
 
     ``correction``: ``taylor`` runs the per-score correction through the kernel layout chosen for
-    this device and dtype (:func:`jensen_core.kernels.taylor_layout`; no bias matrix);
+    this device and dtype (:func:`jensen_core.correction_layouts.taylor_layout`; no bias matrix);
     ``chunk_mean`` and ``per_channel`` subtract a bias that is constant over each cached chunk
     (per query): an offset of that chunk's log-sum-exp before the merge, free with any kernel;
     ``exact`` (Eq. 12) materialises the score matrix head by head and is much slower - meant for
