@@ -152,7 +152,7 @@ def _calls(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
         c = caches[name] = ChunkCache(spec, spec)
         for k, v in zip(w.k_cached, w.v_cached):
             c.append(move(k), move(v))
-        for label, mode in (("", "none"), (" + Taylor", "taylor"), (" + chunk_mean", "chunk_mean")):
+        for label, mode in (("", "off"), (" + Taylor", "taylor"), (" + chunk_mean", "chunk_mean")):
             fn = lambda c=c, mode=mode: c.attend(q, k_cur, v_cur, correction=mode)  # noqa: E731
             calls[f"INT2 {name}{label}"] = fn
             if mode != "chunk_mean":

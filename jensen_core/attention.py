@@ -128,14 +128,14 @@ def cached_attention(
     ``chunk_mean`` and ``per_channel`` subtract a bias that is constant over each cached chunk
     (per query): an offset of that chunk's log-sum-exp before the merge, free with any kernel;
     ``exact`` (Eq. 12) materialises the score matrix head by head and is much slower - meant for
-    diagnostics and ablations; ``none`` is plain attention. The correction is scaled by
+    diagnostics and ablations; ``off`` is plain attention. The correction is scaled by
     ``strength`` and touches cached keys only; it is skipped when the keys are not quantized.
 
     Where the SDPA kernel reports its log-sum-exp (CPU, CUDA), the cached chunks are streamed one
     at a time and the partial results merged, so the transient memory is about one chunk's K/V
     rather than the whole window; elsewhere one buffer holds the window.
     """
-    check_mode(correction)
+    correction = check_mode(correction)
     entries = list(cache_entries)
     _check_inputs(q, k_cur, v_cur, entries, strength)
     if not entries:
@@ -145,13 +145,13 @@ def cached_attention(
     kseed, vseed = _rotation_seed(entries[0].k), _rotation_seed(entries[0].v)
     keys_quantized = isinstance(entries[0].k, QuantizedTensor)
     if not keys_quantized or strength == 0:
-        correction = "none"
+        correction = "off"
     strength = float(strength)
     if correction == "exact":
         qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
         out = _exact_attention(qr, kcr, vcr, entries, strength)
         return unrotate(out, vseed) if vseed is not None else out
-    G = D // entries[0].k.spec.group_size if correction != "none" else 0
+    G = D // entries[0].k.spec.group_size if correction != "off" else 0
     streamed = not _FORCE_CONCAT and lse_supported(q.device, q.dtype, D)
     layout = None
     if correction == "taylor" and streamed:
@@ -258,7 +258,7 @@ def _streamed(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: list[CacheEntry]
         qk = qr
     else:
         qk = _to_codes_space(q, kseed, kil)  # group norms do not see the order of a group's channels
-    nu = query_group_norms(qk, k0.spec.group_size) if correction != "none" else None
+    nu = query_group_norms(qk, k0.spec.group_size) if correction != "off" else None
     offsets = [strength * (nu @ w.transpose(-1, -2)).squeeze(-1) for w in _constant_weights(entries, correction, D)] \
         if correction in ("chunk_mean", "per_channel") else [None] * len(entries)
     weights = _taylor_weights(entries, D) if layout is not None else [None] * len(entries)

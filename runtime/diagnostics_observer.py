@@ -12,7 +12,7 @@ The observer sees every self-attention call of the sampled layers (``nodes.obser
   :class:`~jensen_core.retention.Retention`.
 - denoising phase, sampled steps, chunks >= 1: it compares attention over the cache as the run read it
   (``event.cache.entries``) with the full-precision shadow on the same queries, using
-  :func:`jensen_core.diagnostics.attention_shift`, once without correction ("none") and once with the
+  :func:`jensen_core.diagnostics.attention_shift`, once without correction ("off") and once with the
   run's correction and strength (or, if the run applied none, with the full "taylor" correction as a
   what-if).
 
@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..jensen_core import QuantizedTensor
+from ..jensen_core.bias import check_mode
 from ..jensen_core.diagnostics import attention_shift
 from ..jensen_core.quant import cat_quantized
 from ..jensen_core.retention import Retained, Retention
@@ -165,13 +166,14 @@ class DiagnosticsObserver:
         self._all_heads = len(self.heads) == heads
         self.retention = Retention(window_chunks or None, int(sink_chunks))  # the cache's rule, for the shadow
         self.strength = float(strength)
-        self.applied = correction  # jensen_core mode the run applied ("none" when off)
+        correction = check_mode(correction)
+        self.applied = correction  # the mode the run applied ("off": none)
         self.keys_quantized = keys_quantized
         if not keys_quantized:
-            self.modes = ["none"]
+            self.modes = ["off"]
         else:
-            self.modes = ["none", correction if correction != "none" else WHAT_IF_MODE]
-        self.what_if = keys_quantized and correction == "none"
+            self.modes = ["off", correction if correction != "off" else WHAT_IF_MODE]
+        self.what_if = keys_quantized and correction == "off"
         if self.what_if:  # the run applied nothing (mode off or strength 0): show the full Taylor correction
             self.strength = 1.0
         self.acc = {m: ShiftAccumulator() for m in self.modes}
@@ -227,7 +229,7 @@ class DiagnosticsObserver:
         elements = q[..., ::stride, :].numel()
         for mode in self.modes:
             stats = attention_shift(q, k_ref, v_ref, k_cur, v_cur, k_hat, v_hat, correction=mode,
-                                    strength=self.strength if mode != "none" else 1.0, query_stride=stride,
+                                    strength=self.strength if mode != "off" else 1.0, query_stride=stride,
                                     chunk_tokens=[en.tokens for en in entries])
             self.acc[mode].add(stats, elements)
         self.chunks_seen.add(e.chunk)

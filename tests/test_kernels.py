@@ -118,7 +118,7 @@ def test_the_path_before_issue_12_gives_the_same_attention(rotation, dtype, monk
     the same results up to rounding."""
     entries, q, kc, vc = _entries(rotation, dtype=dtype)
     q, kc, vc = (t.to(dtype) for t in (q, kc, vc))
-    for mode in ("none", "taylor", "chunk_mean"):
+    for mode in ("off", "taylor", "chunk_mean"):
         new = cached_attention(q, kc, vc, entries, mode)
         monkeypatch.setattr(attention, "_LEGACY", True)
         old = cached_attention(q, kc, vc, entries, mode)
@@ -158,7 +158,7 @@ def test_cuda_choice_at_first_use(fresh_choices):
     assert "cuda/torch.bfloat16 d128 G4" in layouts.kernel_choices()
 
 
-@pytest.mark.parametrize("mode", ["none", "taylor", "chunk_mean"])
+@pytest.mark.parametrize("mode", ["off", "taylor", "chunk_mean"])
 def test_butterfly_rotations_take_the_same_route(mode, monkeypatch):
     """Wide heads rotate with butterflies instead of the matrix the channel order is folded into."""
     from jensen_core import hadamard
