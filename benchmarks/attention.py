@@ -42,7 +42,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jensen_core import ChunkCache, QuantSpec, attention, kernels  # noqa: E402
+from jensen_core import ChunkCache, QuantSpec, attention, correction_layouts, cpu  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
 
 
@@ -152,7 +152,7 @@ def _calls(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
         c = caches[name] = ChunkCache(spec, spec)
         for k, v in zip(w.k_cached, w.v_cached):
             c.append(move(k), move(v))
-        for label, mode in (("", "none"), (" + Taylor", "taylor"), (" + chunk_mean", "chunk_mean")):
+        for label, mode in (("", "off"), (" + Taylor", "taylor"), (" + chunk_mean", "chunk_mean")):
             fn = lambda c=c, mode=mode: c.attend(q, k_cur, v_cur, correction=mode)  # noqa: E731
             calls[f"INT2 {name}{label}"] = fn
             if mode != "chunk_mean":
@@ -260,9 +260,9 @@ def main(argv=None) -> int:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtypes]
         print(json.dumps(measure_memory(dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)))
         return 0
-    klass = kernels.cpu_class() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    klass = cpu.cpu_class() if device.type == "cpu" else torch.cuda.get_device_name(device)
     print("command:", shlex.join(["python", "benchmarks/attention.py", *(sys.argv[1:] if argv is None else argv)]))
-    print(f"torch {torch.__version__}, device {device} ({klass}; CPU class from /proc/cpuinfo: {kernels.cpu_class()}), "
+    print(f"torch {torch.__version__}, device {device} ({klass}; CPU class from /proc/cpuinfo: {cpu.cpu_class()}), "
           f"{torch.get_num_threads()} threads; {args.heads} heads x 128, {args.chunk_tokens} tokens/chunk, "
           f"{args.cached_chunks} cached chunks + current; {args.rounds} interleaved rounds")
     ok = True
@@ -272,7 +272,7 @@ def main(argv=None) -> int:
         r["mem"] = memory_in_child(dname, device, args) if device.type == "cpu" else measure_memory(
             dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)
         r["window_mib"] = r["mem"]["window_mib"]
-        layout = kernels.kernel_choices().get(f"{device.type}/{dtype} d128 G4", "?")
+        layout = correction_layouts.kernel_choices().get(f"{device.type}/{dtype} d128 G4", "?")
         tag = f"[{klass} {dname}]"
         print(f"\n== {dname} on {klass}; Taylor layout: {layout} ==")
         for name, ms in r["ms"].items():

@@ -105,8 +105,8 @@ def main(argv=None) -> int:
             c.append(move(k), move(v))
         caches[n] = c
     attends = {n: (lambda c=c: c.attend(q, k_cur, v_cur, correction="taylor")) for n, c in caches.items()}
-    attends["QVG g64 K30, no correction"] = lambda: caches["QVG g64 K30"].attend(q, k_cur, v_cur, correction="none")
-    attends["RTN g32, no correction"] = lambda: caches[BASE].attend(q, k_cur, v_cur, correction="none")
+    attends["QVG g64 K30, no correction"] = lambda: caches["QVG g64 K30"].attend(q, k_cur, v_cur, correction="off")
+    attends["RTN g32, no correction"] = lambda: caches[BASE].attend(q, k_cur, v_cur, correction="off")
     wall, cpu = interleaved(attends, args.rounds, device)
     prim = cpu if device.type == "cpu" else wall
     r = ratios(prim, BASE)

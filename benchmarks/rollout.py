@@ -179,7 +179,7 @@ def main(argv=None) -> int:
                              tiny_ar.ssim(ref_rgb[sl], rgb[sl])))
             per_chunk[cfg.name].append(rows)
             st = report["diagnostics"]["stats"]
-            mode = "none" if cfg.correction == "off" else cfg.correction
+            mode = cfg.correction
             diag[cfg.name].append((st[mode]["median_delta_ps"], st[mode]["mean_jsd"]))
         print(f"seed {i + 1}/{len(videos)} (prompt {prompt}) done at {time.perf_counter() - t_start:.0f} s", flush=True)
 

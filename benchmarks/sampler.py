@@ -108,7 +108,7 @@ def main(argv=None) -> int:
         return time.perf_counter() - t0, time.process_time() - c0, r
 
     tokens = (args.height // 2) * (args.width // 2)
-    cpu_class = importlib.import_module(f"{pack.__name__}.jensen_core.kernels").cpu_class()
+    cpu_class = importlib.import_module(f"{pack.__name__}.jensen_core.cpu").cpu_class()
     print(f"model: {args.dtype}, dim {args.dim}, {args.layers} layers x {args.heads} heads x {args.dim // args.heads}, ffn {args.ffn}; "
           f"{args.chunks} chunks x {args.chunk_frames} latent frames x {tokens} tokens/frame; {args.steps} euler steps, "
           f"cfg {args.cfg}; device {args.device} (CPU class {cpu_class}), torch threads {torch.get_num_threads()}, torch {torch.__version__}")

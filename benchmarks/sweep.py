@@ -95,7 +95,7 @@ class Setting:
 
     @property
     def mode(self) -> str:
-        return "none" if self.correction == "off" else self.correction
+        return self.correction
 
     @property
     def scheme(self) -> str:

@@ -11,6 +11,7 @@ from .hadamard import fwht, rotate, unrotate
 from .packing import pack_codes, unpack_codes
 from .quant import QuantizedTensor, quantize
 from .qvg import QVGTensor, kmeans
+from .retention import Retained, Retention
 from .spec import QuantSpec
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "QuantSpec",
     "QuantizedTensor",
     "QVGTensor",
+    "Retained",
+    "Retention",
     "cached_attention",
     "fwht",
     "jensen_bias",

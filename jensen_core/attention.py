@@ -6,7 +6,7 @@ The Taylor correction (Eq. 15) is low rank, ``b = nu W^T`` with ``nu_mj = ||q_mj
 - ``taylor`` (per score): appended channels, ``q' = [q, -sqrt(d) lambda nu]``, ``k' = [k_hat, W]``
   (cached), so that a kernel with scale ``1/sqrt(d)`` computes ``q.k/sqrt(d) - lambda b``; or, where
   it is faster (CUDA), FlexAttention with the bias as a ``score_mod``. The layout is chosen per
-  device and dtype at first use (:mod:`jensen_core.kernels`).
+  device and dtype at first use (:mod:`jensen_core.correction_layouts`).
 - ``chunk_mean`` / ``per_channel`` (constant over a cached chunk's keys, per query): cached and
   current chunks are attended separately and merged through their log-sum-exp, so such a bias is
   an offset of the chunk's log-sum-exp - no extra channel, any kernel, no cost.
@@ -30,18 +30,11 @@ from torch import Tensor
 
 from . import hadamard
 from .bias import _exact_bias, check_mode, query_group_norms, taylor_weights
+from .correction_layouts import Layout, layout_attend, layout_query, round_up, taylor_layout
 from .hadamard import rotate, unrotate
-from .kernels import (  # noqa: F401 - lse_supported and sdpa_with_lse are part of this module's interface
-    Layout,
-    layout_attend,
-    layout_query,
-    lse_supported,
-    round_up,
-    sdpa_with_lse,
-    taylor_layout,
-)
 from .packing import from_interleaved, to_interleaved
 from .quant import QuantizedTensor
+from .sdpa_lse import lse_supported, sdpa_with_lse
 
 logger = logging.getLogger("jensen_kv")
 
@@ -131,18 +124,18 @@ def cached_attention(
     cache entry (batch, heads, T_i, d). Returns (batch, heads, M, d) in ``q.dtype``.
 
     ``correction``: ``taylor`` runs the per-score correction through the kernel layout chosen for
-    this device and dtype (:func:`jensen_core.kernels.taylor_layout`; no bias matrix);
+    this device and dtype (:func:`jensen_core.correction_layouts.taylor_layout`; no bias matrix);
     ``chunk_mean`` and ``per_channel`` subtract a bias that is constant over each cached chunk
     (per query): an offset of that chunk's log-sum-exp before the merge, free with any kernel;
     ``exact`` (Eq. 12) materialises the score matrix head by head and is much slower - meant for
-    diagnostics and ablations; ``none`` is plain attention. The correction is scaled by
+    diagnostics and ablations; ``off`` is plain attention. The correction is scaled by
     ``strength`` and touches cached keys only; it is skipped when the keys are not quantized.
 
     Where the SDPA kernel reports its log-sum-exp (CPU, CUDA), the cached chunks are streamed one
     at a time and the partial results merged, so the transient memory is about one chunk's K/V
     rather than the whole window; elsewhere one buffer holds the window.
     """
-    check_mode(correction)
+    correction = check_mode(correction)
     entries = list(cache_entries)
     _check_inputs(q, k_cur, v_cur, entries, strength)
     if not entries:
@@ -152,13 +145,13 @@ def cached_attention(
     kseed, vseed = _rotation_seed(entries[0].k), _rotation_seed(entries[0].v)
     keys_quantized = isinstance(entries[0].k, QuantizedTensor)
     if not keys_quantized or strength == 0:
-        correction = "none"
+        correction = "off"
     strength = float(strength)
     if correction == "exact":
         qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
         out = _exact_attention(qr, kcr, vcr, entries, strength)
         return unrotate(out, vseed) if vseed is not None else out
-    G = D // entries[0].k.spec.group_size if correction != "none" else 0
+    G = D // entries[0].k.spec.group_size if correction != "off" else 0
     streamed = not _FORCE_CONCAT and lse_supported(q.device, q.dtype, D)
     layout = None
     if correction == "taylor" and streamed:
@@ -265,7 +258,7 @@ def _streamed(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: list[CacheEntry]
         qk = qr
     else:
         qk = _to_codes_space(q, kseed, kil)  # group norms do not see the order of a group's channels
-    nu = query_group_norms(qk, k0.spec.group_size) if correction != "none" else None
+    nu = query_group_norms(qk, k0.spec.group_size) if correction != "off" else None
     offsets = [strength * (nu @ w.transpose(-1, -2)).squeeze(-1) for w in _constant_weights(entries, correction, D)] \
         if correction in ("chunk_mean", "per_channel") else [None] * len(entries)
     weights = _taylor_weights(entries, D) if layout is not None else [None] * len(entries)

@@ -14,14 +14,20 @@ from torch import Tensor
 from .hadamard import rotate
 from .quant import QuantizedTensor
 
-MODES = ("taylor", "chunk_mean", "exact", "per_channel", "none")
+#: "off" applies no correction (plain attention over the cached keys)
+MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
+#: the name "off" had before it was shared with the UI; still read wherever a mode is read
+OLD_NAMES = {"none": "off"}
 _TABLE_MAX_VALUES = 1024  # distinct step sizes up to which the exact bias uses a lookup table
 _QUERY_BLOCK = 256
 
 
-def check_mode(mode: str) -> None:
+def check_mode(mode: str) -> str:
+    """``mode`` as one of :data:`MODES` (an old name such as "none" read as "off"); else a ValueError naming it."""
+    mode = OLD_NAMES.get(mode, mode) if isinstance(mode, str) else mode
     if mode not in MODES:
         raise ValueError(f"correction mode {mode!r} is not supported; use one of {MODES}")
+    return mode
 
 
 def log_sinhc(alpha: Tensor) -> Tensor:
@@ -131,19 +137,19 @@ def jensen_bias(q: Tensor, k_quant: QuantizedTensor, mode: str = "taylor", chunk
     modes: ``taylor`` (Eq. 15), ``chunk_mean`` (per query, the mean of the Taylor bias over each
     cached chunk's keys, shared by that chunk's keys: a constant offset of the chunk's log-sum-exp),
     ``exact`` (Eq. 12, numerically stable), ``per_channel`` (App. E: one shared ``b`` per query from
-    the token-averaged ``Delta^2`` of each group over all the keys, Taylor form), ``none`` (zeros).
+    the token-averaged ``Delta^2`` of each group over all the keys, Taylor form), ``off`` (zeros).
 
     ``chunk_tokens`` (``chunk_mean``): the tokens of each cached chunk concatenated in ``k_quant``
     (see :func:`chunk_spans`; by default a QVG tensor's segments, else one chunk).
     """
-    check_mode(mode)
+    mode = check_mode(mode)
     if q.shape[-1] != k_quant.head_dim:
         raise ValueError(f"query head_dim {q.shape[-1]} does not match the keys' head_dim {k_quant.head_dim}")
     d, g = k_quant.head_dim, k_quant.spec.group_size
     lead = torch.broadcast_shapes(q.shape[:-2], k_quant.shape[:-2])
     M, N = q.shape[-2], k_quant.tokens
     spans = chunk_spans(k_quant, chunk_tokens) if chunk_tokens is not None or mode == "chunk_mean" else None
-    if mode == "none":
+    if mode == "off":
         return torch.zeros(*lead, M, N, dtype=torch.float32, device=q.device)
     qr = _rotated_query(q, k_quant)
     step = k_quant.step_sizes()

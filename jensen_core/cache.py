@@ -14,6 +14,7 @@ from torch import Tensor
 from .attention import CacheEntry, cached_attention
 from .quant import QuantizedTensor, check_finite, quantize
 from .qvg import CENTROID_DTYPE, QVGTensor
+from .retention import Retention
 from .spec import FLOAT_FORMATS, QuantSpec
 
 _META_KEY = "__jensen_kv_meta__"
@@ -53,19 +54,23 @@ class ChunkCache:
         for name, s in (("spec_k", spec_k), ("spec_v", spec_v)):
             if s is not None and not isinstance(s, QuantSpec):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
-        if window_chunks is not None and (isinstance(window_chunks, bool) or not isinstance(window_chunks, int) or window_chunks < 0):
-            raise ValueError(f"window_chunks={window_chunks!r} must be a non-negative integer (0 or None keeps every chunk)")
+        self.retention = Retention(window_chunks, sink_chunks)  # checks both, names a bad one
         self.spec_k = spec_k
         self.spec_v = spec_v
-        if isinstance(sink_chunks, bool) or not isinstance(sink_chunks, int) or sink_chunks < 0:
-            raise ValueError(f"sink_chunks={sink_chunks!r} must be a non-negative integer (0 = no attention sink)")
-        self.window_chunks = window_chunks or None
-        self.sink_chunks = sink_chunks
         self._sink_held = 0  # how many of the oldest entries are sink chunks (never evicted)
         self._entries: deque[CacheEntry] = deque()
         self._layout: tuple | None = None  # (batch, heads, head_dim, dtype, device) of the first chunk
         self.chunks_appended = 0
         self.chunks_evicted = 0
+
+    @property
+    def window_chunks(self) -> int | None:
+        """The window (None: every chunk is kept), as :attr:`retention` holds it."""
+        return self.retention.window_chunks
+
+    @property
+    def sink_chunks(self) -> int:
+        return self.retention.sink_chunks
 
     # ----------------------------------------------------------------- contents
     @property
@@ -169,14 +174,9 @@ class ChunkCache:
         entry = chunk.entry
         if self._layout is None:
             self._layout = chunk.layout
-        self._entries.append(entry)
         self.chunks_appended += 1
-        if self._sink_held < self.sink_chunks:
-            self._sink_held += 1
-            return
-        while self.window_chunks is not None and len(self._entries) - self._sink_held > self.window_chunks:
-            del self._entries[self._sink_held]  # the oldest chunk of the window; the sink stays
-            self.chunks_evicted += 1
+        self._sink_held, evicted = self.retention.push(self._entries, entry, self._sink_held)
+        self.chunks_evicted += evicted
 
     def copy(self) -> ChunkCache:
         """A new cache holding the same chunks (stored tensors are shared, never modified in place)."""

@@ -32,12 +32,12 @@ class Config:
 
 
 CONFIGS = (
-    Config("BF16 cache", None, "none"),
-    Config("INT2 RTN", QuantSpec(bits=2, group_size=32, rotation="none"), "none"),
+    Config("BF16 cache", None, "off"),
+    Config("INT2 RTN", QuantSpec(bits=2, group_size=32, rotation="none"), "off"),
     Config("INT2 RTN + Jensen", QuantSpec(bits=2, group_size=32, rotation="none"), "taylor"),
-    Config("INT2 QuaRot", QuantSpec(bits=2, group_size=32, rotation="hadamard"), "none"),
+    Config("INT2 QuaRot", QuantSpec(bits=2, group_size=32, rotation="hadamard"), "off"),
     Config("INT2 QuaRot + Jensen", QuantSpec(bits=2, group_size=32, rotation="hadamard"), "taylor"),
-    Config("INT4 RTN", QuantSpec(bits=4, group_size=32, rotation="none"), "none"),
+    Config("INT4 RTN", QuantSpec(bits=4, group_size=32, rotation="none"), "off"),
 )
 
 

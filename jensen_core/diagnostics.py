@@ -73,7 +73,7 @@ def attention_shift(
     v_cur: Tensor,
     k_quant: QuantizedTensor | Tensor | None,
     v_quant: QuantizedTensor | Tensor | None = None,
-    correction: str = "none",
+    correction: str = "off",
     strength: float = 1.0,
     query_stride: int = 1,
     chunk_tokens: Sequence[int] | None = None,
@@ -88,8 +88,8 @@ def attention_shift(
     :func:`jensen_core.bias.jensen_bias`). Materialises one (M, N) score matrix per
     (batch, head): meant for sampled layers and heads, not for the sampling loop.
     """
-    check_mode(correction)
-    if isinstance(k_quant, QuantizedTensor) and correction != "none":
+    correction = check_mode(correction)
+    if isinstance(k_quant, QuantizedTensor) and correction != "off":
         chunk_spans(k_quant, chunk_tokens)  # a chunk layout that does not fit the keys fails before any work
     if query_stride < 1:
         raise ValueError(f"query_stride={query_stride} must be at least 1")
@@ -101,7 +101,7 @@ def attention_shift(
     qf = q.to(torch.float32).reshape(-1, *q.shape[-2:])
     flat = lambda t: t.to(torch.float32).reshape(-1, *t.shape[-2:])  # noqa: E731
     kc, vc, kr, vr, kh, vh = map(flat, (k_cached, v_cached, k_cur, v_cur, k_hat, v_hat))
-    kq = k_quant.flatten_leading() if isinstance(k_quant, QuantizedTensor) and correction != "none" else None
+    kq = k_quant.flatten_leading() if isinstance(k_quant, QuantizedTensor) and correction != "off" else None
     n_cached = kc.shape[-2]
     dps, jsd = [], []
     sq_err, count = 0.0, 0

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .cache import chunk_bytes
+from .retention import Retention
 from .spec import QuantSpec
 
 # (layers, heads, head_dim) of models users run; head_dim 128 as ComfyUI's Wan detection sets it
@@ -124,7 +125,8 @@ def plan_cache(
     prefix_chunks = math.ceil(prefix_frames / chunk_frames)
     chunks = math.ceil(latent_frames / chunk_frames)
     written = prefix_chunks + chunks - (0 if write_last else 1)
-    held = written if window_chunks == 0 else min(window_chunks + sink_chunks, written)
+    retention = Retention(window_chunks, sink_chunks)
+    held = retention.count(written)  # chunks never leave faster than they come: the end of the run is the peak
     if window_chunks and window_chunks + sink_chunks >= prefix_chunks + chunks:
         warnings.append(
             f"window of {window_chunks} chunks{f' plus a sink of {sink_chunks}' if sink_chunks else ''} is not "
@@ -148,7 +150,7 @@ def plan_cache(
                                                 full_bytes=full_bytes)
     quant = None if errors else copies * one_chunk
     total_chunks = prefix_chunks + chunks
-    end_held = total_chunks if window_chunks == 0 else min(window_chunks + sink_chunks, total_chunks)
+    end_held = retention.count(total_chunks)
     latents = end_held * chunk_frames * latent_height * latent_width * WAN_LATENT_CHANNELS * batch * 4
     state_file = None if errors else end_held * layers * cfg_branches * one_chunk + latents
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, correction_to_mode, get_config, set_config
+from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, get_config, parse_correction, set_config
 from ..runtime.core_ar import attach
 from .common import CATEGORY, check_combo_values, logger, node_message
 
@@ -49,7 +49,7 @@ class JensenKVBiasCorrection(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, mode, strength) -> io.NodeOutput:
-        correction = correction_to_mode(mode)
+        correction = parse_correction(mode)
         config = get_config(model.model_options)
         if config is None or not config.keys_quantized:
             logger.warning("jensen_kv: %s", NOTHING_TO_CORRECT)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..jensen_core import ChunkCache
-from .config import JensenKVConfig, mode_to_correction
+from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 
 
@@ -148,7 +148,7 @@ class CacheRun:
                 self.observer(AttentionEvent(
                     layer=layer, branch=branch, chunk=self.chunk, frame_offset=self.frame_offset,
                     phase=self.phase, step=self.step, q=qb, k=kb, v=vb, cache=cache, out=out,
-                    correction=mode_to_correction(self.correction), strength=self.strength,
+                    correction=self.correction, strength=self.strength,
                 ))
             if self.phase == PHASE_WRITE:
                 if self._written.get(key) == self.chunk:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..jensen_core.planner import plan_cache
+from ..jensen_core.retention import Retained, Retention
 from .cache_run import CacheRun
 from .config import JensenKVConfig, get_config, get_window
 from .diagnostics_observer import combine_observers, make_diagnostics
@@ -89,23 +90,6 @@ class ChunkedARResult:
     denoise_seconds: list[float] = field(default_factory=list)
     state: RunState | None = None
     cache_bytes_after_write: list[int] = field(default_factory=list)  # every (layer, branch) cache, per write
-
-
-class Timeline:
-    """Which finished chunks the cache holds (the first ``sink``, the last ``window``) and their clean latents."""
-
-    def __init__(self, window: int, sink: int, retained: list[RetainedChunk] | None = None):
-        self.window, self.sink = window, sink
-        self.retained: list[RetainedChunk] = list(retained or [])
-        self.sink_held = min(sink, sum(1 for r in self.retained if r.chunk < sink))
-
-    def add(self, chunk: RetainedChunk) -> None:
-        self.retained.append(chunk)
-        if self.sink_held < self.sink:
-            self.sink_held += 1
-            return
-        while self.window and len(self.retained) - self.sink_held > self.window:
-            del self.retained[self.sink_held]
 
 
 def _validate(latent: dict, sigmas, cfg: float, window_chunks: int, sink_chunks: int, context_noise: float):
@@ -266,11 +250,13 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
                          "loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a cache")
     run = CacheRun(config, window_chunks, adapter.num_layers, observer=combine_observers(observer, diagnostics),
                    sink_chunks=sink_chunks)
-    timeline = Timeline(window_chunks, sink_chunks)
+    # the clean latents of the chunks the caches hold, under the caches' rule
+    timeline: Retained[RetainedChunk] = Retained(Retention(window_chunks, sink_chunks))
     if resume is not None:
         device = model.load_device
         run.adopt({k: c.copy().to(device) for k, c in resume.caches.items()}, resume.branches)
-        timeline = Timeline(window_chunks, sink_chunks, resume.retained)
+        timeline = Retained(timeline.rule, resume.retained,
+                            sink_held=min(sink_chunks, sum(1 for r in resume.retained if r.chunk < sink_chunks)))
     work = model.clone()
     out = latent_image.clone()
     seconds: list[float] = []
@@ -299,7 +285,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
 
     def recache(prompt, index: int) -> int:
         """Re-write every retained chunk under ``prompt`` (LongLive's re-cache); returns how many."""
-        kept = list(timeline.retained)
+        kept = list(timeline.items)
         if not kept:
             return 0
         run.start_rewrite()
@@ -362,7 +348,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
                 window_chunks=window_chunks, sink_chunks=sink_chunks, latent_shape=latent_geometry,
                 next_chunk=first_chunk + plan.chunks, next_frame=first_frame + plan.frames, branches=run.branches,
                 active_prompt=active, caches={k: c.copy().to("cpu") for k, c in run.caches.items()},
-                retained=list(timeline.retained),
+                retained=list(timeline.items),
                 info={"seed": int(seed), "prompts": schedule.describe(), "model_class": adapter.model_class},
             )
     finally:

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 
 from ..jensen_core import MODES, QuantSpec
+from ..jensen_core.bias import check_mode
 from ..jensen_core.spec import QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
 
 CONFIG_KEY = "jensen_kv"
@@ -20,7 +21,7 @@ BITS_CHOICES = ("2", "3", "4", "8", "off")
 GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
 ROTATION_CHOICES = ("none", "hadamard")
 SCALE_FORMAT_CHOICES = ("fp8_e4m3", "bf16", "fp16", "fp32")
-CORRECTION_CHOICES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
+CORRECTION_CHOICES = MODES  # ("taylor", "chunk_mean", "exact", "per_channel", "off"): the core's names
 METHOD_CHOICES = ("rtn", "qvg")
 # (default, min, max) of QVG's k-means knobs, as QuantSpec validates them
 QVG_STAGES_RANGE = (QuantSpec.__dataclass_fields__["qvg_stages"].default, 1, QVG_MAX_STAGES)
@@ -57,15 +58,12 @@ def method_fields(method: str, stages: int | str, centroids: int | str, iters: i
     return out
 
 
-def correction_to_mode(correction: str) -> str:
-    """The node's vocabulary ("off") to jensen_core's ("none")."""
-    if correction not in CORRECTION_CHOICES:
-        raise ValueError(f"mode={correction!r} is not supported; use one of {', '.join(CORRECTION_CHOICES)}")
-    return "none" if correction == "off" else correction
-
-
-def mode_to_correction(mode: str) -> str:
-    return "off" if mode == "none" else mode
+def parse_correction(value: str) -> str:
+    """A correction widget's value as one of :data:`CORRECTION_CHOICES` (an old "none" reads as "off")."""
+    try:
+        return check_mode(value)
+    except ValueError:
+        raise ValueError(f"mode={value!r} is not supported; use one of {', '.join(CORRECTION_CHOICES)}") from None
 
 
 @dataclass(frozen=True)
@@ -74,12 +72,12 @@ class JensenKVConfig:
 
     ``spec_k`` / ``spec_v``: how cached keys / values are quantized (``None`` keeps that side in the
     model's own precision). ``correction``: a ``jensen_core`` mode ("taylor", "chunk_mean", "exact",
-    "per_channel" or "none") applied to the scores of cached keys, scaled by ``strength``.
+    "per_channel" or "off") applied to the scores of cached keys, scaled by ``strength``.
     """
 
     spec_k: QuantSpec | None = None
     spec_v: QuantSpec | None = None
-    correction: str = "none"
+    correction: str = "off"
     strength: float = 1.0
 
     def __post_init__(self) -> None:
@@ -87,8 +85,10 @@ class JensenKVConfig:
             s = getattr(self, name)
             if s is not None and not isinstance(s, QuantSpec):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
-        if self.correction not in MODES:
-            raise ValueError(f"correction={self.correction!r} is not supported; use one of {MODES}")
+        try:  # a config made before "none" was renamed "off" still reads
+            object.__setattr__(self, "correction", check_mode(self.correction))
+        except ValueError:
+            raise ValueError(f"correction={self.correction!r} is not supported; use one of {MODES}") from None
         s = self.strength
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= STRENGTH_MAX:
             raise ValueError(f"strength={s!r} must be a number from 0 to {STRENGTH_MAX:g} (1.0 applies the full correction)")
@@ -105,7 +105,7 @@ class JensenKVConfig:
     def effective_correction(self) -> str:
         """What attention really applies: nothing when the keys are not quantized or strength is 0."""
         if not self.keys_quantized or self.strength == 0:
-            return "none"
+            return "off"
         return self.correction
 
     def with_correction(self, correction: str, strength: float) -> JensenKVConfig:
@@ -137,7 +137,7 @@ class JensenKVConfig:
             parts.append(f"group {spec.group_size}, rotation {spec.rotation}, scales {spec.scale_format}")
             if spec.method == "qvg":
                 parts.append(f"k-means S={spec.qvg_stages} K={spec.qvg_centroids} iters<={spec.qvg_iters}")
-        corr = mode_to_correction(self.effective_correction)
+        corr = self.effective_correction
         parts.append(f"correction {corr}" + (f" x{self.strength:g}" if corr != "off" else ""))
         return "; ".join(parts)
 

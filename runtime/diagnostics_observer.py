@@ -8,10 +8,11 @@ one, no observer exists and the run pays nothing.
 The observer sees every self-attention call of the sampled layers (``nodes.observer``):
 
 - write phase: the chunk's full-precision post-RoPE K/V, just before the cache quantizes and appends
-  them. It keeps a clone of the sampled heads (the *shadow*), windowed exactly like the cache.
+  them. It keeps a clone of the sampled heads (the *shadow*), kept under the cache's own
+  :class:`~jensen_core.retention.Retention`.
 - denoising phase, sampled steps, chunks >= 1: it compares attention over the cache as the run read it
   (``event.cache.entries``) with the full-precision shadow on the same queries, using
-  :func:`jensen_core.diagnostics.attention_shift`, once without correction ("none") and once with the
+  :func:`jensen_core.diagnostics.attention_shift`, once without correction ("off") and once with the
   run's correction and strength (or, if the run applied none, with the full "taylor" correction as a
   what-if).
 
@@ -27,8 +28,10 @@ import torch
 from torch import Tensor
 
 from ..jensen_core import QuantizedTensor
+from ..jensen_core.bias import check_mode
 from ..jensen_core.diagnostics import attention_shift
 from ..jensen_core.quant import cat_quantized
+from ..jensen_core.retention import Retained, Retention
 from ..jensen_core.shift_summary import ShiftAccumulator, common_histogram
 from .config import get_option, set_option
 from .observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
@@ -149,28 +152,6 @@ def _spec_text(entry_k, entry_v) -> str:
     return text
 
 
-class _Shadow:
-    """The full-precision K/V of the chunks the cache holds: the first ``sink`` for good, the last ``window``."""
-
-    def __init__(self, window: int | None, sink: int):
-        self.items: list = []
-        self.window, self.sink, self.held = window, sink, 0
-
-    def append(self, item) -> None:
-        self.items.append(item)
-        if self.held < self.sink:
-            self.held += 1
-            return
-        while self.window is not None and len(self.items) - self.held > self.window:
-            del self.items[self.held]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __iter__(self):
-        return iter(self.items)
-
-
 class DiagnosticsObserver:
     """Observer of one Chunked AR run (see the module docstring); :meth:`free` drops the shadow copies."""
 
@@ -183,20 +164,21 @@ class DiagnosticsObserver:
         self.steps = resolve_selection(request.steps, steps, "steps")
         self._layer_set, self._step_set = set(self.layers), set(self.steps)
         self._all_heads = len(self.heads) == heads
-        self.window_chunks = window_chunks or None
-        self.sink_chunks = int(sink_chunks)
+        self.retention = Retention(window_chunks or None, int(sink_chunks))  # the cache's rule, for the shadow
         self.strength = float(strength)
-        self.applied = correction  # jensen_core mode the run applied ("none" when off)
+        correction = check_mode(correction)
+        self.applied = correction  # the mode the run applied ("off": none)
         self.keys_quantized = keys_quantized
         if not keys_quantized:
-            self.modes = ["none"]
+            self.modes = ["off"]
         else:
-            self.modes = ["none", correction if correction != "none" else WHAT_IF_MODE]
-        self.what_if = keys_quantized and correction == "none"
+            self.modes = ["off", correction if correction != "off" else WHAT_IF_MODE]
+        self.what_if = keys_quantized and correction == "off"
         if self.what_if:  # the run applied nothing (mode off or strength 0): show the full Taylor correction
             self.strength = 1.0
         self.acc = {m: ShiftAccumulator() for m in self.modes}
-        self._shadow: dict[tuple[int, int], _Shadow] = {}
+        # full-precision (k, v) of the sampled heads of every chunk the cache holds, per (layer, branch)
+        self._shadow: dict[tuple[int, int], Retained[tuple[Tensor, Tensor]]] = {}
         self.cache_text: str | None = None
         self.chunks_seen: set[int] = set()
 
@@ -218,8 +200,8 @@ class DiagnosticsObserver:
         if e.phase == PHASE_WRITE:
             shadow = self._shadow.get(key)
             if shadow is None:
-                shadow = self._shadow[key] = _Shadow(self.window_chunks, self.sink_chunks)
-            shadow.append((self._pick(e.k).detach().clone(), self._pick(e.v).detach().clone()))
+                shadow = self._shadow[key] = Retained(self.retention)
+            shadow.add((self._pick(e.k).detach().clone(), self._pick(e.v).detach().clone()))
             return
         if e.phase != PHASE_DENOISE or e.step not in self._step_set or e.cache is None or e.cache.num_chunks == 0:
             return
@@ -247,7 +229,7 @@ class DiagnosticsObserver:
         elements = q[..., ::stride, :].numel()
         for mode in self.modes:
             stats = attention_shift(q, k_ref, v_ref, k_cur, v_cur, k_hat, v_hat, correction=mode,
-                                    strength=self.strength if mode != "none" else 1.0, query_stride=stride,
+                                    strength=self.strength if mode != "off" else 1.0, query_stride=stride,
                                     chunk_tokens=[en.tokens for en in entries])
             self.acc[mode].add(stats, elements)
         self.chunks_seen.add(e.chunk)

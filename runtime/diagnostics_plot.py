@@ -17,13 +17,13 @@ AFTER = (240, 138, 36)  # orange: with the correction
 INK = (30, 30, 30)
 GRID = (225, 225, 225)
 BACKGROUND = (255, 255, 255)
-MODE_NAMES = {"none": "no correction", "taylor": "Taylor", "chunk_mean": "chunk mean", "exact": "exact",
+MODE_NAMES = {"off": "no correction", "taylor": "Taylor", "chunk_mean": "chunk mean", "exact": "exact",
               "per_channel": "per-channel"}
 
 
 # ------------------------------------------------------------------------------------------------ text
 def mode_label(diag: dict, mode: str) -> str:
-    if mode == "none":
+    if mode == "off":
         return "quantized, no correction"
     label = f"corrected ({MODE_NAMES.get(mode, mode)}"
     if diag.get("strength", 1.0) != 1.0:

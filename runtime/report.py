@@ -6,7 +6,7 @@ import math
 import torch
 
 from .cache_run import CacheRun
-from .config import JensenKVConfig, mode_to_correction
+from .config import JensenKVConfig
 from .families import ModelFamily
 
 MIB = 2**20
@@ -51,7 +51,7 @@ def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, *,
         "method": spec.method if spec else "rtn",
         "qvg_stages": spec.qvg_stages if spec and spec.method == "qvg" else None,
         "qvg_centroids": spec.qvg_centroids if spec and spec.method == "qvg" else None,
-        "correction": mode_to_correction(config.effective_correction),
+        "correction": config.effective_correction,
         "strength": float(config.strength),
         "layers": adapter.num_layers,
         "heads": adapter.heads,

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from ..jensen_core import ChunkCache, QuantSpec
 from ..jensen_core.cache import MAX_META_BYTES, META_KEY, parse_json, read_meta, whole
+from ..jensen_core.retention import Retention
 
 FORMAT = "jensen_kv_run_state"
 VERSION = 1
@@ -474,21 +475,6 @@ def _index(text: str) -> int | None:
     return None
 
 
-def retained_chunks(next_chunk: int, window_chunks: int, sink_chunks: int) -> list[int]:
-    """The chunk indices a run that has written chunks ``0 .. next_chunk - 1`` holds: the first ``sink_chunks``
-    for good and the last ``window_chunks`` (0 = every chunk), oldest first (the caches' retention rule)."""
-    sink = min(sink_chunks, next_chunk)
-    rest = next_chunk - sink
-    kept = rest if window_chunks == 0 else min(rest, window_chunks)
-    return list(range(sink)) + list(range(next_chunk - kept, next_chunk))
-
-
-def _retained_count(next_chunk: int, window_chunks: int, sink_chunks: int) -> int:
-    sink = min(sink_chunks, next_chunk)
-    rest = next_chunk - sink
-    return sink + (rest if window_chunks == 0 else min(rest, window_chunks))
-
-
 def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
     """Check a state record against itself and against the header's tensors; no tensor data is read.
 
@@ -569,12 +555,13 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
 
     # retained chunks: exactly those the window and sink keep, in order, their frames consistent
     records = st["retained"]
-    count = _retained_count(next_chunk, window, sink)
+    retention = Retention(window, sink)
+    count = retention.count(next_chunk)
     if not isinstance(records, list) or len(records) != count:
         got = f"{len(records)} chunks" if isinstance(records, list) else type(records).__name__
         raise ValueError(f"retained lists {got}; a state at chunk {next_chunk} with window_chunks={window} and "
                          f"sink_chunks={sink} retains {count}")
-    indices = retained_chunks(next_chunk, window, sink)
+    indices = retention.indices(next_chunk)
     retained: list[_Retained] = []
     for i, (r, chunk) in enumerate(zip(records, indices)):
         what = f"retained[{i}]"

@@ -65,7 +65,7 @@ def test_streaming_is_available_on_this_machine():
 
 
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
-@pytest.mark.parametrize("mode", ["taylor", "chunk_mean", "per_channel", "exact", "none"])
+@pytest.mark.parametrize("mode", ["taylor", "chunk_mean", "per_channel", "exact", "off"])
 @pytest.mark.parametrize("strength", [1.0, 0.4, 2.5])
 def test_fast_path_equals_materialised_reference(rotation, mode, strength, path):
     entries, q, kc, vc = _setup(rotation)
@@ -178,7 +178,7 @@ def test_rotation_is_orthogonal_and_leaves_unquantized_attention_unchanged():
     out = {}
     for rot in ("none", "hadamard"):
         spec = QuantSpec(bits=8, group_size=16, rotation=rot, seed=3)
-        out[rot] = cached_attention(q, k, v, [CacheEntry(quantize(k, spec), quantize(v, spec))], correction="none")
+        out[rot] = cached_attention(q, k, v, [CacheEntry(quantize(k, spec), quantize(v, spec))], correction="off")
     ref = F.scaled_dot_product_attention(q, torch.cat([k, k], -2), torch.cat([v, v], -2))
     for rot in out:
         torch.testing.assert_close(out[rot], ref, rtol=0, atol=0.02)
@@ -214,13 +214,13 @@ def test_full_precision_entries_and_mixed_dtypes():
 def test_bf16_compute_stays_close_to_fp32(path):
     entries, q, kc, vc = _setup("hadamard")
     err = {}
-    for mode in ("none", "taylor"):
+    for mode in ("off", "taylor"):
         out16 = cached_attention(q.bfloat16(), kc.bfloat16(), vc.bfloat16(), entries, mode)
         out32 = cached_attention(q, kc, vc, entries, mode)
         assert out16.dtype == torch.bfloat16
         err[mode] = (out16.float() - out32).abs().mean().item()
     # the appended correction channels add no error beyond what bf16 attention has anyway
-    assert err["taylor"] <= 1.5 * err["none"] + 1e-4, err
+    assert err["taylor"] <= 1.5 * err["off"] + 1e-4, err
 
 
 @pytest.mark.cuda

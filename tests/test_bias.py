@@ -88,7 +88,7 @@ def test_rotated_cache_uses_rotated_query_group_norms():
     assert not torch.allclose(b[0, 0, 0], unrotated_nu_bias)
 
 
-def test_per_channel_is_one_shared_value_per_query_and_none_is_zero():
+def test_per_channel_is_one_shared_value_per_query_and_off_is_zero():
     spec = QuantSpec(bits=2, group_size=16)
     kq = _quantized_keys(10, 1.0, spec, tokens=9)
     q = torch.randn(1, 1, 4, 64)
@@ -96,7 +96,42 @@ def test_per_channel_is_one_shared_value_per_query_and_none_is_zero():
     assert b.shape == (1, 1, 4, 9)
     assert torch.allclose(b, b[..., :1].expand_as(b))
     torch.testing.assert_close(b.mean(-1), jensen_bias(q, kq, "taylor").mean(-1), rtol=1e-5, atol=1e-7)
-    assert (jensen_bias(q, kq, "none") == 0).all()
+    assert (jensen_bias(q, kq, "off") == 0).all()
+
+
+def test_no_correction_is_called_off_and_the_old_none_still_reads():
+    """One name for "no correction" from the UI to the core; "none", its old core name, reads as "off" wherever a
+    mode is read (core calls, configs made before, a widget value), while a misspelt mode is still refused."""
+    from support.pack import load_pack_module
+
+    from jensen_core import MODES, CacheEntry, cached_attention
+    from jensen_core.bias import check_mode
+    from jensen_core.diagnostics import attention_shift
+
+    config = load_pack_module("runtime.config")
+    assert "off" in MODES and "none" not in MODES and config.CORRECTION_CHOICES == MODES
+    assert check_mode("none") == "off" and check_mode("taylor") == "taylor"
+    with pytest.raises(ValueError, match="'nothing'"):
+        check_mode("nothing")
+    spec = QuantSpec(bits=2, group_size=16)
+    kq = _quantized_keys(11, 1.0, spec, tokens=8)
+    gen = torch.Generator().manual_seed(3)
+    q, kc, vc = (torch.randn(1, 1, 8, 64, generator=gen) for _ in range(3))
+    assert torch.equal(jensen_bias(q, kq, "none"), jensen_bias(q, kq, "off"))
+    entries = [CacheEntry(kq, quantize(vc, spec))]
+    assert torch.equal(cached_attention(q, kc, vc, entries, "none"), cached_attention(q, kc, vc, entries, "off"))
+    assert not torch.equal(cached_attention(q, kc, vc, entries, "taylor"), cached_attention(q, kc, vc, entries, "off"))
+    k = torch.randn(1, 1, 8, 64, generator=gen) * 2
+    old, new = (attention_shift(q, k, vc, kc, vc, quantize(k, spec), None, m) for m in ("none", "off"))
+    assert torch.equal(old.delta_ps, new.delta_ps) and old.output_mse == new.output_mse > 0
+    pack_spec = config.QuantSpec(bits=2, group_size=16)  # the pack's own jensen_core, as the runtime imports it
+    assert config.JensenKVConfig(spec_k=pack_spec, correction="none").correction == "off"
+    assert config.JensenKVConfig().correction == "off" and config.parse_correction("none") == "off"
+    assert config.JensenKVConfig(spec_k=pack_spec, correction="none", strength=0.5).describe().endswith("correction off")
+    with pytest.raises(ValueError, match="mode='Off'"):
+        config.parse_correction("Off")
+    with pytest.raises(ValueError, match="correction='nothing'"):
+        config.JensenKVConfig(correction="nothing")
 
 
 def test_exact_bias_without_the_lookup_table_agrees():

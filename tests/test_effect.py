@@ -20,7 +20,7 @@ def _shift(w, spec, correction, query_stride=2):
 
 def test_int2_quarot_steals_attention_and_the_correction_gives_it_back(workload):
     spec = QuantSpec(bits=2, group_size=32, rotation="hadamard")
-    before, after = _shift(workload, spec, "none"), _shift(workload, spec, "taylor")
+    before, after = _shift(workload, spec, "off"), _shift(workload, spec, "taylor")
     assert before.median_delta_ps > 0.02  # cached keys steal attention mass
     assert abs(after.median_delta_ps) < 0.25 * before.median_delta_ps
     assert after.mean_jsd < before.mean_jsd
@@ -31,7 +31,7 @@ def test_int2_rtn_with_outlier_channels_is_at_least_halved(workload):
     # plain RTN on keys with outlier channels: INT2's error is not uniform (values bunch between
     # the grid levels), so the Taylor correction removes most but not all of the shift
     spec = QuantSpec(bits=2, group_size=32, rotation="none")
-    before, after = _shift(workload, spec, "none"), _shift(workload, spec, "taylor")
+    before, after = _shift(workload, spec, "off"), _shift(workload, spec, "taylor")
     assert before.median_delta_ps > 0.05
     assert abs(after.median_delta_ps) < 0.5 * before.median_delta_ps
     assert after.mean_jsd < before.mean_jsd and after.output_mse < before.output_mse
@@ -39,7 +39,7 @@ def test_int2_rtn_with_outlier_channels_is_at_least_halved(workload):
 
 def test_exact_and_per_channel_modes_also_reduce_the_shift(workload):
     spec = QuantSpec(bits=2, group_size=32, rotation="hadamard")
-    before = _shift(workload, spec, "none").median_delta_ps
+    before = _shift(workload, spec, "off").median_delta_ps
     for mode in ("exact", "per_channel"):
         assert abs(_shift(workload, spec, mode).median_delta_ps) < 0.5 * before
 
@@ -49,7 +49,7 @@ def test_chunk_mean_gives_back_the_stolen_mass_like_taylor(workload, rotation):
     """The zero-cost chunk-constant correction moves the attention mass back about as far as the per-score one
     (it removes each chunk's partition-sum shift) and lowers JSD and output MSE too, though never below Taylor's."""
     spec = QuantSpec(bits=2, group_size=32, rotation=rotation)
-    before, taylor, chunk = (_shift(workload, spec, m) for m in ("none", "taylor", "chunk_mean"))
+    before, taylor, chunk = (_shift(workload, spec, m) for m in ("off", "taylor", "chunk_mean"))
     assert abs(chunk.median_delta_ps) < 0.5 * before.median_delta_ps
     assert abs(chunk.median_delta_ps) < abs(taylor.median_delta_ps) + 0.25 * (before.median_delta_ps - abs(taylor.median_delta_ps))
     assert chunk.mean_jsd < before.mean_jsd and chunk.output_mse < before.output_mse
@@ -70,8 +70,8 @@ def test_the_cache_fast_path_moves_mass_like_the_diagnostics_say(workload):
         cache.append(k, v)
         full.append(k, v)
     ref = full.attend(w.q, w.k_cur, w.v_cur)
-    err = {m: (cache.attend(w.q, w.k_cur, w.v_cur, correction=m) - ref).square().mean().item() for m in ("none", "taylor")}
-    assert err["taylor"] < err["none"]
+    err = {m: (cache.attend(w.q, w.k_cur, w.v_cur, correction=m) - ref).square().mean().item() for m in ("off", "taylor")}
+    assert err["taylor"] < err["off"]
     # and the output equals the diagnostics' materialised corrected output
     stats = _shift(w, spec, "taylor", query_stride=1)
     assert stats.output_mse == pytest.approx(err["taylor"], rel=1e-3)

@@ -4,8 +4,9 @@ import math
 import pytest
 import torch
 
-from jensen_core import CacheEntry, QuantSpec, attention, cached_attention, kernels, quantize
-from jensen_core.kernels import Layout
+from jensen_core import CacheEntry, QuantSpec, attention, cached_attention, cpu, quantize
+from jensen_core import correction_layouts as layouts
+from jensen_core.correction_layouts import Layout
 
 
 def _entries(rotation="hadamard", B=1, H=3, T=40, D=128, chunks=2, seed=0, dtype=torch.float32):
@@ -33,8 +34,8 @@ def _reference(entries, q, kc, vc, mode="taylor", strength=1.0):
 @pytest.fixture
 def fresh_choices(monkeypatch):
     """An empty layout cache for the test (the process's real choices stay untouched)."""
-    monkeypatch.setattr(kernels, "_LAYOUTS", {})
-    return kernels._LAYOUTS
+    monkeypatch.setattr(layouts, "_LAYOUTS", {})
+    return layouts._LAYOUTS
 
 
 @pytest.mark.parametrize("flags, expected", [
@@ -45,59 +46,59 @@ def fresh_choices(monkeypatch):
     (set(), "other"),
 ])
 def test_cpu_class_from_flags(flags, expected):
-    assert kernels.cpu_class_from_flags(frozenset(flags)) == expected
+    assert cpu.cpu_class_from_flags(frozenset(flags)) == expected
 
 
 def test_this_machines_cpu_class_is_read_from_proc_cpuinfo():
-    assert kernels.cpu_class() in ("AMX", "AVX-512", "AVX2", "other")
+    assert cpu.cpu_class() in ("AMX", "AVX-512", "AVX2", "other")
     text = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
     if " avx512f" in text and " amx_bf16" not in text:
-        assert kernels.cpu_class() == "AVX-512"
+        assert cpu.cpu_class() == "AVX-512"
 
 
 def test_cpu_candidates_follow_the_flash_kernels_needs(monkeypatch):
     cpu = torch.device("cpu")
-    assert kernels.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136)]
-    monkeypatch.setattr(kernels, "cpu_class", lambda: "AVX-512")
-    assert kernels.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136)]
+    assert layouts.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136)]
+    monkeypatch.setattr(layouts, "cpu_class", lambda: "AVX-512")
+    assert layouts.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136)]
     # with AMX the reduced-precision kernel packs its operands only at widths that are multiples of 64
-    monkeypatch.setattr(kernels, "cpu_class", lambda: "AMX")
-    assert kernels.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136), Layout("pad", 192)]
-    assert kernels.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136)]  # fp32 is never packed
-    assert kernels.candidate_layouts(cpu, torch.bfloat16, 64, 1) == [Layout("pad", 72), Layout("pad", 128)]
+    monkeypatch.setattr(layouts, "cpu_class", lambda: "AMX")
+    assert layouts.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136), Layout("pad", 192)]
+    assert layouts.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136)]  # fp32 is never packed
+    assert layouts.candidate_layouts(cpu, torch.bfloat16, 64, 1) == [Layout("pad", 72), Layout("pad", 128)]
     cuda = torch.device("cuda")
-    kinds = [lay.kind for lay in kernels.candidate_layouts(cuda, torch.bfloat16, 128, 4)]
+    kinds = [lay.kind for lay in layouts.candidate_layouts(cuda, torch.bfloat16, 128, 4)]
     assert kinds[:2] == ["pad", "split"] and set(kinds) <= {"pad", "split", "flex"}
 
 
 def test_a_layout_that_fails_its_check_is_never_used(monkeypatch, fresh_choices):
     # the CPU flash kernel refuses a narrower v: the "split" layout fails its check and "pad" is used
-    monkeypatch.setattr(kernels, "candidate_layouts", lambda *a: [Layout("split", 136), Layout("pad", 136)])
-    assert kernels.taylor_layout(torch.device("cpu"), torch.float32, 128, 4) == Layout("pad", 136)
-    assert kernels.kernel_choices() == {"cpu/torch.float32 d128 G4": "q,k,v padded to 136"}
+    monkeypatch.setattr(layouts, "candidate_layouts", lambda *a: [Layout("split", 136), Layout("pad", 136)])
+    assert layouts.taylor_layout(torch.device("cpu"), torch.float32, 128, 4) == Layout("pad", 136)
+    assert layouts.kernel_choices() == {"cpu/torch.float32 d128 G4": "q,k,v padded to 136"}
 
 
 def test_the_choice_is_made_once_and_times_the_candidates_that_pass(monkeypatch, fresh_choices):
     checks, timed = [], []
-    real_ok, real_fastest = kernels._layout_ok, kernels._fastest
-    monkeypatch.setattr(kernels, "candidate_layouts", lambda *a: [Layout("pad", 136), Layout("pad", 192)])
-    monkeypatch.setattr(kernels, "_layout_ok", lambda lay, *a: checks.append(lay) or real_ok(lay, *a))
-    monkeypatch.setattr(kernels, "_fastest", lambda lays, *a, **k: timed.append(lays) or real_fastest(lays, *a, **k))
+    real_ok, real_fastest = layouts._layout_ok, layouts._fastest
+    monkeypatch.setattr(layouts, "candidate_layouts", lambda *a: [Layout("pad", 136), Layout("pad", 192)])
+    monkeypatch.setattr(layouts, "_layout_ok", lambda lay, *a: checks.append(lay) or real_ok(lay, *a))
+    monkeypatch.setattr(layouts, "_fastest", lambda lays, *a, **k: timed.append(lays) or real_fastest(lays, *a, **k))
     cpu = torch.device("cpu")
-    first = kernels.taylor_layout(cpu, torch.float32, 128, 4, (2, 64, 64))
+    first = layouts.taylor_layout(cpu, torch.float32, 128, 4, (2, 64, 64))
     assert first in (Layout("pad", 136), Layout("pad", 192)) and len(checks) == 2 and len(timed) == 1
     for _ in range(3):
-        assert kernels.taylor_layout(cpu, torch.float32, 128, 4, (2, 64, 64)) == first
+        assert layouts.taylor_layout(cpu, torch.float32, 128, 4, (2, 64, 64)) == first
     assert len(checks) == 2 and len(timed) == 1  # cached per (device type, dtype, head_dim, G)
-    kernels.taylor_layout(cpu, torch.bfloat16, 128, 4, (2, 64, 64))
+    layouts.taylor_layout(cpu, torch.bfloat16, 128, 4, (2, 64, 64))
     assert len(checks) == 4
 
 
 def test_no_passing_layout_falls_back_to_one_buffer_and_stays_correct(monkeypatch, fresh_choices):
-    monkeypatch.setattr(kernels, "candidate_layouts", lambda *a: [Layout("split", 136)])
+    monkeypatch.setattr(layouts, "candidate_layouts", lambda *a: [Layout("split", 136)])
     entries, q, kc, vc = _entries()
     out = cached_attention(q, kc, vc, entries, "taylor", 0.8)
-    assert kernels.kernel_choices() == {"cpu/torch.float32 d128 G4": "none (single buffer)"}
+    assert layouts.kernel_choices() == {"cpu/torch.float32 d128 G4": "none (single buffer)"}
     torch.testing.assert_close(out, _reference(entries, q, kc, vc, "taylor", 0.8), rtol=1e-4, atol=2e-5)
 
 
@@ -117,7 +118,7 @@ def test_the_path_before_issue_12_gives_the_same_attention(rotation, dtype, monk
     the same results up to rounding."""
     entries, q, kc, vc = _entries(rotation, dtype=dtype)
     q, kc, vc = (t.to(dtype) for t in (q, kc, vc))
-    for mode in ("none", "taylor", "chunk_mean"):
+    for mode in ("off", "taylor", "chunk_mean"):
         new = cached_attention(q, kc, vc, entries, mode)
         monkeypatch.setattr(attention, "_LEGACY", True)
         old = cached_attention(q, kc, vc, entries, mode)
@@ -134,14 +135,14 @@ def test_cuda_layouts_each_equal_the_reference(dtype, fresh_choices):
     """Every layout CUDA offers (padded, split v, FlexAttention score_mod) passes its check and equals the
     reference through the whole fast path; the chunk-constant modes need none of them."""
     dev = torch.device("cuda")
-    cands = kernels.candidate_layouts(dev, dtype, 128, 4)
+    cands = layouts.candidate_layouts(dev, dtype, 128, 4)
     assert [lay.kind for lay in cands] == ["pad", "split", "flex"]
     entries, q, kc, vc = _entries("hadamard", T=300, dtype=dtype)
     ref = {m: _reference(entries, q.float(), kc.float(), vc.float(), m, 0.9) for m in ("taylor", "chunk_mean")}
     moved = [CacheEntry(e.k.to(dev), e.v.to(dev)) for e in entries]
     tol = 1e-3 if dtype == torch.float32 else 3e-2
     for lay in cands:
-        assert kernels._layout_ok(lay, dev, dtype, 128, 4), lay
+        assert layouts._layout_ok(lay, dev, dtype, 128, 4), lay
         fresh_choices[("cuda", dtype, 128, 4)] = lay
         out = cached_attention(q.to(dev), kc.to(dev), vc.to(dev), moved, "taylor", 0.9)
         torch.testing.assert_close(out.float().cpu(), ref["taylor"], rtol=tol, atol=tol)
@@ -152,12 +153,12 @@ def test_cuda_layouts_each_equal_the_reference(dtype, fresh_choices):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CPU-only machine)")
 def test_cuda_choice_at_first_use(fresh_choices):
-    lay = kernels.taylor_layout(torch.device("cuda"), torch.bfloat16, 128, 4, (12, 1560, 1560))
+    lay = layouts.taylor_layout(torch.device("cuda"), torch.bfloat16, 128, 4, (12, 1560, 1560))
     assert lay is not None and lay.kind in ("pad", "split", "flex")
-    assert "cuda/torch.bfloat16 d128 G4" in kernels.kernel_choices()
+    assert "cuda/torch.bfloat16 d128 G4" in layouts.kernel_choices()
 
 
-@pytest.mark.parametrize("mode", ["none", "taylor", "chunk_mean"])
+@pytest.mark.parametrize("mode", ["off", "taylor", "chunk_mean"])
 def test_butterfly_rotations_take_the_same_route(mode, monkeypatch):
     """Wide heads rotate with butterflies instead of the matrix the channel order is folded into."""
     from jensen_core import hadamard
@@ -172,13 +173,25 @@ def test_butterfly_rotations_take_the_same_route(mode, monkeypatch):
 @pytest.mark.parametrize("broken", ["output", "lse"])
 def test_the_float64_check_refuses_a_layout_right_in_one_half_only(monkeypatch, broken):
     """A layout whose log-sum-exp is right but whose output is wrong (or the reverse) must fail its float64 check."""
-    lay = kernels.Layout("pad", 136)
-    assert kernels._layout_ok(lay, torch.device("cpu"), torch.float32, 128, 4)  # the real one passes
-    real = kernels.layout_attend
+    lay = layouts.Layout("pad", 136)
+    assert layouts._layout_ok(lay, torch.device("cpu"), torch.float32, 128, 4)  # the real one passes
+    real = layouts.layout_attend
 
     def half_wrong(*args, **kwargs):
         out, lse = real(*args, **kwargs)
         return (out * 1.01, lse) if broken == "output" else (out, lse + 0.01)
 
-    monkeypatch.setattr(kernels, "layout_attend", half_wrong)
-    assert not kernels._layout_ok(lay, torch.device("cpu"), torch.float32, 128, 4)
+    monkeypatch.setattr(layouts, "layout_attend", half_wrong)
+    assert not layouts._layout_ok(lay, torch.device("cpu"), torch.float32, 128, 4)
+
+
+def test_the_kernels_live_in_three_modules_and_no_shim():
+    """CPU class, SDPA with log-sum-exp and the correction layouts each have their own module; no old path remains."""
+    import importlib
+
+    from jensen_core import sdpa_lse
+
+    assert layouts.cpu_class is cpu.cpu_class and layouts.sdpa_with_lse is sdpa_lse.sdpa_with_lse
+    assert attention.lse_supported is sdpa_lse.lse_supported and attention.taylor_layout is layouts.taylor_layout
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("jensen_core.kernels")

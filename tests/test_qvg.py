@@ -281,7 +281,7 @@ def _reference(entries, q, k_cur, v_cur, mode, strength):
 
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
 @pytest.mark.parametrize("mode, strength", [("taylor", 1.0), ("taylor", 0.5), ("chunk_mean", 0.7), ("per_channel", 1.0),
-                                            ("exact", 1.0), ("none", 1.0)])
+                                            ("exact", 1.0), ("off", 1.0)])
 @pytest.mark.parametrize("single_buffer", [False, True])
 def test_fast_path_equals_the_materialised_reference_for_qvg(rotation, mode, strength, single_buffer):
     spec = QuantSpec(**QVG, rotation=rotation, seed=5)
@@ -296,8 +296,8 @@ def test_fast_path_equals_the_materialised_reference_for_qvg(rotation, mode, str
     finally:
         attention._FORCE_CONCAT = False
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=2e-5)
-    if mode != "none":  # the correction really acted
-        assert (out - _reference(entries, q, k_cur, v_cur, "none", 1.0)).abs().max() > 1e-3
+    if mode != "off":  # the correction really acted
+        assert (out - _reference(entries, q, k_cur, v_cur, "off", 1.0)).abs().max() > 1e-3
 
 
 def test_bias_uses_the_residual_steps_not_the_keys_range():

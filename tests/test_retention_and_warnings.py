@@ -1,18 +1,13 @@
 """Rules a wrong line could break while every other test still passed: which chunks window + sink keep
-(in the cache and in the chunk loop's timeline), and when the planner warns about QVG's centroid cost."""
+(in the cache and in the chunk loop's retained latents), and when the planner warns about QVG's centroid cost."""
 from __future__ import annotations
 
 import pytest
 import torch
 from support.pack import load_pack_module
 
-from jensen_core import ChunkCache, QuantSpec
+from jensen_core import ChunkCache, QuantSpec, Retained, Retention
 from jensen_core.planner import plan_cache
-
-
-def _timeline_cls():
-    """runtime.chunk_loop imports ComfyUI only inside functions: its Timeline loads without ComfyUI."""
-    return load_pack_module("runtime.chunk_loop").Timeline
 
 
 @pytest.mark.parametrize("window,sink,chunks,kept", [(1, 1, 4, [0, 3]), (2, 1, 5, [0, 3, 4]), (1, 2, 5, [0, 1, 4]),
@@ -28,10 +23,10 @@ def test_the_sink_stays_and_the_window_rolls(window, sink, chunks, kept):
     assert marks == kept
 
     retained = load_pack_module("runtime.run_state").RetainedChunk
-    timeline = _timeline_cls()(window, sink)
+    timeline = Retained(Retention(window, sink))  # what the chunk loop keeps the clean latents in
     for c in range(chunks):
         timeline.add(retained(c, 2 * c, torch.zeros(1, 16, 2, 2, 2)))
-    assert [r.chunk for r in timeline.retained] == kept
+    assert [r.chunk for r in timeline.items] == kept
 
 
 @pytest.mark.parametrize("centroids,warns", [(8, True), (4, False)])

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ...jensen_core.cache import PreparedChunk
 from ..cache_run import CacheRun
-from ..config import JensenKVConfig, mode_to_correction
+from ..config import JensenKVConfig
 from ..observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 
 
@@ -238,7 +238,7 @@ class CoreARSession:
                 run.observer(AttentionEvent(layer=layer, branch=branch, chunk=self.chunk, frame_offset=frame0,
                                             phase=PHASE_WRITE, step=0, q=block.k, k=block.k, v=block.v,
                                             cache=run.caches.get((layer, branch)),
-                                            out=block.v, correction=mode_to_correction(run.correction),
+                                            out=block.v, correction=run.correction,
                                             strength=run.strength))
             run.store(layer, branch, block.k, block.v, prepared=block.prepared)
         run._record_peak()

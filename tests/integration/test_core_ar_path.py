@@ -107,10 +107,10 @@ def test_correction_gives_attention_back_on_core_path(nodes, diag_nodes, core_ar
     m = diag_nodes.JensenKVDiagnostics.execute(m, "all", "all", "all", 1).args[0]
     cw.sample_core(m, torch.zeros(1, 16, 4, 8, 8), SIGMAS, num_frame_per_block=1, seed=0)
     d = core_ar.last_report(m)["diagnostics"]
-    assert d["modes"] == ["none", "taylor"] and d["applied"] == "taylor"
+    assert d["modes"] == ["off", "taylor"] and d["applied"] == "taylor"
     assert d["chunks"] == [1, 2, 3] and d["steps"] == [0, 1, 2, 3]
     assert d["calls"] == 2 * 4 * 3  # layers x steps x blocks 1-3 (the clean passes are not measured)
-    none, fixed = d["stats"]["none"], d["stats"]["taylor"]
+    none, fixed = d["stats"]["off"], d["stats"]["taylor"]
     assert none["median_delta_ps"] > 0.005
     assert abs(fixed["median_delta_ps"]) < 0.5 * none["median_delta_ps"], (none, fixed)
 

@@ -122,7 +122,7 @@ def test_window_sink_diagnostics_and_cfg_on_core_path(server):
     assert (rep["window_chunks"], rep["sink_chunks"]) == (2, 1)
     assert rep["cache_bytes"] == rep["planned_bytes"]
     d = rep["diagnostics"]
-    none, fixed = d["stats"]["none"], d["stats"]["taylor"]
+    none, fixed = d["stats"]["off"], d["stats"]["taylor"]
     assert d["calls"] > 0 and none["median_delta_ps"] > 0
     assert abs(fixed["median_delta_ps"]) < none["median_delta_ps"], (none, fixed)
     # cfg > 1: core's own cache is allocated for the latent's batch and fails on the batched cond/uncond pair;

@@ -115,10 +115,10 @@ def test_sampler_with_diagnostics_int2_steals_and_taylor_gives_back(nodes, diag_
     out = nodes.JensenKVChunkedARSampler.execute(model, **_inputs(tiny, euler))
     report = out.args[1]
     d = report["diagnostics"]
-    assert d["modes"] == ["none", "taylor"] and d["applied"] == "taylor" and not d["what_if"]
+    assert d["modes"] == ["off", "taylor"] and d["applied"] == "taylor" and not d["what_if"]
     assert d["layers"] == [0, 1] and d["heads"] == [0, 1] and d["steps"] == [0, 1] and d["chunks"] == [1, 2, 3]
     assert d["calls"] == 2 * STEPS * 3  # layers x steps x chunks 1-3 (cfg 1: one branch)
-    none, fixed = d["stats"]["none"], d["stats"]["taylor"]
+    none, fixed = d["stats"]["off"], d["stats"]["taylor"]
     assert none["samples"] == d["calls"] * 2 * 32  # heads x (2 frames x 16 tokens), every query
     # INT2 keys steal attention, and the correction brings most of it back
     assert none["median_delta_ps"] > 0.005
@@ -193,9 +193,9 @@ def test_cfg_window_and_a_run_without_correction(nodes, diag_nodes, tiny, euler)
     model = _with_diag(diag_nodes, _quantized(nodes, tiny, "off"), layers="0", heads="1", steps="first")
     report = nodes.JensenKVChunkedARSampler.execute(model, **_inputs(tiny, euler, cfg=2.0, window=1)).args[1]
     d = report["diagnostics"]
-    assert d["modes"] == ["none", "taylor"] and d["what_if"] and d["applied"] == "none"
+    assert d["modes"] == ["off", "taylor"] and d["what_if"] and d["applied"] == "off"
     assert d["calls"] == 1 * 1 * 3 * 2  # layer 0 x first step x chunks 1-3 x two CFG branches
-    assert d["stats"]["none"]["samples"] == d["calls"] * 1 * 32  # one head, 2 frames x 16 tokens
+    assert d["stats"]["off"]["samples"] == d["calls"] * 1 * 32  # one head, 2 frames x 16 tokens
 
 
 def test_plot_node_returns_image_text_and_preview(nodes, diag_nodes, tiny, euler, tmp_path):
@@ -213,7 +213,7 @@ def test_plot_node_returns_image_text_and_preview(nodes, diag_nodes, tiny, euler
     assert image.shape == (1, 360, 640, 3) and image.dtype == torch.float32
     assert 0 <= float(image.min()) and float(image.max()) <= 1 and float(image.std()) > 0.05
     st = report["diagnostics"]["stats"]
-    assert f"median dP_S {st['none']['median_delta_ps']:+.5f}" in text
+    assert f"median dP_S {st['off']['median_delta_ps']:+.5f}" in text
     assert f"median dP_S {st['taylor']['median_delta_ps']:+.5f}" in text
     ui = out.ui
     assert ui["text"] == [text] and len(ui["images"]) == 1 and ui["images"][0]["type"] == "temp"
@@ -294,7 +294,7 @@ def test_workflow_with_diagnostics_in_a_live_server(server):
     d = report["diagnostics"]
     assert report["chunks"] == 6 and d["chunks"] == [1, 2, 3, 4, 5]
     assert d["calls"] == 2 * 2 * 5  # layers x steps x chunks 1-5
-    none, fixed = d["stats"]["none"], d["stats"]["taylor"]
+    none, fixed = d["stats"]["off"], d["stats"]["taylor"]
     assert none["median_delta_ps"] > 0 and abs(fixed["median_delta_ps"]) < none["median_delta_ps"], (none, fixed)
 
     plot = outputs["12"]

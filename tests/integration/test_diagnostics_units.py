@@ -68,7 +68,7 @@ def test_request_lives_on_model_options():
     obs_mod.set_request(p, obs_mod.DiagnosticsRequest(layers="1"))
     made = obs_mod.make_diagnostics(p.model_options, num_layers=2, heads=2, steps=2, window_chunks=0,
                                     correction="taylor", strength=1.0, keys_quantized=True)
-    assert made.layers == [1] and made.modes == ["none", "taylor"]
+    assert made.layers == [1] and made.modes == ["off", "taylor"]
     p.model_options["transformer_options"][obs_mod.REQUEST_KEY] = {"layers": "all"}
     with pytest.raises(TypeError, match="not a DiagnosticsRequest"):
         obs_mod.get_request(p.model_options)
@@ -99,12 +99,12 @@ def test_quantile_matches_torch_and_accumulator_weights_the_mse():
 def test_common_histogram_counts_everything_on_shared_edges():
     g = torch.Generator().manual_seed(1)
     a, b = torch.randn(5000, generator=g) * 0.01 + 0.02, torch.randn(5000, generator=g) * 0.01
-    h = summ.common_histogram({"none": a, "taylor": b}, bins=40)
+    h = summ.common_histogram({"off": a, "taylor": b}, bins=40)
     assert len(h["edges"]) == 41 and all(len(c) == 40 for c in h["counts"].values())
-    assert sum(h["counts"]["none"]) == 5000 and sum(h["counts"]["taylor"]) == 5000
+    assert sum(h["counts"]["off"]) == 5000 and sum(h["counts"]["taylor"]) == 5000
     assert h["edges"][0] <= 0 <= h["edges"][-1]
-    assert 0 < h["clamped"]["none"] < 100  # only the 0.5 % tails go to the edge bins
-    peak_a = max(range(40), key=h["counts"]["none"].__getitem__)
+    assert 0 < h["clamped"]["off"] < 100  # only the 0.5 % tails go to the edge bins
+    peak_a = max(range(40), key=h["counts"]["off"].__getitem__)
     peak_b = max(range(40), key=h["counts"]["taylor"].__getitem__)
     assert h["edges"][peak_a] > h["edges"][peak_b]  # the shifted distribution peaks further right
     flat = summ.common_histogram({"x": torch.zeros(7)}, bins=5)
@@ -156,7 +156,7 @@ def test_observer_equals_attention_shift_on_the_window_and_the_sampled_heads():
     # previous chunks) of heads 0 and 2, with the chunk's own K/V as the current block
     hi = [0, 2]
     ks, vs = [*w.k_cached, w.k_cur], [*w.v_cached, w.v_cur]
-    for mode in ("none", "taylor"):
+    for mode in ("off", "taylor"):
         deltas, jsd, sq, n = [], [], 0.0, 0
         for c in (1, 2, 3):
             window = range(max(0, c - 2), c)
@@ -190,7 +190,7 @@ def test_observer_gives_chunk_mean_each_cached_chunk_its_own_mean():
     spec = core.QuantSpec(bits=2, group_size=16)
     obs = _observer(steps="last", correction="chunk_mean")
     cache = _drive(obs, scaled, spec)
-    assert obs.modes == ["none", "chunk_mean"]
+    assert obs.modes == ["off", "chunk_mean"]
     kq = quant.cat_quantized([e.k for e in cache.entries])
     vq = quant.cat_quantized([e.v for e in cache.entries])
     args = (scaled.q, torch.cat(scaled.k_cached, -2), torch.cat(scaled.v_cached, -2), scaled.k_cur, scaled.v_cur, kq, vq)
@@ -221,30 +221,30 @@ def test_int2_steals_attention_and_the_observer_sees_the_correction_give_it_back
     obs = _observer(n_heads=4)
     _drive(obs, w, core.QuantSpec(bits=2, group_size=32))
     s = obs.summary()["stats"]
-    assert s["none"]["median_delta_ps"] > 0.01
-    assert abs(s["taylor"]["median_delta_ps"]) < 0.5 * s["none"]["median_delta_ps"]
-    assert s["taylor"]["mean_jsd"] < s["none"]["mean_jsd"] and s["taylor"]["output_mse"] < s["none"]["output_mse"]
+    assert s["off"]["median_delta_ps"] > 0.01
+    assert abs(s["taylor"]["median_delta_ps"]) < 0.5 * s["off"]["median_delta_ps"]
+    assert s["taylor"]["mean_jsd"] < s["off"]["mean_jsd"] and s["taylor"]["output_mse"] < s["off"]["output_mse"]
 
 
 def test_what_if_and_unquantized_keys():
     w = _chunks(2)
-    off = _observer(correction="none")
+    off = _observer(correction="off")
     _drive(off, w, core.QuantSpec(bits=2, group_size=16))
     s = off.summary()
-    assert s["modes"] == ["none", "taylor"] and s["what_if"] is True and s["applied"] == "none"
+    assert s["modes"] == ["off", "taylor"] and s["what_if"] is True and s["applied"] == "off"
     assert "what-if" in plot_mod.diagnostics_text(s)
-    # a Jensen node at strength 0 applies nothing: the what-if is still the full correction, not a copy of "none"
-    zero = _observer(correction="none", strength=0.0)
+    # a Jensen node at strength 0 applies nothing: the what-if is still the full correction, not a copy of "off"
+    zero = _observer(correction="off", strength=0.0)
     _drive(zero, w, core.QuantSpec(bits=2, group_size=16))
     z = zero.summary()
     assert z["what_if"] and z["strength"] == 1.0
     assert z["stats"]["taylor"]["median_delta_ps"] == pytest.approx(s["stats"]["taylor"]["median_delta_ps"])
-    assert z["stats"]["taylor"]["median_delta_ps"] != z["stats"]["none"]["median_delta_ps"]
-    full = _observer(correction="none", keys_quantized=False)
+    assert z["stats"]["taylor"]["median_delta_ps"] != z["stats"]["off"]["median_delta_ps"]
+    full = _observer(correction="off", keys_quantized=False)
     _drive(full, w, None)
     s = full.summary()
-    assert s["modes"] == ["none"] and s["stats"]["none"]["median_delta_ps"] == 0.0
-    assert s["stats"]["none"]["output_mse"] == 0.0
+    assert s["modes"] == ["off"] and s["stats"]["off"]["median_delta_ps"] == 0.0
+    assert s["stats"]["off"]["output_mse"] == 0.0
     assert "not quantized" in plot_mod.diagnostics_text(s)
 
 
@@ -332,7 +332,7 @@ def test_text_numbers_match_the_stats(summary):
         assert iqr == pytest.approx(st["iqr_delta_ps"], abs=6e-6)
         assert (q25, q75) == (pytest.approx(st["q25_delta_ps"], abs=6e-6), pytest.approx(st["q75_delta_ps"], abs=6e-6))
         assert jsd == pytest.approx(st["mean_jsd"], rel=1e-3) and mse == pytest.approx(st["output_mse"], rel=1e-3)
-    assert f"{summary['stats']['none']['samples']} queries from {summary['calls']} attention calls" in text
+    assert f"{summary['stats']['off']['samples']} queries from {summary['calls']} attention calls" in text
 
 
 def test_ascii_fallback_for_fonts_without_greek():

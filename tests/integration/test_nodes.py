@@ -79,7 +79,7 @@ def test_quantize_returns_a_clone_with_a_frozen_config(nodes, tiny):
     cfg = out.model_options["transformer_options"]["jensen_kv"]
     assert type(cfg).__name__ == "JensenKVConfig"
     assert (cfg.spec_k.bits, cfg.spec_v.bits, cfg.spec_k.group_size, cfg.spec_k.seed) == (2, 4, 16, 5)
-    assert cfg.correction == "none"
+    assert cfg.correction == "off"
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.strength = 2.0
     off = nodes.JensenKVQuantizeKVCache.execute(tiny, "off", "3", "8", "none", "bf16", 0).args[0]
@@ -150,12 +150,12 @@ def test_jensen_without_quantized_keys_says_there_is_nothing_to_correct(nodes, t
 def test_jensen_sets_mode_and_strength_on_a_clone(nodes, tiny):
     q = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0).args[0]
     for mode, core in (("taylor", "taylor"), ("chunk_mean", "chunk_mean"), ("exact", "exact"), ("per_channel", "per_channel"),
-                       ("off", "none")):
+                       ("off", "off")):
         out = nodes.JensenKVBiasCorrection.execute(q, mode, 0.5)
         cfg = out.args[0].model_options["transformer_options"]["jensen_kv"]
         assert (cfg.correction, cfg.strength) == (core, 0.5)
         assert out.args[0] is not q
-    assert q.model_options["transformer_options"]["jensen_kv"].correction == "none"
+    assert q.model_options["transformer_options"]["jensen_kv"].correction == "off"
 
 
 def _sampler_inputs(tiny):

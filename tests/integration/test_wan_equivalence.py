@@ -161,7 +161,7 @@ def _shift(ev, k_ref, v_ref):
         ks, vs = _core("quant").cat_quantized(ks), _core("quant").cat_quantized(vs)
     else:
         ks, vs = torch.cat(ks, dim=-2), torch.cat(vs, dim=-2)
-    mode = "none" if ev["correction"] == "off" else ev["correction"]
+    mode = ev["correction"]
     return _core("diagnostics").attention_shift(ev["q"], k_ref, v_ref, ev["k_cur"], ev["v_cur"], ks, vs,
                                                 correction=mode, strength=ev["strength"])
 

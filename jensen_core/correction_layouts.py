@@ -1,26 +1,22 @@
-"""The attention kernels the fast path runs, and how the per-score correction reaches them.
+"""How the per-score Taylor correction reaches an attention kernel: layouts, their candidates, their check.
 
-- :func:`sdpa_with_lse`: SDPA that also returns each query's log-sum-exp (private PyTorch ops,
-  verified once per device, dtype and width by :func:`lse_supported`). The streamed fast path
-  needs it to merge chunk by chunk, and the chunk-constant corrections (``chunk_mean``,
-  ``per_channel``) are nothing but an offset of a cached chunk's log-sum-exp - free with any such kernel.
-- :func:`taylor_layout`: how the per-score Taylor correction (rank ``G = d / g``) is fed to a kernel,
-  chosen once per (device type, dtype, head_dim, G) at first use:
+:func:`taylor_layout` feeds the rank ``G = d / g`` Taylor correction to a kernel in one of these
+layouts, chosen once per (device type, dtype, head_dim, G) at first use:
 
-  ``pad``   q' = [q, -sqrt(d) lambda nu], k' = [k_hat, W], v' = [v, 0], all of one width (a multiple
-            of 8, or of 64 where the CPU flash kernel packs its operands for AMX);
-  ``split`` q', k' as above, v of head_dim (kernels that take a narrower v: CUDA's memory-efficient
-            attention), so the output needs no padding;
-  ``flex``  FlexAttention (CUDA) with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra
-            channels, the head_dim the kernel is built for (what the paper runs).
+``pad``   q' = [q, -sqrt(d) lambda nu], k' = [k_hat, W], v' = [v, 0], all of one width (a multiple
+          of 8, or of 64 where the CPU flash kernel packs its operands for AMX);
+``split`` q', k' as above, v of head_dim (kernels that take a narrower v: CUDA's memory-efficient
+          attention), so the output needs no padding;
+``flex``  FlexAttention (CUDA) with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra
+          channels, the head_dim the kernel is built for (what the paper runs).
 
-  What the kernels want (read from their sources): the CPU flash kernel needs q, k, v of one width
-  (else SDPA falls back to its ~2.7x slower math path), and in reduced precision on AMX it packs its
-  operands for the tile units only when the width is a multiple of 64 (so d + G = 132 -> 136 loses
-  the packing; 192 keeps it but does 50% more work); CUDA flash kernels are compiled for head dims
-  64/96/128/160/..., so 136 runs as 160. Every candidate the device offers is checked against a
-  float64 reference on a tiny problem; where more than one passes, each is timed on the first
-  call's shapes and the fastest is kept (logged; :func:`kernel_choices` reports it).
+What the kernels want (read from their sources): the CPU flash kernel needs q, k, v of one width
+(else SDPA falls back to its ~2.7x slower math path), and in reduced precision on AMX it packs its
+operands for the tile units only when the width is a multiple of 64 (so d + G = 132 -> 136 loses
+the packing; 192 keeps it but does 50% more work); CUDA flash kernels are compiled for head dims
+64/96/128/160/..., so 136 runs as 160. Every candidate the device offers (:func:`candidate_layouts`)
+is checked against a float64 reference on a tiny problem; where more than one passes, each is timed
+on the first call's shapes and the fastest is kept (logged; :func:`kernel_choices` reports it).
 """
 from __future__ import annotations
 
@@ -29,106 +25,16 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from .cpu import cpu_class
+from .sdpa_lse import HALF_DTYPES, check_tolerance, sdpa_with_lse
+
 logger = logging.getLogger("jensen_kv")
 
-_HALF = (torch.float16, torch.bfloat16)
 
-
-# --------------------------------------------------------------------------------------------- CPU class
-def cpu_class_from_flags(flags: set[str] | frozenset[str]) -> str:
-    """``AMX`` (amx_bf16), ``AVX-512`` (avx512f), ``AVX2`` (avx2) or ``other``, from /proc/cpuinfo flags."""
-    if "amx_bf16" in flags:
-        return "AMX"
-    if "avx512f" in flags:
-        return "AVX-512"
-    if "avx2" in flags:
-        return "AVX2"
-    return "other"
-
-
-@lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none, e.g. macOS)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
-def cpu_class() -> str:
-    """This machine's CPU class, so figures from different machines compare (see :func:`cpu_class_from_flags`)."""
-    return cpu_class_from_flags(cpu_flags())
-
-
-# ------------------------------------------------------------------------------------ SDPA with log-sum-exp
-_LSE_OK: dict[tuple[str, torch.dtype, int], bool] = {}
-
-
-def _sdpa_lse_raw(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    if q.device.type == "cpu":
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, scale=scale)
-        return out, lse
-    if q.device.type == "cuda":
-        if q.dtype in _HALF and q.shape[-1] == v.shape[-1]:
-            try:
-                r = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, False, False, scale=scale)
-                return r[0], r[1]
-            except RuntimeError:
-                pass
-        r = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, False, scale=scale)
-        return r[0], r[1][..., : q.shape[-2]]
-    raise NotImplementedError(q.device.type)
-
-
-def sdpa_with_lse(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor]:
-    """SDPA that also returns the fp32 log-sum-exp of each query's scores, ``(..., M)``."""
-    out, lse = _sdpa_lse_raw(q, k, v, scale)
-    return out, lse.to(torch.float32)
-
-
-def _tolerance(dtype: torch.dtype) -> float:
-    return 1e-4 if dtype in (torch.float32, torch.float64) else 5e-2
-
-
-def lse_supported(device: torch.device, dtype: torch.dtype, width: int) -> bool:
-    """Whether :func:`sdpa_with_lse` works here; checked once per (device, dtype, width) on a tiny problem.
-
-    The kernels that report the log-sum-exp are private PyTorch ops, so they are verified against
-    a plain computation before use; on any mismatch or error the single-buffer path is used.
-    """
-    key = (str(device), dtype, width)
-    ok = _LSE_OK.get(key)
-    if ok is None:
-        try:
-            gen = torch.Generator().manual_seed(0)
-            q, k, v = (torch.randn(1, 2, n, width, generator=gen).to(device=device, dtype=dtype) for n in (5, 11, 11))
-            out, lse = sdpa_with_lse(q, k, v, 0.3)
-            s = (q.double() @ k.double().transpose(-1, -2)) * 0.3
-            tol = _tolerance(dtype)
-            ok = bool(
-                out.shape == q.shape and lse.shape == q.shape[:-1]
-                and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
-                and torch.allclose(out.double(), torch.softmax(s, -1) @ v.double(), atol=tol, rtol=tol)
-            )
-        except Exception:  # noqa: BLE001 - any failure means: don't use it
-            ok = False
-        if not ok:
-            logger.info("jensen_kv: SDPA with log-sum-exp unavailable on %s/%s (width %d): one buffer per window", device, dtype, width)
-        _LSE_OK[key] = ok
-    return ok
-
-
-# -------------------------------------------------------------------------------- the per-score correction
 def round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
@@ -217,7 +123,7 @@ def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G
     out = [Layout("pad", w8)]
     if device.type == "cpu":
         w64 = round_up(head_dim + G, 64)
-        if dtype in _HALF and cpu_class() == "AMX" and w64 != w8:
+        if dtype in HALF_DTYPES and cpu_class() == "AMX" and w64 != w8:
             out.append(Layout("pad", w64))  # keeps the AMX packing of the CPU flash kernel, at more work
     elif device.type == "cuda":
         out.append(Layout("split", w8))
@@ -255,7 +161,7 @@ def _layout_ok(layout: Layout, device: torch.device, dtype: torch.dtype, D: int,
         strength, scale = 0.7, 1.0 / math.sqrt(D)
         out, lse = layout_attend(layout, *_inputs(layout, q, k, v, nu, w, strength), nu, w, strength, scale)
         s = (q.double() @ k.double().transpose(-1, -2)) * scale - strength * (nu.double() @ w.double().transpose(-1, -2))
-        tol = _tolerance(dtype)
+        tol = check_tolerance(dtype)
         return bool(
             lse.shape == q.shape[:-1] and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
             and torch.allclose(out[..., :D].double(), torch.softmax(s, -1) @ v.double(), atol=tol, rtol=tol)

@@ -1,0 +1,121 @@
+"""The sink + window retention rule (jensen_core.retention): one class, and the planner, the cache and the
+run's other followers agreeing with it for random chunk counts, windows, sinks and chunk lengths."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from jensen_core import ChunkCache, QuantSpec, Retained, Retention
+from jensen_core.planner import WAN_LATENT_CHANNELS, plan_cache
+
+
+def test_window_one_and_sink_one_keep_the_first_and_the_last():
+    rule = Retention(1, 1)
+    assert rule.indices(4) == [0, 3] and rule.count(4) == 2 and rule.sink_held(4) == 1
+    assert Retention(2, 1).indices(5) == [0, 3, 4] and Retention(1, 2).indices(5) == [0, 1, 4]
+    assert Retention(0, 1).indices(3) == [0, 1, 2]  # no window: the sink changes nothing
+    assert Retention(3, 2).indices(1) == [0] and Retention(3, 2).indices(0) == []
+
+
+def test_no_window_is_none_or_zero_and_unbounded():
+    assert Retention(0, 2) == Retention(None, 2) and Retention(0).window_chunks is None
+    assert not Retention().bounded and Retention().capacity is None
+    assert Retention(4, 1).bounded and Retention(4, 1).capacity == 5
+    assert Retention().count(1000) == 1000
+
+
+@pytest.mark.parametrize("kwargs,named", [({"window_chunks": -1}, "window_chunks=-1"),
+                                          ({"window_chunks": 2.0}, "window_chunks=2.0"),
+                                          ({"window_chunks": True}, "window_chunks=True"),
+                                          ({"sink_chunks": -2}, "sink_chunks=-2"),
+                                          ({"sink_chunks": None}, "sink_chunks=None")])
+def test_a_bad_window_or_sink_is_named(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        Retention(**kwargs)
+
+
+def test_a_bad_count_or_sink_held_is_named():
+    with pytest.raises(ValueError, match="appended=-1"):
+        Retention(2).count(-1)
+    with pytest.raises(ValueError, match="sink_held=3"):
+        Retained(Retention(1, 2), ["a", "b", "c"], sink_held=3)
+    with pytest.raises(TypeError, match="Retention"):
+        Retained((1, 1))
+
+
+def test_push_never_evicts_the_sink_and_reports_what_it_dropped():
+    rule, items, held = Retention(2, 1), [], 0
+    log = []
+    for c in range(6):
+        held, evicted = rule.push(items, c, held)
+        log.append(evicted)
+    assert items == [0, 4, 5] and held == 1 and log == [0, 0, 0, 1, 1, 1]
+
+
+def test_retained_resumes_with_its_sink():
+    """A run continued from [0, 3] (window 1, sink 1) keeps the sink chunk 0 and rolls the window."""
+    kept = Retained(Retention(1, 1), [0, 3])
+    assert kept.sink_held == 1
+    assert kept.add(4) == 1 and kept.items == [0, 4]
+    # a sink not full yet (sink 2, one chunk written) takes the next chunk too
+    young = Retained(Retention(1, 2), [0])
+    assert young.sink_held == 1 and young.add(1) == 0 and young.add(2) == 0 and young.add(3) == 1
+    assert young.items == [0, 1, 3]
+
+
+@given(window=st.integers(0, 6), sink=st.integers(0, 4), appended=st.integers(0, 20))
+def test_the_rule_counts_what_it_keeps(window, sink, appended):
+    rule = Retention(window, sink)
+    idx = rule.indices(appended)
+    assert len(idx) == rule.count(appended) and idx == sorted(set(idx)) and all(0 <= i < appended for i in idx)
+    assert rule.count(appended) <= rule.count(appended + 1)
+    assert idx[: rule.sink_held(appended)] == list(range(min(sink, appended)))
+    if rule.capacity is not None:
+        assert rule.count(appended) == min(appended, rule.capacity)
+    items, held = [], 0
+    for c in range(appended):
+        held, _ = rule.push(items, c, held)
+    assert items == idx
+
+
+SPECS = [None, QuantSpec(bits=4, group_size=32), QuantSpec(bits=2, group_size=16)]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chunks=st.integers(1, 7), prefix_chunks=st.integers(0, 3), window=st.integers(0, 5), sink=st.integers(0, 3),
+       chunk_frames=st.integers(1, 3), tokens_per_frame=st.integers(1, 3), heads=st.integers(1, 2),
+       spec=st.sampled_from(SPECS), dtype=st.sampled_from([torch.float32, torch.bfloat16]), write_last=st.booleans())
+def test_the_planner_projects_what_the_cache_holds(chunks, prefix_chunks, window, sink, chunk_frames, tokens_per_frame,
+                                                   heads, spec, dtype, write_last):
+    """The planner's chunks, tokens, BF16 bytes, stored bytes and state file equal a real ChunkCache's after the
+    chunks the run writes; the cache holds exactly the chunks the rule names (window 0 = unbounded)."""
+    head_dim = 32
+    plan = plan_cache(latent_frames=chunks * chunk_frames, latent_height=2, latent_width=2 * tokens_per_frame,
+                      chunk_frames=chunk_frames, window_chunks=window, layers=1, heads=heads, head_dim=head_dim,
+                      spec_k=spec, spec_v=None, full_bytes=torch.finfo(dtype).bits // 8, sink_chunks=sink,
+                      write_last=write_last, prefix_frames=prefix_chunks * chunk_frames)
+    rule = Retention(window, sink)
+    cache = ChunkCache(spec, None, window_chunks=window, sink_chunks=sink)
+    tokens = chunk_frames * tokens_per_frame
+    written = prefix_chunks + chunks - (0 if write_last else 1)
+    peak = (0, 0, 0, 0)
+    gen = torch.Generator().manual_seed(written)
+    for c in range(written):
+        k = torch.randn(1, heads, tokens, head_dim, generator=gen).to(dtype)
+        cache.append(k, torch.full((1, heads, tokens, head_dim), float(c), dtype=dtype))  # values mark the chunk
+        peak = max(peak, (cache.num_chunks, cache.tokens, cache.nbytes, cache.bf16_nbytes))
+    assert [int(e.v[0, 0, 0, 0]) for e in cache.entries] == rule.indices(written)
+    assert cache.chunks_evicted == written - rule.count(written)
+    assert plan.cached_chunks_peak == peak[0] == rule.count(written)
+    assert plan.cached_tokens_peak == peak[1]
+    assert plan.quantized_bytes == peak[2]
+    assert plan.bf16_bytes == peak[3]
+    if write_last:  # the state file: the cache at the end plus the fp32 clean latents of the chunks it holds
+        latents = cache.num_chunks * chunk_frames * 2 * 2 * tokens_per_frame * WAN_LATENT_CHANNELS * 4
+        assert plan.state_file_bytes == cache.nbytes + latents
+    followers = Retained(rule)  # what the chunk loop and the diagnostics keep their copies in
+    for c in range(written):
+        followers.add(c)
+    assert followers.items == rule.indices(written)
