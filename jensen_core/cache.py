@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .attention import CacheEntry, cached_attention
-from .methods import RTN_PARTS, method_of
+from .methods import method_of
 from .quant import QuantizedTensor, StoredTensor, check_finite, quantize
 from .spec import FLOAT_FORMATS, QuantSpec
 
@@ -515,7 +515,7 @@ def _check_part(rec, prefix: str, spec: QuantSpec | None) -> dict:
 
 
 def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec | None,
-               used: set[str], minimum_suffix: str = RTN_PARTS[2]) -> StoredTensor | Tensor:
+               used: set[str], minimum_suffix: str = ".minimum") -> StoredTensor | Tensor:
     """The stored tensor(s) of one side of a chunk, checked against its record (from :func:`read_meta`).
 
     ``minimum_suffix`` names the grid origins as the file's format version does (``.zero`` before 3).

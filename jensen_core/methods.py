@@ -19,9 +19,6 @@ from .rtn import QuantizedTensor, cat_rtn, quantize_rotated
 from .spec import CENTROID_BYTES, CLUSTER_ID_BYTES, METHODS, QuantSpec
 from .stored import StoredTensor
 
-#: the stored tensors of an RTN part (its residual, for QVG), as suffixes of the part's state-dict prefix
-RTN_PARTS = (".packed", ".scale", ".minimum")
-
 
 class QuantMethod:
     """What one quantization method does; stateless, one instance per method in :data:`REGISTRY`."""
@@ -33,7 +30,7 @@ class QuantMethod:
     exact_spec_bits: bool = True
     #: whether a block can be held quantized before it is final (else it waits in the model's dtype)
     quantizes_early: bool = True
-    #: state-dict suffixes stored beside the RTN parts
+    #: state-dict suffixes stored beside the RTN parts (``.packed``, ``.scale``, ``.minimum``)
     extra_parts: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ tensors
