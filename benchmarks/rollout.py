@@ -72,7 +72,8 @@ class Config:
         """Stored bits per cached element; QVG's centroids and ids counted on the tiny model's 192-token chunks."""
         if self.bits is None:
             return 32.0
-        return self.spec(core).effective_bits_for(head_dim, chunk_tokens)
+        spec = self.spec(core)
+        return core.method_of(spec).effective_bits_for(spec, head_dim, chunk_tokens)
 
 
 def grid(quick: bool, modes: bool = False) -> list[Config]:

@@ -8,8 +8,9 @@ from .attention import CacheEntry, cached_attention
 from .bias import MODES, jensen_bias, log_sinhc
 from .cache import ChunkCache, window_bytes
 from .hadamard import fwht, rotate, unrotate
+from .methods import method_of
 from .packing import pack_codes, unpack_codes
-from .quant import QuantizedTensor, quantize
+from .quant import QuantizedTensor, StoredTensor, quantize
 from .qvg import QVGTensor, kmeans
 from .retention import Retained, Retention
 from .spec import QuantSpec
@@ -23,11 +24,13 @@ __all__ = [
     "QVGTensor",
     "Retained",
     "Retention",
+    "StoredTensor",
     "cached_attention",
     "fwht",
     "jensen_bias",
     "kmeans",
     "log_sinhc",
+    "method_of",
     "pack_codes",
     "quantize",
     "rotate",

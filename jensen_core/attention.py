@@ -33,7 +33,7 @@ from .bias import _exact_bias, check_mode, query_group_norms, taylor_weights
 from .correction_layouts import Layout, layout_attend, layout_query, round_up, taylor_layout
 from .hadamard import rotate, unrotate
 from .packing import from_interleaved, to_interleaved
-from .quant import QuantizedTensor
+from .quant import StoredTensor
 from .sdpa_lse import lse_supported, sdpa_with_lse
 
 logger = logging.getLogger("jensen_kv")
@@ -46,8 +46,8 @@ _LEGACY = False  # benchmarks flip this: the dequantization and rotations before
 class CacheEntry:
     """One finished chunk: its keys and values, each quantized or kept in full precision."""
 
-    k: QuantizedTensor | Tensor
-    v: QuantizedTensor | Tensor
+    k: StoredTensor | Tensor
+    v: StoredTensor | Tensor
 
     @property
     def tokens(self) -> int:
@@ -62,12 +62,12 @@ class CacheEntry:
         return sum(math.prod(t.shape) for t in (self.k, self.v))
 
 
-def _nbytes(t: QuantizedTensor | Tensor) -> int:
-    return t.nbytes if isinstance(t, QuantizedTensor) else t.numel() * t.element_size()
+def _nbytes(t: StoredTensor | Tensor) -> int:
+    return t.nbytes if isinstance(t, StoredTensor) else t.numel() * t.element_size()
 
 
-def _rotation_seed(t: QuantizedTensor | Tensor) -> int | None:
-    if isinstance(t, QuantizedTensor) and t.spec.rotation == "hadamard":
+def _rotation_seed(t: StoredTensor | Tensor) -> int | None:
+    if isinstance(t, StoredTensor) and t.spec.rotation == "hadamard":
         return t.spec.seed
     return None
 
@@ -105,8 +105,8 @@ def _check_inputs(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: Sequence[Cac
             if t.device != q.device:
                 raise ValueError(f"cached {name} live on {t.device} but the query on {q.device}; keep them on one device")
         if type(e.k) is not type(first.k) or type(e.v) is not type(first.v) or (
-            isinstance(e.k, QuantizedTensor) and e.k.spec != first.k.spec
-        ) or (isinstance(e.v, QuantizedTensor) and e.v.spec != first.v.spec):
+            isinstance(e.k, StoredTensor) and e.k.spec != first.k.spec
+        ) or (isinstance(e.v, StoredTensor) and e.v.spec != first.v.spec):
             raise ValueError("all cached chunks must be stored with the same quantization spec")
 
 
@@ -143,7 +143,7 @@ def cached_attention(
 
     D = q.shape[-1]
     kseed, vseed = _rotation_seed(entries[0].k), _rotation_seed(entries[0].v)
-    keys_quantized = isinstance(entries[0].k, QuantizedTensor)
+    keys_quantized = isinstance(entries[0].k, StoredTensor)
     if not keys_quantized or strength == 0:
         correction = "off"
     strength = float(strength)
@@ -184,15 +184,15 @@ def _constant_weights(entries: list[CacheEntry], correction: str, D: int) -> lis
     return [mean] * len(entries)
 
 
-def _interleave(t: QuantizedTensor | Tensor) -> tuple[int, int] | None:
+def _interleave(t: StoredTensor | Tensor) -> tuple[int, int] | None:
     """(bits, group size) when a cached side is dequantized in group-interleaved channel order."""
-    if _LEGACY or not isinstance(t, QuantizedTensor) or not t.interleaved:
+    if _LEGACY or not isinstance(t, StoredTensor) or not t.interleaved:
         return None
     return t.spec.bits, t.spec.group_size
 
 
-def _fill(dst: Tensor, src: QuantizedTensor | Tensor, interleaved: bool) -> None:
-    if not isinstance(src, QuantizedTensor):
+def _fill(dst: Tensor, src: StoredTensor | Tensor, interleaved: bool) -> None:
+    if not isinstance(src, StoredTensor):
         dst.copy_(src)
     elif interleaved:
         src.dequantize_interleaved(dst)
@@ -358,7 +358,7 @@ def _exact_attention(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEn
     dtype = qr.dtype
     k_hat = torch.cat([e.k.dequantize(dtype=torch.float32, rotated=True) for e in entries], dim=-2)
     v_hat = torch.cat(
-        [e.v.dequantize(dtype=torch.float32, rotated=True) if isinstance(e.v, QuantizedTensor) else e.v.float() for e in entries],
+        [e.v.dequantize(dtype=torch.float32, rotated=True) if isinstance(e.v, StoredTensor) else e.v.float() for e in entries],
         dim=-2,
     )
     steps = torch.cat([e.k.step_sizes() for e in entries], dim=-2)

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from .hadamard import rotate
-from .quant import QuantizedTensor
+from .quant import StoredTensor
 
 #: "off" applies no correction (plain attention over the cached keys)
 MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
@@ -61,7 +61,7 @@ def taylor_weights(step: Tensor, head_dim: int) -> Tensor:
     return step.square() / (24.0 * head_dim)
 
 
-def chunk_spans(k_quant: QuantizedTensor, chunk_tokens: Sequence[int] | None = None) -> list[tuple[int, int]]:
+def chunk_spans(k_quant: StoredTensor, chunk_tokens: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """``(start, end)`` token spans of the cached chunks that ``k_quant`` holds, in token order.
 
     ``chunk_tokens`` lists the tokens of each chunk (they must add up to ``k_quant.tokens``); without
@@ -90,7 +90,7 @@ def chunk_mean_weights(w: Tensor, spans: Sequence[tuple[int, int]]) -> Tensor:
                      dim=-2)
 
 
-def _rotated_query(q: Tensor, k_quant: QuantizedTensor) -> Tensor:
+def _rotated_query(q: Tensor, k_quant: StoredTensor) -> Tensor:
     if k_quant.spec.rotation == "hadamard":
         return rotate(q.to(torch.float32), k_quant.spec.seed)
     return q
@@ -127,7 +127,7 @@ def _exact_bias(q: Tensor, step: Tensor, head_dim: int, group_size: int) -> Tens
     return out
 
 
-def jensen_bias(q: Tensor, k_quant: QuantizedTensor, mode: str = "taylor", chunk_tokens: Sequence[int] | None = None) -> Tensor:
+def jensen_bias(q: Tensor, k_quant: StoredTensor, mode: str = "taylor", chunk_tokens: Sequence[int] | None = None) -> Tensor:
     """The bias ``b`` to subtract from the scores of quantized cached keys, float32, ``(..., M, N)``.
 
     ``q`` is the query in the model's (unrotated) space, shape ``(..., M, head_dim)``; ``k_quant``

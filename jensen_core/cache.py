@@ -12,15 +12,19 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .attention import CacheEntry, cached_attention
-from .quant import QuantizedTensor, check_finite, quantize
-from .qvg import CENTROID_DTYPE, QVGTensor
+from .methods import method_of
+from .quant import QuantizedTensor, StoredTensor, check_finite, quantize
 from .retention import Retention
 from .spec import FLOAT_FORMATS, QuantSpec
 
 _META_KEY = "__jensen_kv_meta__"
 META_KEY = _META_KEY  #: the state-dict entry holding a cache's JSON record (:func:`read_meta`)
-_FORMAT_VERSION = 2  # 2: specs carry method/qvg_* fields and QVG parts (centroids, ids); 1 still loads
-_READABLE_VERSIONS = (1, 2)
+#: 2: specs carry method/qvg_* fields and QVG parts (centroids, ids); 3: a part's grid origins are stored
+#: as ``.minimum`` (1 and 2 named them ``.zero``); every version still loads
+_FORMAT_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+#: the suffix of a part's grid origins (minima) in each readable version
+_MINIMUM_SUFFIX = {1: ".zero", 2: ".zero", 3: ".minimum"}
 #: the largest ``__jensen_kv_meta__`` record read (JSON, about 250 bytes per cached chunk: 4,000 chunks fit)
 MAX_META_BYTES = 1 << 20
 #: the largest batch, heads, tokens or head_dim a cache file may record
@@ -87,7 +91,7 @@ class ChunkCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes really held: packed codes, scales and zero-points (or the raw tensors)."""
+        """Bytes really held: packed codes, scales and minima, QVG centroids and ids (or the raw tensors)."""
         return sum(e.nbytes for e in self._entries)
 
     @property
@@ -225,13 +229,13 @@ class ChunkCache:
         for i, e in enumerate(self._entries):
             for name, t in (("k", e.k), ("v", e.v)):
                 p = f"chunk{i}.{name}"
-                if isinstance(t, QuantizedTensor):
-                    sd[p + ".packed"] = t.packed.contiguous()
-                    sd[p + ".scale"] = t.scale.contiguous()
-                    sd[p + ".zero"] = t.zero.contiguous()
-                    if isinstance(t, QVGTensor):
-                        sd[p + ".centroids"] = t.centroids.contiguous()
-                        sd[p + ".ids"] = t.ids.contiguous()
+                if isinstance(t, StoredTensor):
+                    method = method_of(t.spec)
+                    r = method.residual(t)
+                    sd[p + ".packed"] = r.packed.contiguous()
+                    sd[p + ".scale"] = r.scale.contiguous()
+                    sd[p + ".minimum"] = r.minimum.contiguous()
+                    sd.update((p + suffix, x) for suffix, x in method.state_tensors(t).items())
                 else:
                     sd[p] = t.contiguous()
         sd[_META_KEY] = torch.frombuffer(bytearray(json.dumps(self._meta()).encode()), dtype=torch.uint8)
@@ -278,7 +282,7 @@ class ChunkCache:
             parts = {}
             for name in ("k", "v"):
                 parts[name] = _load_part(sd, f"chunk{i}.{name}", cm[name], self.spec_k if name == "k" else self.spec_v,
-                                         used)
+                                         used, _MINIMUM_SUFFIX[meta.version])
             entries.append(CacheEntry(**parts))
         extra = sorted(set(sd) - used)
         if extra:
@@ -306,20 +310,18 @@ class ChunkCache:
         )
 
 
-def _move(t: QuantizedTensor | Tensor, device: torch.device) -> QuantizedTensor | Tensor:
-    return t.to(device)  # QuantizedTensor.to moves its stored parts; a raw tensor moves itself
+def _move(t: StoredTensor | Tensor, device: torch.device) -> StoredTensor | Tensor:
+    return t.to(device)  # a stored tensor moves its stored parts; a raw tensor moves itself
 
 
 def _expected_bits(spec: QuantSpec | None, full_bits: int) -> float:
     return spec.effective_bits if spec is not None else full_bits
 
 
-def _part_meta(t: QuantizedTensor | Tensor) -> dict:
-    if isinstance(t, QVGTensor):
+def _part_meta(t: StoredTensor | Tensor) -> dict:
+    if isinstance(t, StoredTensor):
         return {"quantized": True, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                "scale_format": t.scale_format, "segments": [list(s) for s in t.segments]}
-    if isinstance(t, QuantizedTensor):
-        return {"quantized": True, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."), "scale_format": t.scale_format}
+                "scale_format": t.scale_format, **method_of(t.spec).part_record(t)}
     return {"quantized": False, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
@@ -356,9 +358,9 @@ class CacheFileMeta:
                 if not c[side]["quantized"]:
                     names.add(p)
                     continue
-                names.update(p + s for s in (".packed", ".scale", ".zero"))
-                if spec is not None and spec.method == "qvg":
-                    names.update((p + ".centroids", p + ".ids"))
+                names.update(p + s for s in (".packed", ".scale", _MINIMUM_SUFFIX[self.version]))
+                if spec is not None:
+                    names.update(p + s for s in method_of(spec).extra_parts)
         return names
 
 
@@ -508,32 +510,16 @@ def _check_part(rec, prefix: str, spec: QuantSpec | None) -> dict:
             spec.check_head_dim(shape[3])
         except ValueError as exc:
             raise ValueError(f"cache file entry {prefix}: {exc}") from None
-        if spec.method != "qvg" and "segments" in rec:
-            raise ValueError(f"cache file entry {prefix} holds QVG centroids but the spec's method is {spec.method!r}")
-        if spec.method == "qvg":
-            _segments(rec, prefix, spec, shape)
+        method_of(spec).check_record(rec, prefix, spec, shape)
     return {**rec, "shape": shape}
 
 
-def _segments(meta: dict, prefix: str, spec: QuantSpec, shape) -> tuple[tuple[int, int], ...]:
-    """A QVG part's ``(tokens, k)`` segments: whole numbers, at least one token each, covering the chunk's tokens."""
-    segments = meta.get("segments")
-    if not isinstance(segments, list) or not 0 < len(segments) <= shape[-2] or any(
-        not isinstance(s, list) or len(s) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)
-        or s[0] < 1 for s in segments
-    ):
-        raise ValueError(f"cache file entry {prefix} has no valid QVG segments record")
-    segments = tuple((t, k) for t, k in segments)
-    if sum(t for t, _ in segments) != shape[-2] or any(k != spec.centroids_per_chunk(t) for t, k in segments):
-        raise ValueError(
-            f"cache file entry {prefix}: segments {segments} do not fit {shape[-2]} tokens with K={spec.qvg_centroids}"
-        )
-    return segments
-
-
 def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec | None,
-               used: set[str]) -> QuantizedTensor | Tensor:
-    """The stored tensor(s) of one side of a chunk, checked against its record (from :func:`read_meta`)."""
+               used: set[str], minimum_suffix: str = ".minimum") -> StoredTensor | Tensor:
+    """The stored tensor(s) of one side of a chunk, checked against its record (from :func:`read_meta`).
+
+    ``minimum_suffix`` names the grid origins as the file's format version does (``.zero`` before 3).
+    """
     shape = torch.Size(meta["shape"])
     dtype = _float_dtype(meta.get("dtype"), prefix)
     if not meta["quantized"]:
@@ -547,52 +533,27 @@ def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec |
     if spec is None:
         raise ValueError(f"cache file entry {prefix} is quantized but this cache keeps that side unquantized")
     try:
-        packed, scale, zero = sd[prefix + ".packed"], sd[prefix + ".scale"], sd[prefix + ".zero"]
+        packed, scale, minimum = sd[prefix + ".packed"], sd[prefix + ".scale"], sd[prefix + minimum_suffix]
     except KeyError as exc:
         raise ValueError(f"cache file entry {exc.args[0]} is missing") from None
     G = shape[-1] // spec.group_size
     expect_packed = (*shape[:-1], shape[-1] * spec.bits // 8)
-    if tuple(packed.shape) != expect_packed or tuple(scale.shape) != (*shape[:-1], G) or tuple(zero.shape) != (*shape[:-1], G):
+    if tuple(packed.shape) != expect_packed or tuple(scale.shape) != (*shape[:-1], G) or tuple(minimum.shape) != (*shape[:-1], G):
         raise ValueError(f"cache file entry {prefix} does not match its recorded shape {tuple(shape)}")
     if meta.get("scale_format") not in FLOAT_FORMATS:
         raise ValueError(f"cache file entry {prefix} has an unknown scale format {meta.get('scale_format')!r}")
-    if packed.dtype != torch.uint8 or scale.dtype != FLOAT_FORMATS[meta["scale_format"]][0] or zero.dtype != FLOAT_FORMATS[spec.zero_format][0]:
+    if packed.dtype != torch.uint8 or scale.dtype != FLOAT_FORMATS[meta["scale_format"]][0] or minimum.dtype != FLOAT_FORMATS[spec.zero_format][0]:
         raise ValueError(
-            f"cache file entry {prefix} stores codes/scales/zeros in unexpected dtypes {packed.dtype}/{scale.dtype}/{zero.dtype}"
+            f"cache file entry {prefix} stores codes/scales/minima in unexpected dtypes "
+            f"{packed.dtype}/{scale.dtype}/{minimum.dtype}"
         )
-    used.update(prefix + s for s in (".packed", ".scale", ".zero"))
-    fields = dict(packed=packed, scale=scale, zero=zero, spec=spec, shape=shape,
-                  dtype=dtype, scale_format=meta["scale_format"])
-    if spec.method != "qvg":
-        if f"{prefix}.centroids" in sd or "segments" in meta:
-            raise ValueError(f"cache file entry {prefix} holds QVG centroids but the spec's method is {spec.method!r}")
-        return QuantizedTensor(**fields)
-    used.update(prefix + s for s in (".centroids", ".ids"))
-    return QVGTensor(**fields, **_load_qvg(sd, prefix, meta, spec, shape))
-
-
-def _load_qvg(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec, shape: torch.Size) -> dict:
-    """The QVG fields of a cache file entry, with every shape, dtype and id range checked."""
-    try:
-        centroids, ids = sd[prefix + ".centroids"], sd[prefix + ".ids"]
-    except KeyError as exc:
-        raise ValueError(f"cache file entry {exc.args[0]} is missing (a QVG chunk stores centroids and cluster ids)") from None
-    segments = _segments(meta, prefix, spec, shape)
-    D, S = shape[-1], spec.qvg_stages
-    k_total = sum(k for _, k in segments)
-    if tuple(centroids.shape) != (S, *shape[:-2], k_total, D) or centroids.dtype != CENTROID_DTYPE:
-        raise ValueError(
-            f"cache file entry {prefix}.centroids is {tuple(centroids.shape)} {centroids.dtype}; expected "
-            f"{(S, *shape[:-2], k_total, D)} {CENTROID_DTYPE}"
-        )
-    if tuple(ids.shape) != (S, *shape[:-1]) or ids.dtype != torch.uint8:
-        raise ValueError(f"cache file entry {prefix}.ids is {tuple(ids.shape)} {ids.dtype}; expected {(S, *shape[:-1])} uint8")
-    start = 0
-    for t, k in segments:
-        if t and int(ids[..., start : start + t].max()) >= k:
-            raise ValueError(f"cache file entry {prefix}.ids points past its chunk's {k} centroids")
-        start += t
-    return {"centroids": centroids, "ids": ids, "segments": segments}
+    used.update(prefix + s for s in (".packed", ".scale", minimum_suffix))
+    residual = QuantizedTensor(packed=packed, scale=scale, minimum=minimum, spec=spec, shape=shape,
+                               dtype=dtype, scale_format=meta["scale_format"])
+    method = method_of(spec)
+    out = method.from_state(residual, sd, prefix, meta, spec)
+    used.update(prefix + s for s in method.extra_parts)
+    return out
 
 
 _CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
@@ -626,9 +587,10 @@ def chunk_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, lead: int, t
     """Exact stored bytes of one cached chunk, keys and values, of shape ``(lead..., tokens, head_dim)`` each.
 
     ``lead`` is batch x heads; ``full_bytes`` the element size of an unquantized side. QVG sides
-    include their per-chunk centroids and cluster ids (:meth:`QuantSpec.chunk_nbytes`).
+    include their per-chunk centroids and cluster ids (the method object's ``chunk_nbytes``).
     """
     total = 0
     for spec in (spec_k, spec_v):
-        total += lead * tokens * head_dim * full_bytes if spec is None else spec.chunk_nbytes(lead, tokens, head_dim)
+        total += (lead * tokens * head_dim * full_bytes if spec is None
+                  else method_of(spec).chunk_nbytes(spec, lead, tokens, head_dim))
     return total

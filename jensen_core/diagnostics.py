@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .bias import check_mode, chunk_spans, jensen_bias
-from .quant import QuantizedTensor
+from .quant import StoredTensor
 
 
 def quantile(sorted_values: Tensor, q: float) -> float:
@@ -61,8 +61,8 @@ class ShiftStats:
         }
 
 
-def _dequant(t: QuantizedTensor | Tensor) -> Tensor:
-    return t.dequantize(dtype=torch.float32) if isinstance(t, QuantizedTensor) else t.to(torch.float32)
+def _dequant(t: StoredTensor | Tensor) -> Tensor:
+    return t.dequantize(dtype=torch.float32) if isinstance(t, StoredTensor) else t.to(torch.float32)
 
 
 def attention_shift(
@@ -71,8 +71,8 @@ def attention_shift(
     v_cached: Tensor,
     k_cur: Tensor,
     v_cur: Tensor,
-    k_quant: QuantizedTensor | Tensor | None,
-    v_quant: QuantizedTensor | Tensor | None = None,
+    k_quant: StoredTensor | Tensor | None,
+    v_quant: StoredTensor | Tensor | None = None,
     correction: str = "off",
     strength: float = 1.0,
     query_stride: int = 1,
@@ -89,7 +89,7 @@ def attention_shift(
     (batch, head): meant for sampled layers and heads, not for the sampling loop.
     """
     correction = check_mode(correction)
-    if isinstance(k_quant, QuantizedTensor) and correction != "off":
+    if isinstance(k_quant, StoredTensor) and correction != "off":
         chunk_spans(k_quant, chunk_tokens)  # a chunk layout that does not fit the keys fails before any work
     if query_stride < 1:
         raise ValueError(f"query_stride={query_stride} must be at least 1")
@@ -101,7 +101,7 @@ def attention_shift(
     qf = q.to(torch.float32).reshape(-1, *q.shape[-2:])
     flat = lambda t: t.to(torch.float32).reshape(-1, *t.shape[-2:])  # noqa: E731
     kc, vc, kr, vr, kh, vh = map(flat, (k_cached, v_cached, k_cur, v_cur, k_hat, v_hat))
-    kq = k_quant.flatten_leading() if isinstance(k_quant, QuantizedTensor) and correction != "off" else None
+    kq = k_quant.flatten_leading() if isinstance(k_quant, StoredTensor) and correction != "off" else None
     n_cached = kc.shape[-2]
     dps, jsd = [], []
     sq_err, count = 0.0, 0

@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .cache import chunk_bytes
+from .methods import method_of
 from .retention import Retention
 from .spec import QuantSpec
 
@@ -157,23 +158,13 @@ def plan_cache(
     def side_bits(spec: QuantSpec | None) -> float:
         if spec is None:
             return 8.0 * full_bytes
-        return spec.effective_bits if errors else spec.effective_bits_for(head_dim, chunk_tokens)
+        return spec.effective_bits if errors else method_of(spec).effective_bits_for(spec, head_dim, chunk_tokens)
 
     ebk, ebv = side_bits(spec_k), side_bits(spec_v)
     eb = (ebk + ebv) / 2
     for side, spec in (("key", spec_k), ("value", spec_v)):
-        if spec is not None and spec.method == "qvg" and not errors:
-            share = spec.qvg_stages * spec.centroids_per_chunk(chunk_tokens) * 16 / chunk_tokens
-            if spec.qvg_centroids >= chunk_tokens:
-                warnings.append(
-                    f"{side} cache: QVG with K={spec.qvg_centroids} centroids on chunks of {chunk_tokens} tokens "
-                    "keeps every token as a BF16 centroid (more than a BF16 cache); lower K"
-                )
-            elif share >= spec.bits:
-                warnings.append(
-                    f"{side} cache: QVG's BF16 centroids cost {share:.2f} bits/element on chunks of {chunk_tokens} "
-                    f"tokens, more than the residual's {spec.bits} bits; lower K (or use longer chunks)"
-                )
+        if spec is not None and not errors:
+            warnings.extend(method_of(spec).plan_warnings(spec, side, chunk_tokens))
     return CachePlan(
         latent_frames=latent_frames,
         tokens_per_latent_frame=tokens_per_frame,
@@ -201,9 +192,6 @@ def block_in_flight_bytes(*, block_tokens: int, layers: int, heads: int, head_di
     side waits in the model's precision (``full_bytes``: its k-means runs once, at commit). Add it to
     :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path.
     """
-    def waits_as(spec: QuantSpec | None) -> QuantSpec | None:
-        return None if spec is None or spec.method == "qvg" else spec
-
-    qvg = any(s is not None and s.method == "qvg" for s in (spec_k, spec_v))
-    k, v = (None, None) if qvg else (waits_as(spec_k), waits_as(spec_v))
+    early = all(s is None or method_of(s).quantizes_early for s in (spec_k, spec_v))
+    k, v = (spec_k, spec_v) if early else (None, None)
     return layers * cfg_branches * chunk_bytes(k, v, batch * heads, block_tokens, head_dim, full_bytes=full_bytes)

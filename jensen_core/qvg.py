@@ -5,11 +5,11 @@ tokens: per (batch, head) and per cached chunk, ``S`` stages of k-means over the
 (``K`` centroids of ``head_dim`` channels) each subtract the assigned centroid ("semantic-aware
 smoothing", then "progressive residual quantization" over the stages); the small final residual
 is quantized group-wise along ``head_dim``. Here that last step is this pack's own quantizer
-(:func:`jensen_core.quant.quantize_rotated`: asymmetric RTN, bit-packed codes, FP8 E4M3 steps,
-BF16 zero-points), so a QVG chunk stores
+(:func:`jensen_core.rtn.quantize_rotated`: asymmetric RTN, bit-packed codes, FP8 E4M3 steps,
+BF16 grid origins), so a QVG chunk stores
 
 - per stage, ``min(K, tokens)`` centroids in BF16 and one uint8 cluster id per token;
-- the residual's packed codes, steps and zero-points, exactly as an RTN chunk does.
+- the residual's packed codes, steps and grid origins (minima), exactly as an RTN chunk does.
 
 The centroids are exact as stored (the residual is taken against the BF16-rounded centroids), so
 the only quantization noise on a reconstructed key is the residual's, and the Jensen bias of a QVG
@@ -42,8 +42,9 @@ import torch
 from torch import Tensor
 
 from .hadamard import unrotate
-from .quant import QuantizedTensor, check_cat_compatible, quantize_rotated
+from .rtn import QuantizedTensor, cat_rtn, check_cat_compatible, quantize_rotated
 from .spec import QuantSpec
+from .stored import StoredTensor
 
 #: k-means stops early once fewer than this fraction of the tokens change cluster (the reference's rule)
 KMEANS_TOL = 1e-4
@@ -121,20 +122,42 @@ def _gather_rows(c: Tensor, ids: Tensor) -> Tensor:
 
 # --------------------------------------------------------------------------------------------- tensor
 @dataclass(eq=False)
-class QVGTensor(QuantizedTensor):
+class QVGTensor(StoredTensor):
     """A QVG-quantized tensor of shape ``(..., tokens, head_dim)``: centroids + cluster ids + quantized residual.
 
-    ``packed``/``scale``/``zero`` are the residual's (as in :class:`QuantizedTensor`, so
-    :meth:`step_sizes` is the residual's step size Delta); ``centroids`` has shape
-    ``(stages, ..., k_total, head_dim)`` in BF16 and ``ids`` ``(stages, ..., tokens)`` in uint8.
-    ``segments`` lists ``(tokens, k)`` of each chunk concatenated here, in token order: the ids
-    of a segment index that segment's ``k`` rows of the centroid table (one segment per cached
-    chunk; :func:`cat_qvg` joins chunks for diagnostics without re-indexing anything).
+    ``residual`` is the RTN-quantized final residual (a :class:`QuantizedTensor` in the rotated
+    space, carrying this tensor's spec, shape and dtype), so :meth:`step_sizes` is the residual's
+    step size Delta; ``centroids`` has shape ``(stages, ..., k_total, head_dim)`` in BF16 and
+    ``ids`` ``(stages, ..., tokens)`` in uint8. ``segments`` lists ``(tokens, k)`` of each chunk
+    concatenated here, in token order: the ids of a segment index that segment's ``k`` rows of the
+    centroid table (one segment per cached chunk; :func:`cat_qvg` joins chunks for diagnostics
+    without re-indexing anything).
     """
 
+    residual: QuantizedTensor
     centroids: Tensor
     ids: Tensor
     segments: tuple[tuple[int, int], ...]
+
+    @property
+    def spec(self) -> QuantSpec:
+        return self.residual.spec
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.residual.shape
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.residual.dtype
+
+    @property
+    def scale_format(self) -> str:
+        return self.residual.scale_format
+
+    @property
+    def device(self) -> torch.device:
+        return self.residual.device
 
     @property
     def stages(self) -> int:
@@ -142,13 +165,16 @@ class QVGTensor(QuantizedTensor):
 
     @property
     def nbytes(self) -> int:
-        """Bytes really stored: the residual's codes, steps and zero-points, the centroids and the cluster ids."""
-        return super().nbytes + sum(t.numel() * t.element_size() for t in (self.centroids, self.ids))
+        """Bytes really stored: the residual's codes, steps and minima, the centroids and the cluster ids."""
+        return self.residual.nbytes + sum(t.numel() * t.element_size() for t in (self.centroids, self.ids))
 
-    def _with(self, base: QuantizedTensor, centroids: Tensor, ids: Tensor) -> QVGTensor:
-        return QVGTensor(packed=base.packed, scale=base.scale, zero=base.zero, spec=base.spec, shape=base.shape,
-                         dtype=base.dtype, scale_format=base.scale_format, centroids=centroids, ids=ids,
-                         segments=self.segments)
+    def to(self, device: str | torch.device) -> QVGTensor:
+        """The same stored bytes on ``device`` (residual, centroids and ids; nothing re-quantized)."""
+        return QVGTensor(residual=self.residual.to(device), centroids=self.centroids.to(device),
+                         ids=self.ids.to(device), segments=self.segments)
+
+    def _with(self, residual: QuantizedTensor, centroids: Tensor, ids: Tensor) -> QVGTensor:
+        return QVGTensor(residual=residual, centroids=centroids, ids=ids, segments=self.segments)
 
     def __getitem__(self, idx) -> QVGTensor:
         """Index the leading dimensions (batch, heads); the tokens share per-chunk centroid tables and stay whole."""
@@ -160,12 +186,21 @@ class QVGTensor(QuantizedTensor):
         if any(i is Ellipsis or i is None for i in idx) or len(idx) > n_lead:
             raise IndexError("a QVG tensor indexes only its dimensions before (tokens, head_dim), without ... or None")
         full = (slice(None), *idx)
-        return self._with(super().__getitem__(idx), self.centroids[full], self.ids[full])
+        return self._with(self.residual[idx], self.centroids[full], self.ids[full])
 
     def flatten_leading(self) -> QVGTensor:
+        """View with the dimensions before (tokens, head_dim) flattened into one."""
         S = self.stages
-        return self._with(super().flatten_leading(), self.centroids.reshape(S, -1, *self.centroids.shape[-2:]),
+        return self._with(self.residual.flatten_leading(), self.centroids.reshape(S, -1, *self.centroids.shape[-2:]),
                           self.ids.reshape(S, -1, self.tokens))
+
+    def step_sizes(self) -> Tensor:
+        """The residual's stored step size per group, float32, shape ``(..., tokens, head_dim // group_size)``."""
+        return self.residual.step_sizes()
+
+    def codes(self) -> Tensor:
+        """The residual's unpacked integer codes, uint8, shape ``(..., tokens, head_dim)``."""
+        return self.residual.codes()
 
     def _token_offsets(self) -> Tensor:
         """Row offset into the centroid table of each token's segment, (tokens,) int64."""
@@ -182,6 +217,9 @@ class QVGTensor(QuantizedTensor):
         """QVG chunks are reconstructed in channel order (centroids + residual), never interleaved."""
         return False
 
+    def dequantize_interleaved(self, out: Tensor) -> Tensor:
+        raise ValueError("no interleaved dequantization for QVG tensors (centroids + residual, in channel order)")
+
     def smoothing(self) -> Tensor:
         """Sum over stages of each token's centroid, float32, shape ``(..., tokens, head_dim)``, in the rotated space."""
         S, d = self.stages, self.head_dim
@@ -194,18 +232,13 @@ class QVGTensor(QuantizedTensor):
             total = g if total is None else total.add_(g)
         return total.reshape(self.shape)
 
-    def residual(self) -> QuantizedTensor:
-        """The quantized final residual on its own (a plain :class:`QuantizedTensor`, rotated space)."""
-        return QuantizedTensor(packed=self.packed, scale=self.scale, zero=self.zero, spec=self.spec, shape=self.shape,
-                               dtype=self.dtype, scale_format=self.scale_format)
-
     def dequantize(self, dtype: torch.dtype | None = None, rotated: bool = False, out: Tensor | None = None) -> Tensor:
         """Reconstruct ``sum_s centroid_s[id_s] + (m + code * delta)`` (summed in float32).
 
         ``rotated`` and ``out`` as in :meth:`QuantizedTensor.dequantize`.
         """
         dtype = dtype or (out.dtype if out is not None else self.dtype)
-        x = self.residual().dequantize(dtype=torch.float32, rotated=True).add_(self.smoothing())
+        x = self.residual.dequantize(dtype=torch.float32, rotated=True).add_(self.smoothing())
         if self.spec.rotation == "hadamard" and not rotated:
             x = unrotate(x, self.spec.seed)
         if out is not None:
@@ -220,10 +253,8 @@ def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
     Per (leading index) row: ``spec.qvg_stages`` rounds of :func:`kmeans` with
     ``spec.qvg_centroids`` centroids and at most ``spec.qvg_iters`` iterations (one generator seeded
     with ``spec.seed`` for the whole tensor), each subtracting the BF16-rounded centroids; then
-    :func:`~jensen_core.quant.quantize_rotated` of the residual.
+    :func:`~jensen_core.rtn.quantize_rotated` of the residual.
     """
-    if spec.method != "qvg":
-        raise ValueError(f"quantize_qvg needs a spec with method='qvg', got method={spec.method!r}")
     shape = xf.shape
     T, d = shape[-2], shape[-1]
     rows = xf.reshape(-1, T, d).to(torch.float32)
@@ -237,11 +268,10 @@ def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
         cents.append(c)
         ids.append(i.to(torch.uint8))
     k = cents[0].shape[1]
-    res = quantize_rotated(residual.reshape(shape), spec, dtype=dtype)
     S = spec.qvg_stages
     return QVGTensor(
-        packed=res.packed, scale=res.scale, zero=res.zero, spec=spec, shape=shape, dtype=dtype,
-        scale_format=res.scale_format, centroids=torch.stack(cents).reshape(S, *shape[:-2], k, d),
+        residual=quantize_rotated(residual.reshape(shape), spec, dtype=dtype),
+        centroids=torch.stack(cents).reshape(S, *shape[:-2], k, d),
         ids=torch.stack(ids).reshape(S, *shape[:-1]), segments=((T, k),),
     )
 
@@ -254,11 +284,8 @@ def cat_qvg(parts: list[QVGTensor]) -> QVGTensor:
     check_cat_compatible(parts)
     if len(parts) == 1:
         return first
-    packed = torch.cat([p.packed for p in parts], dim=-2)
     return QVGTensor(
-        packed=packed, scale=torch.cat([p.scale for p in parts], dim=-2), zero=torch.cat([p.zero for p in parts], dim=-2),
-        spec=first.spec, shape=torch.Size((*packed.shape[:-1], first.head_dim)), dtype=first.dtype,
-        scale_format=first.scale_format, centroids=torch.cat([p.centroids for p in parts], dim=-2),
+        residual=cat_rtn([p.residual for p in parts]), centroids=torch.cat([p.centroids for p in parts], dim=-2),
         ids=torch.cat([p.ids for p in parts], dim=-1), segments=tuple(s for p in parts for s in p.segments),
     )
 

@@ -7,7 +7,9 @@ import torch
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 ROTATIONS = ("none", "hadamard")
-METHODS = ("rtn", "qvg")
+#: quantization method -> the QuantSpec fields only that method reads (:mod:`jensen_core.methods` implements them)
+METHOD_KNOBS: dict[str, tuple[str, ...]] = {"rtn": (), "qvg": ("qvg_stages", "qvg_centroids", "qvg_iters")}
+METHODS = tuple(METHOD_KNOBS)
 QVG_MAX_STAGES = 8
 QVG_MAX_CENTROIDS = 256  # cluster ids are stored one uint8 per token and stage
 QVG_MAX_ITERS = 1000
@@ -49,7 +51,7 @@ class QuantSpec:
     ``head_dim`` channels, at most ``qvg_iters`` Lloyd iterations each, seeded by ``seed``), each
     subtracting the assigned centroid; the final residual is quantized as above. The centroids
     (BF16) and the cluster ids (uint8) are stored per chunk, so the bits per element depend on the
-    chunk's tokens: see :meth:`effective_bits_for`. ``method="rtn"`` is plain RTN.
+    chunk's tokens: ``jensen_core.methods.method_of(spec).effective_bits_for``. ``method="rtn"`` is plain RTN.
     """
 
     bits: int = 2
@@ -89,12 +91,12 @@ class QuantSpec:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}={v!r} must be a whole number from {lo} to {hi}")
-        if self.method == "rtn":
-            changed = [f"{f}={getattr(self, f)!r}" for f, d in _QVG_DEFAULTS.items() if getattr(self, f) != d]
+        for other, knobs in METHOD_KNOBS.items():
+            changed = [f"{f}={getattr(self, f)!r}" for f in knobs
+                       if other != self.method and getattr(self, f) != _DEFAULTS[f]]
             if changed:
-                raise ValueError(
-                    f"{', '.join(changed)} only apply to method='qvg'; use method='qvg' or leave them at their defaults"
-                )
+                raise ValueError(f"{', '.join(changed)} only apply to method={other!r}; use method={other!r} or "
+                                 "leave them at their defaults")
 
     @property
     def levels(self) -> int:
@@ -112,39 +114,11 @@ class QuantSpec:
     def effective_bits(self) -> float:
         """Stored bits per element of the group-wise quantized codes: bits + (scale bits + zero bits) / group_size (paper Eq. 21).
 
-        Exact for ``method="rtn"``. For ``method="qvg"`` this is the residual's part only; the cluster
-        ids and the per-chunk centroids come on top: :meth:`effective_bits_for` counts everything.
+        Everything stored for ``method="rtn"``. For ``method="qvg"`` this is the residual's part only;
+        the cluster ids and the per-chunk centroids come on top: the method object's
+        ``effective_bits_for`` (:func:`jensen_core.methods.method_of`) counts everything.
         """
         return self.bits + (self.scale_bits + self.zero_bits) / self.group_size
-
-    def centroids_per_chunk(self, tokens: int) -> int:
-        """Centroids one QVG stage stores for a chunk of ``tokens`` tokens (``min(K, tokens)``; 0 for RTN)."""
-        return 0 if self.method == "rtn" else min(self.qvg_centroids, tokens)
-
-    def chunk_nbytes(self, lead: int, tokens: int, head_dim: int) -> int:
-        """Exact bytes one quantized chunk of shape ``(lead..., tokens, head_dim)`` stores (``lead`` = batch x heads).
-
-        Packed codes + one scale and one zero-point per group and token; QVG adds per stage one
-        uint8 cluster id per token and ``min(K, tokens)`` BF16 centroids of ``head_dim`` channels per
-        (batch, head). Assumes the scales stay in ``scale_format`` (an FP8 overflow falls back to BF16).
-        """
-        self.check_head_dim(head_dim)
-        G = head_dim // self.group_size
-        per_token = head_dim * self.bits // 8 + G * (self.scale_bits + self.zero_bits) // 8
-        total = tokens * per_token
-        if self.method == "qvg":
-            total += self.qvg_stages * (tokens * CLUSTER_ID_BYTES + self.centroids_per_chunk(tokens) * head_dim * CENTROID_BYTES)
-        return lead * total
-
-    def effective_bits_for(self, head_dim: int, chunk_tokens: int) -> float:
-        """Exact stored bits per element for chunks of ``chunk_tokens`` tokens of ``head_dim`` channels.
-
-        RTN: :attr:`effective_bits`. QVG: ``bits + 24/g + 8 S / d + 16 S min(K, T) / T``
-        (residual codes and metadata, cluster ids, centroids), with T = ``chunk_tokens``.
-        """
-        if chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens={chunk_tokens} must be at least 1")
-        return self.chunk_nbytes(1, chunk_tokens, head_dim) * 8 / (chunk_tokens * head_dim)
 
     def check_head_dim(self, head_dim: int) -> None:
         """Raise a ValueError naming the fix when this spec cannot quantize ``head_dim`` channels."""
@@ -180,4 +154,4 @@ class QuantSpec:
         return cls(**d)
 
 
-_QVG_DEFAULTS = {f: QuantSpec.__dataclass_fields__[f].default for f in ("qvg_stages", "qvg_centroids", "qvg_iters")}
+_DEFAULTS = {f: QuantSpec.__dataclass_fields__[f].default for knobs in METHOD_KNOBS.values() for f in knobs}

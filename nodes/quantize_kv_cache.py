@@ -8,6 +8,7 @@ from ..runtime.config import (
     BITS_CHOICES,
     GROUP_SIZE_CHOICES,
     METHOD_CHOICES,
+    QUANTIZE_DEFAULTS,
     QVG_CENTROIDS_RANGE,
     QVG_ITERS_RANGE,
     QVG_STAGES_RANGE,
@@ -68,18 +69,18 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             ),
             inputs=[
                 io.Model.Input("model", tooltip="A Wan 2.1 T2V model (Self-Forcing, CausVid, SkyReels-V2) or a causal-AR one for SamplerARVideo."),
-                io.Combo.Input("key_bits", options=list(BITS_CHOICES), default="2",
+                io.Combo.Input("key_bits", options=list(BITS_CHOICES), default=QUANTIZE_DEFAULTS["key_bits"],
                                tooltip="Bits per cached key element; 'off' keeps keys in the model's precision. "
                                        "Low bits inflate attention on cached keys; add Jensen Bias Correction."),
-                io.Combo.Input("value_bits", options=list(BITS_CHOICES), default="2",
+                io.Combo.Input("value_bits", options=list(BITS_CHOICES), default=QUANTIZE_DEFAULTS["value_bits"],
                                tooltip="Bits per cached value element; 'off' keeps values in the model's precision."),
-                io.Combo.Input("group_size", options=list(GROUP_SIZE_CHOICES), default="32",
+                io.Combo.Input("group_size", options=list(GROUP_SIZE_CHOICES), default=QUANTIZE_DEFAULTS["group_size"],
                                tooltip="Channels sharing one scale and zero-point; must divide the head dim (128 for Wan). "
                                        "Smaller = more accurate, more metadata (INT2 at 32: 2.75 bits/element)."),
-                io.Combo.Input("rotation", options=list(ROTATION_CHOICES), default="hadamard",
+                io.Combo.Input("rotation", options=list(ROTATION_CHOICES), default=QUANTIZE_DEFAULTS["rotation"],
                                tooltip="Randomized Hadamard rotation before quantization (QuaRot): spreads outlier "
                                        "channels, usually better at 2-3 bits. Needs a power-of-two head dim."),
-                advanced(io.Combo.Input("scale_format", options=list(SCALE_FORMAT_CHOICES), default="fp8_e4m3",
+                advanced(io.Combo.Input("scale_format", options=list(SCALE_FORMAT_CHOICES), default=QUANTIZE_DEFAULTS["scale_format"],
                                         tooltip="Storage format of each group's step size (fp8_e4m3 = 8 bits, as in the paper; "
                                                 "falls back to bf16 for a tensor whose steps exceed 448).")),
                 advanced(io.Int.Input("rotation_seed", default=0, min=0, max=2**31 - 1,
@@ -87,7 +88,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                                               "with method 'qvg' also the seed of k-means' initial centroids.")),
                 # added after the original inputs, and optional: prompts saved before them (UI or API
                 # format) still validate and run as RTN
-                io.Combo.Input("method", options=list(METHOD_CHOICES), default="rtn", optional=True,
+                io.Combo.Input("method", options=list(METHOD_CHOICES), default=QUANTIZE_DEFAULTS["method"], optional=True,
                                tooltip="rtn: group-wise round-to-nearest of each token. qvg (QuantVideoGen): per chunk and "
                                        "head, k-means over the chunk's tokens; each token stores its centroid's id and only "
                                        "the small residual is quantized with the settings above. The Jensen correction "

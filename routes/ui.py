@@ -1,8 +1,9 @@
 """HTTP routes the web extension asks for every number it shows.
 
 One source for the formula: the web extension (``web/jensen_kv.js``) only displays what these
-handlers return; the numbers come from :mod:`jensen_core` (``QuantSpec.effective_bits``,
-``planner.plan_cache``, ``planner.wan_latent_shape``, ``planner.MODEL_PRESETS``).
+handlers return; the numbers come from :mod:`jensen_core` (``QuantSpec.effective_bits``, the method
+object's ``bits_breakdown``, ``planner.plan_cache``, ``planner.wan_latent_shape``, ``planner.MODEL_PRESETS``),
+the defaults from the nodes' own (:mod:`runtime.config`).
 
 Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
 
@@ -26,12 +27,15 @@ import logging
 import sys
 from collections.abc import Mapping
 
+from ..jensen_core.methods import method_of
 from ..jensen_core.planner import MODEL_PRESETS, WAN_PATCH, head_dim_problems, plan_cache, wan_latent_shape
-from ..jensen_core.spec import QuantSpec
+from ..jensen_core.spec import METHOD_KNOBS, QuantSpec
 from ..runtime.config import (
     BITS_CHOICES,
+    CHUNK_DEFAULTS,
     GROUP_SIZE_CHOICES,
     METHOD_CHOICES,
+    QUANTIZE_DEFAULTS,
     QVG_CENTROIDS_RANGE,
     QVG_ITERS_RANGE,
     QVG_STAGES_RANGE,
@@ -49,13 +53,10 @@ SCALE_CHOICES: tuple[str, ...] = tuple(SCALE_FORMAT_CHOICES)
 CUSTOM_PRESET = "custom"
 PRESET_LABELS = {"wan2.1-1.3b": "Wan 2.1 1.3B", "wan2.1-14b": "Wan 2.1 14B", CUSTOM_PRESET: "custom"}
 
+# The nodes' defaults (Quantize KV Cache, the Chunked AR sampler), then the video the planner starts with.
 DEFAULTS: dict[str, object] = {
-    "key_bits": "2",
-    "value_bits": "2",
-    "group_size": 32,
-    "rotation": "hadamard",
-    "scale_format": "fp8_e4m3",
-    "method": "rtn",
+    **QUANTIZE_DEFAULTS,
+    "group_size": int(QUANTIZE_DEFAULTS["group_size"]),
     "qvg_stages": QVG_STAGES_RANGE[0],
     "qvg_centroids": QVG_CENTROIDS_RANGE[0],
     "qvg_iters": QVG_ITERS_RANGE[0],
@@ -63,9 +64,7 @@ DEFAULTS: dict[str, object] = {
     "height": 480,
     "frames": 81,
     "batch": 1,
-    "chunk_frames": 3,
-    "window_chunks": 0,
-    "sink_chunks": 0,
+    **CHUNK_DEFAULTS,
     "cfg_branches": 1,
     "preset": "wan2.1-1.3b",
 }
@@ -152,9 +151,8 @@ def _side_spec(params: Mapping[str, str], side: str) -> QuantSpec | None:
         raise ParamError("group_size", group, "is not supported",
                          "use one of " + ", ".join(map(str, GROUP_CHOICES)) + " (it must divide head_dim)")
     method = _choice(params, "method", METHOD_CHOICES)
-    extra = {"method": method}
-    if method == "qvg":  # the node always sends its QVG widgets; they only count with method=qvg
-        extra.update({name: _int(params, name, DEFAULTS[name]) for name in METHOD_PARAMS[1:]})
+    # the node always sends every method's widgets; each counts only with its own method
+    extra = {"method": method, **{name: _int(params, name, DEFAULTS[name]) for name in METHOD_KNOBS[method]}}
     return QuantSpec(
         bits=int(bits),
         group_size=group,
@@ -170,22 +168,14 @@ def _side_summary(spec: QuantSpec | None, head_dim: int | None = None, chunk_tok
                 "note": "kept at the model's precision (counted as BF16)"}
     out = {"quantized": True, "method": spec.method, "bits": spec.bits, "effective_bits": spec.effective_bits,
            "scale_bits": spec.scale_bits, "zero_bits": spec.zero_bits, "group_size": spec.group_size}
-    if spec.method != "qvg":
+    method = method_of(spec)
+    if method.exact_spec_bits:
         return out
-    # QVG: residual (as RTN) + one uint8 id per token and stage + BF16 centroids per chunk
-    out.update(qvg_stages=spec.qvg_stages, qvg_centroids=spec.qvg_centroids, qvg_iters=spec.qvg_iters,
-               residual_bits=spec.effective_bits, id_bits=None, centroid_bits=None, exact=False)
-    if head_dim is not None:
-        out["id_bits"] = 8.0 * spec.qvg_stages / head_dim
-        out["effective_bits"] = spec.effective_bits + out["id_bits"]
-        if chunk_tokens is not None:
-            exact = spec.effective_bits_for(head_dim, chunk_tokens)
-            out.update(effective_bits=exact, exact=True, chunk_tokens=chunk_tokens,
-                       centroid_bits=exact - out["effective_bits"])
-    if not out["exact"]:
-        out["note"] = ("without " + ("head_dim and " if head_dim is None else "") + "chunk_tokens: leaves out "
-                       + ("the cluster ids and " if head_dim is None else "")
-                       + f"the BF16 centroids (16*{spec.qvg_stages}*K/tokens-per-chunk bits); the planner counts them")
+    # the method's own knobs, then its parts of the stored bits (QVG: residual, cluster ids, centroids)
+    out.update({name: getattr(spec, name) for name in METHOD_KNOBS[spec.method]})
+    out.update(method.bits_breakdown(spec, head_dim, chunk_tokens))
+    if out["exact"]:
+        out["chunk_tokens"] = chunk_tokens
     return out
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, replace
 
 from ..jensen_core import MODES, QuantSpec
 from ..jensen_core.bias import check_mode
-from ..jensen_core.spec import QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
+from ..jensen_core.methods import method_of
+from ..jensen_core.spec import METHOD_KNOBS, METHODS, QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
 
 CONFIG_KEY = "jensen_kv"
 #: the cache window of core's AR sampler (AR Cache Window); the Chunked AR sampler has its own inputs
@@ -22,12 +23,17 @@ GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
 ROTATION_CHOICES = ("none", "hadamard")
 SCALE_FORMAT_CHOICES = ("fp8_e4m3", "bf16", "fp16", "fp32")
 CORRECTION_CHOICES = MODES  # ("taylor", "chunk_mean", "exact", "per_channel", "off"): the core's names
-METHOD_CHOICES = ("rtn", "qvg")
+METHOD_CHOICES = METHODS
 # (default, min, max) of QVG's k-means knobs, as QuantSpec validates them
 QVG_STAGES_RANGE = (QuantSpec.__dataclass_fields__["qvg_stages"].default, 1, QVG_MAX_STAGES)
 QVG_CENTROIDS_RANGE = (QuantSpec.__dataclass_fields__["qvg_centroids"].default, 1, QVG_MAX_CENTROIDS)
 QVG_ITERS_RANGE = (QuantSpec.__dataclass_fields__["qvg_iters"].default, 1, QVG_MAX_ITERS)
 STRENGTH_MAX = 4.0
+#: Quantize KV Cache's widget defaults (the node and the web planner both start here)
+QUANTIZE_DEFAULTS: dict[str, str] = {"key_bits": "2", "value_bits": "2", "group_size": "32", "rotation": "hadamard",
+                                     "scale_format": "fp8_e4m3", "method": "rtn"}
+#: the Chunked AR sampler's chunking defaults (latent frames per chunk, window and sink in chunks; 0 = all / none)
+CHUNK_DEFAULTS: dict[str, int] = {"chunk_frames": 3, "window_chunks": 0, "sink_chunks": 0}
 
 
 def parse_bits(value: str | int, what: str) -> int | None:
@@ -44,13 +50,12 @@ def parse_bits(value: str | int, what: str) -> int | None:
 
 
 def method_fields(method: str, stages: int | str, centroids: int | str, iters: int | str) -> dict:
-    """QuantSpec keyword arguments of the node's method inputs (the QVG knobs only with method "qvg")."""
+    """QuantSpec keyword arguments of the node's method inputs (each method's own knobs only with that method)."""
     if method not in METHOD_CHOICES:
         raise ValueError(f"method={method!r} is not supported; use one of {', '.join(METHOD_CHOICES)}")
-    if method == "rtn":
-        return {"method": "rtn"}
-    out = {"method": "qvg"}
-    for name, value in (("qvg_stages", stages), ("qvg_centroids", centroids), ("qvg_iters", iters)):
+    given = {"qvg_stages": stages, "qvg_centroids": centroids, "qvg_iters": iters}
+    out = {"method": method}
+    for name, value in ((k, given[k]) for k in METHOD_KNOBS[method]):
         try:
             out[name] = int(value)
         except (TypeError, ValueError):
@@ -127,16 +132,15 @@ class JensenKVConfig:
         def side(spec: QuantSpec | None) -> str:
             if spec is None:
                 return "full precision"
-            if spec.method == "qvg":
-                return f"QVG + INT{spec.bits} residual ({spec.effective_bits:g} bits + centroids and ids)"
-            return f"INT{spec.bits} ({spec.effective_bits:g} bits)"
+            return method_of(spec).label(spec)
 
         parts = [f"keys {side(self.spec_k)}", f"values {side(self.spec_v)}"]
         spec = self.spec_k or self.spec_v
         if spec is not None:
             parts.append(f"group {spec.group_size}, rotation {spec.rotation}, scales {spec.scale_format}")
-            if spec.method == "qvg":
-                parts.append(f"k-means S={spec.qvg_stages} K={spec.qvg_centroids} iters<={spec.qvg_iters}")
+            knobs = method_of(spec).knobs_text(spec)
+            if knobs:
+                parts.append(knobs)
         corr = self.effective_correction
         parts.append(f"correction {corr}" + (f" x{self.strength:g}" if corr != "off" else ""))
         return "; ".join(parts)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..jensen_core import QuantizedTensor
+from ..jensen_core import StoredTensor, method_of
 from ..jensen_core.bias import check_mode
 from ..jensen_core.diagnostics import attention_shift
 from ..jensen_core.quant import cat_quantized
@@ -130,25 +130,20 @@ def set_request(model_patcher, request: DiagnosticsRequest) -> None:
 
 
 # ------------------------------------------------------------------------------------------ observer
-def _cat(parts: list) -> QuantizedTensor | Tensor:
-    if isinstance(parts[0], QuantizedTensor):
+def _cat(parts: list) -> StoredTensor | Tensor:
+    if isinstance(parts[0], StoredTensor):
         return cat_quantized(parts)
     return torch.cat(parts, dim=-2)
 
 
 def _spec_text(entry_k, entry_v) -> str:
     def side(t) -> str:
-        return f"INT{t.spec.bits}" if isinstance(t, QuantizedTensor) else "full"
+        return f"INT{t.spec.bits}" if isinstance(t, StoredTensor) else "full"
 
-    spec = next((t.spec for t in (entry_k, entry_v) if isinstance(t, QuantizedTensor)), None)
+    spec = next((t.spec for t in (entry_k, entry_v) if isinstance(t, StoredTensor)), None)
     text = f"K {side(entry_k)} / V {side(entry_v)}"
     if spec is not None:
-        scheme = "QVG" if spec.method == "qvg" else "RTN"
-        if spec.rotation == "hadamard":
-            scheme = "QuaRot" if scheme == "RTN" else "QVG+QuaRot"
-        text += f", g{spec.group_size}, {scheme}"
-        if spec.method == "qvg":
-            text += f" S{spec.qvg_stages} K{spec.qvg_centroids}"
+        text += f", g{spec.group_size}, {method_of(spec).scheme(spec)}"
     return text
 
 

@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from ..jensen_core.methods import REGISTRY, RTN, method_of
 from .cache_run import CacheRun
 from .config import JensenKVConfig
 from .families import ModelFamily
@@ -26,7 +27,7 @@ def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, *,
         chunk_tokens = chunk_frames * tokens_per_frame
 
         def bits(s):
-            return s.effective_bits_for(adapter.head_dim, chunk_tokens) if s is not None else full_bits
+            return method_of(s).effective_bits_for(s, adapter.head_dim, chunk_tokens) if s is not None else full_bits
 
         effective = (bits(config.spec_k) + bits(config.spec_v)) / 2
     return {
@@ -49,8 +50,7 @@ def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, *,
         "group_size": spec.group_size if spec else None,
         "rotation": spec.rotation if spec else "none",
         "method": spec.method if spec else "rtn",
-        "qvg_stages": spec.qvg_stages if spec and spec.method == "qvg" else None,
-        "qvg_centroids": spec.qvg_centroids if spec and spec.method == "qvg" else None,
+        **(method_of(spec) if spec else RTN).report_fields(spec),
         "correction": config.effective_correction,
         "strength": float(config.strength),
         "layers": adapter.num_layers,
@@ -71,8 +71,8 @@ def report_text(report: dict) -> str:
     window = "all chunks" if w == 0 else f"last {w} chunks" + (f" + first {s} (sink)" if s else "")
     kb, vb = report["key_bits"], report["value_bits"]
     kind = "full-precision" if kb == "off" and vb == "off" else f"K INT{kb}/V INT{vb}".replace("INToff", "full")
-    if report.get("method") == "qvg" and kind != "full-precision":
-        kind = f"QVG S={report['qvg_stages']} K={report['qvg_centroids']}, {kind} residual"
+    if kind != "full-precision":
+        kind = REGISTRY.get(report.get("method"), RTN).report_kind(report, kind)
     start = report.get("first_chunk", 0)
     made = f"chunks {start}-{start + report['chunks'] - 1}" if start else f"{report['chunks']} chunks"
     lines = [

@@ -137,3 +137,76 @@ def test_node_modules_are_one_node_each():
         classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
                    and any(getattr(b, "attr", getattr(b, "id", "")) == "ComfyNode" for b in n.bases)]
         assert len(classes) <= 1, f"{path.relative_to(ROOT)} defines {classes}: one node per file"
+
+
+# --------------------------------------------------------------------------------------- no import pairs
+PACK_ROOMS = ("jensen_core", "runtime", "routes", "nodes")
+
+
+def _module_name(path: Path) -> str:
+    """``jensen_core/quant.py`` -> ``jensen_core.quant``; a package's ``__init__.py`` -> the package; the root -> ``""``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _pack_modules() -> dict[str, Path]:
+    files = [ROOT / "__init__.py", *(p for room in PACK_ROOMS for p in _py_files(room))]
+    return {_module_name(p): p for p in files if p.is_file()}
+
+
+def _imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Pack modules ``path`` imports anywhere in it (function-level too), relative imports resolved.
+
+    ``from .pkg import name`` counts the module ``pkg.name`` where there is one, else ``pkg``."""
+    pkg = _module_name(path).split(".") if path.name == "__init__.py" else _module_name(path).split(".")[:-1]
+    pkg = [p for p in pkg if p]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg[: len(pkg) - (node.level - 1)]
+                if len(base) < len(pkg) - (node.level - 1):  # above the pack root
+                    continue
+                mod = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            else:
+                mod = node.module or ""
+            subs = [f"{mod}.{a.name}" if mod else a.name for a in node.names]
+            # names that are modules import those modules; any other name is taken from ``mod`` itself
+            targets = subs + ([mod] if any(s not in modules for s in subs) else [])
+        else:
+            continue
+        found.update(t for t in targets if t in modules)
+    found.discard(_module_name(path))
+    return found
+
+
+def mutual_imports() -> list[str]:
+    modules = _pack_modules()
+    graph = {name: _imported_modules(path, modules) for name, path in modules.items()}
+    return sorted(f"{a or '(root)'} <-> {b or '(root)'}" for a, targets in graph.items() for b in targets
+                  if a < b and a in graph.get(b, ()))
+
+
+def test_no_two_pack_modules_import_each_other():
+    """Imports run one way: a pair that imports each other (even inside a function) is one module split in two."""
+    assert mutual_imports() == []
+
+
+def test_the_pair_checker_sees_a_pair(tmp_path, monkeypatch):
+    """Positive control: a function-level relative import back, across rooms and from a package, is a pair."""
+    (tmp_path / "__init__.py").write_text("from .nodes import n\n")
+    for room in PACK_ROOMS:
+        (tmp_path / room).mkdir()
+        (tmp_path / room / "__init__.py").write_text("")
+    (tmp_path / "jensen_core" / "a.py").write_text("from .b import x\n")
+    (tmp_path / "jensen_core" / "b.py").write_text("def f():\n    from . import a\n")
+    (tmp_path / "jensen_core" / "c.py").write_text("from .b import x\n")  # one way only: no pair
+    (tmp_path / "runtime" / "r.py").write_text("from ..routes.u import y\n")
+    (tmp_path / "routes" / "u.py").write_text("def g():\n    from ..runtime import r\n")
+    (tmp_path / "nodes" / "n.py").write_text("from .. import something\n")
+    (tmp_path / "nodes" / "m.py").write_text("from . import n\n")  # the submodule n, not nodes/__init__.py
+    (tmp_path / "nodes" / "__init__.py").write_text("from .m import z\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert mutual_imports() == ["(root) <-> nodes.n", "jensen_core.a <-> jensen_core.b", "routes.u <-> runtime.r"]

@@ -39,7 +39,7 @@ def _bound_holds(x: torch.Tensor, spec: QuantSpec) -> tuple[bool, float]:
         ref = rotate(ref, spec.seed)
     x_hat = qt.dequantize(dtype=torch.float32, rotated=True)
     step = qt.step_sizes().repeat_interleave(spec.group_size, dim=-1)
-    zero = qt.zero.float().repeat_interleave(spec.group_size, dim=-1)
+    zero = qt.minimum.float().repeat_interleave(spec.group_size, dim=-1)
     # the bound, plus fp32 rounding of m + code * delta (a few ulps of the magnitudes involved)
     slack = 2.0**-21 * (zero.abs() + (spec.levels - 1) * step + ref.abs())
     err = (x_hat - ref).abs()
@@ -122,12 +122,12 @@ def test_fp8_scales_round_up_so_the_top_of_the_range_is_not_clipped():
     spec = QuantSpec(bits=2, group_size=32)
     qt = quantize(x, spec)
     mx, mn = x.amax(-1, keepdim=True), x.amin(-1, keepdim=True)
-    need = (mx - qt.zero.float()) / 3
+    need = (mx - qt.minimum.float()) / 3
     nearest = need.to(torch.float8_e4m3fn).float()
     assert (nearest < need).any(), "the case under test (nearest FP8 rounds the step down) must occur"
-    grid_top = qt.zero.float() + 3 * qt.step_sizes()
+    grid_top = qt.minimum.float() + 3 * qt.step_sizes()
     assert (grid_top >= mx).all()
-    assert (qt.zero.float() <= mn).all()
+    assert (qt.minimum.float() <= mn).all()
 
 
 def test_bf16_zero_point_far_from_zero_keeps_the_bound():
@@ -135,7 +135,7 @@ def test_bf16_zero_point_far_from_zero_keeps_the_bound():
     x = 1000.3 + 0.05 * torch.randn(1, 1, 16, 32, generator=torch.Generator().manual_seed(1))
     spec = QuantSpec(bits=4, group_size=32)
     qt = quantize(x, spec)
-    assert (qt.zero.float() <= x.amin(-1)).all()
+    assert (qt.minimum.float() <= x.amin(-1)).all()
     ok, worst = _bound_holds(x, spec)
     assert ok, worst
 

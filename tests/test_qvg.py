@@ -7,6 +7,7 @@ import torch
 
 import jensen_core.attention as attention
 from jensen_core import CacheEntry, ChunkCache, QuantSpec, cached_attention, jensen_bias, quantize, rotate
+from jensen_core.methods import method_of
 from jensen_core.planner import plan_cache
 from jensen_core.quant import QuantizedTensor, cat_quantized
 from jensen_core.qvg import QVGTensor, kmeans
@@ -51,10 +52,10 @@ def test_effective_bits_count_residual_ids_and_centroids():
     # 2 + 24/64 (this pack's asymmetric residual: FP8 step + BF16 zero) + 8/128 (ids) + 16*256/12150
     s = QuantSpec(method="qvg", bits=2, group_size=64)
     assert s.effective_bits == 2.375  # the residual's part, as for RTN
-    assert s.effective_bits_for(128, 12150) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 12150)
-    assert s.effective_bits_for(128, 100) == pytest.approx(2.375 + 0.0625 + 16)  # K > tokens: min(K, T) = T centroids
+    assert method_of(s).effective_bits_for(s, 128, 12150) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 12150)
+    assert method_of(s).effective_bits_for(s, 128, 100) == pytest.approx(2.375 + 0.0625 + 16)  # K > tokens: min(K, T) = T centroids
     r = QuantSpec(bits=2, group_size=32)
-    assert r.effective_bits_for(128, 7) == r.effective_bits == 2.75
+    assert method_of(r).effective_bits_for(r, 128, 7) == r.effective_bits == 2.75
 
 
 # ----------------------------------------------------------------------------------------- k-means
@@ -112,7 +113,7 @@ def test_error_is_the_residual_rtn_error_only(rotation, stages):
     spec = QuantSpec(**{**QVG, "rotation": rotation, "qvg_stages": stages, "seed": 3})
     x = _clustered(4)
     qt = quantize(x, spec)
-    assert isinstance(qt, QVGTensor) and isinstance(qt, QuantizedTensor)
+    assert isinstance(qt, QVGTensor) and isinstance(qt.residual, QuantizedTensor) and not isinstance(qt, QuantizedTensor)
     xr = rotate(x, 3) if rotation == "hadamard" else x
     diff = qt.dequantize(torch.float32, rotated=True) - xr
     half = qt.step_sizes().repeat_interleave(32, -1) / 2
@@ -131,9 +132,9 @@ def test_nbytes_is_what_is_stored_and_what_the_spec_predicts():
         qt = quantize(x, spec)
         k = min(20, T)
         assert qt.centroids.shape == (2, 2, 3, k, 64) and qt.ids.shape == (2, 2, 3, T)
-        parts = (qt.packed, qt.scale, qt.zero, qt.centroids, qt.ids)
-        assert qt.nbytes == sum(t.numel() * t.element_size() for t in parts) == spec.chunk_nbytes(6, T, 64)
-        assert qt.effective_bits == pytest.approx(spec.effective_bits_for(64, T))
+        parts = (qt.residual.packed, qt.residual.scale, qt.residual.minimum, qt.centroids, qt.ids)
+        assert qt.nbytes == sum(t.numel() * t.element_size() for t in parts) == method_of(spec).chunk_nbytes(spec, 6, T, 64)
+        assert qt.effective_bits == pytest.approx(method_of(spec).effective_bits_for(spec, 64, T))
 
 
 def test_fewer_tokens_than_centroids_reconstructs_from_the_centroids():
@@ -147,7 +148,7 @@ def test_fewer_tokens_than_centroids_reconstructs_from_the_centroids():
 def test_same_seed_same_bytes_other_seed_other_init():
     x = _clustered(6, T=128, clusters=12, spread=1.0)
     a, b = quantize(x, QuantSpec(**QVG, seed=1)), quantize(x, QuantSpec(**QVG, seed=1))
-    assert torch.equal(a.ids, b.ids) and torch.equal(a.centroids, b.centroids) and torch.equal(a.packed, b.packed)
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.centroids, b.centroids) and torch.equal(a.residual.packed, b.residual.packed)
     c = quantize(x, QuantSpec(**QVG, seed=2))
     assert not torch.equal(a.ids, c.ids)
 
@@ -194,7 +195,7 @@ def test_cache_bytes_and_safetensors_round_trip(tmp_path):
     for i in range(4):
         cache.append(_clustered(20 + i, T=48), _clustered(30 + i, T=48))
     assert cache.num_chunks == 3
-    assert cache.nbytes == 3 * (spec_k.chunk_nbytes(2, 48, 64) + spec_v.chunk_nbytes(2, 48, 64))
+    assert cache.nbytes == 3 * (method_of(spec_k).chunk_nbytes(spec_k, 2, 48, 64) + method_of(spec_v).chunk_nbytes(spec_v, 2, 48, 64))
     path = str(tmp_path / "qvg.safetensors")
     cache.save(path)
     back = ChunkCache(spec_k, spec_v)
@@ -203,9 +204,11 @@ def test_cache_bytes_and_safetensors_round_trip(tmp_path):
     for a, b in zip(cache.entries, back.entries):
         for x, y in ((a.k, b.k), (a.v, b.v)):
             assert isinstance(y, QVGTensor) and y.segments == x.segments and y.shape == x.shape
-            for name in ("packed", "zero", "centroids", "ids"):
+            for name in ("centroids", "ids"):
                 assert torch.equal(getattr(x, name), getattr(y, name))
-            assert torch.equal(x.scale.view(torch.uint8), y.scale.view(torch.uint8))
+            for name in ("packed", "minimum"):
+                assert torch.equal(getattr(x.residual, name), getattr(y.residual, name))
+            assert torch.equal(x.residual.scale.view(torch.uint8), y.residual.scale.view(torch.uint8))
     q = torch.randn(1, 2, 48, 64)
     torch.testing.assert_close(back.attend(q, q, q), cache.attend(q, q, q))
     with pytest.raises(ValueError, match="saved with specs"):
@@ -246,9 +249,38 @@ def test_a_version_1_file_still_loads():
     meta["version"] = 1
     meta["spec_k"] = {k: v for k, v in meta["spec_k"].items() if not (k == "method" or k.startswith("qvg_"))}
     sd["__jensen_kv_meta__"] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
+    sd = {k.replace(".minimum", ".zero"): t for k, t in sd.items()}  # versions 1 and 2 named the minima ".zero"
     back = ChunkCache(spec, None)
     back.load_state_dict(sd)
     assert torch.equal(back.entries[0].k.packed, cache.entries[0].k.packed)
+    assert torch.equal(back.entries[0].k.minimum, cache.entries[0].k.minimum)
+
+
+@pytest.mark.parametrize("spec", [QuantSpec(bits=2, group_size=32), QuantSpec(**QVG, rotation="hadamard", qvg_stages=2)])
+def test_a_version_2_file_loads_bit_exactly_and_a_version_3_name_in_it_is_refused(spec, tmp_path):
+    """Version 2 stored each part's grid origins as ``.zero``; version 3 as ``.minimum``. Both load, each by its name."""
+    cache = ChunkCache(spec, spec, window_chunks=2)
+    for i in range(3):
+        cache.append(_clustered(60 + i, T=24), _clustered(70 + i, T=24))
+    sd = cache.state_dict()
+    meta = json.loads(bytes(sd["__jensen_kv_meta__"].tolist()).decode())
+    assert meta["version"] == 3 and "chunk0.k.minimum" in sd and not any(k.endswith(".zero") for k in sd)
+    meta["version"] = 2
+    old = {k.replace(".minimum", ".zero"): t.clone() for k, t in sd.items()}
+    old["__jensen_kv_meta__"] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
+    path = str(tmp_path / "v2.safetensors")
+    from safetensors.torch import save_file
+    save_file(old, path, metadata={"format": "jensen_kv_cache", "version": "2"})
+    back = ChunkCache(spec, spec, window_chunks=2)
+    back.load(path)
+    assert back.state_dict().keys() == sd.keys()
+    for name, t in back.state_dict().items():
+        assert t.dtype == sd[name].dtype and torch.equal(t.view(torch.uint8), sd[name].view(torch.uint8)), name
+    q = torch.randn(1, 2, 24, 64, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(back.attend(q, q, q), cache.attend(q, q, q))
+    # a version 2 record with the new name is not a file any version wrote
+    with pytest.raises(ValueError, match=r"chunk0\.k\.zero is missing"):
+        ChunkCache(spec, spec, window_chunks=2).load_state_dict({**sd, "__jensen_kv_meta__": old["__jensen_kv_meta__"]})
 
 
 def test_planner_matches_the_bytes_a_qvg_run_stores():
@@ -264,7 +296,7 @@ def test_planner_matches_the_bytes_a_qvg_run_stores():
             cache.append(_clustered(100 * c + i, H=heads, T=T, D=D), _clustered(7 + 100 * c + i, H=heads, T=T, D=D))
         peak = max(peak, sum(cache.nbytes for cache in caches))
     assert plan.quantized_bytes == peak
-    assert plan.effective_bits_k == pytest.approx(spec_k.effective_bits_for(D, T))
+    assert plan.effective_bits_k == pytest.approx(method_of(spec_k).effective_bits_for(spec_k, D, T))
     assert any("keeps every token as a BF16 centroid" in w and w.startswith("value cache") for w in plan.warnings)
 
 
@@ -305,7 +337,7 @@ def test_bias_uses_the_residual_steps_not_the_keys_range():
     kq = quantize(_clustered(80), spec)
     q = torch.randn(1, 2, 5, 64, generator=torch.Generator().manual_seed(1))
     nu = q.reshape(1, 2, 5, 2, 32).square().sum(-1)
-    expect = nu @ (kq.residual().step_sizes().square() / (24 * 64)).transpose(-1, -2)
+    expect = nu @ (kq.residual.step_sizes().square() / (24 * 64)).transpose(-1, -2)
     torch.testing.assert_close(jensen_bias(q, kq, "taylor"), expect)
 
 

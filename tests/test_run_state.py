@@ -113,6 +113,37 @@ def test_the_digest_is_unchanged_so_files_saved_before_still_load(tmp_path):
     assert meta["sha256"] == h.hexdigest() == rs._digest(tensors, meta["state"])
 
 
+
+@pytest.mark.parametrize("kw", [
+    {"window": 1, "sink": 1, "chunks": 4},
+    {"spec_k": QuantSpec(method="qvg", bits=2, group_size=16, qvg_centroids=4), "spec_v": INT4, "chunks": 3},
+])
+def test_a_file_written_before_the_minima_were_renamed_loads_bit_for_bit(tmp_path, kw):
+    """Cache records of version 2 stored each part's grid origins as ``.zero`` (version 3: ``.minimum``).
+
+    The old layout is built here from a new file: names and record versions put back, re-signed as it was."""
+    state = make_state(**kw)
+    new_path = str(tmp_path / "new.safetensors")
+    state.save(new_path)
+    meta, tensors = read_file(new_path)
+    assert any(k.endswith(".minimum") for k in tensors) and not any(k.endswith(".zero") for k in tensors)
+    old = {k.removesuffix(".minimum") + ".zero" if k.endswith(".minimum") else k: t for k, t in tensors.items()}
+    for layer, branch in state.caches:
+        record = cache_meta(old, layer, branch)
+        assert record["version"] == 3
+        set_cache_meta(old, {**record, "version": 2}, layer, branch)
+    back = rs.load_run_state(resign(tmp_path / "old.safetensors", meta, old))
+    assert back.caches.keys() == state.caches.keys()
+    for key, cache in state.caches.items():
+        mine, theirs = back.caches[key].state_dict(), cache.state_dict()
+        assert mine.keys() == theirs.keys()
+        assert all(torch.equal(mine[k].view(torch.uint8), theirs[k].view(torch.uint8)) for k in theirs), key
+    assert all(torch.equal(a.latent, b.latent) for a, b in zip(back.retained, state.retained))
+    # the old name under a version 3 record is refused (each version reads its own names)
+    for layer, branch in state.caches:
+        set_cache_meta(old, {**cache_meta(old, layer, branch), "version": 3}, layer, branch)
+    refused(resign(tmp_path / "mixed.safetensors", meta, old), r"holds tensors its record does not describe")
+
 # ------------------------------------------------------------------------------------------------ item 1: repetition
 def test_a_hundred_thousand_repeated_caches_are_refused_by_the_structure_check(tmp_path, monkeypatch):
     # every (layer, branch) once, then (0, 0) again and again: 100,000 entries, ~0.6 MB of header

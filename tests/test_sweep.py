@@ -69,12 +69,12 @@ def test_quick_sweep_writes_csv_and_plots(tmp_path):
 
     # QVG (K=8 on the quick workload's 256-token chunks): its stored bits count centroids and ids, it
     # reconstructs better than RTN at the same group size, and the correction (residual steps) still helps
-    from jensen_core import QuantSpec
+    from jensen_core import QuantSpec, method_of
 
     q_off, q_tay = qvg["off"], qvg["taylor"]
     assert q_off["scheme"] == "QVG" and (q_off["qvg_stages"], q_off["qvg_centroids"]) == ("1", "8")
-    assert float(q_off["effective_bits"]) == pytest.approx(
-        QuantSpec(method="qvg", bits=2, group_size=32, qvg_centroids=8).effective_bits_for(128, 256), rel=1e-5)
+    spec = QuantSpec(method="qvg", bits=2, group_size=32, qvg_centroids=8)
+    assert float(q_off["effective_bits"]) == pytest.approx(method_of(spec).effective_bits_for(spec, 128, 256), rel=1e-5)
     assert float(q_off["output_mse"]) < med(2, "off", "output_mse")
     assert abs(float(q_tay["median_delta_ps"])) < 0.5 * float(q_off["median_delta_ps"])
     assert q_off["wan_latent_psnr_db"] == ""  # QVG rows run on the workload only

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from jensen_core import QuantSpec, quantize  # noqa: E402
+from jensen_core.methods import method_of  # noqa: E402
 from jensen_core.quant import quantize_rotated  # noqa: E402
 from jensen_core.qvg import kmeans as our_kmeans  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
@@ -198,7 +199,7 @@ def main(argv=None) -> int:
 
     show("reconstruction error ||x - x_hat||^2 / ||x||^2 (mean +- sd over seeds)", rows)
     show("smoothing residual ||x - centroid[id]||^2 / ||x||^2 (k-means alone)", energy)
-    bits_ours = spec.effective_bits_for(D, T)
+    bits_ours = method_of(spec).effective_bits_for(spec, D, T)
     bits_ref = bits + 8 / B + 8 * S / D + 16 * S * min(K, T) / T
     print(f"\nstored bits per element at {T} tokens per chunk: ours {bits_ours:.4f} (residual {spec.effective_bits:g} "
           f"+ ids {8 * S / D:g} + centroids {16 * S * min(K, T) / T:.4f}); reference default {bits_ref:.4f} "

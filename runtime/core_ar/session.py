@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ...jensen_core.cache import PreparedChunk
+from ...jensen_core.methods import method_of
 from ..cache_run import CacheRun
 from ..config import JensenKVConfig
 from ..observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
@@ -139,7 +140,7 @@ class CoreARSession:
         self.in_flight_peak_bytes = 0
         specs = [sp for sp in (config.spec_k, config.spec_v) if sp is not None]
         #: hold the pending block quantized (RTN, full precision); QVG waits in the model's dtype (see module doc)
-        self.prepare_pending = not any(sp.method == "qvg" for sp in specs)
+        self.prepare_pending = all(method_of(sp).quantizes_early for sp in specs)
         self.pending_start: int | None = None
         self.pending_tokens: int | None = None
         self.reached: set[tuple[int, int]] = set()

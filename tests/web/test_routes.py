@@ -14,7 +14,7 @@ import pytest
 import torch
 from support.pack import load_pack_module
 
-from jensen_core import ChunkCache, QuantSpec
+from jensen_core import ChunkCache, QuantSpec, method_of
 from jensen_core.planner import MODEL_PRESETS, plan_cache
 
 routes = load_pack_module("routes.ui")
@@ -65,7 +65,7 @@ def test_spec_qvg_is_exact_with_head_dim_and_chunk_tokens_and_says_what_it_leave
     out = routes.spec_summary({**q, "head_dim": "128", "chunk_tokens": "4680"})
     k = out["key"]
     assert k["exact"] is True and "note" not in k
-    assert k["effective_bits"] == spec.effective_bits_for(128, 4680) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 4680)
+    assert k["effective_bits"] == method_of(spec).effective_bits_for(spec, 128, 4680) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 4680)
     assert k["centroid_bits"] == pytest.approx(16 * 256 / 4680) and k["id_bits"] == 8 / 128
     assert out["effective_bits"] == pytest.approx((k["effective_bits"] + 16) / 2)
 
@@ -84,9 +84,9 @@ def test_plan_qvg_counts_centroids_per_chunk_exactly_and_its_spec_is_exact():
     assert out["quantized_bytes"] == ref.quantized_bytes
     # 6 cached chunks x 30 layers x 12 heads x (4680 tokens x (32 B codes + 2 x 3 B metadata + 1 B id) + 256 x 128 x 2 B)
     assert ref.quantized_bytes == 2 * 6 * 30 * 12 * (4680 * (32 + 6 + 1) + 256 * 128 * 2)
-    assert out["spec"]["key"]["exact"] and out["spec"]["key"]["effective_bits"] == spec.effective_bits_for(128, 4680)
+    assert out["spec"]["key"]["exact"] and out["spec"]["key"]["effective_bits"] == method_of(spec).effective_bits_for(spec, 128, 4680)
     assert out["effective_bits_k"] == pytest.approx(out["spec"]["key"]["effective_bits"])
-    assert out["bytes_ratio"] == pytest.approx(16 / spec.effective_bits_for(128, 4680))
+    assert out["bytes_ratio"] == pytest.approx(16 / method_of(spec).effective_bits_for(spec, 128, 4680))
     small = routes.plan_summary({"method": "qvg", "qvg_centroids": "256", "width": "64", "height": "48", "chunk_frames": "1"})
     assert any("keeps every token as a BF16 centroid" in w and "lower K" in w for w in small["warnings"])
 
