@@ -137,3 +137,60 @@ def test_node_modules_are_one_node_each():
         classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
                    and any(getattr(b, "attr", getattr(b, "id", "")) == "ComfyNode" for b in n.bases)]
         assert len(classes) <= 1, f"{path.relative_to(ROOT)} defines {classes}: one node per file"
+
+
+# ---------------------------------------------------------------------------------------------- `nodes` shadowing
+_IMPORT_NODES = (
+    "import sys\n"
+    "sys.path[:0] = {path!r}\n"
+    "try:\n"
+    "    import nodes\n"
+    "except ImportError as exc:\n"
+    "    print('REFUSED', exc)\n"
+    "else:\n"
+    "    print('IMPORTED', nodes.__file__)\n"
+)
+
+
+def _import_nodes_with(path: list[str]) -> str:
+    """What ``import nodes`` gives in a fresh interpreter whose sys.path starts with ``path`` (run outside ROOT)."""
+    r = subprocess.run([sys.executable, "-c", _IMPORT_NODES.format(path=path)], cwd="/", capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def fake_comfyui(tmp_path) -> Path:
+    """A folder that stands in for ComfyUI's: a top-level ``nodes.py``."""
+    (tmp_path / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
+    return tmp_path
+
+
+def test_import_nodes_never_gives_the_packs_package_silently(fake_comfyui):
+    """Pack root ahead of ComfyUI's folder: ``import nodes`` fails and names the fix; never the pack's package."""
+    out = _import_nodes_with([str(ROOT), str(fake_comfyui)])
+    assert out.startswith("REFUSED"), out
+    assert "shadowing ComfyUI's own nodes.py" in out and "ahead of the pack root" in out, out
+
+
+def test_import_nodes_gives_comfyuis_module_when_its_folder_comes_first(fake_comfyui):
+    out = _import_nodes_with([str(fake_comfyui), str(ROOT)])
+    assert out == f"IMPORTED {fake_comfyui / 'nodes.py'}", out
+
+
+@pytest.mark.comfyui
+def test_with_real_comfyui_import_nodes_is_comfyuis_or_refused():
+    """The real ComfyUI folder beside the pack root, in both orders: ComfyUI's nodes.py or a loud refusal."""
+    from support.comfyui import SKIP_REASON, find_comfyui
+
+    comfy = find_comfyui()
+    if comfy is None:
+        pytest.skip(SKIP_REASON)
+    code = ("import importlib.util, sys\n"
+            f"sys.path[:0] = [{str(comfy)!r}, {str(ROOT)!r}]\n"
+            "print(importlib.util.find_spec('nodes').origin)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and Path(r.stdout.strip()) == comfy / "nodes.py", r.stdout + r.stderr
+    out = _import_nodes_with([str(ROOT), str(comfy)])
+    assert out.startswith("REFUSED") and "ahead of the pack root" in out, out
