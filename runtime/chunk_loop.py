@@ -35,7 +35,7 @@ from .families import detect
 from .observer import PHASE_DENOISE, PHASE_WRITE
 from .prompt_schedule import PromptSchedule
 from .report import MIB, build_report, report_text  # noqa: F401 - report_text re-exported for the nodes
-from .run_state import RetainedChunk, RunState, weights_digest
+from .run_state import RetainedChunk, RunState
 
 logger = logging.getLogger("jensen_kv")
 
@@ -232,7 +232,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
     tokens_per_frame = adapter.tokens_per_frame(tuple(latent_image.shape))
     branches = [0] if math.isclose(cfg, 1.0) else [0, 1]
     latent_geometry = (latent_image.shape[0], latent_image.shape[1], latent_image.shape[3], latent_image.shape[4])
-    fingerprint = {**adapter.fingerprint(), "weights": weights_digest(adapter.dm)}
+    fingerprint = {**adapter.fingerprint(), "weights": adapter.weights_digest()}
 
     first_chunk, first_frame, active = 0, 0, None
     prefix_bounds: list[tuple[int, int]] = []
@@ -250,7 +250,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
         chunk_frames=chunk_frames, window_chunks=window_chunks, layers=adapter.num_layers, heads=adapter.heads,
         head_dim=adapter.head_dim, spec_k=config.spec_k, spec_v=config.spec_v, cfg_branches=len(branches),
         batch=latent_image.shape[0], full_bytes=torch.finfo(model.model_dtype()).bits // 8,
-        sink_chunks=sink_chunks, write_last=keep_state,
+        sink_chunks=sink_chunks, write_last=keep_state, geometry=adapter.geometry,
         # what is in the cache before the first generated chunk, as frames: a loaded state's chunks as it holds
         # them (never its claimed next_frame), a prefix clip's frames
         prefix_frames=len(resume.retained) * chunk_frames if resume is not None else first_frame,
@@ -363,7 +363,7 @@ def run_chunked_ar(model, positive, negative, latent: dict, *, seed: int, cfg: f
                 next_chunk=first_chunk + plan.chunks, next_frame=first_frame + plan.frames, branches=run.branches,
                 active_prompt=active, caches={k: c.copy().to("cpu") for k, c in run.caches.items()},
                 retained=list(timeline.retained),
-                info={"seed": int(seed), "prompts": schedule.describe(), "model_class": adapter.model_class},
+                info={"seed": int(seed), "prompts": schedule.describe(), "model_class": adapter.describe()},
             )
     finally:
         adapter.remove(work)
