@@ -1,9 +1,11 @@
 """The interface a model family implements so the Chunked AR sampler can drive it.
 
-A family adapter knows four things about its models, and nothing about caches or samplers:
+A family adapter knows these things about its models, and nothing about caches or samplers:
 
 - **detection**: :meth:`ModelFamily.probe` looks at a ModelPatcher and says whether the family
   applies and, if it does, what (if anything) stops the pack from supporting this variant;
+  :meth:`ModelFamily.attention_shape` reads layers, heads and head_dim without changing the model
+  (the nodes check their settings against it before a run);
 - **self-attention**: :meth:`ModelFamily.install` routes every self-attention layer of a *clone*
   through :meth:`runtime.cache_run.CacheRun.attend` (object patches, wrappers), and
   :meth:`ModelFamily.remove` undoes exactly that;
@@ -16,7 +18,7 @@ A family adapter knows four things about its models, and nothing about caches or
   of its weights (:meth:`weights_digest`) and a label for the run's records (:meth:`describe`).
 
 The chunk loop (``runtime/chunk_loop.py``) and core's AR path (``runtime/core_ar/``) use only
-these members (tests/test_layout.py checks the loop).
+these members (tests/test_layout.py checks them).
 
 Adding a family is adding one file in ``runtime/families/`` and its class to ``FAMILIES`` there.
 """
