@@ -290,14 +290,18 @@ def plan_settings(window: int = 4, sink: int = 1) -> list[tuple[str, int | None,
 
 
 def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
+    from support.pack import load_pack_module
+
     from jensen_core import QuantSpec
-    from jensen_core.planner import plan_cache, wan_latent_shape
+    from jensen_core.planner import plan_cache
+
+    wan = load_pack_module("runtime.families").wan.GEOMETRY  # the Wan family's latent layout
 
     rows = []
     for model, (layers, heads, head_dim) in WAN_MODELS.items():
         for res, (w, h) in RESOLUTIONS.items():
             for frames in VIDEO_FRAMES:
-                lat_t, lat_h, lat_w = wan_latent_shape(w, h, frames)
+                lat_t, lat_h, lat_w = wan.latent_shape(w, h, frames)
                 assert lat_t == latent_frames_of(frames)
                 frame_tokens = tokens_per_frame(lat_h, lat_w)
                 core = core_cache_bytes(layers=layers, batch=1, latent_frames=lat_t, frame_tokens=frame_tokens,
@@ -308,7 +312,7 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
                     plan = plan_cache(latent_frames=lat_t, latent_height=lat_h, latent_width=lat_w,
                                       chunk_frames=PLAN_CHUNK, window_chunks=win, sink_chunks=snk, layers=layers,
                                       heads=heads, head_dim=head_dim, spec_k=spec, spec_v=spec, full_bytes=2,
-                                      write_last=False)
+                                      write_last=False, geometry=wan)
                     flight = block_in_flight_bytes(layers=layers, batch=1, block_frames=PLAN_CHUNK,
                                                    frame_tokens=frame_tokens, heads=heads, head_dim=head_dim,
                                                    element_bytes=2, bits="off" if bits is None else str(bits),

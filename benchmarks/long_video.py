@@ -57,7 +57,8 @@ def bounded_memory(args, loop, nodes, planner) -> None:
     config = model.model_options["transformer_options"]["jensen_kv"]
     plan = planner.plan_cache(latent_frames=frames, latent_height=16, latent_width=16, chunk_frames=3,
                               window_chunks=args.window, sink_chunks=args.sink, layers=2, heads=12, head_dim=128,
-                              spec_k=config.spec_k, spec_v=config.spec_v)
+                              spec_k=config.spec_k, spec_v=config.spec_v,
+                              geometry=loop.detect(model).geometry)
     written = res.cache_bytes_after_write
     peak = max(written)
     secs = res.denoise_seconds

@@ -11,20 +11,13 @@ import math
 from dataclasses import asdict, dataclass
 
 from .cache import chunk_bytes
+from .geometry import LatentGeometry
 from .methods import method_of
 from .retention import Retention
 from .spec import QuantSpec
 
-# (layers, heads, head_dim) of models users run; head_dim 128 as ComfyUI's Wan detection sets it
-MODEL_PRESETS: dict[str, tuple[int, int, int]] = {
-    "wan2.1-1.3b": (30, 12, 128),
-    "wan2.1-14b": (40, 40, 128),
-}
-
-WAN_VAE_TIME_STRIDE = 4
-WAN_VAE_SPACE_STRIDE = 8
-WAN_PATCH = (1, 2, 2)
-WAN_LATENT_CHANNELS = 16
+#: bytes per element of the clean latents a saved run state keeps (float32)
+STATE_LATENT_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -75,11 +68,6 @@ def head_dim_problems(spec_k: QuantSpec | None, spec_v: QuantSpec | None, head_d
     return [f"{' and '.join(sides)} cache: {msg}" for msg, sides in found.items()]
 
 
-def wan_latent_shape(width: int, height: int, frames: int) -> tuple[int, int, int]:
-    """(latent frames, latent height, latent width) of a Wan 2.1 video."""
-    return (frames - 1) // WAN_VAE_TIME_STRIDE + 1, height // WAN_VAE_SPACE_STRIDE, width // WAN_VAE_SPACE_STRIDE
-
-
 def plan_cache(
     *,
     latent_frames: int,
@@ -92,6 +80,7 @@ def plan_cache(
     head_dim: int,
     spec_k: QuantSpec | None,
     spec_v: QuantSpec | None,
+    geometry: LatentGeometry,
     cfg_branches: int = 1,
     batch: int = 1,
     full_bytes: int = 2,
@@ -107,7 +96,8 @@ def plan_cache(
     the last ``window_chunks`` roll. ``prefix_frames`` latent frames of an existing clip are
     prefilled into the cache as chunks before the ``latent_frames`` to generate. Each chunk holds
     ``chunk_frames`` latent frames (QVG stores a centroid table per chunk, layer, branch, batch item
-    and head). ``full_bytes`` is the element size of a side that is not
+    and head). ``geometry`` is the model family's latent layout (tokens per latent frame, latent
+    channels of the saved clean latents). ``full_bytes`` is the element size of a side that is not
     quantized (the cache keeps it in the model's dtype: 2 for BF16/FP16 models, 4 for FP32).
     Problems come back for the UI to show rather than as exceptions: ``errors`` would stop the run
     (then ``quantized_bytes`` is None), ``warnings`` are surprises that would not.
@@ -121,8 +111,7 @@ def plan_cache(
     if sink_chunks < 0 or prefix_frames < 0:
         raise ValueError(f"sink_chunks={sink_chunks} and prefix_frames={prefix_frames} must be 0 or positive")
     warnings: list[str] = []
-    ph, pw = WAN_PATCH[1], WAN_PATCH[2]
-    tokens_per_frame = (latent_height // ph) * (latent_width // pw)
+    tokens_per_frame = geometry.tokens_per_frame(latent_height, latent_width)
     prefix_chunks = math.ceil(prefix_frames / chunk_frames)
     chunks = math.ceil(latent_frames / chunk_frames)
     written = prefix_chunks + chunks - (0 if write_last else 1)
@@ -152,7 +141,7 @@ def plan_cache(
     quant = None if errors else copies * one_chunk
     total_chunks = prefix_chunks + chunks
     end_held = retention.count(total_chunks)
-    latents = end_held * chunk_frames * latent_height * latent_width * WAN_LATENT_CHANNELS * batch * 4
+    latents = end_held * chunk_frames * latent_height * latent_width * geometry.latent_channels * batch * STATE_LATENT_BYTES
     state_file = None if errors else end_held * layers * cfg_branches * one_chunk + latents
 
     def side_bits(spec: QuantSpec | None) -> float:

@@ -6,6 +6,15 @@ relative imports (ComfyUI has its own top-level ``nodes`` module).
 """
 from __future__ import annotations
 
+if "." not in __name__:
+    # the pack root stood ahead of ComfyUI's folder on sys.path, so ``import nodes`` found this package
+    # instead of ComfyUI's nodes.py: refuse loudly rather than hand ComfyUI (or a test) the wrong module
+    raise ImportError(
+        f"the pack's nodes/ package ({__file__}) was imported as the top-level module {__name__!r}, shadowing "
+        "ComfyUI's own nodes.py. Put ComfyUI's folder ahead of the pack root on sys.path (or drop the pack root "
+        "from it) and import the pack as a package, as ComfyUI does (tests/support/comfyui.py: import_pack)."
+    )
+
 import logging
 
 from comfy_api.latest import ComfyExtension, io

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..runtime.chunk_loop import report_text, run_chunked_ar
+from ..runtime.chunk_loop import ChunkedARRequest, report_text, run
 from ..runtime.run_state import RunState
 from .common import CATEGORY, UI_REPORT_KEY, JensenKVCache, JensenKVReport, advanced, logger, output_connected
 
@@ -90,10 +90,11 @@ def sample_node(node_cls, model, positive, negative, latent, seed, cfg, sampler,
         raise ValueError(f"kv_cache must come from Load KV Cache or a sampler's kv_cache output, got "
                          f"{type(kv_cache).__name__}")
     keep_state = output_connected(node_cls, KV_CACHE_OUTPUT)
-    result = run_chunked_ar(model, positive, negative, latent, seed=seed, cfg=cfg, sampler=sampler, sigmas=sigmas,
-                            chunk_frames=chunk_frames, window_chunks=window_chunks, context_noise=context_noise,
-                            sink_chunks=sink_chunks, prefix=prefix, include_prefix=include_prefix, resume=kv_cache,
-                            keep_state=keep_state, recache_on_switch=recache_on_switch)
+    result = run(ChunkedARRequest(model, positive, negative, latent, seed=seed, cfg=cfg, sampler=sampler,
+                                  sigmas=sigmas, chunk_frames=chunk_frames, window_chunks=window_chunks,
+                                  context_noise=context_noise, sink_chunks=sink_chunks, prefix=prefix,
+                                  include_prefix=include_prefix, resume=kv_cache, keep_state=keep_state,
+                                  recache_on_switch=recache_on_switch))
     out = latent.copy()
     out.pop("downscale_ratio_spacial", None)
     out["samples"] = result.samples

@@ -12,16 +12,8 @@ from comfy_api.latest import io, ui
 
 from ..runtime.core_ar import attach
 from ..runtime.diagnostics_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
+from ..runtime.families import attention_shape
 from .common import CATEGORY, logger
-
-
-def _model_size(model) -> tuple[int | None, int | None]:
-    """(layers, heads) of a Wan-like MODEL, or (None, None) when it has no such blocks."""
-    try:
-        blocks = model.get_model_object("diffusion_model.blocks")
-        return len(blocks), int(blocks[0].self_attn.num_heads)
-    except (AttributeError, IndexError, TypeError, KeyError):
-        return None, None
 
 
 class JensenKVDiagnostics(io.ComfyNode):
@@ -60,10 +52,10 @@ class JensenKVDiagnostics(io.ComfyNode):
     @classmethod
     def execute(cls, model, layers, heads, steps, query_stride) -> io.NodeOutput:
         request = DiagnosticsRequest(layers=layers, heads=heads, steps=steps, query_stride=int(query_stride))
-        n_layers, n_heads = _model_size(model)
-        if n_layers is not None:  # check the indices now rather than after a long run
-            resolve_selection(request.layers, n_layers, "layers")
-            resolve_selection(request.heads, n_heads, "heads")
+        shape = attention_shape(model)
+        if shape is not None:  # check the indices now rather than after a long run
+            resolve_selection(request.layers, shape.layers, "layers")
+            resolve_selection(request.heads, shape.heads, "heads")
         m = model.clone()
         set_request(m, request)
         attach(m)

@@ -21,15 +21,8 @@ from ..runtime.config import (
     set_config,
 )
 from ..runtime.core_ar import attach
+from ..runtime.families import attention_shape
 from .common import CATEGORY, advanced, check_combo_values, logger
-
-
-def model_head_dim(model) -> int | None:
-    """head_dim of a Wan-style model's self-attention, or None when it has no such blocks."""
-    try:
-        return int(model.get_model_object("diffusion_model.blocks.0.self_attn").head_dim)
-    except (AttributeError, IndexError, TypeError, KeyError):
-        return None
 
 
 def build_config(model, key_bits: str, value_bits: str, group_size: str, rotation: str, scale_format: str,
@@ -49,9 +42,9 @@ def build_config(model, key_bits: str, value_bits: str, group_size: str, rotatio
                                                       scale_format=scale_format, seed=int(rotation_seed), **extra))
     upstream = get_config(model.model_options)
     config = (upstream or JensenKVConfig()).with_specs(*specs)
-    head_dim = model_head_dim(model)
-    if head_dim is not None:
-        config.check_head_dim(head_dim)
+    shape = attention_shape(model)
+    if shape is not None:
+        config.check_head_dim(shape.head_dim)
     return config
 
 

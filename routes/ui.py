@@ -2,8 +2,8 @@
 
 One source for the formula: the web extension (``web/jensen_kv.js``) only displays what these
 handlers return; the numbers come from :mod:`jensen_core` (``QuantSpec.effective_bits``, the method
-object's ``bits_breakdown``, ``planner.plan_cache``, ``planner.wan_latent_shape``, ``planner.MODEL_PRESETS``),
-the defaults from the nodes' own (:mod:`runtime.config`).
+object's ``bits_breakdown``, ``planner.plan_cache``; Wan's latent geometry and model presets from
+``runtime/families/wan.py``), the defaults from the nodes' own (:mod:`runtime.config`).
 
 Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
 
@@ -28,7 +28,7 @@ import sys
 from collections.abc import Mapping
 
 from ..jensen_core.methods import method_of
-from ..jensen_core.planner import MODEL_PRESETS, WAN_PATCH, head_dim_problems, plan_cache, wan_latent_shape
+from ..jensen_core.planner import head_dim_problems, plan_cache
 from ..jensen_core.spec import METHOD_KNOBS, QuantSpec
 from ..runtime.config import (
     BITS_CHOICES,
@@ -42,6 +42,8 @@ from ..runtime.config import (
     ROTATION_CHOICES,
     SCALE_FORMAT_CHOICES,
 )
+from ..runtime.families.wan import GEOMETRY as WAN_GEOMETRY
+from ..runtime.families.wan import PRESETS as MODEL_PRESETS
 
 logger = logging.getLogger("jensen_kv")
 
@@ -262,7 +264,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     cfg_branches = _int(params, "cfg_branches", DEFAULTS["cfg_branches"])
     batch = _int(params, "batch", DEFAULTS["batch"])
 
-    latent_frames, latent_h, latent_w = wan_latent_shape(width, height, frames)
+    latent_frames, latent_h, latent_w = WAN_GEOMETRY.latent_shape(width, height, frames)
     notes = []
     if width % 16 or height % 16:
         notes.append(f"{width}x{height} is not a multiple of 16: Wan works on {latent_w // 2 * 16}x{latent_h // 2 * 16} "
@@ -274,13 +276,14 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         raise ParamError("width" if latent_w < 2 else "height", width if latent_w < 2 else height,
                          "is too small for one Wan patch", "use at least 16 pixels")
 
-    chunk_tokens = chunk_frames * (latent_h // WAN_PATCH[1]) * (latent_w // WAN_PATCH[2])
+    chunk_tokens = chunk_frames * WAN_GEOMETRY.tokens_per_frame(latent_h, latent_w)
     spec = spec_summary({**{k: v for k, v in params.items() if k in SPEC_PARAMS}, "head_dim": str(head_dim),
                          "chunk_tokens": str(chunk_tokens)})
     plan = plan_cache(
         latent_frames=latent_frames, latent_height=latent_h, latent_width=latent_w,
         chunk_frames=chunk_frames, window_chunks=window, layers=layers, heads=heads, head_dim=head_dim,
         spec_k=spec_k, spec_v=spec_v, cfg_branches=cfg_branches, batch=batch, sink_chunks=sink,
+        geometry=WAN_GEOMETRY,
     )
     d = plan.to_dict()
     runnable, quant_bytes = plan.runnable, plan.quantized_bytes

@@ -3,7 +3,10 @@ import pytest
 import torch
 
 from jensen_core import ChunkCache, QuantizedTensor, QuantSpec
-from jensen_core.planner import plan_cache
+from jensen_core.planner import LatentGeometry, plan_cache
+
+#: a toy family's latent layout: 2 x 2 latent pixels per token, 16 channels
+GEOMETRY_2X2 = LatentGeometry(patch=(1, 2, 2), latent_channels=16)
 
 
 def _chunk(seed, B=1, H=2, T=12, D=64, scale=1.0):
@@ -56,7 +59,8 @@ def test_planner_matches_the_bytes_a_run_really_stores():
             cache.append(*_chunk(100 * c + i, H=heads, T=T, D=D))
         peak = max(peak, sum(cache.nbytes for cache in caches))
     plan = plan_cache(latent_frames=chunks * 3, latent_height=2, latent_width=8, chunk_frames=3, window_chunks=window,
-                      layers=layers, heads=heads, head_dim=D, spec_k=spec_k, spec_v=spec_v, cfg_branches=branches)
+                      layers=layers, heads=heads, head_dim=D, spec_k=spec_k, spec_v=spec_v, cfg_branches=branches,
+                      geometry=GEOMETRY_2X2)
     assert T == 3 * plan.tokens_per_latent_frame
     assert plan.quantized_bytes == peak
     assert plan.bf16_bytes == sum(cache.bf16_nbytes for cache in caches)
@@ -66,7 +70,8 @@ def test_planner_counts_unquantized_sides_in_the_model_dtype():
     cache = ChunkCache(QuantSpec(bits=2, group_size=16), None)  # values kept as given (fp32 here)
     cache.append(*_chunk(0, H=2, T=12, D=64))
     plan = plan_cache(latent_frames=6, latent_height=2, latent_width=8, chunk_frames=3, window_chunks=0, layers=1,
-                      heads=2, head_dim=64, spec_k=QuantSpec(bits=2, group_size=16), spec_v=None, full_bytes=4)
+                      heads=2, head_dim=64, spec_k=QuantSpec(bits=2, group_size=16), spec_v=None, full_bytes=4,
+                      geometry=GEOMETRY_2X2)
     assert plan.quantized_bytes == cache.nbytes
     assert plan.effective_bits_v == 32.0
 
@@ -196,7 +201,8 @@ def test_bad_attend_inputs_are_clear_errors():
 
 def test_planner_reports_a_group_size_that_cannot_run_as_an_error():
     plan = plan_cache(latent_frames=9, latent_height=4, latent_width=4, chunk_frames=3, window_chunks=0, layers=1,
-                      heads=2, head_dim=128, spec_k=QuantSpec(group_size=256), spec_v=QuantSpec(group_size=256))
+                      heads=2, head_dim=128, spec_k=QuantSpec(group_size=256), spec_v=QuantSpec(group_size=256),
+                      geometry=GEOMETRY_2X2)
     assert plan.errors == ("key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128",)
     assert not plan.runnable and plan.quantized_bytes is None and plan.to_dict()["quantized_mib"] is None
     assert plan.bf16_bytes > 0
@@ -245,7 +251,7 @@ def test_negative_sink_is_a_clear_error():
 # ----------------------------------------------------------------------------------------- planner
 def _plan(**kw):
     base = dict(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0, layers=30,
-                heads=12, head_dim=128, spec_k=QuantSpec(), spec_v=QuantSpec())
+                heads=12, head_dim=128, spec_k=QuantSpec(), spec_v=QuantSpec(), geometry=GEOMETRY_2X2)
     return plan_cache(**{**base, **kw})
 
 

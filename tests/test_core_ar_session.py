@@ -120,7 +120,7 @@ def test_window_and_sink_hold_what_the_planner_says(window, sink):
     assert held == kept
     plan = planner.plan_cache(latent_frames=7, latent_height=2, latent_width=2 * FRAME_TOKENS, chunk_frames=1,
                               window_chunks=window, layers=LAYERS, heads=HEADS, head_dim=D, spec_k=spec, spec_v=spec,
-                              sink_chunks=sink)
+                              sink_chunks=sink, geometry=planner.LatentGeometry(patch=(1, 2, 2), latent_channels=16))
     assert s.peak_bytes == plan.quantized_bytes
 
 

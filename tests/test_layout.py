@@ -210,3 +210,137 @@ def test_the_pair_checker_sees_a_pair(tmp_path, monkeypatch):
     (tmp_path / "nodes" / "__init__.py").write_text("from .m import z\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert mutual_imports() == ["(root) <-> nodes.n", "jensen_core.a <-> jensen_core.b", "routes.u <-> runtime.r"]
+# ---------------------------------------------------------------------------------------------- `nodes` shadowing
+_IMPORT_NODES = (
+    "import sys\n"
+    "sys.path[:0] = {path!r}\n"
+    "try:\n"
+    "    import nodes\n"
+    "except ImportError as exc:\n"
+    "    print('REFUSED', exc)\n"
+    "else:\n"
+    "    print('IMPORTED', nodes.__file__)\n"
+)
+
+
+def _import_nodes_with(path: list[str]) -> str:
+    """What ``import nodes`` gives in a fresh interpreter whose sys.path starts with ``path`` (run outside ROOT)."""
+    r = subprocess.run([sys.executable, "-c", _IMPORT_NODES.format(path=path)], cwd="/", capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def fake_comfyui(tmp_path) -> Path:
+    """A folder that stands in for ComfyUI's: a top-level ``nodes.py``."""
+    (tmp_path / "nodes.py").write_text("NODE_CLASS_MAPPINGS = {}\n")
+    return tmp_path
+
+
+def test_import_nodes_never_gives_the_packs_package_silently(fake_comfyui):
+    """Pack root ahead of ComfyUI's folder: ``import nodes`` fails and names the fix; never the pack's package."""
+    out = _import_nodes_with([str(ROOT), str(fake_comfyui)])
+    assert out.startswith("REFUSED"), out
+    assert "shadowing ComfyUI's own nodes.py" in out and "ahead of the pack root" in out, out
+
+
+def test_import_nodes_gives_comfyuis_module_when_its_folder_comes_first(fake_comfyui):
+    out = _import_nodes_with([str(fake_comfyui), str(ROOT)])
+    assert out == f"IMPORTED {fake_comfyui / 'nodes.py'}", out
+
+
+@pytest.mark.comfyui
+def test_with_real_comfyui_import_nodes_is_comfyuis_or_refused():
+    """The real ComfyUI folder beside the pack root, in both orders: ComfyUI's nodes.py or a loud refusal."""
+    from support.comfyui import SKIP_REASON, find_comfyui
+
+    comfy = find_comfyui()
+    if comfy is None:
+        pytest.skip(SKIP_REASON)
+    code = ("import importlib.util, sys\n"
+            f"sys.path[:0] = [{str(comfy)!r}, {str(ROOT)!r}]\n"
+            "print(importlib.util.find_spec('nodes').origin)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and Path(r.stdout.strip()) == comfy / "nodes.py", r.stdout + r.stderr
+    out = _import_nodes_with([str(ROOT), str(comfy)])
+    assert out.startswith("REFUSED") and "ahead of the pack root" in out, out
+
+
+# ---------------------------------------------------------------------------------------------- family interface
+def _family_interface() -> set[str]:
+    """Public members ModelFamily declares (methods, class attributes, annotated instance attributes)."""
+    tree = ast.parse((ROOT / "runtime" / "families" / "base.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelFamily")
+    names = set()
+    for n in cls.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(n.name)
+        elif isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            names.add(n.target.id)
+        elif isinstance(n, ast.Assign):
+            names |= {t.id for t in n.targets if isinstance(t, ast.Name)}
+    return {n for n in names if not n.startswith("_")}
+
+
+def adapter_members_used(source: str) -> list[tuple[int, str]]:
+    """(line, member) of every ``adapter.<member>`` / ``<x>.adapter.<member>`` in ``source``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        v = node.value
+        if (isinstance(v, ast.Name) and v.id == "adapter") or (isinstance(v, ast.Attribute) and v.attr == "adapter"):
+            found.append((node.lineno, node.attr))
+    return sorted(found)
+
+
+FAMILY_USERS = ["runtime/chunk_loop.py", "runtime/report.py", *(
+    p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "runtime" / "core_ar").glob("*.py")))]
+
+
+@pytest.mark.parametrize("path", FAMILY_USERS)
+def test_loops_use_only_the_model_family_interface(path):
+    """The chunk loop, the report and core's AR path reach the model's family through ModelFamily only
+    (never a family's internals such as Wan's ``dm`` or ``model_class``)."""
+    interface = _family_interface()
+    assert {"num_layers", "heads", "head_dim", "geometry", "install", "remove", "weights_digest"} <= interface
+    used = adapter_members_used((ROOT / path).read_text())
+    assert [f"{path}:{line} adapter.{m}" for line, m in used if m not in interface] == []
+
+
+def test_chunk_loop_never_touches_family_internals():
+    tree = ast.parse((ROOT / "runtime" / "chunk_loop.py").read_text())
+    bad = [f"line {n.lineno}: .{n.attr}" for n in ast.walk(tree)
+           if isinstance(n, ast.Attribute) and n.attr in {"dm", "model_class", "diffusion_model", "blocks"}]
+    assert bad == []
+    assert adapter_members_used((ROOT / "runtime" / "chunk_loop.py").read_text())  # the check sees the loop's uses
+
+
+def test_the_interface_check_sees_a_family_internal():
+    """Positive control: ``adapter.dm`` and ``self.s.adapter.model_class`` are outside the interface."""
+    used = adapter_members_used("x = weights(adapter.dm)\ny = self.s.adapter.model_class\nz = adapter.heads\n")
+    assert used == [(1, "dm"), (2, "model_class"), (3, "heads")]
+    interface = _family_interface()
+    assert "dm" not in interface and "model_class" not in interface and "heads" in interface
+
+
+def node_model_probes(source: str) -> list[str]:
+    """Where a node module reads the model's blocks itself (attribute or object-path string)."""
+    found = []
+    for n in ast.walk(ast.parse(source)):
+        if isinstance(n, ast.Attribute) and n.attr in {"blocks", "self_attn", "diffusion_model"}:
+            found.append(f"line {n.lineno}: .{n.attr}")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and (
+                "diffusion_model.blocks" in n.value or "self_attn" in n.value):
+            found.append(f"line {n.lineno}: {n.value!r}")
+    return sorted(found)
+
+
+def test_nodes_ask_the_family_for_model_facts():
+    """Node modules never probe ``diffusion_model.blocks.0.self_attn``; runtime/families answers (attention_shape)."""
+    assert {p.relative_to(ROOT).as_posix(): node_model_probes(p.read_text()) for p in _py_files("nodes")
+            if node_model_probes(p.read_text())} == {}
+    assert node_model_probes('m.get_model_object("diffusion_model.blocks.0.self_attn").head_dim\n'
+                             "n = len(dm.blocks)\n") == [
+        "line 1: 'diffusion_model.blocks.0.self_attn'", "line 2: .blocks"]

@@ -8,7 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jensen_core import ChunkCache, QuantSpec, Retained, Retention
-from jensen_core.planner import WAN_LATENT_CHANNELS, plan_cache
+from jensen_core.planner import LatentGeometry, plan_cache
+
+GEOMETRY = LatentGeometry(patch=(1, 2, 2), latent_channels=16)  # Wan's
 
 
 def test_window_one_and_sink_one_keep_the_first_and_the_last():
@@ -95,7 +97,7 @@ def test_the_planner_projects_what_the_cache_holds(chunks, prefix_chunks, window
     plan = plan_cache(latent_frames=chunks * chunk_frames, latent_height=2, latent_width=2 * tokens_per_frame,
                       chunk_frames=chunk_frames, window_chunks=window, layers=1, heads=heads, head_dim=head_dim,
                       spec_k=spec, spec_v=None, full_bytes=torch.finfo(dtype).bits // 8, sink_chunks=sink,
-                      write_last=write_last, prefix_frames=prefix_chunks * chunk_frames)
+                      write_last=write_last, prefix_frames=prefix_chunks * chunk_frames, geometry=GEOMETRY)
     rule = Retention(window, sink)
     cache = ChunkCache(spec, None, window_chunks=window, sink_chunks=sink)
     tokens = chunk_frames * tokens_per_frame
@@ -113,7 +115,7 @@ def test_the_planner_projects_what_the_cache_holds(chunks, prefix_chunks, window
     assert plan.quantized_bytes == peak[2]
     assert plan.bf16_bytes == peak[3]
     if write_last:  # the state file: the cache at the end plus the fp32 clean latents of the chunks it holds
-        latents = cache.num_chunks * chunk_frames * 2 * 2 * tokens_per_frame * WAN_LATENT_CHANNELS * 4
+        latents = cache.num_chunks * chunk_frames * 2 * 2 * tokens_per_frame * GEOMETRY.latent_channels * 4
         assert plan.state_file_bytes == cache.nbytes + latents
     followers = Retained(rule)  # what the chunk loop and the diagnostics keep their copies in
     for c in range(written):

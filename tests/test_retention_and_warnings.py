@@ -7,7 +7,7 @@ import torch
 from support.pack import load_pack_module
 
 from jensen_core import ChunkCache, QuantSpec, Retained, Retention
-from jensen_core.planner import plan_cache
+from jensen_core.planner import LatentGeometry, plan_cache
 
 
 @pytest.mark.parametrize("window,sink,chunks,kept", [(1, 1, 4, [0, 3]), (2, 1, 5, [0, 3, 4]), (1, 2, 5, [0, 1, 4]),
@@ -35,7 +35,8 @@ def test_qvg_centroid_cost_warning_at_two_bits(centroids, warns):
     spec = QuantSpec(bits=2, group_size=32, method="qvg", qvg_centroids=centroids)
     # 64 tokens per chunk: 1 latent frame of 8 x 8 tokens (16 x 16 latent pixels)
     plan = plan_cache(latent_frames=4, latent_height=16, latent_width=16, chunk_frames=1, window_chunks=0, layers=1,
-                      heads=1, head_dim=64, spec_k=spec, spec_v=None)
+                      heads=1, head_dim=64, spec_k=spec, spec_v=None,
+                      geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16))
     hits = [w for w in plan.warnings if "centroids cost" in w]
     assert bool(hits) == warns, plan.warnings
     if warns:

@@ -38,7 +38,6 @@ WRAPPER_KEY = "jensen_kv_core_ar"
 INIT_KEY = "diffusion_model.init_kv_caches"
 CROSS_INIT_KEY = "diffusion_model.init_crossattn_caches"
 SELF_ATTN_KEY = "diffusion_model.blocks.{}.self_attn.forward"
-PATCH_SIZE = (1, 2, 2)
 
 _ACTIVE: contextvars.ContextVar[CoreARSession | None] = contextvars.ContextVar("jensen_kv_core_ar", default=None)
 #: the report of the last core-path run of each MODEL (read by KV Cache Report)
@@ -259,7 +258,8 @@ def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreA
     if noise.ndim != 5:
         raise ValueError(f"core's AR sampler needs a 5-D video latent, got shape {tuple(noise.shape)}")
     bs, _, lat_t, lat_h, lat_w = noise.shape
-    frame_tokens = math.ceil(lat_h / PATCH_SIZE[1]) * math.ceil(lat_w / PATCH_SIZE[2])
+    patch = adapter.geometry.patch  # core's Wan pads the latent to whole patches
+    frame_tokens = math.ceil(lat_h / patch[1]) * math.ceil(lat_w / patch[2])
     steps = int(sigmas.shape[-1]) - 1
     diagnostics = make_diagnostics(model_options, num_layers=adapter.num_layers, heads=adapter.heads, steps=steps,
                                    window_chunks=window.window_chunks, correction=config.effective_correction,
@@ -297,7 +297,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
                              layers=adapter.num_layers, heads=adapter.heads, head_dim=adapter.head_dim,
                              spec_k=config.spec_k, spec_v=config.spec_v, cfg_branches=cfg_branches, batch=g.batch,
                              full_bytes=torch.finfo(session.model_dtype).bits // 8, sink_chunks=session.sink_chunks,
-                             write_last=False, prefix_frames=session.prefix_frames)
+                             write_last=False, prefix_frames=session.prefix_frames, geometry=adapter.geometry)
     chunks = session.commits + (1 if session.pending_start is not None or session.pending else 0)
     report = build_report(session.run, adapter, config, chunks=chunks, chunk_frames=session.block_frames,
                           window_chunks=session.window_chunks, sink_chunks=session.sink_chunks, seconds=[],

@@ -1,7 +1,7 @@
 """Model families the Chunked AR sampler can drive, chosen by probing the MODEL (one file per family)."""
 from __future__ import annotations
 
-from .base import ModelFamily, Probe, UnsupportedModelError
+from .base import AttentionShape, ModelFamily, Probe, UnsupportedModelError
 from .wan import WanFamily
 
 #: every family the pack supports, probed in this order
@@ -22,6 +22,16 @@ def describe_model(model_patcher) -> str:
     return name + (f" ({', '.join(extra)})" if extra else "")
 
 
+def attention_shape(model_patcher) -> AttentionShape | None:
+    """Layers, heads and head_dim of the MODEL as the family that applies to it reads them (for nodes that check
+    settings before a run), or None when no family applies or the model lacks those parts; never raises for an
+    unsupported model (the sampler says why when it runs)."""
+    for family in FAMILIES:
+        if family.probe(model_patcher).applies:
+            return family.attention_shape(model_patcher)
+    return None
+
+
 def detect(model_patcher) -> ModelFamily:
     """The family adapter for ``model_patcher``, or an :class:`UnsupportedModelError` that says why not."""
     for family in FAMILIES:
@@ -40,4 +50,4 @@ def detect(model_patcher) -> ModelFamily:
     )
 
 
-__all__ = ["FAMILIES", "ModelFamily", "Probe", "UnsupportedModelError", "WanFamily", "describe_model", "detect"]
+__all__ = ["FAMILIES", "AttentionShape", "ModelFamily", "Probe", "attention_shape", "UnsupportedModelError", "WanFamily", "describe_model", "detect"]

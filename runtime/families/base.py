@@ -1,16 +1,24 @@
 """The interface a model family implements so the Chunked AR sampler can drive it.
 
-A family adapter knows four things about its models, and nothing about caches or samplers:
+A family adapter knows these things about its models, and nothing about caches or samplers:
 
 - **detection**: :meth:`ModelFamily.probe` looks at a ModelPatcher and says whether the family
   applies and, if it does, what (if anything) stops the pack from supporting this variant;
+  :meth:`ModelFamily.attention_shape` reads layers, heads and head_dim without changing the model
+  (the nodes check their settings against it before a run);
 - **self-attention**: :meth:`ModelFamily.install` routes every self-attention layer of a *clone*
   through :meth:`runtime.cache_run.CacheRun.attend` (object patches, wrappers), and
   :meth:`ModelFamily.remove` undoes exactly that;
 - **RoPE frame offset**: the chunk's absolute first latent frame (``run.frame_offset``) must reach
   the rotary embedding, so cached keys and the current chunk sit at their true positions;
-- **latent geometry**: channels, how latent frames become tokens (:meth:`tokens_per_frame`) and
-  which latents it can take (:meth:`check_latent`).
+- **latent geometry**: :attr:`ModelFamily.geometry` (patch size, channels, VAE strides: what the
+  planner in ``jensen_core`` takes), how latent frames become tokens (:meth:`tokens_per_frame`) and
+  which latents it can take (:meth:`check_latent`);
+- **identity**: the architecture facts a saved cache must match (:meth:`fingerprint`), a digest
+  of its weights (:meth:`weights_digest`) and a label for the run's records (:meth:`describe`).
+
+The chunk loop (``runtime/chunk_loop.py``) and core's AR path (``runtime/core_ar/``) use only
+these members (tests/test_layout.py checks them).
 
 Adding a family is adding one file in ``runtime/families/`` and its class to ``FAMILIES`` there.
 """
@@ -18,7 +26,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
+
+from ...jensen_core.geometry import LatentGeometry
 
 
 class UnsupportedModelError(ValueError):
@@ -37,6 +47,14 @@ class Probe:
         return self.applies and self.problem is None
 
 
+class AttentionShape(NamedTuple):
+    """The self-attention facts the nodes check settings against before a run."""
+
+    layers: int
+    heads: int
+    head_dim: int
+
+
 class ModelFamily(ABC):
     """One model family (Wan 2.1 T2V, ...). Instances belong to one ModelPatcher and one run."""
 
@@ -44,6 +62,8 @@ class ModelFamily(ABC):
     name: ClassVar[str]
     #: one sentence for errors: which checkpoints this family covers and how they are loaded
     supported: ClassVar[str]
+    #: the family's latent layout (the planner's geometry)
+    geometry: ClassVar[LatentGeometry]
     latent_channels: ClassVar[int]
 
     num_layers: int
@@ -55,6 +75,12 @@ class ModelFamily(ABC):
     def probe(cls, model_patcher) -> Probe:
         """Inspect ``model_patcher`` without changing it."""
 
+    @classmethod
+    @abstractmethod
+    def attention_shape(cls, model_patcher) -> AttentionShape | None:
+        """Layers, heads and head_dim of a model this family applies to (supported or not), without changing
+        it; None when the model lacks the parts they are read from."""
+
     @abstractmethod
     def install(self, work, run) -> None:
         """Patch ``work`` (a clone made for one run) so its self-attention goes through ``run``."""
@@ -63,9 +89,9 @@ class ModelFamily(ABC):
     def remove(self, work) -> None:
         """Undo :meth:`install` on ``work``; safe after a partial install or an error."""
 
-    @abstractmethod
     def tokens_per_frame(self, latent_shape: tuple[int, ...]) -> int:
         """Self-attention tokens of one latent frame of a latent of this shape."""
+        return self.geometry.tokens_per_frame(latent_shape[-2], latent_shape[-1])
 
     @abstractmethod
     def check_latent(self, samples) -> None:
@@ -74,3 +100,11 @@ class ModelFamily(ABC):
     def fingerprint(self) -> dict:
         """The architecture facts a saved cache must match (see ``runtime.run_state``)."""
         return {"family": self.name, "layers": self.num_layers, "heads": self.heads, "head_dim": self.head_dim}
+
+    @abstractmethod
+    def weights_digest(self) -> str:
+        """A digest of the model's weights: a saved cache continues only on the weights that wrote it."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Which model classes this run drives, for the saved state's records (``WAN21/WanModel``)."""

@@ -24,7 +24,9 @@ import logging
 import torch
 from torch import Tensor
 
-from .base import ModelFamily, Probe
+from ...jensen_core.geometry import LatentGeometry
+from ..run_state import weights_digest
+from .base import AttentionShape, ModelFamily, Probe
 
 logger = logging.getLogger("jensen_kv")
 
@@ -39,6 +41,13 @@ SUPPORTED = (
 ATTN_PARTS = ("q", "k", "v", "o", "norm_q", "norm_k", "num_heads", "head_dim")
 #: extra latent inputs that would add tokens to the sequence (refused at run time)
 EXTRA_LATENT_INPUTS = ("reference_latent", "context_latents", "time_dim_concat")
+#: Wan 2.1's latents: 1 x 2 x 2 patches of 16 channels; its VAE keeps 4k + 1 frames and 8 x 8 pixels per latent pixel
+GEOMETRY = LatentGeometry(patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8)
+#: (layers, heads, head_dim) of the Wan 2.1 models users run; head_dim 128 as ComfyUI's Wan detection sets it
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "wan2.1-1.3b": (30, 12, 128),
+    "wan2.1-14b": (40, 40, 128),
+}
 
 
 def _probe_attention(dm) -> str | None:
@@ -71,8 +80,9 @@ def _probe_attention(dm) -> str | None:
 class WanFamily(ModelFamily):
     name = "Wan 2.1 T2V"
     supported = SUPPORTED
-    latent_channels = 16
-    patch = (1, 2, 2)
+    geometry = GEOMETRY
+    latent_channels = GEOMETRY.latent_channels
+    patch = GEOMETRY.patch
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:
@@ -104,6 +114,15 @@ class WanFamily(ModelFamily):
             return Probe(True, f"{problem}; probed {type(dm).__name__}")
         return Probe(True)
 
+    @classmethod
+    def attention_shape(cls, model_patcher) -> AttentionShape | None:
+        try:
+            blocks = model_patcher.get_model_object("diffusion_model.blocks")
+            first = blocks[0].self_attn
+            return AttentionShape(len(blocks), int(first.num_heads), int(first.head_dim))
+        except (AttributeError, IndexError, TypeError, KeyError):
+            return None
+
     def __init__(self, model_patcher):
         self.dm = model_patcher.model.diffusion_model
         self.num_layers = len(self.dm.blocks)
@@ -113,9 +132,6 @@ class WanFamily(ModelFamily):
         self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
 
     # ------------------------------------------------------------------ latent geometry
-    def tokens_per_frame(self, latent_shape) -> int:
-        return (latent_shape[-2] // self.patch[1]) * (latent_shape[-1] // self.patch[2])
-
     def check_latent(self, samples) -> None:
         if samples.ndim != 5:
             raise ValueError(
@@ -131,6 +147,12 @@ class WanFamily(ModelFamily):
     def fingerprint(self) -> dict:
         return {**super().fingerprint(), "dim": int(getattr(self.dm, "dim", self.heads * self.head_dim)),
                 "ffn_dim": int(getattr(self.dm, "ffn_dim", 0)), "text_dim": int(getattr(self.dm, "text_dim", 0))}
+
+    def weights_digest(self) -> str:
+        return weights_digest(self.dm)
+
+    def describe(self) -> str:
+        return self.model_class
 
     # ------------------------------------------------------------------ patches
     def install(self, work, run) -> None:

@@ -253,7 +253,8 @@ def test_planner_projects_the_cache_file_size(loop, nodes, tiny, tmp_path):
     size = res.state.save(path)
     config = model.model_options["transformer_options"]["jensen_kv"]
     plan = planner.plan_cache(latent_frames=10, latent_height=8, latent_width=8, chunk_frames=CHUNK, window_chunks=2,
-                              sink_chunks=1, layers=2, heads=2, head_dim=32, spec_k=config.spec_k, spec_v=config.spec_v)
+                              sink_chunks=1, layers=2, heads=2, head_dim=32, spec_k=config.spec_k, spec_v=config.spec_v,
+                              geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY)
     assert size == os.path.getsize(path)
     payload = res.state.nbytes + sum(r.latent.numel() * 4 for r in res.state.retained)
     assert plan.state_file_bytes == payload == res.report["state_file_bytes"]

@@ -122,6 +122,7 @@ def test_pack_loads_and_nodes_appear_in_object_info(server):
 @pytest.mark.parametrize("simple", [False, True], ids=["sigmas", "ksampler"])
 def test_api_prompt_runs_to_a_latent_file(server, simple):
     from safetensors.torch import load_file
+    from support.pack import load_pack_module
 
     import jensen_core
     from jensen_core.planner import plan_cache
@@ -139,7 +140,8 @@ def test_api_prompt_runs_to_a_latent_file(server, simple):
     assert "MiB" in ui["text"][0]
     spec = jensen_core.QuantSpec(bits=2, group_size=32, rotation="hadamard")
     plan = plan_cache(latent_frames=4, latent_height=4, latent_width=4, chunk_frames=2, window_chunks=0, layers=2,
-                      heads=1, head_dim=128, spec_k=spec, spec_v=spec, cfg_branches=2)
+                      heads=1, head_dim=128, spec_k=spec, spec_v=spec, cfg_branches=2,
+                      geometry=load_pack_module("runtime.families").wan.GEOMETRY)
     assert (report["layers"], report["heads"], report["head_dim"], report["cfg_branches"]) == (2, 1, 128, 2)
     assert report["cache_bytes"] == plan.quantized_bytes and report["bf16_bytes"] == plan.bf16_bytes
     assert report["effective_bits"] == pytest.approx(2.75)

@@ -229,13 +229,17 @@ def test_workflow_loads_without_missing_nodes(ui, path):
 
 def _plan_bytes(**kw):
     """The projection, straight from jensen_core (what the UI must display)."""
-    from jensen_core import QuantSpec
-    from jensen_core.planner import plan_cache, wan_latent_shape
+    from support.pack import load_pack_module
 
-    lf, lh, lw = wan_latent_shape(kw.pop("width"), kw.pop("height"), kw.pop("frames"))
+    from jensen_core import QuantSpec
+    from jensen_core.planner import plan_cache
+
+    wan = load_pack_module("runtime.families").wan.GEOMETRY
+    lf, lh, lw = wan.latent_shape(kw.pop("width"), kw.pop("height"), kw.pop("frames"))
     bits_k, bits_v, g = kw.pop("key_bits"), kw.pop("value_bits"), kw.pop("group_size")
     spec = lambda b: None if b == "off" else QuantSpec(bits=int(b), group_size=g, rotation="hadamard")  # noqa: E731
-    p = plan_cache(latent_frames=lf, latent_height=lh, latent_width=lw, spec_k=spec(bits_k), spec_v=spec(bits_v), **kw)
+    p = plan_cache(latent_frames=lf, latent_height=lh, latent_width=lw, spec_k=spec(bits_k), spec_v=spec(bits_v), geometry=wan,
+                   **kw)
     return p.bf16_bytes, p.quantized_bytes
 
 

@@ -15,9 +15,11 @@ import torch
 from support.pack import load_pack_module
 
 from jensen_core import ChunkCache, QuantSpec, method_of
-from jensen_core.planner import MODEL_PRESETS, plan_cache
+from jensen_core.planner import plan_cache
 
 routes = load_pack_module("routes.ui")
+wan = load_pack_module("runtime.families").wan
+MODEL_PRESETS, WAN = wan.PRESETS, wan.GEOMETRY
 
 
 # ------------------------------------------------------------------------------------------- spec
@@ -80,7 +82,7 @@ def test_plan_qvg_counts_centroids_per_chunk_exactly_and_its_spec_is_exact():
     out = routes.plan_summary({"method": "qvg", "group_size": "64", "qvg_centroids": "256"})
     spec = QuantSpec(2, 64, "hadamard", method="qvg")
     ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
-                     layers=30, heads=12, head_dim=128, spec_k=spec, spec_v=spec)
+                     layers=30, heads=12, head_dim=128, spec_k=spec, spec_v=spec, geometry=WAN)
     assert out["quantized_bytes"] == ref.quantized_bytes
     # 6 cached chunks x 30 layers x 12 heads x (4680 tokens x (32 B codes + 2 x 3 B metadata + 1 B id) + 256 x 128 x 2 B)
     assert ref.quantized_bytes == 2 * 6 * 30 * 12 * (4680 * (32 + 6 + 1) + 256 * 128 * 2)
@@ -111,7 +113,7 @@ def test_plan_matches_plan_cache_for_wan_1_3b_defaults():
     out = routes.plan_summary({})
     ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
                      layers=30, heads=12, head_dim=128, spec_k=QuantSpec(2, 32, "hadamard"),
-                     spec_v=QuantSpec(2, 32, "hadamard"))
+                     spec_v=QuantSpec(2, 32, "hadamard"), geometry=WAN)
     assert out["bf16_bytes"] == ref.bf16_bytes
     assert out["quantized_bytes"] == ref.quantized_bytes
     assert out["tokens_per_latent_frame"] == 1560 and out["chunks"] == 7 and out["cached_chunks_peak"] == 6
