@@ -13,6 +13,14 @@ if str(_TESTS) not in sys.path:
 from support.ci_skips import pytest_configure  # noqa: E402,F401  (registers the CI skip collector)
 
 
+def pytest_collection_modifyitems(config, items):
+    """A test that talks to a ComfyUI server is slow (the server's start alone takes 12-15 s): out of the fast
+    lane, ``python -m pytest -q -m "not slow"``."""
+    for item in items:
+        if item.get_closest_marker("server") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def _comfy_server_process(tmp_path_factory):
     """One ComfyUI server for the whole session (``main.py --cpu`` on a free loopback port), started the first

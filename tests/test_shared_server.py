@@ -50,3 +50,19 @@ def test_server_tests_use_the_shared_server():
     starts = {str(p.relative_to(TESTS)) for p in TESTS.rglob("*.py") if re.search(r"\bComfyServer\(", p.read_text())}
     assert starts <= OWN_SERVERS, sorted(starts - OWN_SERVERS)
     assert "support/shared_server.py" in starts
+
+
+def test_the_fast_lane_leaves_out_server_and_integration_tests():
+    """``-m "not slow"`` collects no test under tests/integration and none that talks to a server, but keeps the
+    static workflow checks of a module that has both."""
+    import subprocess
+    import sys
+
+    files = ["tests/integration/test_nodes.py", "tests/web/test_workflows.py"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                        "-m", "not slow", *files], cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
+    ids = [line for line in r.stdout.splitlines() if "::" in line]
+    assert ids, r.stdout + r.stderr
+    assert not [i for i in ids if i.startswith("tests/integration/")]
+    assert not [i for i in ids if "live_object_info" in i or "templates" in i], ids
+    assert any(i.startswith("tests/web/test_workflows.py::") for i in ids)
