@@ -156,7 +156,7 @@ def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block
             seed: int = 0) -> dict:
     """Sample one video through core's sample_ar_video with core's cache, then with each of the pack's settings.
 
-    Needs ComfyUI v0.27+ set up in-process (``support.comfyui.setup_inprocess_comfyui()``). Returns the geometry,
+    Needs ComfyUI v0.27+ set up in-process (``jensen_testing.comfyui.setup_inprocess_comfyui()``). Returns the geometry,
     core's measured and formula bytes, and one row per setting (measured peak, planner, block in flight).
     """
     import importlib

@@ -2,7 +2,7 @@
 
 The script is copied into a throwaway checkout next to fake ``shared/ComfyUI-v0.27`` and
 ``shared/ComfyUI`` (v0.3.64) trees, so these tests see which ComfyUI it picks for the main run (the
-order of ``tests/support/comfyui.py``), which one it runs the ComfyUI tests against as the oldest, what
+order of ``jensen_testing/comfyui.py``), which one it runs the ComfyUI tests against as the oldest, what
 it installs where (the system Python, the oldest ComfyUI's virtual environment), and the environment
 and arguments of both pytest runs. The stand-in logs ``CALL`` for the system Python and ``VENV`` for the
 environment's (``-m venv`` makes one whose ``bin/python`` is the stand-in again).
