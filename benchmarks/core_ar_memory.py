@@ -38,11 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))  # jensen_core for part 2 (after ComfyUI's folder: its ``nodes`` must win)
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
-from support import comfyui as support_comfyui  # noqa: E402
+from jensen_testing import comfyui as support_comfyui  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "results" / "core_ar_memory.txt"
 PATCH_HW = (2, 2)  # Wan's spatial patch: one token per 2 x 2 latent pixels
@@ -141,7 +140,8 @@ class SessionWatch:
 def _sample(model, latent, sigmas, block_frames: int, seed: int, callback=None):
     import comfy.sample
     import comfy.samplers
-    from support import wan_tiny
+
+    from jensen_testing import wan_tiny
 
     pos = wan_tiny.conditioning(1, wan_tiny.TINY["text_len"], wan_tiny.TINY["text_dim"])
     neg = wan_tiny.conditioning(2, wan_tiny.TINY["text_len"], wan_tiny.TINY["text_dim"])
@@ -156,13 +156,14 @@ def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block
             seed: int = 0) -> dict:
     """Sample one video through core's sample_ar_video with core's cache, then with each of the pack's settings.
 
-    Needs ComfyUI v0.27+ set up in-process (``support.comfyui.setup_inprocess_comfyui()``). Returns the geometry,
+    Needs ComfyUI v0.27+ set up in-process (``jensen_testing.comfyui.setup_inprocess_comfyui()``). Returns the geometry,
     core's measured and formula bytes, and one row per setting (measured peak, planner, block in flight).
     """
     import importlib
 
     import torch
-    from support import causal_wan
+
+    from jensen_testing import causal_wan
 
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")

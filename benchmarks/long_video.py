@@ -23,9 +23,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
-from support import comfyui as support_comfyui  # noqa: E402
+from jensen_testing import comfyui as support_comfyui  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -43,7 +44,8 @@ def parse_args(argv=None):
 
 def bounded_memory(args, loop, nodes, planner) -> None:
     import comfy.samplers
-    from support import wan_tiny
+
+    from jensen_testing import wan_tiny
 
     model = wan_tiny.build_patcher(seed=0, dim=1536, ffn_dim=1536, num_heads=12, num_layers=2)
     model = nodes.JensenKVQuantizeKVCache.execute(model, "2", "2", "32", "hadamard", "fp8_e4m3", 0).args[0]
@@ -77,7 +79,8 @@ def bounded_memory(args, loop, nodes, planner) -> None:
 def recache(args, loop, nodes) -> None:
     import comfy.samplers
     import torch
-    from support import tiny_ar
+
+    from jensen_testing import tiny_ar
 
     tv = tiny_ar.core()
     model = tiny_ar.load_model()

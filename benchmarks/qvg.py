@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
 from jensen_core import ChunkCache, QuantSpec, kmeans, quantize  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402

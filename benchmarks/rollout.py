@@ -39,9 +39,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: denoising steps the attention diagnostics sample (0-based): the first, at full noise, and the middle one
 DIAG_STEPS = "0, 4"
-sys.path.insert(0, str(ROOT / "tests"))
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
-from support import comfyui as support_comfyui  # noqa: E402
+from jensen_testing import comfyui as support_comfyui  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,8 @@ def main(argv=None) -> int:
 
     import comfy.samplers
     import torch
-    from support import tiny_ar
+
+    from jensen_testing import tiny_ar
 
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")

@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
-from support import comfyui as support_comfyui  # noqa: E402
-from support import wan_tiny  # noqa: E402
+from jensen_testing import comfyui as support_comfyui  # noqa: E402
+from jensen_testing import wan_tiny  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

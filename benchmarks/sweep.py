@@ -49,9 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "tests"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 
@@ -187,14 +186,15 @@ def _stats(st) -> dict:
 
 # ------------------------------------------------------------------------------------------ part 2
 def wan_part(settings: list[Setting], args, out: Path) -> tuple[dict[Setting, dict], str] | None:
-    from support import comfyui as support_comfyui
+    from jensen_testing import comfyui as support_comfyui
 
     if support_comfyui.find_comfyui() is None:
         print(f"tiny Wan part skipped: {support_comfyui.SKIP_REASON}")
         return None
     support_comfyui.setup_inprocess_comfyui()
     import comfy.samplers
-    from support import wan_tiny
+
+    from jensen_testing import wan_tiny
 
     # benchmarks/sampler.py's defaults: the same tiny Wan (loaded by path: no clash with any other "sampler")
     spec = importlib.util.spec_from_file_location("jensen_kv_sampler_bench", ROOT / "benchmarks" / "sampler.py")

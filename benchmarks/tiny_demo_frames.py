@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
-from support import comfyui as support_comfyui  # noqa: E402
+from jensen_testing import comfyui as support_comfyui  # noqa: E402
 
 PROMPT = "three balls bouncing fast over a cool texture"
 
@@ -31,7 +32,8 @@ def main(argv=None) -> int:
     import comfy.samplers
     import torch
     from PIL import Image, ImageDraw
-    from support import tiny_ar
+
+    from jensen_testing import tiny_ar
 
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")

@@ -64,6 +64,7 @@ def test_streaming_is_available_on_this_machine():
     assert attention.lse_supported(torch.device("cpu"), torch.bfloat16, 64)
 
 
+@pytest.mark.slow  # 60 combinations (rotation x mode x strength x path)
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
 @pytest.mark.parametrize("mode", ["taylor", "chunk_mean", "per_channel", "exact", "off"])
 @pytest.mark.parametrize("strength", [1.0, 0.4, 2.5])

@@ -14,6 +14,7 @@ def _quantized_keys(seed: int, scale: float, spec: QuantSpec, tokens: int = 6, h
     return quantize(torch.randn(1, 1, tokens, head_dim, generator=gen) * scale, spec)
 
 
+@pytest.mark.slow  # Monte Carlo
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_exact_bias_matches_monte_carlo_mean_of_exp_delta(seed):
     """E[exp(delta)] under uniform noise equals exp(b_exact), within 5 standard errors."""
@@ -166,6 +167,7 @@ def test_chunk_mean_is_each_chunks_mean_of_the_taylor_bias():
     assert (b[..., 9:14] - b[..., :9].mean(-1, keepdim=True)).abs().min() > 1e-4  # really per chunk
 
 
+@pytest.mark.slow
 def test_chunk_mean_removes_the_partition_sum_bias_in_expectation():
     """Under the noise model (eps ~ U(-Delta/2, Delta/2)) with steps constant over each chunk's keys - the
     case the chunk-constant correction is exact for - E[exp(-b_mean) Z_hat_c] = Z_c for every chunk,
@@ -216,6 +218,7 @@ def _per_chunk_ratios(trials: int, bits: int, qscale: float, scales=(1.0, 3.0), 
     return r.mean(0) - 1, r.std(0) / math.sqrt(trials)
 
 
+@pytest.mark.slow
 def test_chunk_mean_removes_most_of_each_chunks_partition_sum_bias_with_real_steps():
     """INT4 keys of two chunks, the second with 3x the range (9x the bias). Every key has its own steps, so a
     chunk-constant offset cannot be exact, but it removes >= 75% of each chunk's bias; the window's mean

@@ -2,7 +2,7 @@
 
 The script is copied into a throwaway checkout next to fake ``shared/ComfyUI-v0.27`` and
 ``shared/ComfyUI`` (v0.3.64) trees, so these tests see which ComfyUI it picks for the main run (the
-order of ``tests/support/comfyui.py``), which one it runs the ComfyUI tests against as the oldest, what
+order of ``jensen_testing/comfyui.py``), which one it runs the ComfyUI tests against as the oldest, what
 it installs where (the system Python, the oldest ComfyUI's virtual environment), and the environment
 and arguments of both pytest runs. The stand-in logs ``CALL`` for the system Python and ``VENV`` for the
 environment's (``-m venv`` makes one whose ``bin/python`` is the stand-in again).
@@ -35,6 +35,7 @@ if [ "$1 $2" = "-m pytest" ]; then
   echo "$tag ENV CI=${CI:-} COMFYUI_PATH=${COMFYUI_PATH:-} COMFYUI_GGUF_PATH=${COMFYUI_GGUF_PATH:-}" >> "$log"
   if [ -n "${FAKE_FAIL_FOR:-}" ] && [ "${COMFYUI_PATH:-}" = "$FAKE_FAIL_FOR" ]; then exit 1; fi
 fi
+if [ "$1 $2" = "-m ruff" ] && [ -n "${FAKE_FAIL_LINT:-}" ]; then exit 1; fi
 exit 0
 """
 
@@ -154,6 +155,30 @@ def test_either_run_failing_fails_ci_and_both_always_run(sandbox):
         assert r.returncode == 1
         assert len(pytest_runs(calls)) == 2
         assert line in r.stdout
+
+
+def test_ruff_check_runs_before_the_tests_and_a_finding_fails_ci_after_both_runs(sandbox):
+    tmp, _, _ = sandbox
+    fake_shared(tmp)
+    r, calls = run_ci(sandbox)
+    assert r.returncode == 0, r.stderr
+    lint = calls.index("CALL -m ruff check .")
+    assert lint < calls.index(f"CALL {MAIN_RUN}")
+    assert "ruff check .: exit 0" in r.stdout
+    r, calls = run_ci(sandbox, FAKE_FAIL_LINT="1")
+    assert r.returncode == 1
+    assert len(pytest_runs(calls)) == 2  # the tests still run
+    assert "ruff check .: exit 1" in r.stdout
+
+
+def test_the_test_extra_pins_the_ruff_that_pre_commit_runs():
+    import re
+
+    (version,) = re.findall(r'^\s*"ruff==([0-9.]+)",', (ROOT / "pyproject.toml").read_text(), re.M)
+    hooks = (ROOT / ".pre-commit-config.yaml").read_text()
+    assert re.search(rf"rev:\s*v{re.escape(version)}\b", hooks), hooks
+    assert "id: ruff-check" in hooks or "id: ruff\n" in hooks
+    assert "id: ruff-format" in hooks
 
 
 def test_comfyui_path_wins_and_a_comfyui_above_the_checkout_is_found(sandbox):

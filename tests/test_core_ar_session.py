@@ -105,6 +105,7 @@ def test_reaching_for_core_full_precision_cache_names_the_cause():
         kv[0]["k"][:, 0:4] = 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window,sink", [(0, 0), (2, 0), (1, 1), (3, 2)])
 def test_window_and_sink_hold_what_the_planner_says(window, sink):
     """Peak bytes on core's protocol equal the planner's figure (INT2, blocks of 1 frame, 7 blocks)."""

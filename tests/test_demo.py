@@ -1,7 +1,11 @@
 """The main job, on a small workload: the table it prints and the PNG it writes."""
 import re
 
+import pytest
+
 from jensen_core.__main__ import main
+
+pytestmark = pytest.mark.slow  # runs the whole demo
 
 
 def test_demo_prints_the_table_and_writes_the_histogram(tmp_path, capsys):

@@ -6,6 +6,8 @@ from jensen_core import ChunkCache, QuantSpec, quantize
 from jensen_core.diagnostics import attention_shift
 from jensen_core.workload import make_workload
 
+pytestmark = pytest.mark.slow  # end-to-end effect measurements on many tokens
+
 
 @pytest.fixture(scope="module")
 def workload():

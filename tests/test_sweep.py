@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from support import comfyui as support_comfyui
 
+pytestmark = pytest.mark.slow  # runs benchmarks/sweep.py --quick (minutes on 2 cores)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sweep.py"
 COLUMNS = [

@@ -36,7 +36,8 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 

@@ -20,7 +20,7 @@ What it trains (see models/tiny_ar/MODEL_CARD.md):
 Everything is seeded (data, noise, initialisation, order), fp32, and runs on the CPU. The run
 writes a resumable checkpoint every ``--save-every`` steps and a log line every ``--log-every``
 steps to ``<out>.log``; the final file holds the EMA weights in half precision.
-Needs ComfyUI importable (COMFYUI_PATH, ../shared/ComfyUI, ...; see tests/support/comfyui.py).
+Needs ComfyUI importable (COMFYUI_PATH, ../shared/ComfyUI, ...; see jensen_testing/comfyui.py).
 """
 from __future__ import annotations
 
@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appended, so ComfyUI's folder stays first
+    sys.path.append(str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -49,7 +49,7 @@ HELD_OUT_SEED0 = 1_000_000
 
 
 def setup_comfy():
-    from support import comfyui as support_comfyui
+    from jensen_testing import comfyui as support_comfyui
 
     support_comfyui.setup_inprocess_comfyui()
 

@@ -1,4 +1,7 @@
-"""Fixtures for tests that run ComfyUI in this process (tiny Wan models, the pack imported as ComfyUI does)."""
+"""Fixtures for tests that run ComfyUI in this process (tiny Wan models, the pack imported as ComfyUI does).
+
+Every test here is marked ``comfyui`` and ``slow``: importing ComfyUI and building its models takes seconds per
+module, so the fast lane (``-m "not slow"``) is the core, routes and static web tests."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +14,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "integration" in str(item.fspath):
             item.add_marker(pytest.mark.comfyui)
+            item.add_marker(pytest.mark.slow)
             if not HAVE_COMFYUI:
                 item.add_marker(pytest.mark.skip(reason=support_comfyui.SKIP_REASON))
 

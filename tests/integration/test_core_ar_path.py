@@ -1,6 +1,6 @@
 """The pack inside ComfyUI's own AR video path (v0.27+): SamplerARVideo -> sample_ar_video over CausalWanModel.
 
-In-process, with a tiny random causal Wan (tests/support/causal_wan.py) and core's own sampler
+In-process, with a tiny random causal Wan (jensen_testing/causal_wan.py) and core's own sampler
 (``comfy.samplers.ksampler("ar_video", ...)`` as SamplerARVideo returns it, through SamplerCustom's
 ``comfy.sample.sample_custom``). The reference is core's own run of the same model, noise and sigmas
 without the pack's nodes. The live-server version is tests/integration/test_core_ar_server.py.

@@ -23,17 +23,16 @@ FP32_ATOL = 2e-5  # see test_core_ar_path.py: same arithmetic in another summati
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(comfy_server):
+    """The session's shared server, with the tiny causal Wan file written for this module."""
     from safetensors.torch import save_file
 
-    comfy_dir = support_comfyui.find_comfyui()
-    base = support_comfyui.make_base_dir(tmp_path_factory.mktemp("comfy_base"), [support_comfyui.TEST_NODES_DIR])
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(base / "models" / "diffusion_models" / UNET),
+    save_file({k: v.to(torch.float32) for k, v in sd.items()},
+              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
               metadata={"config": json.dumps({"transformer": {"causal_ar": True}})})
-    with support_comfyui.ComfyServer(comfy_dir, base) as srv:
-        yield srv
+    return comfy_server
 
 
 def prompt(*, bits=None, mode="taylor", window=None, diagnostics=False, block=1, frames=13, cfg=None) -> dict:

@@ -233,16 +233,15 @@ UNET = "jensen_kv_tiny_wan_diag.safetensors"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(comfy_server):
+    """The session's shared server, with a tiny Wan checkpoint written for this module."""
     from safetensors.torch import save_file
 
-    comfy_dir = support_comfyui.find_comfyui()
-    base = support_comfyui.make_base_dir(tmp_path_factory.mktemp("comfy_diag"), [support_comfyui.TEST_NODES_DIR])
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)  # 1 head x 128, 2 layers: ComfyUI detects it as wan2.1
-    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(base / "models" / "diffusion_models" / UNET))
-    with support_comfyui.ComfyServer(comfy_dir, base) as srv:
-        yield srv
+    save_file({k: v.to(torch.float32) for k, v in sd.items()},
+              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET))
+    return comfy_server
 
 
 def diagnostics_workflow(prefix: str) -> dict:

@@ -1,6 +1,7 @@
 """The pack on Wan weights loaded the low-VRAM ways, in a live ComfyUI: ComfyUI-GGUF's UnetLoaderGGUF and fp8 UNETLoader.
 
-One server for the module, with this pack, the test-only nodes and ComfyUI-GGUF in custom_nodes.
+The session's shared server (``comfy_server``), which has this pack, the test-only nodes and ComfyUI-GGUF in
+custom_nodes (where the gguf package is installed: otherwise this module skips).
 One tiny random Wan (``wan_tiny.state_dict_for_file``, rounded to float16) is written twice:
 
 - as a GGUF file the way ComfyUI-GGUF's converter writes Wan (arch ``wan``; F16, F32 for 1-D and
@@ -38,25 +39,21 @@ LOADERS = {
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(comfy_server):
     import torch
     from safetensors.torch import save_file
 
     reason = gguf_wan.gguf_skip_reason()
     if reason:
         pytest.skip(reason)
-    comfy_dir = support_comfyui.find_comfyui()
-    base = support_comfyui.make_base_dir(tmp_path_factory.mktemp("comfy_gguf"),
-                                         [support_comfyui.TEST_NODES_DIR, gguf_wan.locate_comfyui_gguf()])
     support_comfyui.setup_inprocess_comfyui()
     sd = {k: v.to(torch.float16).to(torch.float32) for k, v in wan_tiny.state_dict_for_file(seed=0).items()}
-    models = base / "models" / "diffusion_models"
+    models = comfy_server.base_dir / "models" / "diffusion_models"
     exact = gguf_wan.write_wan_gguf(sd, models / GGUF_FILE, quantize=Q8_TENSORS)
     fp16 = {k: v.to(torch.float16) for k, v in exact.items()}
     assert all(torch.equal(fp16[k].float(), exact[k]) for k in exact), "the GGUF weights must be float16-exact"
     save_file(fp16, str(models / FP16_FILE))
-    with support_comfyui.ComfyServer(comfy_dir, base) as srv:
-        yield srv
+    return comfy_server
 
 
 def prompt(prefix: str) -> dict:

@@ -1,8 +1,8 @@
 """The pack inside a live ComfyUI server: loading, /object_info, a full API prompt, validation, /interrupt.
 
-One server for the module (``main.py --cpu`` on a free loopback port, a temporary base directory with
-this pack and the test-only node pack in ``custom_nodes``, and a tiny random Wan checkpoint that
-ComfyUI's own detection loads as wan2.1 through UNETLoader).
+The session's shared server (``comfy_server`` in tests/conftest.py: ``main.py --cpu`` on a free loopback port,
+this pack and the test-only node pack in ``custom_nodes``), with a tiny random Wan checkpoint written for this
+module that ComfyUI's own detection loads as wan2.1 through UNETLoader.
 """
 from __future__ import annotations
 
@@ -25,18 +25,16 @@ OUR_NODES = ("JensenKVQuantizeKVCache", "JensenKVBiasCorrection", "JensenKVChunk
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(comfy_server):
     import torch
     from safetensors.torch import save_file
 
-    comfy_dir = support_comfyui.find_comfyui()
-    base = support_comfyui.make_base_dir(tmp_path_factory.mktemp("comfy_base"), [support_comfyui.TEST_NODES_DIR])
     # the checkpoint is built in this process from ComfyUI's own Wan classes
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(base / "models" / "diffusion_models" / UNET))
-    with support_comfyui.ComfyServer(comfy_dir, base) as srv:
-        yield srv
+    save_file({k: v.to(torch.float32) for k, v in sd.items()},
+              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET))
+    return comfy_server
 
 
 def workflow(*, seed=0, frames=13, chunk=2, steps=2, cfg=2.0, group="32", window=0, prefix="jensen_kv/run",

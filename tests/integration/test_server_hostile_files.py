@@ -5,7 +5,9 @@ named ``x.safetensors`` in output/ and input/ (anyone who reaches the server can
 symlinks that lead out of the folders, a device and 3,000 other ``.safetensors`` files, the server
 keeps answering ``/system_stats``, the listing holds only the real cache files, and a prompt naming a
 hostile file is refused with a 400. Save KV Cache refuses a dot-only prefix at validation. Every file
-is built here, after the server started.
+is built here, after the server started. This module starts its own server rather than the session's shared
+one: it needs an output/ without any cache file to start from, and a FIFO that a server thread may block on
+must not outlive the module in a server other tests use.
 """
 from __future__ import annotations
 

@@ -20,20 +20,16 @@ UNET = "jensen_kv_tiny_wan.safetensors"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(comfy_server):
+    """The session's shared server, with a tiny random Wan checkpoint written for this module."""
     import torch
     from safetensors.torch import save_file
 
-    comfy_dir = support_comfyui.find_comfyui()
-    if comfy_dir is None:
-        pytest.skip(support_comfyui.SKIP_REASON)
-    base = support_comfyui.make_base_dir(tmp_path_factory.mktemp("comfy_base"), [support_comfyui.TEST_NODES_DIR])
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(base / "models" / "diffusion_models" / UNET))
-    with support_comfyui.ComfyServer(comfy_dir, base) as srv:
-        srv.base = base
-        yield srv
+    save_file({k: v.to(torch.float32) for k, v in sd.items()},
+              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET))
+    return comfy_server
 
 
 def _graph(*, frames, prefix, kv_in=None, save_kv=None, chunk=2, schedule=False, preset="self_forcing_4step"):
@@ -82,7 +78,7 @@ def _run(server, prompt, expect_ok=True):
 def _latent(server, prefix):
     from safetensors.torch import load_file
 
-    (path,) = glob.glob(str(server.base / "output" / f"{prefix}_*.latent"))
+    (path,) = glob.glob(str(server.base_dir / "output" / f"{prefix}_*.latent"))
     return load_file(path)["latent_tensor"]
 
 
@@ -92,9 +88,9 @@ def test_continue_later_through_files_equals_one_run(server):
     entry = _run(server, _graph(frames=4, prefix=f"jensen_kv/{tag}_first", save_kv=f"jensen_kv/{tag}_kv"))
     texts = [t for out in entry["outputs"].values() for t in out.get("text", [])]
     assert any("saved" in t and ".safetensors" in t for t in texts), texts
-    files = glob.glob(str(server.base / "output" / "jensen_kv" / f"{tag}_kv_*.safetensors"))
+    files = glob.glob(str(server.base_dir / "output" / "jensen_kv" / f"{tag}_kv_*.safetensors"))
     assert len(files) == 1
-    name = "output/" + os.path.relpath(files[0], server.base / "output")
+    name = "output/" + os.path.relpath(files[0], server.base_dir / "output")
     info = server.get("/object_info/JensenKVLoadKVCache")["JensenKVLoadKVCache"]
     assert name in info["input"]["required"]["cache_file"][1]["options"]  # listed for the user
     _run(server, _graph(frames=4, prefix=f"jensen_kv/{tag}_second", kv_in=name))

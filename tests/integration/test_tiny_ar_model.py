@@ -90,28 +90,28 @@ def _load_rollout():
 
 # ------------------------------------------------------------------------------------------ live server
 @pytest.mark.server
-def test_bundled_model_loads_and_the_cpu_demo_workflow_runs_in_a_minute(tmp_path):
+def test_bundled_model_loads_and_the_cpu_demo_workflow_runs_in_a_minute(comfy_server):
     import sys
 
     sys.path.insert(0, str(support_comfyui.PACK_ROOT / "tests" / "web"))
     from support.workflow_api import ui_to_api
     from workflow_specs import TINY_AR
 
-    comfy_dir = support_comfyui.find_comfyui()
-    base = support_comfyui.make_base_dir(tmp_path / "base")
+    server = comfy_server
+    out = server.base_dir / "output" / "jensen_kv"
+    before = set(out.glob("tiny_ab_*.webp"))
     wf = json.loads((support_comfyui.PACK_ROOT / "workflows" / "jensen_kv_tiny_ar_cpu_demo.json").read_text())
-    with support_comfyui.ComfyServer(comfy_dir, base) as server:
-        unets = server.get("/object_info/UNETLoader")["UNETLoader"]["input"]["required"]["unet_name"][0]
-        assert TINY_AR in unets  # the pack registered its bundled model folder
-        info = server.get("/object_info")
-        prompt = ui_to_api(wf, info)
-        t0 = time.monotonic()
-        status, body = server.post("/prompt", {"prompt": prompt, "client_id": "jensen-kv-tests"})
-        assert status == 200 and body["node_errors"] == {}, body
-        entry = server.wait_for_prompt(body["prompt_id"], timeout=600)
-        elapsed = time.monotonic() - t0
-        assert entry["status"]["status_str"] == "success", server.log_tail()
-    webps = list((base / "output" / "jensen_kv").glob("tiny_ab_*.webp"))
+    unets = server.get("/object_info/UNETLoader")["UNETLoader"]["input"]["required"]["unet_name"][0]
+    assert TINY_AR in unets  # the pack registered its bundled model folder
+    info = server.get("/object_info")
+    prompt = ui_to_api(wf, info)
+    t0 = time.monotonic()
+    status, body = server.post("/prompt", {"prompt": prompt, "client_id": "jensen-kv-tests"})
+    assert status == 200 and body["node_errors"] == {}, body
+    entry = server.wait_for_prompt(body["prompt_id"], timeout=600)
+    elapsed = time.monotonic() - t0
+    assert entry["status"]["status_str"] == "success", server.log_tail()
+    webps = list(set(out.glob("tiny_ab_*.webp")) - before)
     assert len(webps) == 1
     from PIL import Image
 

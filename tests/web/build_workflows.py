@@ -31,6 +31,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
+if str(HERE.parents[1]) not in sys.path:  # jensen_testing (behind support.comfyui), after ComfyUI's folder
+    sys.path.append(str(HERE.parents[1]))
 
 from support.browser import (  # noqa: E402
     browser_skip_reason,

@@ -16,9 +16,8 @@ from support.browser import (
     browser_skip_reason,
     launch_chromium,
     open_comfyui,
-    write_frontend_settings,
 )
-from support.comfyui import PACK_ROOT, SKIP_REASON, TEST_NODES_DIR, ComfyServer, find_comfyui, make_base_dir
+from support.comfyui import PACK_ROOT, TEST_NODES_DIR
 from support.workflow_api import frontend_defaults
 from workflow_specs import BUILD_JS, TINY_UNET, tiny_workflow, write_placeholder_files
 
@@ -128,22 +127,20 @@ class UI:
 
 
 @pytest.fixture(scope="module")
-def ui(tmp_path_factory):
+def ui(request):
+    """A page of the session's shared server (``comfy_server``: its front-end settings skip the first-run
+    gallery) in headless Chromium, with the workflows' placeholder files and a tiny checkpoint in its folders."""
     reason = browser_skip_reason()
     if reason:
         pytest.skip(reason)
-    comfy = find_comfyui()
-    if comfy is None:
-        pytest.skip(SKIP_REASON)
     from playwright.sync_api import sync_playwright
 
-    base = make_base_dir(tmp_path_factory.mktemp("comfy_base"),
-                         extra_custom_nodes=[TEST_NODES_DIR] if (TEST_NODES_DIR / "__init__.py").is_file() else [])
-    write_frontend_settings(base)
+    server = request.getfixturevalue("comfy_server")
+    base = server.base_dir
     write_placeholder_files(base)
     tiny_checkpoint = write_tiny_checkpoint(base)
     errors: list[str] = []
-    with ComfyServer(comfy, base) as server, sync_playwright() as p:
+    with sync_playwright() as p:
         browser = launch_chromium(p)
         page = browser.new_page(viewport=VIEWPORT)
         page.on("pageerror", lambda e: errors.append(f"{e}\n{e.stack}"))

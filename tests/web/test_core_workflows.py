@@ -14,13 +14,10 @@ All marked ``core_ar``: deselected against ComfyUI without core's AR path (v0.3.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
-from support.comfyui import PACK_ROOT, SKIP_REASON, ComfyServer, find_comfyui, make_base_dir
+from support.comfyui import PACK_ROOT
 from support.workflow_api import frontend_defaults, ui_to_api
 from test_workflows import Graph, validate
 from workflow_specs import (
@@ -152,33 +149,12 @@ def test_tiny_core_demo_mirrors_the_chunked_ar_demo_with_three_caches():
 
 # ------------------------------------------------------------------------------------------- live v0.27
 @pytest.fixture(scope="module")
-def server():
-    comfy = find_comfyui()
-    if comfy is None:
-        pytest.skip(SKIP_REASON)
-    from support.browser import write_frontend_settings
-
-    with tempfile.TemporaryDirectory() as tmp:
-        base = make_base_dir(Path(tmp))
-        write_frontend_settings(base)
-        write_placeholder_files(base)  # the loaders' file names and the I2V start image
-        # one torch thread in the server: torch's OpenMP threads spin-wait, and on a 2-core machine shared with
-        # other jobs two of them made the tiny demo 10x slower (~200 s against ~17 s with one; ~15 s with two
-        # on an idle machine)
-        saved = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = "1"
-        try:
-            srv = ComfyServer(comfy, base).__enter__()
-        finally:
-            if saved is None:
-                os.environ.pop("OMP_NUM_THREADS")
-            else:
-                os.environ["OMP_NUM_THREADS"] = saved
-        try:
-            srv.object_info = srv.get("/object_info")
-            yield srv
-        finally:
-            srv.__exit__(None, None, None)
+def server(comfy_server):
+    """The session's shared server (one torch thread: support.shared_server.SHARED_SERVER_ENV) with the loaders' file
+    names and the I2V start image in its folders, for this module."""
+    write_placeholder_files(comfy_server.base_dir)
+    comfy_server.object_info = comfy_server.get("/object_info")
+    return comfy_server
 
 
 @pytest.mark.comfyui

@@ -8,11 +8,10 @@ arms) and a Note that names every model file the loaders use, in the folder Comf
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
-from support.comfyui import PACK_ROOT, SKIP_REASON, ComfyServer, find_comfyui, make_base_dir
+from support.comfyui import PACK_ROOT
 from support.workflow_api import frontend_defaults
 from workflow_specs import BUNDLED_MODELS, MODEL_FILES, STORY_CACHE, WORKFLOWS, write_placeholder_files
 
@@ -307,17 +306,12 @@ def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():
 
 # ------------------------------------------------------------------------------ live server
 @pytest.fixture(scope="module")
-def object_info():
-    comfy = find_comfyui()
-    if comfy is None:
-        pytest.skip(SKIP_REASON)
-    with tempfile.TemporaryDirectory() as tmp:
-        base = make_base_dir(Path(tmp))
-        write_placeholder_files(base)  # so the loaders' file combos list the names
-        with ComfyServer(comfy, base) as server:
-            info = server.get("/object_info")
-            info["__templates__"] = server.get("/api/workflow_templates")
-            yield info
+def object_info(comfy_server):
+    """/object_info of the session's shared server, with placeholder files so the loaders' combos list the names."""
+    write_placeholder_files(comfy_server.base_dir)
+    info = comfy_server.get("/object_info")
+    info["__templates__"] = comfy_server.get("/api/workflow_templates")
+    return info
 
 
 @pytest.mark.comfyui

@@ -696,7 +696,7 @@ async (spec) => {
 
 
 # ------------------------------------------------------------------------------ test-only workflow
-TINY_UNET = "jensen_kv_tiny_wan.safetensors"  # written by the browser test (tests/support/wan_tiny.DETECTABLE)
+TINY_UNET = "jensen_kv_tiny_wan.safetensors"  # written by the browser test (jensen_testing/wan_tiny.DETECTABLE)
 
 
 def tiny_workflow() -> dict:
