@@ -291,10 +291,9 @@ def plan_settings(window: int = 4, sink: int = 1) -> list[tuple[str, int | None,
 
 
 def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
-    from support.pack import load_pack_module
-
     from jensen_core import QuantSpec
     from jensen_core.planner import plan_cache
+    from jensen_testing.pack import load_pack_module
 
     wan = load_pack_module("runtime.families").wan.GEOMETRY  # the Wan family's latent layout
 

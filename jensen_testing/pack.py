@@ -1,0 +1,54 @@
+"""Import one module of the pack the way ComfyUI does (as a package), without ComfyUI.
+
+Modules under ``nodes/`` use relative imports (``from ..jensen_core import ...``), so they only
+import as part of the pack's package. ComfyUI imports the pack folder as a package; here the pack
+root is registered under :data:`PACK_PACKAGE` and ``nodes`` as a bare namespace (its
+``__init__.py``, which needs ComfyUI, is not run), so a ComfyUI-free module such as
+``routes/ui.py`` can be unit-tested.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import types
+
+from .comfyui import PACK_ROOT
+
+PACK_PACKAGE = "jensen_kv_pack_under_test"
+
+
+def _package(name: str, path) -> types.ModuleType:
+    mod = sys.modules.get(name)
+    if mod is None:
+        mod = types.ModuleType(name)
+        mod.__path__ = [str(path)]
+        mod.__package__ = name
+        sys.modules[name] = mod
+    return mod
+
+
+def load_pack_module(dotted: str) -> types.ModuleType:
+    """``load_pack_module("routes.ui")`` -> that module, imported inside a stand-in pack package."""
+    _package(PACK_PACKAGE, PACK_ROOT)
+    parts = dotted.split(".")
+    for i in range(1, len(parts)):
+        sub = ".".join(parts[:i])
+        _package(f"{PACK_PACKAGE}.{sub}", PACK_ROOT.joinpath(*parts[:i]))
+    return importlib.import_module(f"{PACK_PACKAGE}.{dotted}")
+
+
+def load_tool(name: str) -> types.ModuleType:
+    """``load_tool("convert_checkpoint")`` -> ``tools/convert_checkpoint.py`` as a module (tools/ is no package)."""
+    mod_name = f"jensen_kv_tool_{name}"
+    if mod_name in sys.modules:
+        return sys.modules[mod_name]
+    spec = importlib.util.spec_from_file_location(mod_name, PACK_ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[mod_name]
+        raise
+    return module
