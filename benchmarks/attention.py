@@ -14,11 +14,11 @@ the many small parallel regions (dequantization, merges) counts as CPU time too;
 measures the work itself. Each ratio is printed with the CPU class (AMX / AVX-512 / AVX2, from
 /proc/cpuinfo) and the layout the per-score correction chose, so figures from machines compare.
 
-"before" rows run the dequantization and rotations as they were before issue 12 (channel-order
+"before" rows run the dequantization and rotations as the first release did (channel-order
 unpacking, half-precision arithmetic, the current chunk rotated into the codes' space and back:
 ``jensen_core.attention._LEGACY``) in the same rounds as the current path.
 
-Targets (issues 2 and 12):
+Targets:
   time(INT2 + Taylor) / time(INT2, no correction)      <= 1.10   (fp32 and bf16)
   time(INT2 + chunk_mean) / time(INT2, no correction)  <= 1.02   (the zero-cost correction)
   time(INT2 cache + correction) / time(SDPA, unquantized same keys) <= 1.50
@@ -131,7 +131,7 @@ def memory_in_child(dname: str, device: torch.device, args) -> dict:
 
 
 def _legacy(fn):
-    """``fn`` on the path before issue 12 (see the module docstring)."""
+    """``fn`` on the first release's path (see the module docstring)."""
     def call():
         attention._LEGACY = True
         try:
@@ -218,7 +218,7 @@ _CATEGORIES = (
 
 
 def profile(dtype, device, heads, chunk_tokens, cached_chunks, repeats: int = 2) -> None:
-    """Where one attend's time goes (torch.profiler, self CPU time by category), before and after issue 12."""
+    """Where one attend's time goes (torch.profiler, self CPU time by category), first release against now."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
@@ -300,7 +300,7 @@ def main(argv=None) -> int:
         ok &= dev <= 0.01
         print(f"  stored / BF16 bytes {r['bytes_ratio']:.5f} vs effective_bits/16 {r['spec_bits_ratio']:.5f} "
               f"(deviation {dev:.2%}, target <= 1%: {'met' if dev <= 0.01 else 'MISSED'})")
-        print(f"  dequantization and rotations, before -> after issue 12 (same rounds) {tag}:")
+        print(f"  dequantization and rotations, first release -> now (same rounds) {tag}:")
         for scheme in ("RTN", "QuaRot"):
             for label, key in (("INT2 / SDPA unquantized", "plain_vs_sdpa"), ("INT2 + Taylor / SDPA unquantized", "taylor_vs_sdpa")):
                 print(f"    {label + f' ({scheme})':<46}{r[f'{key} {scheme} (before)']:7.3f} -> {r[f'{key} {scheme}']:.3f}")

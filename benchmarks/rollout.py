@@ -78,8 +78,8 @@ class Config:
 
 
 def grid(quick: bool, modes: bool = False) -> list[Config]:
-    if modes:  # the correction modes side by side at INT2 (issue 12: chunk_mean against taylor), and QVG
-        # (issue 11) at the bits of RTN g32 (QVG g64 K4: 2.77 bits on 192-token chunks) and g64 (QVG g128 K2: 2.42)
+    if modes:  # the correction modes side by side at INT2 (chunk_mean against taylor), and QVG
+        # at the bits of RTN g32 (QVG g64 K4: 2.77 bits on 192-token chunks) and g64 (QVG g128 K2: 2.42)
         return ([Config(2, g, r, c) for r in ("none", "hadamard") for g in (32, 128)
                  for c in ("off", "taylor", "chunk_mean")]
                 + [Config(2, g, "hadamard", c, centroids=k) for g, k in ((64, 4), (128, 2))

@@ -17,7 +17,7 @@ INT2 + Jensen run checks that seconds per chunk stay flat once the window is ful
     python benchmarks/sampler.py --device cuda --dim 1536 --heads 12 --layers 30 --ffn 8960 \
         --height 60 --width 104 --chunks 10 --window 4   # Wan 1.3B shapes on a GPU
 
-Targets (issue 3): INT2+Jensen / FP time <= 1.15; INT2+Jensen / INT2 <= 1.05 end to end; cache bytes
+Targets: INT2+Jensen / FP time <= 1.15; INT2+Jensen / INT2 <= 1.05 end to end; cache bytes
 / BF16 bytes = effective_bits / 16 within 1%; under a window the last chunk within 15% of the third.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Two parts, one command:
 
 1. **Embedded workload** (``jensen_core.workload.make_workload()`` defaults: 12 heads x 128, 1,560 tokens
    per chunk, 4 cached chunks): for every setting the cached K/V are quantized chunk by chunk and
-   ``jensen_core.diagnostics.attention_shift`` measures the median (and IQR) of ΔP_S, the mean attention
+   ``jensen_core.attention_shift.attention_shift`` measures the median (and IQR) of ΔP_S, the mean attention
    JSD and the attention-output MSE against full-precision attention on the same queries.
    QVG rows (``method=qvg``: k-means smoothing per chunk, then RTN of the residual) are chosen at the
    effective bits of RTN/QuaRot INT2 g64 and g32 on these 1,560-token chunks (centroids and ids
@@ -55,7 +55,7 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appe
 import torch  # noqa: E402
 
 from jensen_core import QuantSpec, quantize  # noqa: E402
-from jensen_core.diagnostics import attention_shift  # noqa: E402
+from jensen_core.attention_shift import attention_shift  # noqa: E402
 from jensen_core.quant import cat_quantized  # noqa: E402
 from jensen_core.shift_summary import quantile  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
@@ -204,7 +204,7 @@ def wan_part(settings: list[Setting], args, out: Path) -> tuple[dict[Setting, di
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")
     loop = importlib.import_module(f"{pack.__name__}.runtime.chunk_loop")
-    plot = importlib.import_module(f"{pack.__name__}.runtime.diagnostics_plot")
+    plot = importlib.import_module(f"{pack.__name__}.runtime.shift_histogram")
 
     b = sampler_bench.parse_args([])
     arch = dict(dim=b.dim, ffn_dim=b.ffn, num_heads=b.heads, num_layers=b.layers, text_dim=64, text_len=32)

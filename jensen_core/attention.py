@@ -39,7 +39,7 @@ from .sdpa_lse import lse_supported, sdpa_with_lse
 logger = logging.getLogger("jensen_kv")
 
 _FORCE_CONCAT = False  # tests flip this to exercise the single-buffer path
-_LEGACY = False  # benchmarks flip this: the dequantization and rotations before issue 12, side by side
+_LEGACY = False  # benchmarks flip this: the channel-order dequantization and rotations of the first release, side by side
 
 
 @dataclass(eq=False)
@@ -245,7 +245,7 @@ def _streamed(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: list[CacheEntry]
     codes unpack fastest, the query reordered to match - one matmul or one copy); their merged output
     is brought back to the model's space once, and the current chunk is attended in the model's
     space directly (a rotation preserves its scores), so it costs no rotations. ``_LEGACY`` restores
-    the path before issue 12 (channel-order dequantization, the current chunk rotated) for
+    the first release's path (channel-order dequantization, the current chunk rotated) for
     side-by-side benchmarks.
     """
     D = q.shape[-1]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention_shift import ShiftStats, attention_shift
 from .cache import ChunkCache
-from .diagnostics import ShiftStats, attention_shift
 from .quant import cat_quantized
 from .spec import QuantSpec
 from .workload import Workload, make_workload

@@ -1,4 +1,4 @@
-"""Aggregating :func:`jensen_core.diagnostics.attention_shift` results over many calls.
+"""Aggregating :func:`jensen_core.attention_shift.attention_shift` results over many calls.
 
 ``attention_shift`` compares one call (one layer, one step) with its full-precision reference. A run
 samples many calls; :class:`ShiftAccumulator` keeps every per-query ΔP_S (the distribution the
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .diagnostics import ShiftStats, quantile
+from .attention_shift import ShiftStats, quantile
 
 
 class ShiftAccumulator:

@@ -22,10 +22,10 @@ from comfy_api.latest import ComfyExtension, io
 from .ar_cache_window import JensenKVARCacheWindow
 from .ar_schedule import JensenKVARSchedule
 from .bias_correction import JensenKVBiasCorrection
+from .chunked_ar_ksampler import JensenKVChunkedARKSampler
 from .chunked_ar_sampler import JensenKVChunkedARSampler
-from .chunked_ar_sampler_simple import JensenKVChunkedARSamplerSimple
-from .diagnostics import JensenKVDiagnostics
-from .diagnostics_plot import JensenKVDiagnosticsPlot
+from .kv_cache_diagnostics import JensenKVDiagnostics
+from .kv_cache_diagnostics_plot import JensenKVDiagnosticsPlot
 from .kv_cache_report import JensenKVCacheReport
 from .load_kv_cache import JensenKVLoadKVCache
 from .prompt_schedule import JensenKVPromptSchedule
@@ -40,16 +40,16 @@ NODES: list[type[io.ComfyNode]] = [
     JensenKVQuantizeKVCache,
     JensenKVBiasCorrection,
     JensenKVChunkedARSampler,
-    JensenKVChunkedARSamplerSimple,
+    JensenKVChunkedARKSampler,
 ]
-#: long videos and faithful schedules (issues 8 and 10)
+#: long videos and faithful schedules
 AR_NODES: list[type[io.ComfyNode]] = [JensenKVARSchedule, JensenKVPromptSchedule, JensenKVSaveKVCache,
                                       JensenKVLoadKVCache]
-#: the bundled tiny AR model (issue 9): its prompts and its latent -> RGB map
+#: the bundled tiny AR model: its prompts and its latent -> RGB map
 DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDecode]
-#: attention diagnostics (issue 5): KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
+#: attention diagnostics: KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
 DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
-#: ComfyUI's own AR sampler (v0.27+, issue 17): the cache window there and the run's report
+#: ComfyUI's own AR sampler (v0.27+): the cache window there and the run's report
 CORE_AR_NODES: list[type[io.ComfyNode]] = [JensenKVARCacheWindow, JensenKVCacheReport]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..runtime.chunk_loop import ChunkedARRequest, report_text, run
-from ..runtime.run_state import RunState
+from ..runtime.saved_run import SavedRun
 from .common import CATEGORY, UI_REPORT_KEY, JensenKVCache, JensenKVReport, advanced, logger, output_connected
 
 DESCRIPTION = (
@@ -86,7 +86,7 @@ def hidden_inputs() -> list:
 def sample_node(node_cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames,
                 window_chunks, context_noise, sink_chunks=0, prefix=None, include_prefix=True, kv_cache=None,
                 recache_on_switch=True) -> io.NodeOutput:
-    if kv_cache is not None and not isinstance(kv_cache, RunState):
+    if kv_cache is not None and not isinstance(kv_cache, SavedRun):
         raise ValueError(f"kv_cache must come from Load KV Cache or a sampler's kv_cache output, got "
                          f"{type(kv_cache).__name__}")
     keep_state = output_connected(node_cls, KV_CACHE_OUTPUT)

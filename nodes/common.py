@@ -10,10 +10,10 @@ logger = logging.getLogger("jensen_kv")
 
 CATEGORY = "jensen_kv"
 
-#: The link type of the Chunked AR sampler's report (a dict, see ``chunk_loop.build_report``).
+#: The link type of the Chunked AR sampler's report (a dict, see ``runtime.report.build_report``).
 JensenKVReport = io.Custom("JENSEN_KV_REPORT")
 
-#: The state of a Chunked AR run to continue later (``runtime.run_state.RunState``): sampler output and input,
+#: The state of a Chunked AR run to continue later (``runtime.saved_run.SavedRun``): sampler output and input,
 #: Save KV Cache / Load KV Cache.
 JensenKVCache = io.Custom("JENSEN_KV_CACHE")
 

@@ -10,7 +10,7 @@ import struct
 
 from comfy_api.latest import io, ui
 
-from ..runtime.run_state import FORMAT, load_run_state
+from ..runtime.saved_run import FORMAT, load_saved_run
 from .common import CATEGORY, JensenKVCache, logger
 
 ROOTS = ("output", "input")
@@ -212,7 +212,7 @@ class JensenKVLoadKVCache(io.ComfyNode):
     def execute(cls, cache_file) -> io.NodeOutput:
         import comfy.model_management
 
-        state = load_run_state(resolve(cache_file),
+        state = load_saved_run(resolve(cache_file),
                                check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted)
         text = f"{cache_file}: {state.describe()}"
         logger.info("jensen_kv: loaded %s", text)

@@ -6,7 +6,7 @@ import time
 
 from comfy_api.latest import io
 
-from ..runtime.run_state import RunState
+from ..runtime.saved_run import SavedRun
 from .common import CATEGORY, JensenKVCache, logger
 
 
@@ -105,7 +105,7 @@ class JensenKVSaveKVCache(io.ComfyNode):
     def execute(cls, kv_cache, filename_prefix) -> io.NodeOutput:
         import folder_paths
 
-        if not isinstance(kv_cache, RunState):
+        if not isinstance(kv_cache, SavedRun):
             raise ValueError(f"kv_cache must be a Chunked AR sampler's kv_cache output, got {type(kv_cache).__name__}")
         path, file, subfolder = target_path(filename_prefix, folder_paths.get_output_directory())
         size = kv_cache.save(path)

@@ -2,7 +2,7 @@
 
 - ``config``: the frozen KV-cache configuration the patch nodes put on a MODEL;
 - ``chunk_loop``: the chunk-wise loop that drives ComfyUI's own samplers;
-- ``cache_run``: per-run caches of every (layer, CFG branch);
+- ``run_caches``: per-run caches of every (layer, CFG branch);
 - ``families/``: one adapter per model family (detection, self-attention patch, RoPE offset, latent geometry);
-- ``observer`` / ``diagnostics_observer`` / ``diagnostics_plot``: the attention diagnostics.
+- ``observer`` / ``shift_observer`` / ``shift_histogram``: the attention diagnostics.
 """

@@ -30,14 +30,14 @@ import torch
 
 from ..jensen_core.planner import plan_cache
 from ..jensen_core.retention import Retained, Retention
-from .cache_run import CacheRun
 from .config import JensenKVConfig, get_config, get_window
-from .diagnostics_observer import combine_observers, make_diagnostics
 from .families import ModelFamily, detect
 from .observer import PHASE_DENOISE, PHASE_WRITE
 from .prompt_schedule import PromptSchedule
 from .report import MIB, build_report, report_text  # noqa: F401 - report_text re-exported for the nodes
-from .run_state import RetainedChunk, RunState
+from .run_caches import RunCaches
+from .saved_run import RetainedChunk, SavedRun
+from .shift_observer import combine_observers, make_diagnostics
 
 logger = logging.getLogger("jensen_kv")
 
@@ -89,7 +89,7 @@ class ChunkedARResult:
     report: dict
     seconds_per_chunk: list[float] = field(default_factory=list)
     denoise_seconds: list[float] = field(default_factory=list)
-    state: RunState | None = None
+    state: SavedRun | None = None
     cache_bytes_after_write: list[int] = field(default_factory=list)  # every (layer, branch) cache, per write
 
 
@@ -102,7 +102,7 @@ class ChunkedARRequest:
     as a fraction of the model's maximum sigma (Wan's flow matching has sigma_max = 1, so it *is* the
     sigma: 0 = clean). ``prefix``: a LATENT of existing frames written into the cache first
     (generation continues after it; ``include_prefix`` puts them in front of the output).
-    ``resume``: a :class:`RunState` from an earlier run to continue (never modified).
+    ``resume``: a :class:`SavedRun` from an earlier run to continue (never modified).
     ``keep_state``: also write the last chunk and return the state to continue from.
     ``recache_on_switch``: re-write the retained chunks when the prompt changes.
     ``observer``: sees every attention call (see :mod:`runtime.observer`).
@@ -126,7 +126,7 @@ class ChunkedARRequest:
     context_noise: float = 0.0
     prefix: dict | None = None
     include_prefix: bool = False
-    resume: RunState | None = None
+    resume: SavedRun | None = None
     keep_state: bool = False
     recache_on_switch: bool = True
     observer: Any = None
@@ -360,7 +360,7 @@ class _Job:
             raise ValueError("KV Cache Diagnostics compares the cache with full-precision keys of every cached chunk; "
                              "a loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a "
                              "cache")
-        self.run = CacheRun(config, r.window_chunks, adapter.num_layers,
+        self.run = RunCaches(config, r.window_chunks, adapter.num_layers,
                             observer=combine_observers(r.observer, self.diagnostics), sink_chunks=r.sink_chunks)
         # the clean latents of the chunks the caches hold, under the caches' rule
         self.timeline: Retained[RetainedChunk] = Retained(Retention(r.window_chunks, r.sink_chunks))
@@ -378,7 +378,7 @@ class _Job:
         self.previewer = _previewer(model, r.preview and r.progress)
         self.pbar = comfy.utils.ProgressBar(setup.plan.chunks * self.steps) if r.progress else None
         self.memory_request = None
-        self.state: RunState | None = None
+        self.state: SavedRun | None = None
         self.bytes_after_write: list[int] = []
 
     # ------------------------------------------------------------------ steps
@@ -481,7 +481,7 @@ class _Job:
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""
         r, s = self.r, self.s
-        self.state = RunState(
+        self.state = SavedRun(
             fingerprint=s.fingerprint, spec_k=s.config.spec_k, spec_v=s.config.spec_v, chunk_frames=r.chunk_frames,
             window_chunks=r.window_chunks, sink_chunks=r.sink_chunks, latent_shape=s.latent_geometry,
             next_chunk=s.first_chunk + s.plan.chunks, next_frame=s.first_frame + s.plan.frames,

@@ -6,14 +6,14 @@ import math
 import torch
 
 from ..jensen_core.methods import REGISTRY, RTN, method_of
-from .cache_run import CacheRun
 from .config import JensenKVConfig
 from .families import ModelFamily
+from .run_caches import RunCaches
 
 MIB = 2**20
 
 
-def build_report(run: CacheRun, adapter: ModelFamily, config: JensenKVConfig, *, chunks: int, chunk_frames: int,
+def build_report(run: RunCaches, adapter: ModelFamily, config: JensenKVConfig, *, chunks: int, chunk_frames: int,
                  window_chunks: int, sink_chunks: int, seconds: list[float], cfg: float, tokens_per_frame: int,
                  model_dtype: torch.dtype, first_chunk: int = 0, prefix_chunks: int = 0, prompts: list | None = None,
                  memory_request: dict | None = None, planned_bytes: int | None = None,

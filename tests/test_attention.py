@@ -16,8 +16,8 @@ from jensen_core import (
     rotate,
     unrotate,
 )
+from jensen_core.attention_shift import attention_shift
 from jensen_core.bias import query_group_norms, taylor_weights
-from jensen_core.diagnostics import attention_shift
 from jensen_core.hadamard import rotation_matrix
 from jensen_core.quant import cat_quantized
 

@@ -106,8 +106,8 @@ def test_no_correction_is_called_off_and_the_old_none_still_reads():
     from support.pack import load_pack_module
 
     from jensen_core import MODES, CacheEntry, cached_attention
+    from jensen_core.attention_shift import attention_shift
     from jensen_core.bias import check_mode
-    from jensen_core.diagnostics import attention_shift
 
     config = load_pack_module("runtime.config")
     assert "off" in MODES and "none" not in MODES and config.CORRECTION_CHOICES == MODES

@@ -357,7 +357,7 @@ def test_help_describes_causal():
     assert "--causal" in cc.__doc__ and '{"transformer": {"causal_ar": true}}' in cc.__doc__
 
 
-# ----------------------------------------------------------------------------- wrappers (issue 19, item 8)
+# ----------------------------------------------------------------------------- wrappers
 @pytest.mark.parametrize("prefix", ["model.diffusion_model.", "module.model.", "module.model.diffusion_model.",
                                     "model._orig_mod.diffusion_model."])
 def test_every_leading_wrapper_is_stripped_not_only_the_first(prefix):
@@ -366,7 +366,7 @@ def test_every_leading_wrapper_is_stripped_not_only_the_first(prefix):
     assert list(cc.strip_wrappers({prefix + "blocks.0.ffn.0.weight": torch.zeros(1)})) == ["blocks.0.ffn.0.weight"]
 
 
-# ----------------------------------------------------------------------------- checkpoints from strangers (issue 19, item 4)
+# ----------------------------------------------------------------------------- checkpoints from strangers
 def run_cli(tmp_path, capsys, state, *args) -> tuple[int, str]:
     """``main`` on ``state`` saved as a .pt: (exit status, stderr); asserts nothing was written on a refusal."""
     src, out = tmp_path / "in.pt", tmp_path / "out.safetensors"

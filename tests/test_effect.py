@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from jensen_core import ChunkCache, QuantSpec, quantize
-from jensen_core.diagnostics import attention_shift
+from jensen_core.attention_shift import attention_shift
 from jensen_core.workload import make_workload
 
 pytestmark = pytest.mark.slow  # end-to-end effect measurements on many tokens

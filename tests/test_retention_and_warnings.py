@@ -22,7 +22,7 @@ def test_the_sink_stays_and_the_window_rolls(window, sink, chunks, kept):
         marks = [int(e.k[0, 0, 0, 0]) for e in cache.entries]
     assert marks == kept
 
-    retained = load_pack_module("runtime.run_state").RetainedChunk
+    retained = load_pack_module("runtime.saved_run").RetainedChunk
     timeline = Retained(Retention(window, sink))  # what the chunk loop keeps the clean latents in
     for c in range(chunks):
         timeline.add(retained(c, 2 * c, torch.zeros(1, 16, 2, 2, 2)))

@@ -1,4 +1,4 @@
-"""The AR Video Schedule presets against what each reference feeds its model (issue 8)."""
+"""The AR Video Schedule presets against what each reference feeds its model."""
 import pytest
 import torch
 from support.pack import load_pack_module

@@ -29,7 +29,7 @@ import weakref
 import torch
 
 from ..config import WINDOW_KEY, CacheWindow, JensenKVConfig, get_config, get_window, set_window
-from ..diagnostics_observer import REQUEST_KEY, make_diagnostics
+from ..shift_observer import REQUEST_KEY, make_diagnostics
 from .session import CoreARGeometry, CoreARProtocolError, CoreARSession, CoreLayerCache
 
 logger = logging.getLogger("jensen_kv")

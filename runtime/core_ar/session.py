@@ -32,9 +32,9 @@ from torch import Tensor
 
 from ...jensen_core.cache import PreparedChunk
 from ...jensen_core.methods import method_of
-from ..cache_run import CacheRun
 from ..config import JensenKVConfig
 from ..observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+from ..run_caches import RunCaches
 
 
 @dataclass(eq=False)
@@ -130,7 +130,7 @@ class CoreARSession:
         self.config = config
         self.num_layers = num_layers
         self.window_chunks, self.sink_chunks = int(window_chunks), int(sink_chunks)
-        self.run = CacheRun(config, window_chunks, num_layers, observer=observer, sink_chunks=sink_chunks)
+        self.run = RunCaches(config, window_chunks, num_layers, observer=observer, sink_chunks=sink_chunks)
         self.layers: list[CoreLayerCache] = []
         self.geometry: CoreARGeometry | None = None
         self.call_start: int | None = None   # token where the block of the current call starts

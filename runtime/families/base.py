@@ -7,7 +7,7 @@ A family adapter knows these things about its models, and nothing about caches o
   :meth:`ModelFamily.attention_shape` reads layers, heads and head_dim without changing the model
   (the nodes check their settings against it before a run);
 - **self-attention**: :meth:`ModelFamily.install` routes every self-attention layer of a *clone*
-  through :meth:`runtime.cache_run.CacheRun.attend` (object patches, wrappers), and
+  through :meth:`runtime.run_caches.RunCaches.attend` (object patches, wrappers), and
   :meth:`ModelFamily.remove` undoes exactly that;
 - **RoPE frame offset**: the chunk's absolute first latent frame (``run.frame_offset``) must reach
   the rotary embedding, so cached keys and the current chunk sit at their true positions;
@@ -98,7 +98,7 @@ class ModelFamily(ABC):
         """ValueError naming the fix when this family cannot take ``samples`` (channels, size)."""
 
     def fingerprint(self) -> dict:
-        """The architecture facts a saved cache must match (see ``runtime.run_state``)."""
+        """The architecture facts a saved cache must match (see ``runtime.saved_run``)."""
         return {"family": self.name, "layers": self.num_layers, "heads": self.heads, "head_dim": self.head_dim}
 
     @abstractmethod

@@ -4,7 +4,7 @@ How it reaches the model (all on a *clone* of the ModelPatcher, undone in :meth:
 
 - self-attention: ``add_object_patch("diffusion_model.blocks.{i}.self_attn.forward", fn)``; ``fn``
   recomputes q, k, v exactly like ``WanSelfAttention.forward`` (projections, RMS norms, RoPE) and
-  hands them to :meth:`runtime.cache_run.CacheRun.attend`. Cross-attention to the text is left alone.
+  hands them to :meth:`runtime.run_caches.RunCaches.attend`. Cross-attention to the text is left alone.
 - RoPE offset: a ``WrappersMP.DIFFUSION_MODEL`` wrapper recomputes the rotary frequencies with the
   current chunk's absolute first frame (``rope_encode(..., t_start=offset)``) and calls
   ``forward_orig``; ComfyUI v0.3.64's ``_forward`` always starts the time axis at 0.
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ...jensen_core.geometry import LatentGeometry
-from ..run_state import weights_digest
+from ..saved_run import weights_digest
 from .base import AttentionShape, ModelFamily, Probe
 
 logger = logging.getLogger("jensen_kv")

@@ -1,4 +1,4 @@
-"""The pack behaves like the ComfyUI tools users know (issue 13): latent previews while sampling, a memory
+"""The pack behaves like the ComfyUI tools users know: latent previews while sampling, a memory
 request before the run, and no silent replacement of another pack's attention patch."""
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def test_comfyui_detection_refuses_what_it_does_not_see_as_wan_t2v(comfy, weight
 
 @pytest.mark.parametrize("drop", ["head.head.weight", "blocks.0.ffn.0.weight", "blocks.1.cross_attn.o.bias"])
 def test_an_incomplete_model_is_a_conversion_error_not_a_keyerror(comfy, weights, tmp_path, capsys, drop):
-    """Issue 19: ComfyUI's detection indexes head.head.weight and blocks.0.ffn.0.weight, so an incomplete model
+    """ComfyUI's detection indexes head.head.weight and blocks.0.ffn.0.weight, so an incomplete model
     ended in an uncaught KeyError; a missing key elsewhere loaded with the weight left random. Now the tool's
     own check refuses it (exit 2, nothing written), and its detection step turns whatever ComfyUI raises into
     a ConversionError."""

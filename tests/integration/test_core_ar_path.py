@@ -30,7 +30,7 @@ def core_ar(pack):
 
 @pytest.fixture(scope="module")
 def diag_nodes(pack):
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.nodes.diagnostics")
+    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.nodes.kv_cache_diagnostics")
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ def diag_nodes(pack):
 
 @pytest.fixture(scope="module")
 def diag_obs(pack):
-    return importlib.import_module(f"{pack.__name__}.runtime.diagnostics_observer")
+    return importlib.import_module(f"{pack.__name__}.runtime.shift_observer")
 
 
 def _sigmas(model, steps=STEPS):
@@ -137,7 +137,7 @@ def test_diagnostics_match_attention_shift_on_recorded_calls(loop, nodes, diag_n
     d = res.report["diagnostics"]
     assert d["layers"] == [1] and d["steps"] == [STEPS - 1] and d["calls"] == 3
     quant = importlib.import_module(f"{jk.__name__}.quant")
-    diagnostics = importlib.import_module(f"{jk.__name__}.diagnostics")
+    diagnostics = importlib.import_module(f"{jk.__name__}.attention_shift")
     deltas = []
     last_step_calls = [ev for ev in rec.events if ev[0] == 1][STEPS - 1::STEPS]  # the last step of each chunk
     assert len(last_step_calls) == 3

@@ -13,11 +13,11 @@ import pytest
 import torch
 from support.pack import load_pack_module
 
-obs_mod = load_pack_module("runtime.diagnostics_observer")
-plot_mod = load_pack_module("runtime.diagnostics_plot")
+obs_mod = load_pack_module("runtime.shift_observer")
+plot_mod = load_pack_module("runtime.shift_histogram")
 events = load_pack_module("runtime.observer")
 core = load_pack_module("jensen_core")
-diagnostics = load_pack_module("jensen_core.diagnostics")
+diagnostics = load_pack_module("jensen_core.attention_shift")
 summ = load_pack_module("jensen_core.shift_summary")
 quant = load_pack_module("jensen_core.quant")
 workload = load_pack_module("jensen_core.workload")

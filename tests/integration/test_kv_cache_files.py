@@ -1,4 +1,4 @@
-"""Cache files from strangers (issue 19, items 3 and 7), in-process: the Load KV Cache listing and Save KV Cache's path.
+"""Cache files from strangers, in-process: the Load KV Cache listing and Save KV Cache's path.
 
 The listing runs on ComfyUI's event loop for every ``/object_info`` and ``/prompt``: it must never open a
 FIFO or a device, never list a symlink that leads out of the folder, read at most a capped part of a
@@ -208,8 +208,8 @@ def test_a_cache_file_is_known_by_its_metadata_alone(lk, folders, monkeypatch):
 # ----------------------------------------------------------------------------- item 7: Save KV Cache's path
 @pytest.fixture
 def state(pack):
-    rs = importlib.import_module("comfyui_jensen_kv.runtime.run_state")
-    return rs.RunState(fingerprint={"family": "wan2.1", "layers": 1, "heads": 1, "head_dim": 8}, spec_k=None,
+    rs = importlib.import_module("comfyui_jensen_kv.runtime.saved_run")
+    return rs.SavedRun(fingerprint={"family": "wan2.1", "layers": 1, "heads": 1, "head_dim": 8}, spec_k=None,
                        spec_v=None, chunk_frames=1, window_chunks=0, sink_chunks=0, latent_shape=(1, 16, 2, 2),
                        next_chunk=0, next_frame=0, branches=[0], active_prompt="", caches={})
 

@@ -1,4 +1,4 @@
-"""Long videos (issue 10) on a tiny Wan: continue later from a saved cache, extend a clip, prompt schedules.
+"""Long videos on a tiny Wan: continue later from a saved cache, extend a clip, prompt schedules.
 
 The central property: 4 chunks in one run give the same latents, bit for bit, as 2 chunks -> save
 -> load -> 2 more chunks with the same seed, at every bit width and with and without the correction.
@@ -18,7 +18,7 @@ FRAMES, CHUNK, STEPS = 8, 2, 2
 
 @pytest.fixture(scope="module")
 def rs(pack):
-    return importlib.import_module("comfyui_jensen_kv.runtime.run_state")
+    return importlib.import_module("comfyui_jensen_kv.runtime.saved_run")
 
 
 def _sigmas(model):
@@ -57,7 +57,7 @@ def test_continue_later_equals_one_long_run_bit_for_bit(loop, nodes, tiny, rs, t
     first = _run(loop, model, FRAMES // 2, window_chunks=2, sink_chunks=1, keep_state=True)
     path = str(tmp_path / "state.safetensors")
     first.state.save(path)
-    state = rs.load_run_state(path)
+    state = rs.load_saved_run(path)
     assert (state.next_chunk, state.next_frame) == (2, FRAMES // 2)
     second = _run(loop, model, FRAMES // 2, window_chunks=2, sink_chunks=1, resume=state)
     assert torch.equal(first.samples, whole[:, :, : FRAMES // 2])
@@ -75,10 +75,10 @@ def test_continue_later_under_cfg_keeps_both_branches(loop, nodes, tiny, rs, tmp
     assert sorted(first.state.branches) == [0, 1]
     path = str(tmp_path / "s.safetensors")
     first.state.save(path)
-    second = _run(loop, model, FRAMES // 2, cfg=3.0, resume=rs.load_run_state(path))
+    second = _run(loop, model, FRAMES // 2, cfg=3.0, resume=rs.load_saved_run(path))
     assert torch.equal(torch.cat([first.samples, second.samples], dim=2), whole)
     with pytest.raises(ValueError, match="CFG branches"):
-        _run(loop, model, 2, cfg=1.0, resume=rs.load_run_state(path))
+        _run(loop, model, 2, cfg=1.0, resume=rs.load_saved_run(path))
 
 
 def test_a_cache_from_elsewhere_is_refused_with_the_reason(loop, nodes, tiny, rs, tmp_path):
@@ -88,7 +88,7 @@ def test_a_cache_from_elsewhere_is_refused_with_the_reason(loop, nodes, tiny, rs
     state.save(path)
 
     def load():
-        return rs.load_run_state(path)
+        return rs.load_saved_run(path)
 
     other_weights = _model(nodes, wan_tiny.build_patcher(seed=9), "2", "taylor")
     with pytest.raises(ValueError, match="model weights with digest"):
@@ -119,22 +119,22 @@ def test_truncated_or_edited_files_are_refused(loop, nodes, tiny, rs, tmp_path):
     data = path.read_bytes()
     (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(ValueError, match="not a readable safetensors file"):
-        rs.load_run_state(str(tmp_path / "cut.safetensors"))
+        rs.load_saved_run(str(tmp_path / "cut.safetensors"))
     flipped = bytearray(data)
     flipped[-5] ^= 0xFF  # a byte of tensor data
     (tmp_path / "flip.safetensors").write_bytes(bytes(flipped))
     with pytest.raises(ValueError, match="does not match its recorded SHA-256"):
-        rs.load_run_state(str(tmp_path / "flip.safetensors"))
+        rs.load_saved_run(str(tmp_path / "flip.safetensors"))
     edited = data.replace(b'\\"next_frame\\": 4', b'\\"next_frame\\": 9')
     assert edited != data
     (tmp_path / "meta.safetensors").write_bytes(edited)
     with pytest.raises(ValueError, match="SHA-256"):
-        rs.load_run_state(str(tmp_path / "meta.safetensors"))
+        rs.load_saved_run(str(tmp_path / "meta.safetensors"))
     from safetensors.torch import save_file
 
     save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"), metadata={"format": "something"})
     with pytest.raises(ValueError, match="not a Jensen KV cache file"):
-        rs.load_run_state(str(tmp_path / "other.safetensors"))
+        rs.load_saved_run(str(tmp_path / "other.safetensors"))
 
 
 def test_consistent_but_wrong_shapes_are_refused(loop, nodes, tiny, rs, tmp_path):
@@ -155,7 +155,7 @@ def test_consistent_but_wrong_shapes_are_refused(loop, nodes, tiny, rs, tmp_path
     meta["sha256"] = rs._digest(tensors, meta["state"])
     save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
     with pytest.raises(ValueError, match="does not match its recorded shape"):
-        rs.load_run_state(str(tmp_path / "bad.safetensors"))
+        rs.load_saved_run(str(tmp_path / "bad.safetensors"))
     st = json.loads(meta["state"])
     st["fingerprint"]["heads"] = 3
     meta2 = {**meta, "state": json.dumps(st)}
@@ -164,7 +164,7 @@ def test_consistent_but_wrong_shapes_are_refused(loop, nodes, tiny, rs, tmp_path
     meta2["sha256"] = rs._digest(tensors, meta2["state"])
     save_file(tensors, str(tmp_path / "bad2.safetensors"), metadata=meta2)
     with pytest.raises(ValueError, match="not \\(1, 3, 32\\) as the metadata says"):
-        rs.load_run_state(str(tmp_path / "bad2.safetensors"))
+        rs.load_saved_run(str(tmp_path / "bad2.safetensors"))
 
 
 # ----------------------------------------------------------------------------------------- extend a clip
@@ -270,7 +270,7 @@ def test_resume_across_a_prompt_switch_equals_the_one_run_schedule(loop, tiny, r
     first = _run(loop, tiny, FRAMES // 2, positive=_schedule(ps, switch_at), keep_state=True, **kw)
     path = str(tmp_path / "state.safetensors")
     first.state.save(path)
-    second = _run(loop, tiny, FRAMES // 2, positive=_schedule(ps, switch_at), resume=rs.load_run_state(path), **kw)
+    second = _run(loop, tiny, FRAMES // 2, positive=_schedule(ps, switch_at), resume=rs.load_saved_run(path), **kw)
     assert torch.equal(first.samples, whole.samples[:, :, : FRAMES // 2])
     assert torch.equal(second.samples, whole.samples[:, :, FRAMES // 2:])
     assert [(p["label"], p["recached_chunks"]) for p in second.report["prompts"]] == [("A", 0), ("B", 2)]
@@ -283,9 +283,9 @@ def test_a_second_continuation_reports_its_next_frame_and_equals_one_long_run(lo
     part = FRAMES // 2  # 2 chunks per run
     first = _run(loop, model, part, keep_state=True, **kw)
     first.state.save(str(tmp_path / "one.safetensors"))
-    second = _run(loop, model, part, keep_state=True, resume=rs.load_run_state(str(tmp_path / "one.safetensors")), **kw)
+    second = _run(loop, model, part, keep_state=True, resume=rs.load_saved_run(str(tmp_path / "one.safetensors")), **kw)
     second.state.save(str(tmp_path / "two.safetensors"))
-    state = rs.load_run_state(str(tmp_path / "two.safetensors"))
+    state = rs.load_saved_run(str(tmp_path / "two.safetensors"))
     assert (state.next_chunk, state.next_frame) == (4, 2 * part)
     assert second.report["first_chunk"] == 2
     third = _run(loop, model, part, resume=state, **kw)

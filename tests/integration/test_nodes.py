@@ -196,7 +196,7 @@ def test_ksampler_variant_equals_sampler_with_the_same_sigmas(nodes, tiny):
     inputs = _sampler_inputs(tiny)
     for name in ("sampler", "sigmas", "cfg"):
         inputs.pop(name)
-    simple = nodes.JensenKVChunkedARSamplerSimple.execute(tiny, steps=3, cfg=1.0, sampler_name="euler",
+    simple = nodes.JensenKVChunkedARKSampler.execute(tiny, steps=3, cfg=1.0, sampler_name="euler",
                                                           scheduler="normal", **inputs).args[0]
     ks = comfy.samplers.KSampler(tiny, steps=3, device=tiny.load_device, sampler="euler", scheduler="normal")
     full = nodes.JensenKVChunkedARSampler.execute(tiny, cfg=1.0, sampler=comfy.samplers.sampler_object("euler"),

@@ -1,4 +1,4 @@
-"""What a user with real weights would see against the reference samplers (issue 8), on a tiny Wan.
+"""What a user with real weights would see against the reference samplers, on a tiny Wan.
 
 - every chunk draws its own noise (initial and per-step), black-box: with a model whose output is
   zero, the LCM outputs of different chunks are uncorrelated (and the test catches the old bug);

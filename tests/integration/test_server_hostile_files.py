@@ -1,4 +1,4 @@
-"""Files from strangers in a live ComfyUI server (issue 19, item 3): the Load KV Cache listing cannot freeze it.
+"""Files from strangers in a live ComfyUI server: the Load KV Cache listing cannot freeze it.
 
 The listing runs on the server's event loop for every ``/object_info`` and ``/prompt``. With a FIFO
 named ``x.safetensors`` in output/ and input/ (anyone who reaches the server can put files in input/),
@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(support_comfyui.find_comfyui() is None, reason=support_comfyui.SKIP_REASON),
 ]
 
-FORMAT = "jensen_kv_run_state"  # what Save KV Cache writes in the metadata (runtime/run_state.py FORMAT)
+FORMAT = "jensen_kv_run_state"  # what Save KV Cache writes in the metadata (runtime/saved_run.py FORMAT)
 NODE = "JensenKVLoadKVCache"
 #: generous: /system_stats takes milliseconds; a frozen event loop never answers
 ANSWER_WITHIN_S = 15.0

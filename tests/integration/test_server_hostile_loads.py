@@ -1,4 +1,4 @@
-"""Cache files from strangers loaded in a live ComfyUI server (issue 19, items 1 and 2).
+"""Cache files from strangers loaded in a live ComfyUI server (hostile metadata, half-true state).
 
 Anyone who reaches a server can put a file in input/ (``/upload/image``). Re-signed files (the SHA-256
 has no key) that repeat one (layer, branch) pair 100,000 times or claim a million frames before them
@@ -15,7 +15,7 @@ import time
 import urllib.error
 
 import pytest
-from support.run_state_files import craft, make_state
+from support.saved_run_files import craft, make_state
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.server]
 

@@ -1,4 +1,4 @@
-"""Long videos in a live ComfyUI (issues 8 and 10): AR Video Schedule, Prompt Schedule, Save / Load KV Cache.
+"""Long videos in a live ComfyUI: AR Video Schedule, Prompt Schedule, Save / Load KV Cache.
 
 Continue-later through real files: prompt 1 makes 4 chunks in one go; prompt 2 makes the first 2 and
 saves its KV cache; prompt 3 loads that file and makes 2 more. The latents of 3 equal the last two

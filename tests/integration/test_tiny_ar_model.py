@@ -1,4 +1,4 @@
-"""The pack's trained tiny AR model (issue 9): a loadable Wan 2.1 checkpoint that really uses its cache.
+"""The pack's trained tiny AR model: a loadable Wan 2.1 checkpoint that really uses its cache.
 
 - the committed checkpoint is small, half precision, and ComfyUI detects it as Wan 2.1 T2V;
 - on held-out videos the next-chunk flow-matching loss with the video's own cached context is at

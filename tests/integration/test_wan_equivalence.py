@@ -162,7 +162,7 @@ def _shift(ev, k_ref, v_ref):
     else:
         ks, vs = torch.cat(ks, dim=-2), torch.cat(vs, dim=-2)
     mode = ev["correction"]
-    return _core("diagnostics").attention_shift(ev["q"], k_ref, v_ref, ev["k_cur"], ev["v_cur"], ks, vs,
+    return _core("attention_shift").attention_shift(ev["q"], k_ref, v_ref, ev["k_cur"], ev["v_cur"], ks, vs,
                                                 correction=mode, strength=ev["strength"])
 
 

@@ -32,7 +32,7 @@ def build(weight_dtype, compute_dtype):
 def sample(nodes, model):
     q = nodes.JensenKVQuantizeKVCache.execute(model, "2", "2", "16", "hadamard", "fp8_e4m3", 0).args[0]
     j = nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0).args[0]
-    out = nodes.JensenKVChunkedARSamplerSimple.execute(
+    out = nodes.JensenKVChunkedARKSampler.execute(
         j, wan_tiny.conditioning(1, 16, 32), wan_tiny.conditioning(2, 16, 32), wan_tiny.video_latent(4, 4, 4),
         3, 2, 2.0, "euler", "simple", 2, 0, 0.0)
     return out.args[0]["samples"]
@@ -43,16 +43,16 @@ def sample(nodes, model):
     (torch.float8_e4m3fn, torch.float16),
 ], ids=["bf16", "fp16", "fp8-bf16", "fp8-fp16"])
 def test_low_precision_weights_feed_the_cache_in_the_compute_dtype(nodes, monkeypatch, weight_dtype, compute_dtype):
-    cache_run = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.cache_run")
+    run_caches = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.run_caches")
     seen = set()
-    original = cache_run.CacheRun.attend
+    original = run_caches.RunCaches.attend
 
     def spy(self, layer, q, k, v, transformer_options):
         seen.update((type(t), t.dtype) for t in (q, k, v))
         return original(self, layer, q, k, v, transformer_options)
 
     reference = sample(nodes, build(torch.float32, None))
-    monkeypatch.setattr(cache_run.CacheRun, "attend", spy)
+    monkeypatch.setattr(run_caches.RunCaches, "attend", spy)
     model = build(weight_dtype, compute_dtype)
     assert model.model.diffusion_model.blocks[0].self_attn.k.weight.dtype == weight_dtype
     out = sample(nodes, model)

@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 
 from .pack import load_pack_module
 
-rs = load_pack_module("runtime.run_state")
+rs = load_pack_module("runtime.saved_run")
 jk = load_pack_module("jensen_core")
 cache_mod = load_pack_module("jensen_core.cache")
 ChunkCache, QuantSpec = jk.ChunkCache, jk.QuantSpec
@@ -48,7 +48,7 @@ def make_state(*, spec_k=INT2, spec_v=INT2, chunks=4, chunk_frames=2, window=1, 
             while window and len(retained) - sink_held > window:
                 del retained[sink_held]
         offset += frames
-    return rs.RunState(
+    return rs.SavedRun(
         fingerprint={"family": "wan", "layers": LAYERS, "heads": HEADS, "head_dim": HEAD_DIM, "weights": "ab" * 16},
         spec_k=spec_k, spec_v=spec_v, chunk_frames=chunk_frames, window_chunks=window, sink_chunks=sink,
         latent_shape=LATENT, next_chunk=chunks, next_frame=offset, branches=list(branches), active_prompt="p0",

@@ -23,7 +23,7 @@ def ksampler_sigmas(model, steps: int, sampler_name: str, scheduler: str):
     return ks.sigmas.cpu()
 
 
-class JensenKVChunkedARSamplerSimple(io.ComfyNode):
+class JensenKVChunkedARKSampler(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
         return io.Schema(

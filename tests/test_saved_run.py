@@ -1,10 +1,10 @@
-"""Run-state files from strangers (issue 19, items 1, 2, 5, 6 and 8's refusals), without ComfyUI.
+"""Run-state files from strangers (hostile metadata, half-true state, refusals), without ComfyUI.
 
 The SHA-256 of a cache file has no key: anyone can edit a file and record the new digest. So every
 crafted file here is *re-signed* (its digest recomputed) and must still be refused, by the
 structure checks, with one ValueError naming the field and what was expected, and before any
 tensor work where the metadata alone is wrong. Each file is built in the test from a real state of
-a tiny model-free run (``support/run_state_files.py``).
+a tiny model-free run (``support/saved_run_files.py``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import tracemalloc
 import pytest
 import torch
 from safetensors.torch import save_file
-from support.run_state_files import (
+from support.saved_run_files import (
     HEADS,
     INT2,
     INT4,
@@ -42,7 +42,7 @@ RAW_ERRORS = ("AttributeError", "IndexError", "RecursionError", "KeyError", "Typ
 def refused(path, match, **kw) -> str:
     """The ValueError a load raises; it must name ``match`` and carry none of Python's raw error texts."""
     with pytest.raises(ValueError) as info:
-        rs.load_run_state(str(path), **kw)
+        rs.load_saved_run(str(path), **kw)
     message = str(info.value)
     assert type(info.value) is ValueError, type(info.value)
     assert os.path.basename(str(path)) in message
@@ -84,7 +84,7 @@ def test_a_saved_state_loads_back_bit_for_bit(tmp_path, kw):
     state = make_state(**kw)
     path = str(tmp_path / "s.safetensors")
     state.save(path)
-    back = rs.load_run_state(path)
+    back = rs.load_saved_run(path)
     assert (back.next_chunk, back.next_frame, back.branches) == (state.next_chunk, state.next_frame, state.branches)
     assert [(r.chunk, r.frame_offset) for r in back.retained] == [(r.chunk, r.frame_offset) for r in state.retained]
     assert all(torch.equal(a.latent, b.latent) for a, b in zip(back.retained, state.retained))
@@ -132,7 +132,7 @@ def test_a_file_written_before_the_minima_were_renamed_loads_bit_for_bit(tmp_pat
         record = cache_meta(old, layer, branch)
         assert record["version"] == 3
         set_cache_meta(old, {**record, "version": 2}, layer, branch)
-    back = rs.load_run_state(resign(tmp_path / "old.safetensors", meta, old))
+    back = rs.load_saved_run(resign(tmp_path / "old.safetensors", meta, old))
     assert back.caches.keys() == state.caches.keys()
     for key, cache in state.caches.items():
         mine, theirs = back.caches[key].state_dict(), cache.state_dict()
@@ -178,7 +178,7 @@ def test_an_interrupt_stops_a_load_between_reads(tmp_path):
     path = str(tmp_path / "s.safetensors")
     make_state().save(path)
     calls = []
-    rs.load_run_state(path, check_interrupt=lambda: calls.append(1))
+    rs.load_saved_run(path, check_interrupt=lambda: calls.append(1))
     assert len(calls) > 10  # per block hashed, per cache, per tensor read
 
     class Interrupted(Exception):
@@ -195,7 +195,7 @@ def test_an_interrupt_stops_a_load_between_reads(tmp_path):
     for n in (1, 5, 30):
         calls.clear()
         with pytest.raises(Interrupted):
-            rs.load_run_state(path, check_interrupt=interrupt_at(n))
+            rs.load_saved_run(path, check_interrupt=interrupt_at(n))
         assert len(calls) == n  # it stopped at once
 
 
@@ -539,7 +539,7 @@ def test_a_loaded_file_is_hashed_and_read_without_copies_on_the_python_heap(tmp_
     state.save(path)
     assert os.path.getsize(path) > 20 << 20
     back = {}
-    peak = _peak(lambda: back.setdefault("state", rs.load_run_state(path)))
+    peak = _peak(lambda: back.setdefault("state", rs.load_saved_run(path)))
     assert peak < 3 << 20, peak  # hashing a copy of one tensor would be 4 MiB
     assert torch.equal(back["state"].retained[0].latent, state.retained[0].latent)
 
@@ -638,10 +638,10 @@ def test_each_compared_field_is_refused_on_its_own(change, match):
 
 
 def test_save_never_writes_through_a_symlink_planted_under_the_old_temporary_name(tmp_path):
-    """RunState.save used ``{path}.tmp-{pid}``: a symlink at that name in output/ redirected the write outside."""
+    """SavedRun.save used ``{path}.tmp-{pid}``: a symlink at that name in output/ redirected the write outside."""
     import os
 
-    from support import run_state_files as rsf
+    from support import saved_run_files as rsf
 
     state = rsf.make_state()
     outside = tmp_path / "outside.bin"

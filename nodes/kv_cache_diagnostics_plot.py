@@ -1,14 +1,14 @@
 """KV Cache Diagnostics Plot (report -> IMAGE, STRING): the paper's Fig. 4 from a sampler's report.
 
 ΔP_S histograms before and after the correction and a text summary, drawn by
-``runtime/diagnostics_plot.py`` from the ``diagnostics`` entry that KV Cache Diagnostics asks the
+``runtime/shift_histogram.py`` from the ``diagnostics`` entry that KV Cache Diagnostics asks the
 Chunked AR sampler to put in its report.
 """
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from ..runtime.diagnostics_plot import diagnostics_text, image_tensor, render_histogram
+from ..runtime.shift_histogram import diagnostics_text, image_tensor, render_histogram
 from .common import CATEGORY, JensenKVReport, advanced, logger, node_message
 
 NO_DIAGNOSTICS = (

@@ -1,4 +1,4 @@
-"""The state of a Chunked AR run, to continue it later (the ``JENSEN_KV_CACHE`` link type).
+"""A Chunked AR run saved to continue it later (the ``JENSEN_KV_CACHE`` link type).
 
 Everything the next chunk needs: every layer's and CFG branch's quantized cache (sink included),
 the next chunk index and RoPE frame, the specs, window and sink, the prompt the retained chunks were
@@ -11,7 +11,7 @@ with a SHA-256 over the state JSON and every tensor's name, shape, dtype and byt
 What the SHA-256 is, and is not: a check against corruption (a truncated download, a flipped
 byte, a file cut short by a full disk). It has no key, so it is not a signature: anyone can edit a
 file and record the new digest, and a file from someone else is exactly as trustworthy as they
-are. So a file is never trusted for being signed: :func:`load_run_state` treats every file as
+are. So a file is never trusted for being signed: :func:`load_saved_run` treats every file as
 written by a stranger. It reads the header with a size cap, checks the digest by streaming the
 file (no tensor is copied to hash it), then checks the state's whole structure before any tensor
 is read: unique (layer, branch) pairs, exactly one per layer and CFG branch; exactly the retained
@@ -21,7 +21,7 @@ record (:func:`~jensen_core.cache.read_meta`: chunk count within window + sink, 
 against the state, and only then its tensors. Every refusal is one ValueError naming the field and
 what was expected; memory goes to what the file really holds, never to a number it claims; a
 caller's ``check_interrupt`` runs between reads. Nothing is half-loaded: the state is returned only
-when all of it checked out. :meth:`RunState.check_compatible` then refuses a state made with another
+when all of it checked out. :meth:`SavedRun.check_compatible` then refuses a state made with another
 model, spec, head count, chunk length, window, sink or latent size, naming which. No ComfyUI import here.
 """
 from __future__ import annotations
@@ -89,7 +89,7 @@ class RetainedChunk:
 
 
 @dataclass
-class RunState:
+class SavedRun:
     fingerprint: dict
     spec_k: QuantSpec | None
     spec_v: QuantSpec | None
@@ -136,7 +136,7 @@ class RunState:
             "info": self.info,
         }
 
-    def to(self, device) -> RunState:
+    def to(self, device) -> SavedRun:
         """Move the caches to ``device`` (where the model attends); returns self."""
         for cache in self.caches.values():
             cache.to(device)
@@ -202,7 +202,7 @@ class RunState:
 
 
 def _digest(tensors: dict[str, Tensor], state: str) -> str:
-    """SHA-256 over the state JSON and every tensor (name, shape, dtype, bytes): what :meth:`RunState.save` records.
+    """SHA-256 over the state JSON and every tensor (name, shape, dtype, bytes): what :meth:`SavedRun.save` records.
 
     Each tensor's bytes are hashed where they lie (a uint8 view of a contiguous CPU tensor), not copied."""
     h = hashlib.sha256()
@@ -389,8 +389,8 @@ def _no_interrupt() -> None:
     return None
 
 
-def load_run_state(path: str, *, check_interrupt: Callable[[], None] | None = None) -> RunState:
-    """Read a state written by :meth:`RunState.save` (on the CPU; :meth:`RunState.to` moves it).
+def load_saved_run(path: str, *, check_interrupt: Callable[[], None] | None = None) -> SavedRun:
+    """Read a state written by :meth:`SavedRun.save` (on the CPU; :meth:`SavedRun.to` moves it).
 
     In this order, each step before any work of the next: the header (bounded, checked whole), the
     format and version, the SHA-256 (streamed from the file), the state record's structure against
@@ -469,7 +469,7 @@ def _short(value) -> str:
 
 
 def _index(text: str) -> int | None:
-    """A tensor-name part that spells a whole number as :meth:`RunState.save` writes it ("0", "12"; not "01", "+1")."""
+    """A tensor-name part that spells a whole number as :meth:`SavedRun.save` writes it ("0", "12"; not "01", "+1")."""
     if text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0")) and len(text) <= 10:
         return int(text)
     return None
@@ -636,7 +636,7 @@ def _span(indices: list[int]) -> str:
     return str(indices) if len(indices) <= 8 else f"[{', '.join(map(str, indices[:4]))}, ..., {indices[-1]}]"
 
 
-def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> RunState:
+def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
     """Read each cache (its record first, checked against the state, then its tensors) and the retained latents."""
     batch, _, _, _ = plan.latent_shape
     want = tuple(None if s is None else s.to_dict() for s in (plan.spec_k, plan.spec_v))
@@ -691,7 +691,7 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> RunState:
     for r in plan.retained:
         tick()
         retained.append(RetainedChunk(r.chunk, r.frame_offset, f.read(r.tensor)))
-    return RunState(
+    return SavedRun(
         fingerprint=plan.fingerprint, spec_k=plan.spec_k, spec_v=plan.spec_v, chunk_frames=plan.chunk_frames,
         window_chunks=plan.window_chunks, sink_chunks=plan.sink_chunks, latent_shape=plan.latent_shape,
         next_chunk=plan.next_chunk, next_frame=plan.next_frame, branches=plan.branches,

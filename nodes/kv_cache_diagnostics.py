@@ -3,16 +3,16 @@
 The node marks a cloned MODEL; the Chunked AR sampler then compares, for the sampled layers, heads
 and steps, the attention over its quantized cache (with and without the Jensen correction) against
 full-precision attention on the same queries, and puts the numbers in its report under
-``diagnostics`` (see ``runtime/diagnostics_observer.py``). Without this node the sampler runs no
-diagnostics and pays nothing. KV Cache Diagnostics Plot (``diagnostics_plot.py``) draws the report.
+``diagnostics`` (see ``runtime/shift_observer.py``). Without this node the sampler runs no
+diagnostics and pays nothing. KV Cache Diagnostics Plot (``kv_cache_diagnostics_plot.py``) draws the report.
 """
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
 from ..runtime.core_ar import attach
-from ..runtime.diagnostics_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
 from ..runtime.families import attention_shape
+from ..runtime.shift_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
 from .common import CATEGORY, logger
 
 

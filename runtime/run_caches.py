@@ -1,7 +1,7 @@
-"""Per-run state of a Chunked AR run: the KV caches of every (layer, CFG branch) and the chunk being made.
+"""The KV caches of a Chunked AR run in progress: one per (layer, CFG branch), and the chunk being made.
 
 Family-independent: a model family's adapter (``runtime/families/``) routes each self-attention
-call of the patched model to :meth:`CacheRun.attend` with post-RoPE q, k, v of shape
+call of the patched model to :meth:`RunCaches.attend` with post-RoPE q, k, v of shape
 (batch, heads, tokens, head_dim); this class picks the cache of that layer and CFG branch,
 attends over it with :meth:`jensen_core.ChunkCache.attend` and, in the write phase, appends the
 chunk. No ComfyUI import here.
@@ -17,8 +17,8 @@ from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 
 
-class CacheRun:
-    """Per-run state: the caches of every (layer, CFG branch), the current chunk and phase."""
+class RunCaches:
+    """The caches of every (layer, CFG branch) of a run in progress, the current chunk and phase."""
 
     def __init__(self, config: JensenKVConfig, window_chunks: int, num_layers: int, observer=None, sink_chunks: int = 0):
         self.config = config

@@ -1,6 +1,6 @@
-"""Loading a saved run state inside ComfyUI (issue 19, items 1 and 2).
+"""Loading a saved run state inside ComfyUI (hostile metadata, half-true state).
 
-The file checks themselves need no ComfyUI (``tests/test_run_state.py``); here: the Load KV Cache node
+The file checks themselves need no ComfyUI (``tests/test_saved_run.py``); here: the Load KV Cache node
 passes ComfyUI's interrupt check to the loader, so an interrupt stops a load, and a resumed run asks
 ComfyUI for memory for the chunks the state really holds, never for a number the state claims.
 """

@@ -5,14 +5,14 @@ The **KV Cache Diagnostics** node stores a :class:`DiagnosticsRequest` on a clon
 one, it builds a :class:`DiagnosticsObserver` for the run (see ``chunk_loop.run_chunked_ar``); without
 one, no observer exists and the run pays nothing.
 
-The observer sees every self-attention call of the sampled layers (``nodes.observer``):
+The observer sees every self-attention call of the sampled layers (``runtime.observer``):
 
 - write phase: the chunk's full-precision post-RoPE K/V, just before the cache quantizes and appends
   them. It keeps a clone of the sampled heads (the *shadow*), kept under the cache's own
   :class:`~jensen_core.retention.Retention`.
 - denoising phase, sampled steps, chunks >= 1: it compares attention over the cache as the run read it
   (``event.cache.entries``) with the full-precision shadow on the same queries, using
-  :func:`jensen_core.diagnostics.attention_shift`, once without correction ("off") and once with the
+  :func:`jensen_core.attention_shift.attention_shift`, once without correction ("off") and once with the
   run's correction and strength (or, if the run applied none, with the full "taylor" correction as a
   what-if).
 
@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from ..jensen_core import StoredTensor, method_of
+from ..jensen_core.attention_shift import attention_shift
 from ..jensen_core.bias import check_mode
-from ..jensen_core.diagnostics import attention_shift
 from ..jensen_core.quant import cat_quantized
 from ..jensen_core.retention import Retained, Retention
 from ..jensen_core.shift_summary import ShiftAccumulator, common_histogram
