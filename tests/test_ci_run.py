@@ -7,6 +7,7 @@ it installs where (the system Python, the oldest ComfyUI's virtual environment),
 and arguments of both pytest runs. The stand-in logs ``CALL`` for the system Python and ``VENV`` for the
 environment's (``-m venv`` makes one whose ``bin/python`` is the stand-in again).
 """
+
 from __future__ import annotations
 
 import os
@@ -35,13 +36,17 @@ if [ "$1 $2" = "-m pytest" ]; then
   echo "$tag ENV CI=${CI:-} COMFYUI_PATH=${COMFYUI_PATH:-} COMFYUI_GGUF_PATH=${COMFYUI_GGUF_PATH:-}" >> "$log"
   if [ -n "${FAKE_FAIL_FOR:-}" ] && [ "${COMFYUI_PATH:-}" = "$FAKE_FAIL_FOR" ]; then exit 1; fi
 fi
-if [ "$1 $2" = "-m ruff" ] && [ -n "${FAKE_FAIL_LINT:-}" ]; then exit 1; fi
+if [ "$1 $2 $3" = "-m ruff check" ] && [ -n "${FAKE_FAIL_LINT:-}" ]; then exit 1; fi
+if [ "$1 $2 $3" = "-m ruff format" ] && [ -n "${FAKE_FAIL_FORMAT:-}" ]; then exit 1; fi
 exit 0
 """
 
-OLD_REQUIREMENTS = "comfyui-frontend-package==1.27.10\ntorch\ntorchsde\ntorchvision\ntorchaudio\ntorch>=2.1\nnumpy>=1.25.0\n"
-NEW_REQUIREMENTS = ("comfyui-frontend-package==1.45.20\ntorch\ntorchsde\ntorchvision\ntorchaudio\nnumpy>=1.25.0\n"
-                    "comfy-aimdo==0.4.10\n")
+OLD_REQUIREMENTS = (
+    "comfyui-frontend-package==1.27.10\ntorch\ntorchsde\ntorchvision\ntorchaudio\ntorch>=2.1\nnumpy>=1.25.0\n"
+)
+NEW_REQUIREMENTS = (
+    "comfyui-frontend-package==1.45.20\ntorch\ntorchsde\ntorchvision\ntorchaudio\nnumpy>=1.25.0\ncomfy-aimdo==0.4.10\n"
+)
 MAIN_RUN = "-m pytest -q"
 OLDEST_RUN = "-m pytest -q -m (comfyui or server or browser) and not core_ar"
 
@@ -94,8 +99,9 @@ def run_ci(sandbox, **env):
     drop = ("COMFYUI_PATH", "COMFYUI_OLDEST_PATH", "COMFYUI_OLDEST_VENV", "COMFYUI_GGUF_PATH", "CI")
     environ = {k: v for k, v in os.environ.items() if k not in drop}
     environ.update(PYTHON=str(bin_dir / "python"), PATH=f"{bin_dir}:{environ['PATH']}", **env)
-    r = subprocess.run(["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True, env=environ,
-                       timeout=120)
+    r = subprocess.run(
+        ["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True, env=environ, timeout=120
+    )
     return r, (log.read_text().splitlines() if log.exists() else [])
 
 
@@ -118,16 +124,23 @@ def test_runs_the_readme_command_against_v027_then_the_comfyui_tests_against_v03
     # the system Python: the torch trio, the pack with its extras, v0.27's requirements
     installs = [c for c in calls if c.startswith("CALL -m pip install")]
     assert all(p in installs[0] for p in ("torch==2.14.1", "torchvision==0.29.1", "torchaudio==2.11.1"))
-    assert installs[1].endswith('-e .[test,browser]')
+    assert installs[1].endswith("-e .[test,browser]")
     assert installs[2].endswith("requests") and " -r " in installs[2]
     assert [c.removeprefix("CALL REQ ") for c in calls if c.startswith("CALL REQ ")] == [
-        "comfyui-frontend-package==1.45.20", "torchsde", "numpy>=1.25.0", "comfy-aimdo==0.4.10"]
+        "comfyui-frontend-package==1.45.20",
+        "torchsde",
+        "numpy>=1.25.0",
+        "comfy-aimdo==0.4.10",
+    ]
     # the oldest ComfyUI's environment: sees the system's packages, gets v0.3.64's pins over them
     assert f"CALL -m venv --system-site-packages --without-pip {venv}" in calls
     venv_installs = [c for c in calls if c.startswith("VENV -m pip install")]
     assert len(venv_installs) == 1 and venv_installs[0].endswith("requests") and " -r " in venv_installs[0]
     assert [c.removeprefix("VENV REQ ") for c in calls if c.startswith("VENV REQ ")] == [
-        "comfyui-frontend-package==1.27.10", "torchsde", "numpy>=1.25.0"]
+        "comfyui-frontend-package==1.27.10",
+        "torchsde",
+        "numpy>=1.25.0",
+    ]
 
     # two pytest runs, both under CI=true: the README's command on v0.27, the ComfyUI tests on v0.3.64
     (main, main_env), (oldest, oldest_env) = pytest_runs(calls)
@@ -169,6 +182,20 @@ def test_ruff_check_runs_before_the_tests_and_a_finding_fails_ci_after_both_runs
     assert r.returncode == 1
     assert len(pytest_runs(calls)) == 2  # the tests still run
     assert "ruff check .: exit 1" in r.stdout
+
+
+def test_ruff_format_check_runs_before_the_tests_and_unformatted_code_fails_ci_after_both_runs(sandbox):
+    tmp, _, _ = sandbox
+    fake_shared(tmp)
+    r, calls = run_ci(sandbox)
+    assert r.returncode == 0, r.stderr
+    fmt = calls.index("CALL -m ruff format --check .")
+    assert fmt < calls.index(f"CALL {MAIN_RUN}")
+    assert "ruff format --check .: exit 0" in r.stdout
+    r, calls = run_ci(sandbox, FAKE_FAIL_FORMAT="1")
+    assert r.returncode == 1
+    assert len(pytest_runs(calls)) == 2  # the tests still run
+    assert "ruff format --check .: exit 1" in r.stdout
 
 
 def test_the_test_extra_pins_the_ruff_that_pre_commit_runs():
