@@ -3,6 +3,7 @@
 Importable without ComfyUI (so ``pytest`` and ``python -m jensen_core`` work anywhere): the node
 classes are imported only when ComfyUI calls :func:`comfy_entrypoint`.
 """
+
 WEB_DIRECTORY = "./web"
 
 

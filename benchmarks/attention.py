@@ -25,6 +25,7 @@ Targets:
   peak extra memory of one attend / one layer's window (K+V, compute dtype) <= 1.0
   stored bytes / BF16 bytes == effective_bits / 16 within 1%
 """
+
 from __future__ import annotations
 
 import argparse
@@ -124,20 +125,37 @@ def measure_memory(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
 
 def memory_in_child(dname: str, device: torch.device, args) -> dict:
     """Run :func:`measure_memory` in a fresh process whose allocator returns freed memory at once."""
-    cmd = [sys.executable, __file__, "--memory-child", "--dtypes", dname, "--device", str(device), "--heads", str(args.heads),
-           "--chunk-tokens", str(args.chunk_tokens), "--cached-chunks", str(args.cached_chunks), "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-child",
+        "--dtypes",
+        dname,
+        "--device",
+        str(device),
+        "--heads",
+        str(args.heads),
+        "--chunk-tokens",
+        str(args.chunk_tokens),
+        "--cached-chunks",
+        str(args.cached_chunks),
+        "--threads",
+        str(args.threads),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def _legacy(fn):
     """``fn`` on the first release's path (see the module docstring)."""
+
     def call():
         attention._LEGACY = True
         try:
             return fn()
         finally:
             attention._LEGACY = False
+
     return call
 
 
@@ -162,7 +180,9 @@ def _calls(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
     return calls, caches
 
 
-def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk_tokens: int, cached_chunks: int) -> dict:
+def run(
+    dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk_tokens: int, cached_chunks: int
+) -> dict:
     calls, caches = _calls(dtype, device, heads, chunk_tokens, cached_chunks)
     for fn in calls.values():  # warm-up (kernel selection, the LSE self-check, the correction's layout)
         fn()
@@ -170,7 +190,7 @@ def run(dtype: torch.dtype, device: torch.device, rounds: int, heads: int, chunk
     cpu = {name: [] for name in calls}
     names = list(calls)
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             _sync(device)
             t0, c0 = time.perf_counter(), time.process_time()
@@ -264,15 +284,20 @@ def main(argv=None) -> int:
         return 0
     klass = cpu.cpu_class() if device.type == "cpu" else torch.cuda.get_device_name(device)
     print("command:", shlex.join(["python", "benchmarks/attention.py", *(sys.argv[1:] if argv is None else argv)]))
-    print(f"torch {torch.__version__}, device {device} ({klass}; CPU class from /proc/cpuinfo: {cpu.cpu_class()}), "
-          f"{torch.get_num_threads()} threads; {args.heads} heads x 128, {args.chunk_tokens} tokens/chunk, "
-          f"{args.cached_chunks} cached chunks + current; {args.rounds} interleaved rounds")
+    print(
+        f"torch {torch.__version__}, device {device} ({klass}; CPU class from /proc/cpuinfo: {cpu.cpu_class()}), "
+        f"{torch.get_num_threads()} threads; {args.heads} heads x 128, {args.chunk_tokens} tokens/chunk, "
+        f"{args.cached_chunks} cached chunks + current; {args.rounds} interleaved rounds"
+    )
     ok = True
     for dname in args.dtypes.split(","):
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dname]
         r = run(dtype, device, args.rounds, args.heads, args.chunk_tokens, args.cached_chunks)
-        r["mem"] = memory_in_child(dname, device, args) if device.type == "cpu" else measure_memory(
-            dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)
+        r["mem"] = (
+            memory_in_child(dname, device, args)
+            if device.type == "cpu"
+            else measure_memory(dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)
+        )
         r["window_mib"] = r["mem"]["window_mib"]
         layout = correction_layouts.kernel_choices().get(f"{device.type}/{dtype} d128 G4", "?")
         tag = f"[{klass} {dname}]"
@@ -280,8 +305,10 @@ def main(argv=None) -> int:
         for name, ms in r["ms"].items():
             print(f"  {name:<32}{ms:9.1f} ms wall {r['cpu_ms'][name]:9.1f} ms CPU")
         clock = "CPU time" if device.type == "cpu" else "wall time"
-        print(f"  ratios below: medians of per-round {clock} ratios (wall-clock: INT2+Taylor/INT2 "
-              f"{r['wall_taylor_vs_plain']:.3f}, INT2+Taylor/SDPA {r['wall_int2_vs_sdpa']:.3f})")
+        print(
+            f"  ratios below: medians of per-round {clock} ratios (wall-clock: INT2+Taylor/INT2 "
+            f"{r['wall_taylor_vs_plain']:.3f}, INT2+Taylor/SDPA {r['wall_int2_vs_sdpa']:.3f})"
+        )
         checks = [
             ("INT2 + Taylor / INT2 (RTN)", r["taylor_vs_plain RTN"], 1.10),
             ("INT2 + Taylor / INT2 (QuaRot)", r["taylor_vs_plain QuaRot"], 1.10),
@@ -295,17 +322,28 @@ def main(argv=None) -> int:
             met = value <= target
             ok &= met
             print(f"  {label:<44}{value:7.3f}  {tag} (target <= {target:.2f}: {'met' if met else 'MISSED'})")
-        print(f"  {'  same, single-buffer fallback path':<44}{r['mem']['one buffer']:7.3f}  (window = {r['window_mib']:.1f} MiB)")
+        print(
+            f"  {'  same, single-buffer fallback path':<44}{r['mem']['one buffer']:7.3f}  (window = {r['window_mib']:.1f} MiB)"
+        )
         dev = abs(r["bytes_ratio"] / r["bits_ratio"] - 1)
         ok &= dev <= 0.01
-        print(f"  stored / BF16 bytes {r['bytes_ratio']:.5f} vs effective_bits/16 {r['spec_bits_ratio']:.5f} "
-              f"(deviation {dev:.2%}, target <= 1%: {'met' if dev <= 0.01 else 'MISSED'})")
+        print(
+            f"  stored / BF16 bytes {r['bytes_ratio']:.5f} vs effective_bits/16 {r['spec_bits_ratio']:.5f} "
+            f"(deviation {dev:.2%}, target <= 1%: {'met' if dev <= 0.01 else 'MISSED'})"
+        )
         print(f"  dequantization and rotations, first release -> now (same rounds) {tag}:")
         for scheme in ("RTN", "QuaRot"):
-            for label, key in (("INT2 / SDPA unquantized", "plain_vs_sdpa"), ("INT2 + Taylor / SDPA unquantized", "taylor_vs_sdpa")):
-                print(f"    {label + f' ({scheme})':<46}{r[f'{key} {scheme} (before)']:7.3f} -> {r[f'{key} {scheme}']:.3f}")
-            print(f"    {f'INT2 + Taylor / INT2 ({scheme})':<46}{r[f'taylor_vs_plain {scheme} (before)']:7.3f} -> "
-                  f"{r[f'taylor_vs_plain {scheme}']:.3f}")
+            for label, key in (
+                ("INT2 / SDPA unquantized", "plain_vs_sdpa"),
+                ("INT2 + Taylor / SDPA unquantized", "taylor_vs_sdpa"),
+            ):
+                print(
+                    f"    {label + f' ({scheme})':<46}{r[f'{key} {scheme} (before)']:7.3f} -> {r[f'{key} {scheme}']:.3f}"
+                )
+            print(
+                f"    {f'INT2 + Taylor / INT2 ({scheme})':<46}{r[f'taylor_vs_plain {scheme} (before)']:7.3f} -> "
+                f"{r[f'taylor_vs_plain {scheme}']:.3f}"
+            )
         if args.profile:
             profile(dtype, device, args.heads, args.chunk_tokens, args.cached_chunks)
     print("\nall targets met" if ok else "\nsome targets MISSED")

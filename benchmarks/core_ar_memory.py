@@ -26,6 +26,7 @@ Raw output: ``docs/results/core_ar_memory.txt`` (+ ``.csv``) for the default run
 writes nothing unless ``--out`` is given). The pack's ``runtime.core_ar`` is read through its public
 ``last_report``; the block in flight through the module's running-session context variable.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,24 +55,45 @@ def tokens_per_frame(latent_height: int, latent_width: int) -> int:
     return -(-latent_height // PATCH_HW[0]) * -(-latent_width // PATCH_HW[1])
 
 
-def core_cache_bytes(*, layers: int, batch: int, latent_frames: int, frame_tokens: int, heads: int, head_dim: int,
-                     element_bytes: int) -> int:
+def core_cache_bytes(
+    *, layers: int, batch: int, latent_frames: int, frame_tokens: int, heads: int, head_dim: int, element_bytes: int
+) -> int:
     """Core's preallocation: ``init_kv_caches(batch, latent_frames * frame_tokens, ...)`` gives every layer a K and
     a V of shape (batch, latent_frames * frame_tokens, heads, head_dim) in the model's dtype (ar_model.py, v0.27)."""
     return 2 * layers * batch * latent_frames * frame_tokens * heads * head_dim * element_bytes
 
 
-def block_in_flight_bytes(*, layers: int, batch: int, block_frames: int, frame_tokens: int, heads: int,
-                          head_dim: int, element_bytes: int, cfg_branches: int = 1, bits: str = "off",
-                          group_size: int = 32, rotation: str = "none") -> int:
+def block_in_flight_bytes(
+    *,
+    layers: int,
+    batch: int,
+    block_frames: int,
+    frame_tokens: int,
+    heads: int,
+    head_dim: int,
+    element_bytes: int,
+    cfg_branches: int = 1,
+    bits: str = "off",
+    group_size: int = 32,
+    rotation: str = "none",
+) -> int:
     """The pack's pending block on core's path: the last call's K and V of every layer (and CFG branch), held as the
     cache will store them (the planner's ``block_in_flight_bytes``)."""
     from jensen_core import QuantSpec
     from jensen_core.planner import block_in_flight_bytes as planned
 
     spec = None if bits == "off" else QuantSpec(bits=int(bits), group_size=group_size, rotation=rotation)
-    return planned(block_tokens=block_frames * frame_tokens, layers=layers, heads=heads, head_dim=head_dim,
-                   spec_k=spec, spec_v=spec, cfg_branches=cfg_branches, batch=batch, full_bytes=element_bytes)
+    return planned(
+        block_tokens=block_frames * frame_tokens,
+        layers=layers,
+        heads=heads,
+        head_dim=head_dim,
+        spec_k=spec,
+        spec_v=spec,
+        cfg_branches=cfg_branches,
+        batch=batch,
+        full_bytes=element_bytes,
+    )
 
 
 def latent_frames_of(video_frames: int) -> int:
@@ -113,9 +135,16 @@ class CoreCapture:
     def __call__(self, batch_size, max_seq_len, device, dtype):
         caches = type(self.dm).init_kv_caches(self.dm, batch_size, max_seq_len, device, dtype)
         tensors = [t for c in caches for t in c.values() if hasattr(t, "nbytes")]
-        self.calls.append({"batch": int(batch_size), "max_seq_len": int(max_seq_len), "dtype": str(dtype),
-                           "tensors": len(tensors), "bytes": sum(int(t.nbytes) for t in tensors),
-                           "shape": tuple(caches[0]["k"].shape)})
+        self.calls.append(
+            {
+                "batch": int(batch_size),
+                "max_seq_len": int(max_seq_len),
+                "dtype": str(dtype),
+                "tensors": len(tensors),
+                "bytes": sum(int(t.nbytes) for t in tensors),
+                "shape": tuple(caches[0]["k"].shape),
+            }
+        )
         return caches
 
 
@@ -147,13 +176,24 @@ def _sample(model, latent, sigmas, block_frames: int, seed: int, callback=None):
     neg = wan_tiny.conditioning(2, wan_tiny.TINY["text_len"], wan_tiny.TINY["text_dim"])
     sampler = comfy.samplers.ksampler("ar_video", {"num_frame_per_block": block_frames})
     noise = comfy.sample.prepare_noise(latent, seed)
-    return comfy.sample.sample_custom(model, noise, 1.0, sampler, sigmas, pos, neg, latent, callback=callback,
-                                      disable_pbar=True, seed=seed)
+    return comfy.sample.sample_custom(
+        model, noise, 1.0, sampler, sigmas, pos, neg, latent, callback=callback, disable_pbar=True, seed=seed
+    )
 
 
-def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block_frames: int = 3, layers: int = 2,
-            heads: int = 2, head_dim: int = 128, dtype: str = "bf16", settings: list[Setting] | None = None,
-            seed: int = 0) -> dict:
+def measure(
+    *,
+    latent_frames: int = 21,
+    height: int = 16,
+    width: int = 16,
+    block_frames: int = 3,
+    layers: int = 2,
+    heads: int = 2,
+    head_dim: int = 128,
+    dtype: str = "bf16",
+    settings: list[Setting] | None = None,
+    seed: int = 0,
+) -> dict:
     """Sample one video through core's sample_ar_video with core's cache, then with each of the pack's settings.
 
     Needs ComfyUI v0.27+ set up in-process (``jensen_testing.comfyui.setup_inprocess_comfyui()``). Returns the geometry,
@@ -172,18 +212,36 @@ def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block
     import comfy.model_base
 
     if not hasattr(comfy.model_base, "WAN21_CausalAR"):
-        raise RuntimeError("this ComfyUI has no core AR path (WAN21_CausalAR, v0.27+): set COMFYUI_PATH to a v0.27+ "
-                           "checkout, e.g. COMFYUI_PATH=../shared/ComfyUI-v0.27")
+        raise RuntimeError(
+            "this ComfyUI has no core AR path (WAN21_CausalAR, v0.27+): set COMFYUI_PATH to a v0.27+ "
+            "checkout, e.g. COMFYUI_PATH=../shared/ComfyUI-v0.27"
+        )
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     element_bytes = torch.finfo(torch_dtype).bits // 8
-    base = causal_wan.build_causal_patcher(seed=seed, dtype=torch_dtype, dim=heads * head_dim,
-                                           ffn_dim=2 * heads * head_dim, num_heads=heads, num_layers=layers)
+    base = causal_wan.build_causal_patcher(
+        seed=seed,
+        dtype=torch_dtype,
+        dim=heads * head_dim,
+        ffn_dim=2 * heads * head_dim,
+        num_heads=heads,
+        num_layers=layers,
+    )
     latent = torch.zeros(1, 16, latent_frames, height, width)
     sigmas = causal_wan.self_forcing_sigmas()
     frame_tokens = tokens_per_frame(height, width)
-    geometry = dict(latent_frames=latent_frames, latent_height=height, latent_width=width, frame_tokens=frame_tokens,
-                    block_frames=block_frames, layers=layers, heads=heads, head_dim=head_dim, dtype=dtype,
-                    element_bytes=element_bytes, batch=1)
+    geometry = dict(
+        latent_frames=latent_frames,
+        latent_height=height,
+        latent_width=width,
+        frame_tokens=frame_tokens,
+        block_frames=block_frames,
+        layers=layers,
+        heads=heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        element_bytes=element_bytes,
+        batch=1,
+    )
 
     # (a) core's own cache, on a clone of the MODEL nothing of the pack touched
     calls: list[dict] = []
@@ -194,11 +252,24 @@ def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block
     core_seconds = time.perf_counter() - t0
     if len(calls) != 1:
         raise RuntimeError(f"core's sampler called init_kv_caches {len(calls)} times; expected once")
-    formula = core_cache_bytes(layers=layers, batch=1, latent_frames=latent_frames, frame_tokens=frame_tokens,
-                               heads=heads, head_dim=head_dim, element_bytes=element_bytes)
-    bf16_in_flight = block_in_flight_bytes(layers=layers, batch=1, block_frames=block_frames,
-                                           frame_tokens=frame_tokens, heads=heads, head_dim=head_dim,
-                                           element_bytes=element_bytes)
+    formula = core_cache_bytes(
+        layers=layers,
+        batch=1,
+        latent_frames=latent_frames,
+        frame_tokens=frame_tokens,
+        heads=heads,
+        head_dim=head_dim,
+        element_bytes=element_bytes,
+    )
+    bf16_in_flight = block_in_flight_bytes(
+        layers=layers,
+        batch=1,
+        block_frames=block_frames,
+        frame_tokens=frame_tokens,
+        heads=heads,
+        head_dim=head_dim,
+        element_bytes=element_bytes,
+    )
 
     # (b) the pack on core's path
     rows = []
@@ -215,20 +286,43 @@ def measure(*, latent_frames: int = 21, height: int = 16, width: int = 16, block
             raise RuntimeError(f"{s.label}: the pack did not serve core's sampler (no report)")
         if not watch.seen:
             raise RuntimeError(f"{s.label}: the sampler callback never saw the pack's session")
-        rel = float((video.float() - core_video.float()).square().mean().sqrt()
-                    / core_video.float().square().mean().sqrt())
-        rows.append(dict(setting=s, cache_bytes=int(report["cache_bytes"]), planned_bytes=report["planned_bytes"],
-                         bf16_bytes=int(report["bf16_bytes"]), effective_bits=float(report["effective_bits"]),
-                         pending_bytes=watch.pending_peak, total_bytes=watch.total_peak, seconds=seconds,
-                         in_flight_formula=block_in_flight_bytes(
-                             layers=layers, batch=1, block_frames=block_frames, frame_tokens=frame_tokens, heads=heads,
-                             head_dim=head_dim, element_bytes=element_bytes, bits=s.bits, group_size=s.group_size,
-                             rotation=s.rotation),
-                         reported_in_flight=int(report["in_flight_bytes"]),
-                         planned_in_flight=int(report["planned_in_flight_bytes"]),
-                         rel_rms_vs_core=rel, chunks=int(report["chunks"])))
-    return dict(geometry=geometry, core=dict(calls[0], formula_bytes=formula, seconds=core_seconds),
-                in_flight_formula=bf16_in_flight, rows=rows)
+        rel = float(
+            (video.float() - core_video.float()).square().mean().sqrt() / core_video.float().square().mean().sqrt()
+        )
+        rows.append(
+            dict(
+                setting=s,
+                cache_bytes=int(report["cache_bytes"]),
+                planned_bytes=report["planned_bytes"],
+                bf16_bytes=int(report["bf16_bytes"]),
+                effective_bits=float(report["effective_bits"]),
+                pending_bytes=watch.pending_peak,
+                total_bytes=watch.total_peak,
+                seconds=seconds,
+                in_flight_formula=block_in_flight_bytes(
+                    layers=layers,
+                    batch=1,
+                    block_frames=block_frames,
+                    frame_tokens=frame_tokens,
+                    heads=heads,
+                    head_dim=head_dim,
+                    element_bytes=element_bytes,
+                    bits=s.bits,
+                    group_size=s.group_size,
+                    rotation=s.rotation,
+                ),
+                reported_in_flight=int(report["in_flight_bytes"]),
+                planned_in_flight=int(report["planned_in_flight_bytes"]),
+                rel_rms_vs_core=rel,
+                chunks=int(report["chunks"]),
+            )
+        )
+    return dict(
+        geometry=geometry,
+        core=dict(calls[0], formula_bytes=formula, seconds=core_seconds),
+        in_flight_formula=bf16_in_flight,
+        rows=rows,
+    )
 
 
 def format_measured(result: dict) -> list[str]:
@@ -251,11 +345,16 @@ def format_measured(result: dict) -> list[str]:
         lines.append(
             f"  {r['setting'].label:<40} {r['cache_bytes']:>12,} {r['planned_bytes']:>12,} {same:>2} "
             f"{r['effective_bits']:>5.2f} {r['pending_bytes']:>11,} {core['bytes'] / r['cache_bytes']:>10.2f} "
-            f"{core['bytes'] / r['total_bytes']:>16.2f} {r['rel_rms_vs_core']:>15.4f} {r['seconds']:>5.1f}")
-    same = all(r["pending_bytes"] == r["in_flight_formula"] == r["reported_in_flight"] == r["planned_in_flight"]
-               for r in result["rows"])
-    lines.append(f"  block in flight measured = planner = report in every row: {'yes' if same else 'NO'}; the pack never "
-                 "stores the last block (nothing reads it), core's preallocation holds it")
+            f"{core['bytes'] / r['total_bytes']:>16.2f} {r['rel_rms_vs_core']:>15.4f} {r['seconds']:>5.1f}"
+        )
+    same = all(
+        r["pending_bytes"] == r["in_flight_formula"] == r["reported_in_flight"] == r["planned_in_flight"]
+        for r in result["rows"]
+    )
+    lines.append(
+        f"  block in flight measured = planner = report in every row: {'yes' if same else 'NO'}; the pack never "
+        "stores the last block (nothing reads it), core's preallocation holds it"
+    )
     return lines
 
 
@@ -264,16 +363,31 @@ def measured_csv_rows(result: dict) -> list[dict]:
     out = []
     for r in result["rows"]:
         s = r["setting"]
-        out.append(dict(part="measured", model=f"tiny causal Wan {g['layers']}x{g['heads']}x{g['head_dim']} {g['dtype']}",
-                        video="", latent_frames=g["latent_frames"], latent_height=g["latent_height"],
-                        latent_width=g["latent_width"], tokens_per_frame=g["frame_tokens"],
-                        block_frames=g["block_frames"], setting=s.label, bits=s.bits,
-                        group_size="" if s.bits == "off" else s.group_size,
-                        rotation="" if s.bits == "off" else s.rotation, window=s.window, sink=s.sink, core_bytes=core["bytes"],
-                        core_formula_bytes=core["formula_bytes"], pack_cache_bytes=r["cache_bytes"],
-                        planned_bytes=r["planned_bytes"], in_flight_bytes=r["pending_bytes"],
-                        core_over_cache=core["bytes"] / r["cache_bytes"],
-                        core_over_cache_plus_in_flight=core["bytes"] / r["total_bytes"]))
+        out.append(
+            dict(
+                part="measured",
+                model=f"tiny causal Wan {g['layers']}x{g['heads']}x{g['head_dim']} {g['dtype']}",
+                video="",
+                latent_frames=g["latent_frames"],
+                latent_height=g["latent_height"],
+                latent_width=g["latent_width"],
+                tokens_per_frame=g["frame_tokens"],
+                block_frames=g["block_frames"],
+                setting=s.label,
+                bits=s.bits,
+                group_size="" if s.bits == "off" else s.group_size,
+                rotation="" if s.bits == "off" else s.rotation,
+                window=s.window,
+                sink=s.sink,
+                core_bytes=core["bytes"],
+                core_formula_bytes=core["formula_bytes"],
+                pack_cache_bytes=r["cache_bytes"],
+                planned_bytes=r["planned_bytes"],
+                in_flight_bytes=r["pending_bytes"],
+                core_over_cache=core["bytes"] / r["cache_bytes"],
+                core_over_cache_plus_in_flight=core["bytes"] / r["total_bytes"],
+            )
+        )
     return out
 
 
@@ -286,8 +400,14 @@ PLAN_CHUNK = 3
 
 def plan_settings(window: int = 4, sink: int = 1) -> list[tuple[str, int | None, int, int]]:
     """(column, bits or None for BF16, window, sink)."""
-    return [("BF16", None, 0, 0), (f"BF16 w{window}+s{sink}", None, window, sink), ("INT4", 4, 0, 0),
-            (f"INT4 w{window}+s{sink}", 4, window, sink), ("INT2", 2, 0, 0), (f"INT2 w{window}+s{sink}", 2, window, sink)]
+    return [
+        ("BF16", None, 0, 0),
+        (f"BF16 w{window}+s{sink}", None, window, sink),
+        ("INT4", 4, 0, 0),
+        (f"INT4 w{window}+s{sink}", 4, window, sink),
+        ("INT2", 2, 0, 0),
+        (f"INT2 w{window}+s{sink}", 2, window, sink),
+    ]
 
 
 def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
@@ -304,36 +424,75 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
                 lat_t, lat_h, lat_w = wan.latent_shape(w, h, frames)
                 assert lat_t == latent_frames_of(frames)
                 frame_tokens = tokens_per_frame(lat_h, lat_w)
-                core = core_cache_bytes(layers=layers, batch=1, latent_frames=lat_t, frame_tokens=frame_tokens,
-                                        heads=heads, head_dim=head_dim, element_bytes=2)
+                core = core_cache_bytes(
+                    layers=layers,
+                    batch=1,
+                    latent_frames=lat_t,
+                    frame_tokens=frame_tokens,
+                    heads=heads,
+                    head_dim=head_dim,
+                    element_bytes=2,
+                )
                 pack = {}
                 for col, bits, win, snk in plan_settings(window, sink):
                     spec = None if bits is None else QuantSpec(bits=bits, group_size=32, rotation="hadamard")
-                    plan = plan_cache(latent_frames=lat_t, latent_height=lat_h, latent_width=lat_w,
-                                      chunk_frames=PLAN_CHUNK, window_chunks=win, sink_chunks=snk, layers=layers,
-                                      heads=heads, head_dim=head_dim, spec_k=spec, spec_v=spec, full_bytes=2,
-                                      write_last=False, geometry=wan)
-                    flight = block_in_flight_bytes(layers=layers, batch=1, block_frames=PLAN_CHUNK,
-                                                   frame_tokens=frame_tokens, heads=heads, head_dim=head_dim,
-                                                   element_bytes=2, bits="off" if bits is None else str(bits),
-                                                   rotation="hadamard")
+                    plan = plan_cache(
+                        latent_frames=lat_t,
+                        latent_height=lat_h,
+                        latent_width=lat_w,
+                        chunk_frames=PLAN_CHUNK,
+                        window_chunks=win,
+                        sink_chunks=snk,
+                        layers=layers,
+                        heads=heads,
+                        head_dim=head_dim,
+                        spec_k=spec,
+                        spec_v=spec,
+                        full_bytes=2,
+                        write_last=False,
+                        geometry=wan,
+                    )
+                    flight = block_in_flight_bytes(
+                        layers=layers,
+                        batch=1,
+                        block_frames=PLAN_CHUNK,
+                        frame_tokens=frame_tokens,
+                        heads=heads,
+                        head_dim=head_dim,
+                        element_bytes=2,
+                        bits="off" if bits is None else str(bits),
+                        rotation="hadamard",
+                    )
                     pack[col] = (plan.quantized_bytes, plan.effective_bits, plan.cached_chunks_peak, flight)
-                rows.append(dict(model=model, res=res, frames=frames, latent=(lat_t, lat_h, lat_w),
-                                 frame_tokens=frame_tokens, core=core, pack=pack))
+                rows.append(
+                    dict(
+                        model=model,
+                        res=res,
+                        frames=frames,
+                        latent=(lat_t, lat_h, lat_w),
+                        frame_tokens=frame_tokens,
+                        core=core,
+                        pack=pack,
+                    )
+                )
     return rows
 
 
 def format_planner(rows: list[dict], window: int = 4, sink: int = 1) -> list[str]:
     cols = [c for c, *_ in plan_settings(window, sink)]
     head = f"{'model':<9} {'video':<15} {'latent':>12} {'tok/fr':>6} {'core':>8}"
-    lines = ["GiB (2^30 B); the pack's columns are its cache's peak (chunks held in brackets); 'in flight' is the "
-             "block of 3 latent frames the pack also holds (every layer, at the cache's bits: BF16 / INT2 shown) "
-             "until the next model call",
-             head + "".join(f" {c:>14}" for c in cols) + f" {'in flight':>15}"]
+    lines = [
+        "GiB (2^30 B); the pack's columns are its cache's peak (chunks held in brackets); 'in flight' is the "
+        "block of 3 latent frames the pack also holds (every layer, at the cache's bits: BF16 / INT2 shown) "
+        "until the next model call",
+        head + "".join(f" {c:>14}" for c in cols) + f" {'in flight':>15}",
+    ]
     for r in rows:
         lat = "x".join(str(v) for v in r["latent"])
-        line = f"{r['model']:<9} {r['res'] + ' ' + format(r['frames'], ',') + ' fr':<15} {lat:>12} " \
-               f"{r['frame_tokens']:>6} {r['core'] / GIB:>8.2f}"
+        line = (
+            f"{r['model']:<9} {r['res'] + ' ' + format(r['frames'], ',') + ' fr':<15} {lat:>12} "
+            f"{r['frame_tokens']:>6} {r['core'] / GIB:>8.2f}"
+        )
         for c in cols:
             b, _, held, _ = r["pack"][c]
             line += f" {f'{b / GIB:.2f} [{held}]':>14}"
@@ -342,16 +501,22 @@ def format_planner(rows: list[dict], window: int = 4, sink: int = 1) -> list[str
     # every figure scales with layers x heads x tokens per frame: the ratios depend on the frame count alone
     ratios: dict[int, set] = {}
     for r in rows:
-        cells = tuple(f"{r['core'] / r['pack'][c][0]:.1f} / {r['core'] / (r['pack'][c][0] + r['pack'][c][3]):.1f}"
-                      for c in cols)
+        cells = tuple(
+            f"{r['core'] / r['pack'][c][0]:.1f} / {r['core'] / (r['pack'][c][0] + r['pack'][c][3]):.1f}" for c in cols
+        )
         ratios.setdefault(r["frames"], set()).add(cells)
-    lines += ["", "core / pack (cache alone / cache + block in flight); the same for both models and both resolutions"
-              if all(len(v) == 1 for v in ratios.values()) else "core / pack (differ by model or resolution)",
-              f"{'video':<25}" + "".join(f" {c:>16}" for c in cols)]
+    lines += [
+        "",
+        "core / pack (cache alone / cache + block in flight); the same for both models and both resolutions"
+        if all(len(v) == 1 for v in ratios.values())
+        else "core / pack (differ by model or resolution)",
+        f"{'video':<25}" + "".join(f" {c:>16}" for c in cols),
+    ]
     for frames, cells_set in ratios.items():
         for cells in sorted(cells_set):
-            lines.append(f"{f'{frames:,} frames ({latent_frames_of(frames)} latent)':<25}"
-                         + "".join(f" {c:>16}" for c in cells))
+            lines.append(
+                f"{f'{frames:,} frames ({latent_frames_of(frames)} latent)':<25}" + "".join(f" {c:>16}" for c in cells)
+            )
     bits = {c: rows[0]["pack"][c][1] for c in cols}
     lines.append("bits per cached element: " + ", ".join(f"{c} {b:.2f}" for c, b in bits.items()))
     return lines
@@ -363,14 +528,31 @@ def planner_csv_rows(rows: list[dict], window: int = 4, sink: int = 1) -> list[d
         lat_t, lat_h, lat_w = r["latent"]
         for col, bits, win, snk in plan_settings(window, sink):
             b, flight = r["pack"][col][0], r["pack"][col][3]
-            out.append(dict(part="planner", model=r["model"], video=f"{r['res']} {r['frames']} frames",
-                            latent_frames=lat_t, latent_height=lat_h, latent_width=lat_w,
-                            tokens_per_frame=r["frame_tokens"], block_frames=PLAN_CHUNK, setting=col,
-                            bits="off" if bits is None else bits, group_size="" if bits is None else 32,
-                            rotation="" if bits is None else "hadamard", window=win,
-                            sink=snk, core_bytes=r["core"], core_formula_bytes=r["core"], pack_cache_bytes=b,
-                            planned_bytes=b, in_flight_bytes=flight, core_over_cache=r["core"] / b,
-                            core_over_cache_plus_in_flight=r["core"] / (b + flight)))
+            out.append(
+                dict(
+                    part="planner",
+                    model=r["model"],
+                    video=f"{r['res']} {r['frames']} frames",
+                    latent_frames=lat_t,
+                    latent_height=lat_h,
+                    latent_width=lat_w,
+                    tokens_per_frame=r["frame_tokens"],
+                    block_frames=PLAN_CHUNK,
+                    setting=col,
+                    bits="off" if bits is None else bits,
+                    group_size="" if bits is None else 32,
+                    rotation="" if bits is None else "hadamard",
+                    window=win,
+                    sink=snk,
+                    core_bytes=r["core"],
+                    core_formula_bytes=r["core"],
+                    pack_cache_bytes=b,
+                    planned_bytes=b,
+                    in_flight_bytes=flight,
+                    core_over_cache=r["core"] / b,
+                    core_over_cache_plus_in_flight=r["core"] / (b + flight),
+                )
+            )
     return out
 
 
@@ -389,9 +571,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=4)
     p.add_argument("--sink", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"text output (and a .csv next to it); default {DEFAULT_OUT.relative_to(ROOT)} "
-                        "except with --quick (none)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"text output (and a .csv next to it); default {DEFAULT_OUT.relative_to(ROOT)} except with --quick (none)",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.frames, a.height, a.width = 9, 8, 8
@@ -413,8 +598,10 @@ def main(argv=None) -> int:
     import os
 
     cpath = os.environ.get("COMFYUI_PATH")
-    emit(f"`{'COMFYUI_PATH=' + cpath + ' ' if cpath and not args.planner_only else ''}python "
-         f"benchmarks/core_ar_memory.py{' ' + shlex.join(argv_) if argv_ else ''}`")
+    emit(
+        f"`{'COMFYUI_PATH=' + cpath + ' ' if cpath and not args.planner_only else ''}python "
+        f"benchmarks/core_ar_memory.py{' ' + shlex.join(argv_) if argv_ else ''}`"
+    )
     t_start = time.perf_counter()
     csv_rows: list[dict] = []
     if not args.planner_only:
@@ -426,22 +613,36 @@ def main(argv=None) -> int:
         settings = measured_settings(args.window, args.sink)
         if args.quick:
             settings = [s for s in settings if s.rotation == "none"]
-        emit("", f"## 1. Measured on core's sample_ar_video: a tiny causal Wan ({args.layers} layers, {args.heads} heads x "
-             f"128, {args.dtype}), latent {args.height}x{args.width} ({tokens_per_frame(args.height, args.width)} "
-             f"tokens/frame), {args.frames} latent frames, 4 steps, cfg 1, batch 1, torch threads {args.threads or 'default'}",
-             "core: the tensors core's init_kv_caches returned; pack: report cache_bytes (peak stored), planned_bytes "
-             "(planner), block in flight (peak, read at every sampler callback); the same seed and latent for all; "
-             "rel.RMS: the video against core's (random weights: a sanity figure, not a quality one)")
+        emit(
+            "",
+            f"## 1. Measured on core's sample_ar_video: a tiny causal Wan ({args.layers} layers, {args.heads} heads x "
+            f"128, {args.dtype}), latent {args.height}x{args.width} ({tokens_per_frame(args.height, args.width)} "
+            f"tokens/frame), {args.frames} latent frames, 4 steps, cfg 1, batch 1, torch threads {args.threads or 'default'}",
+            "core: the tensors core's init_kv_caches returned; pack: report cache_bytes (peak stored), planned_bytes "
+            "(planner), block in flight (peak, read at every sampler callback); the same seed and latent for all; "
+            "rel.RMS: the video against core's (random weights: a sanity figure, not a quality one)",
+        )
         for block in (int(b) for b in args.blocks.split(",")):
-            result = measure(latent_frames=args.frames, height=args.height, width=args.width, block_frames=block,
-                             layers=args.layers, heads=args.heads, dtype=args.dtype, settings=settings)
+            result = measure(
+                latent_frames=args.frames,
+                height=args.height,
+                width=args.width,
+                block_frames=block,
+                layers=args.layers,
+                heads=args.heads,
+                dtype=args.dtype,
+                settings=settings,
+            )
             emit("", *format_measured(result))
             csv_rows += measured_csv_rows(result)
-    emit("", f"## 2. Planner (jensen_core.planner.plan_cache): BF16 model, batch 1, cfg 1, chunks (blocks) of {PLAN_CHUNK} "
-         "latent frames, INT4/INT2 group 32 (fp8 scales, bf16 zero-points), window/sink in chunks",
-         "core = 2 (K,V) x layers x batch x latent_frames x tokens_per_frame x heads x 128 x 2 B: sample_ar_video "
-         "calls init_kv_caches(bs, lat_t * frame_seq_len, device, model_dtype), which gives every layer k and v = "
-         "zeros(bs, max_seq_len, num_heads, head_dim) (comfy/ldm/wan/ar_model.py, v0.27); part 1 measures it equal")
+    emit(
+        "",
+        f"## 2. Planner (jensen_core.planner.plan_cache): BF16 model, batch 1, cfg 1, chunks (blocks) of {PLAN_CHUNK} "
+        "latent frames, INT4/INT2 group 32 (fp8 scales, bf16 zero-points), window/sink in chunks",
+        "core = 2 (K,V) x layers x batch x latent_frames x tokens_per_frame x heads x 128 x 2 B: sample_ar_video "
+        "calls init_kv_caches(bs, lat_t * frame_seq_len, device, model_dtype), which gives every layer k and v = "
+        "zeros(bs, max_seq_len, num_heads, head_dim) (comfy/ldm/wan/ar_model.py, v0.27); part 1 measures it equal",
+    )
     rows = planner_rows(args.window, args.sink)
     emit(*format_planner(rows, args.window, args.sink))
     csv_rows += planner_csv_rows(rows, args.window, args.sink)

@@ -13,6 +13,7 @@
    first chunk after the switch over the cache (mass on cached tokens, P_S) with and without
    re-cache, and how far the chunks after the switch move.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,28 +53,55 @@ def bounded_memory(args, loop, nodes, planner) -> None:
     model = nodes.JensenKVBiasCorrection.execute(model, "taylor", 1.0).args[0]
     frames = 3 * args.chunks
     sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", 4)
-    res = loop.run_chunked_ar(model, wan_tiny.conditioning(1, 16, 32), wan_tiny.conditioning(2, 16, 32),
-                              wan_tiny.video_latent(frames, 16, 16), seed=0, cfg=1.0,
-                              sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, chunk_frames=3,
-                              window_chunks=args.window, sink_chunks=args.sink, progress=False)
+    res = loop.run_chunked_ar(
+        model,
+        wan_tiny.conditioning(1, 16, 32),
+        wan_tiny.conditioning(2, 16, 32),
+        wan_tiny.video_latent(frames, 16, 16),
+        seed=0,
+        cfg=1.0,
+        sampler=comfy.samplers.sampler_object("euler"),
+        sigmas=sigmas,
+        chunk_frames=3,
+        window_chunks=args.window,
+        sink_chunks=args.sink,
+        progress=False,
+    )
     config = model.model_options["transformer_options"]["jensen_kv"]
-    plan = planner.plan_cache(latent_frames=frames, latent_height=16, latent_width=16, chunk_frames=3,
-                              window_chunks=args.window, sink_chunks=args.sink, layers=2, heads=12, head_dim=128,
-                              spec_k=config.spec_k, spec_v=config.spec_v,
-                              geometry=loop.detect(model).geometry)
+    plan = planner.plan_cache(
+        latent_frames=frames,
+        latent_height=16,
+        latent_width=16,
+        chunk_frames=3,
+        window_chunks=args.window,
+        sink_chunks=args.sink,
+        layers=2,
+        heads=12,
+        head_dim=128,
+        spec_k=config.spec_k,
+        spec_v=config.spec_v,
+        geometry=loop.detect(model).geometry,
+    )
     written = res.cache_bytes_after_write
     peak = max(written)
     secs = res.denoise_seconds
     early = statistics.median(secs[2:10])
     late = statistics.median(secs[-8:])
     print(f"bounded memory: {args.chunks} chunks, window {args.window} + sink {args.sink}, INT2 g32 QuaRot + Jensen")
-    print(f"  cache bytes after writes 1..{len(written)}: " + " ".join(f"{b / 1024:.0f}" for b in written[:8])
-          + f" ... {written[-1] / 1024:.0f} KiB")
-    print(f"  peak cache {peak:,} B vs planner {plan.quantized_bytes:,} B (ratio {peak / plan.quantized_bytes:.4f}); "
-          f"the cache stops growing after chunk {args.window + args.sink}: "
-          f"{len(set(written[args.window + args.sink - 1:]))} distinct sizes since")
-    print(f"  denoising seconds per chunk, median of chunks 3-10: {early:.3f}; of the last 8: {late:.3f} "
-          f"(late / early {late / early:.3f})")
+    print(
+        f"  cache bytes after writes 1..{len(written)}: "
+        + " ".join(f"{b / 1024:.0f}" for b in written[:8])
+        + f" ... {written[-1] / 1024:.0f} KiB"
+    )
+    print(
+        f"  peak cache {peak:,} B vs planner {plan.quantized_bytes:,} B (ratio {peak / plan.quantized_bytes:.4f}); "
+        f"the cache stops growing after chunk {args.window + args.sink}: "
+        f"{len(set(written[args.window + args.sink - 1 :]))} distinct sizes since"
+    )
+    print(
+        f"  denoising seconds per chunk, median of chunks 3-10: {early:.3f}; of the last 8: {late:.3f} "
+        f"(late / early {late / early:.3f})"
+    )
 
 
 def recache(args, loop, nodes) -> None:
@@ -102,8 +130,13 @@ def recache(args, loop, nodes) -> None:
                 self.writes.setdefault((e.layer, e.chunk), []).append(e.k.detach().clone())
             elif e.chunk == switch and e.step == 0 and e.layer == 2 and self.first_after is None and e.cache:
                 d = e.q.shape[-1]
-                ks = torch.cat([en.k if isinstance(en.k, torch.Tensor) else en.k.dequantize(torch.float32)
-                                for en in e.cache.entries], dim=-2)
+                ks = torch.cat(
+                    [
+                        en.k if isinstance(en.k, torch.Tensor) else en.k.dequantize(torch.float32)
+                        for en in e.cache.entries
+                    ],
+                    dim=-2,
+                )
                 s_c = e.q @ ks.transpose(-1, -2) / d**0.5
                 s_n = e.q @ e.k.transpose(-1, -2) / d**0.5
                 p = torch.softmax(torch.cat([s_c, s_n], -1), -1)
@@ -111,17 +144,33 @@ def recache(args, loop, nodes) -> None:
 
     for i, (prompt, vseed) in enumerate(tiny_ar.held_out(args.videos)):
         new_prompt = (prompt + 1) % len(tv.PROMPTS)
-        sched = ps.add_to_schedule(ps.add_to_schedule(None, tiny_ar.conditioning(prompt), 0, "a"),
-                                   tiny_ar.conditioning(new_prompt), switch, "b")
+        sched = ps.add_to_schedule(
+            ps.add_to_schedule(None, tiny_ar.conditioning(prompt), 0, "a"),
+            tiny_ar.conditioning(new_prompt),
+            switch,
+            "b",
+        )
         prefix = tv.to_wan_latent(tv.render(tv.make_scene(prompt, vseed), 0, 6)).unsqueeze(0)
         outs = {}
         for mode in ("on", "off"):
             w = Watch()
-            res = loop.run_chunked_ar(model, sched, tiny_ar.conditioning(prompt),
-                                      {"samples": torch.zeros(1, 16, 3 * (chunks - 2), 16, 16)}, seed=i, cfg=1.0,
-                                      sampler=sampler, sigmas=sigmas, chunk_frames=3, window_chunks=3,
-                                      prefix={"samples": prefix}, include_prefix=True, recache_on_switch=mode == "on",
-                                      observer=w, progress=False)
+            res = loop.run_chunked_ar(
+                model,
+                sched,
+                tiny_ar.conditioning(prompt),
+                {"samples": torch.zeros(1, 16, 3 * (chunks - 2), 16, 16)},
+                seed=i,
+                cfg=1.0,
+                sampler=sampler,
+                sigmas=sigmas,
+                chunk_frames=3,
+                window_chunks=3,
+                prefix={"samples": prefix},
+                include_prefix=True,
+                recache_on_switch=mode == "on",
+                observer=w,
+                progress=False,
+            )
             outs[mode] = tv.from_wan_latent(res.samples[0])
             mass[mode].append(w.first_after)
             if mode == "on":
@@ -129,14 +178,21 @@ def recache(args, loop, nodes) -> None:
                     if len(ks) == 2:  # written under the old prompt, then re-cached under the new one
                         key_change.setdefault(layer, []).append(float((ks[1] - ks[0]).norm() / ks[0].norm()))
         after = slice(3 * switch, None)
-        moved.append(float((outs["on"][:, after] - outs["off"][:, after]).square().mean()
-                           / outs["off"][:, after].square().mean()))
+        moved.append(
+            float(
+                (outs["on"][:, after] - outs["off"][:, after]).square().mean() / outs["off"][:, after].square().mean()
+            )
+        )
     print(f"re-cache on a prompt switch at chunk {switch} (trained tiny AR model, window 3, {args.videos} videos):")
     for layer in sorted(key_change):
-        print(f"  layer {layer}: cached keys change by {statistics.fmean(key_change[layer]):.4f} (relative L2) when "
-              "re-written under the new prompt")
-    print(f"  first chunk after the switch, layer 2, step 0: attention mass on the cache "
-          f"{statistics.fmean(mass['on']):.4f} with re-cache vs {statistics.fmean(mass['off']):.4f} without")
+        print(
+            f"  layer {layer}: cached keys change by {statistics.fmean(key_change[layer]):.4f} (relative L2) when "
+            "re-written under the new prompt"
+        )
+    print(
+        f"  first chunk after the switch, layer 2, step 0: attention mass on the cache "
+        f"{statistics.fmean(mass['on']):.4f} with re-cache vs {statistics.fmean(mass['off']):.4f} without"
+    )
     print(f"  chunks after the switch: relative MSE between re-cache on and off {statistics.fmean(moved):.4f}")
 
 

@@ -10,6 +10,7 @@ process, interleaved round by round; each ratio is the median of the per-round r
 this process on the CPU, wall time on a GPU), so a machine that gets busier hurts all sides alike.
 The k-means line times :func:`jensen_core.qvg.kmeans` alone on one side of one chunk.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,7 @@ def interleaved(calls: dict, rounds: int, device) -> tuple[dict, dict]:
     cpu = {n: [] for n in calls}
     names = list(calls)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             _sync(device)
             t0, c0 = time.perf_counter(), time.process_time()
             out = calls[name]()
@@ -81,17 +82,20 @@ def main(argv=None) -> int:
     move = lambda t: t.to(device)  # noqa: E731
     q, k_cur, v_cur = map(move, (w.q, w.k_cur, w.v_cur))
     k0, v0 = move(w.k_cached[0]), move(w.v_cached[0])
-    print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads; {args.heads} heads x 128, "
-          f"{args.chunk_tokens} tokens/chunk, {args.cached_chunks} cached chunks; {args.rounds} interleaved rounds; "
-          "QVG: 1 stage, at most 2 k-means iterations (its scripts' setting)")
+    print(
+        f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads; {args.heads} heads x 128, "
+        f"{args.chunk_tokens} tokens/chunk, {args.cached_chunks} cached chunks; {args.rounds} interleaved rounds; "
+        "QVG: 1 stage, at most 2 k-means iterations (its scripts' setting)"
+    )
     clock = "CPU" if device.type == "cpu" else "wall"
 
     # ---- write: one chunk's K and V
     writes = {n: (lambda s=s: (quantize(k0, s), quantize(v0, s))) for n, s in CONFIGS.items()}
     rows = k0.reshape(-1, args.chunk_tokens, 128).float()
     for k in (30, 256):
-        writes[f"k-means alone, K={k}, one side"] = (
-            lambda k=k: kmeans(rows, k, 2, generator=torch.Generator().manual_seed(0)))
+        writes[f"k-means alone, K={k}, one side"] = lambda k=k: kmeans(
+            rows, k, 2, generator=torch.Generator().manual_seed(0)
+        )
     wall, cpu = interleaved(writes, args.rounds, device)
     prim = cpu if device.type == "cpu" else wall
     r = ratios(prim, BASE)
@@ -117,8 +121,10 @@ def main(argv=None) -> int:
         print(f"  {n:<34}{1000 * statistics.median(prim[n]):9.1f} ms   x{r[n]:.2f}")
     qvg_corr = statistics.median(a / b for a, b in zip(prim["QVG g64 K30"], prim["QVG g64 K30, no correction"]))
     print(f"  correction overhead on QVG (QVG g64 K30 + Taylor / no correction): x{qvg_corr:.2f}")
-    print("\nstored bits per element (keys and values alike): " + ", ".join(
-        f"{n} {c.effective_bits:.3f}" for n, c in caches.items()))
+    print(
+        "\nstored bits per element (keys and values alike): "
+        + ", ".join(f"{n} {c.effective_bits:.3f}" for n, c in caches.items())
+    )
     return 0
 
 

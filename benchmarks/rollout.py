@@ -24,6 +24,7 @@ Writes ``<out>/rollout_summary.csv`` (one row per configuration, means and stand
 seeds), ``<out>/rollout_per_chunk.csv``, ``<out>/rollout_drift.png`` (PSNR against chunk index) and
 ``<out>/rollout_fig5.png`` (PSNR against effective bits), and prints the README table.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,11 @@ class Config:
         rot = "QuaRot" if self.rotation == "hadamard" else "RTN"
         if self.centroids:
             rot = f"QVG K{self.centroids}" + ("+QuaRot" if self.rotation == "hadamard" else "")
-        corr = "" if self.correction == "off" else f" + {self.correction}" + (
-            f" x{self.strength:g}" if self.strength != 1.0 else "")
+        corr = (
+            ""
+            if self.correction == "off"
+            else f" + {self.correction}" + (f" x{self.strength:g}" if self.strength != 1.0 else "")
+        )
         return f"INT{self.bits} g{self.group} {rot}{corr}"
 
     def spec(self, core):
@@ -80,17 +84,29 @@ class Config:
 def grid(quick: bool, modes: bool = False) -> list[Config]:
     if modes:  # the correction modes side by side at INT2 (chunk_mean against taylor), and QVG
         # at the bits of RTN g32 (QVG g64 K4: 2.77 bits on 192-token chunks) and g64 (QVG g128 K2: 2.42)
-        return ([Config(2, g, r, c) for r in ("none", "hadamard") for g in (32, 128)
-                 for c in ("off", "taylor", "chunk_mean")]
-                + [Config(2, g, "hadamard", c, centroids=k) for g, k in ((64, 4), (128, 2))
-                   for c in ("off", "taylor", "chunk_mean")])
+        return [
+            Config(2, g, r, c) for r in ("none", "hadamard") for g in (32, 128) for c in ("off", "taylor", "chunk_mean")
+        ] + [
+            Config(2, g, "hadamard", c, centroids=k)
+            for g, k in ((64, 4), (128, 2))
+            for c in ("off", "taylor", "chunk_mean")
+        ]
     if quick:
-        return [Config(2, 32, "hadamard", "off"), Config(2, 32, "hadamard", "taylor"), Config(4, 32, "hadamard", "off"),
-                Config(2, 128, "none", "taylor")]
+        return [
+            Config(2, 32, "hadamard", "off"),
+            Config(2, 32, "hadamard", "taylor"),
+            Config(4, 32, "hadamard", "off"),
+            Config(2, 128, "none", "taylor"),
+        ]
     # the exact correction only at INT2, where the bias it removes beyond Taylor's is largest (it costs
     # about 3x a Taylor run here, and at 3 and 4 bits the two agree to the noise of the rollouts)
-    out = [Config(b, g, r, c) for b in (2, 3, 4) for r in ("none", "hadamard") for g in (32, 128)
-           for c in ("off", "taylor") + (("exact",) if b == 2 else ())]
+    out = [
+        Config(b, g, r, c)
+        for b in (2, 3, 4)
+        for r in ("none", "hadamard")
+        for g in (32, 128)
+        for c in ("off", "taylor") + (("exact",) if b == 2 else ())
+    ]
     out += [Config(2, g, "hadamard", "taylor", lam) for g in (32, 128) for lam in (0.5, 1.5, 2.0)]
     return out
 
@@ -105,8 +121,11 @@ def parse_args(argv=None):
     p.add_argument("--model", type=Path, default=None, help="a tiny AR checkpoint (default: models/tiny_ar)")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--modes", action="store_true",
-                   help="INT2 RTN / QuaRot / QVG, off / taylor / chunk_mean: writes rollout_modes_*.csv, no plots")
+    p.add_argument(
+        "--modes",
+        action="store_true",
+        help="INT2 RTN / QuaRot / QVG, off / taylor / chunk_mean: writes rollout_modes_*.csv, no plots",
+    )
     a = p.parse_args(argv)
     if a.quick:
         a.seeds, a.chunks = 1, 4
@@ -139,8 +158,9 @@ def main(argv=None) -> int:
 
     def patched(cfg: Config):
         qvg = ("qvg", 1, cfg.centroids) if cfg.centroids else ()
-        m = nodes.JensenKVQuantizeKVCache.execute(model, str(cfg.bits), str(cfg.bits), str(cfg.group), cfg.rotation,
-                                                  "fp8_e4m3", 0, *qvg).args[0]
+        m = nodes.JensenKVQuantizeKVCache.execute(
+            model, str(cfg.bits), str(cfg.bits), str(cfg.group), cfg.rotation, "fp8_e4m3", 0, *qvg
+        ).args[0]
         if cfg.correction != "off":
             m = nodes.JensenKVBiasCorrection.execute(m, cfg.correction, cfg.strength).args[0]
         return nodes.JensenKVDiagnostics.execute(m, "all", "all", DIAG_STEPS, 4).args[0]
@@ -149,10 +169,21 @@ def main(argv=None) -> int:
         scene = tv.make_scene(prompt, vseed)
         prefix = tv.to_wan_latent(tv.render(scene, 0, args.prefix * F)).unsqueeze(0)
         latent = {"samples": torch.zeros(1, 16, args.chunks * F, tiny_ar.LATENT_HW, tiny_ar.LATENT_HW)}
-        res = loop.run_chunked_ar(m, tiny_ar.conditioning(prompt), tiny_ar.conditioning(prompt), latent, seed=seed,
-                                  cfg=1.0, sampler=sampler, sigmas=sigmas, chunk_frames=F,
-                                  window_chunks=tiny_ar.WINDOW_CHUNKS, prefix={"samples": prefix},
-                                  include_prefix=False, progress=False)
+        res = loop.run_chunked_ar(
+            m,
+            tiny_ar.conditioning(prompt),
+            tiny_ar.conditioning(prompt),
+            latent,
+            seed=seed,
+            cfg=1.0,
+            sampler=sampler,
+            sigmas=sigmas,
+            chunk_frames=F,
+            window_chunks=tiny_ar.WINDOW_CHUNKS,
+            prefix={"samples": prefix},
+            include_prefix=False,
+            progress=False,
+        )
         return tv.from_wan_latent(res.samples[0]), res.report
 
     t_start = time.perf_counter()
@@ -169,7 +200,7 @@ def main(argv=None) -> int:
         gt = tv.object_positions(scene, range(start, start + args.chunks * F))
         err = (pos - gt).norm(dim=-1)
         err = torch.where(found, err, torch.full_like(err, float("nan")))
-        physics.append([float(torch.nanmean(err[c * F:(c + 1) * F])) for c in range(args.chunks)])
+        physics.append([float(torch.nanmean(err[c * F : (c + 1) * F])) for c in range(args.chunks)])
         ref_rgb = tv.to_rgb(ref)
         peak = float(ref.max() - ref.min())
         for cfg in configs:
@@ -178,8 +209,13 @@ def main(argv=None) -> int:
             rows = []
             for c in range(args.chunks):
                 sl = slice(c * F, (c + 1) * F)
-                rows.append((tiny_ar.psnr(ref[:, sl], x[:, sl], peak), tiny_ar.psnr(ref_rgb[sl], rgb[sl], 1.0),
-                             tiny_ar.ssim(ref_rgb[sl], rgb[sl])))
+                rows.append(
+                    (
+                        tiny_ar.psnr(ref[:, sl], x[:, sl], peak),
+                        tiny_ar.psnr(ref_rgb[sl], rgb[sl], 1.0),
+                        tiny_ar.ssim(ref_rgb[sl], rgb[sl]),
+                    )
+                )
             per_chunk[cfg.name].append(rows)
             st = report["diagnostics"]["stats"]
             mode = cfg.correction
@@ -202,11 +238,23 @@ def main(argv=None) -> int:
         ssim_means = [statistics.fmean(r[2] for r in rows) for rows in runs]
         last = [rows[-1][0] for rows in runs]
         first = [rows[0][0] for rows in runs]
-        row = {"config": cfg.name, "bits": cfg.bits, "group": cfg.group, "rotation": cfg.rotation,
-               "correction": cfg.correction, "strength": cfg.strength, "centroids": cfg.centroids,
-               "effective_bits": cfg.effective_bits(core)}
-        for key, vals in (("latent_psnr", seed_means), ("rgb_psnr", rgb_means), ("ssim", ssim_means),
-                          ("latent_psnr_first_chunk", first), ("latent_psnr_last_chunk", last)):
+        row = {
+            "config": cfg.name,
+            "bits": cfg.bits,
+            "group": cfg.group,
+            "rotation": cfg.rotation,
+            "correction": cfg.correction,
+            "strength": cfg.strength,
+            "centroids": cfg.centroids,
+            "effective_bits": cfg.effective_bits(core),
+        }
+        for key, vals in (
+            ("latent_psnr", seed_means),
+            ("rgb_psnr", rgb_means),
+            ("ssim", ssim_means),
+            ("latent_psnr_first_chunk", first),
+            ("latent_psnr_last_chunk", last),
+        ):
             row[key], row[key + "_se"] = mean_se(vals)
         row["median_delta_ps"], row["median_delta_ps_se"] = mean_se([d[0] for d in diag[cfg.name]])
         row["mean_jsd"], row["mean_jsd_se"] = mean_se([d[1] for d in diag[cfg.name]])
@@ -220,28 +268,57 @@ def main(argv=None) -> int:
         w.writerows(summary)
     with open(args.out / f"{stem}_per_chunk.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["config", "chunk", "latent_psnr", "latent_psnr_se", "rgb_psnr", "ssim",
-                    "fp_position_error_px", "fp_position_error_se"])
+        w.writerow(
+            [
+                "config",
+                "chunk",
+                "latent_psnr",
+                "latent_psnr_se",
+                "rgb_psnr",
+                "ssim",
+                "fp_position_error_px",
+                "fp_position_error_se",
+            ]
+        )
         for cfg in configs:
             for c in range(args.chunks):
                 lp = mean_se([rows[c][0] for rows in per_chunk[cfg.name]])
                 rp = mean_se([rows[c][1] for rows in per_chunk[cfg.name]])[0]
                 ss = mean_se([rows[c][2] for rows in per_chunk[cfg.name]])[0]
                 pe = mean_se([p[c] for p in physics])
-                w.writerow([cfg.name, c + 1, f"{lp[0]:.4f}", f"{lp[1]:.4f}", f"{rp:.4f}", f"{ss:.5f}",
-                            f"{pe[0]:.3f}", f"{pe[1]:.3f}"])
+                w.writerow(
+                    [
+                        cfg.name,
+                        c + 1,
+                        f"{lp[0]:.4f}",
+                        f"{lp[1]:.4f}",
+                        f"{rp:.4f}",
+                        f"{ss:.5f}",
+                        f"{pe[0]:.3f}",
+                        f"{pe[1]:.3f}",
+                    ]
+                )
 
-    cmd = "python benchmarks/rollout.py" + (" " + shlex.join(argv if argv is not None else sys.argv[1:])
-                                            if (argv if argv is not None else sys.argv[1:]) else "")
-    print(f"\n`{cmd}`: {len(videos)} seeds x {args.chunks} chunks (+{args.prefix} ground-truth prefix chunks), "
-          f"window {tiny_ar.WINDOW_CHUNKS}, {len(sigmas) - 1} {tiny_ar.SAMPLER} steps, "
-          f"{time.perf_counter() - t_start:.0f} s\n")
+    cmd = "python benchmarks/rollout.py" + (
+        " " + shlex.join(argv if argv is not None else sys.argv[1:])
+        if (argv if argv is not None else sys.argv[1:])
+        else ""
+    )
+    print(
+        f"\n`{cmd}`: {len(videos)} seeds x {args.chunks} chunks (+{args.prefix} ground-truth prefix chunks), "
+        f"window {tiny_ar.WINDOW_CHUNKS}, {len(sigmas) - 1} {tiny_ar.SAMPLER} steps, "
+        f"{time.perf_counter() - t_start:.0f} s\n"
+    )
     print("| setting | eff. bits | latent PSNR (dB) | first / last chunk | RGB PSNR | SSIM | median ΔP_S | mean JSD |")
     print("|---|---|---|---|---|---|---|---|")
-    for r in sorted(summary, key=lambda r: (-(r["bits"] or 99), r["rotation"], r["group"], r["correction"], r["strength"])):
-        print(f"| {r['config']} | {r['effective_bits']:.4g} | {r['latent_psnr']:.2f} ± {r['latent_psnr_se']:.2f} | "
-              f"{r['latent_psnr_first_chunk']:.1f} / {r['latent_psnr_last_chunk']:.1f} | {r['rgb_psnr']:.2f} | "
-              f"{r['ssim']:.4f} | {r['median_delta_ps']:+.4f} | {r['mean_jsd']:.2e} |")
+    for r in sorted(
+        summary, key=lambda r: (-(r["bits"] or 99), r["rotation"], r["group"], r["correction"], r["strength"])
+    ):
+        print(
+            f"| {r['config']} | {r['effective_bits']:.4g} | {r['latent_psnr']:.2f} ± {r['latent_psnr_se']:.2f} | "
+            f"{r['latent_psnr_first_chunk']:.1f} / {r['latent_psnr_last_chunk']:.1f} | {r['rgb_psnr']:.2f} | "
+            f"{r['ssim']:.4f} | {r['median_delta_ps']:+.4f} | {r['mean_jsd']:.2e} |"
+        )
     print("\nfull-precision rollouts against the ground-truth continuation (object-position error, latent px):")
     for c, (m, se) in phys.items():
         print(f"  after {c:2d} chunk(s): {m:.2f} ± {se:.2f} px")
@@ -258,17 +335,24 @@ def verdict(summary: list[dict]) -> None:
     if int4 and int2c:
         best2 = max(int2c, key=lambda r: r["latent_psnr"])
         best4 = max(int4, key=lambda r: r["latent_psnr"])
-        print(f"\nbest INT2 + correction: {best2['config']} {best2['latent_psnr']:.2f} dB at "
-              f"{best2['effective_bits']:.4g} bits; best INT4 without: {best4['config']} {best4['latent_psnr']:.2f} dB "
-              f"at {best4['effective_bits']:.4g} bits -> INT2 + correction "
-              f"{'beats' if best2['latent_psnr'] > best4['latent_psnr'] else 'does not beat'} INT4 here")
+        print(
+            f"\nbest INT2 + correction: {best2['config']} {best2['latent_psnr']:.2f} dB at "
+            f"{best2['effective_bits']:.4g} bits; best INT4 without: {best4['config']} {best4['latent_psnr']:.2f} dB "
+            f"at {best4['effective_bits']:.4g} bits -> INT2 + correction "
+            f"{'beats' if best2['latent_psnr'] > best4['latent_psnr'] else 'does not beat'} INT4 here"
+        )
     gains = []
     for r in summary:
         if r["correction"] != "off" and r["strength"] == 1.0:
             off = by.get(Config(r["bits"], r["group"], r["rotation"], centroids=r.get("centroids", 0)).name)
             if off:
-                gains.append((r["config"], r["latent_psnr"] - off["latent_psnr"],
-                              r["latent_psnr_last_chunk"] - off["latent_psnr_last_chunk"]))
+                gains.append(
+                    (
+                        r["config"],
+                        r["latent_psnr"] - off["latent_psnr"],
+                        r["latent_psnr_last_chunk"] - off["latent_psnr_last_chunk"],
+                    )
+                )
     for name, g, gl in gains:
         print(f"  {name}: {g:+.2f} dB over the rollout, {gl:+.2f} dB at its last chunk")
     lam = [r for r in summary if r["bits"] == 2 and r["correction"] == "taylor"]
@@ -287,8 +371,11 @@ def plots(summary, per_chunk, configs, out: Path) -> None:
         print("matplotlib not installed: no plots (pip install -e '.[demo]')")
         return
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    shown = [c for c in configs if c.strength == 1.0 and c.group == 32 and c.rotation == "hadamard"
-             and c.correction in ("off", "taylor")]
+    shown = [
+        c
+        for c in configs
+        if c.strength == 1.0 and c.group == 32 and c.rotation == "hadamard" and c.correction in ("off", "taylor")
+    ]
     for cfg in shown:
         rows = per_chunk[cfg.name]
         n = len(rows[0])
@@ -304,12 +391,22 @@ def plots(summary, per_chunk, configs, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for corr, marker in (("off", "o"), ("taylor", "s"), ("exact", "^")):
         for rot, color in (("hadamard", "tab:orange"), ("none", "tab:blue")):
-            pts = sorted((r["effective_bits"], r["latent_psnr"], r["latent_psnr_se"]) for r in summary
-                         if r["correction"] == corr and r["rotation"] == rot and r["strength"] == 1.0)
+            pts = sorted(
+                (r["effective_bits"], r["latent_psnr"], r["latent_psnr_se"])
+                for r in summary
+                if r["correction"] == corr and r["rotation"] == rot and r["strength"] == 1.0
+            )
             if pts:
-                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker=marker,
-                            ls="none", color=color, alpha=0.8,
-                            label=f"{'QuaRot' if rot == 'hadamard' else 'RTN'}, correction {corr}")
+                ax.errorbar(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    yerr=[p[2] for p in pts],
+                    marker=marker,
+                    ls="none",
+                    color=color,
+                    alpha=0.8,
+                    label=f"{'QuaRot' if rot == 'hadamard' else 'RTN'}, correction {corr}",
+                )
     ax.set_xlabel("effective bits per cached element")
     ax.set_ylabel("latent PSNR vs full-precision cache (dB)")
     ax.set_title("Storage against quality over rollouts (the paper's Fig. 5)")

@@ -5,6 +5,7 @@
 Both compute the same orthogonal map (``tests/test_attention.py`` checks it); this shows why
 ``jensen_core.hadamard`` applies it as a matmul up to ``MATMUL_MAX_DIM``.
 """
+
 import statistics
 import sys
 import time
@@ -40,7 +41,9 @@ def main():
                 bf = _time(lambda x=x: hadamard.rotate(x, 0))
             finally:
                 hadamard.MATMUL_MAX_DIM = old
-            print(f"  n={n:<4}{str(dtype).removeprefix('torch.'):<9} butterflies {bf:7.2f} ms   matmul {mm:7.2f} ms   ratio {bf / mm:5.2f}")
+            print(
+                f"  n={n:<4}{str(dtype).removeprefix('torch.'):<9} butterflies {bf:7.2f} ms   matmul {mm:7.2f} ms   ratio {bf / mm:5.2f}"
+            )
 
 
 if __name__ == "__main__":

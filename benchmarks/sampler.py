@@ -20,6 +20,7 @@ INT2 + Jensen run checks that seconds per chunk stay flat once the window is ful
 Targets: INT2+Jensen / FP time <= 1.15; INT2+Jensen / INT2 <= 1.05 end to end; cache bytes
 / BF16 bytes = effective_bits / 16 within 1%; under a window the last chunk within 15% of the third.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,16 +50,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--chunks", type=int, default=8, help="chunks in the video (at least 8)")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per chunk (Self-Forcing: 4)")
     p.add_argument("--cfg", type=float, default=1.0)
-    p.add_argument("--window", type=int, default=2,
-                   help="window (chunks) of the flatness run; with 2 the third chunk is the first to read a full window")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=2,
+        help="window (chunks) of the flatness run; with 2 the third chunk is the first to read a full window",
+    )
     p.add_argument("--window-chunks", type=int, default=10, help="chunks of the flatness run")
     p.add_argument("--group-size", default="32")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="the model's weights and compute dtype (the cache dequantizes to it)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: steadier timings on a shared machine; 0 leaves torch's default)")
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="the model's weights and compute dtype (the cache dequantizes to it)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: steadier timings on a shared machine; 0 leaves torch's default)",
+    )
     args = p.parse_args(argv)
     if args.chunks < 8:
         p.error("--chunks must be at least 8")
@@ -103,16 +116,28 @@ def main(argv=None) -> int:
 
     def run(m, n_frames, window=0):
         t0, c0 = time.perf_counter(), time.process_time()
-        r = loop.run_chunked_ar(m, pos, neg, wan_tiny.video_latent(n_frames, args.height, args.width), seed=0,
-                                cfg=args.cfg, sampler=sampler, sigmas=sigmas, chunk_frames=args.chunk_frames,
-                                window_chunks=window, progress=False)
+        r = loop.run_chunked_ar(
+            m,
+            pos,
+            neg,
+            wan_tiny.video_latent(n_frames, args.height, args.width),
+            seed=0,
+            cfg=args.cfg,
+            sampler=sampler,
+            sigmas=sigmas,
+            chunk_frames=args.chunk_frames,
+            window_chunks=window,
+            progress=False,
+        )
         return time.perf_counter() - t0, time.process_time() - c0, r
 
     tokens = (args.height // 2) * (args.width // 2)
     cpu_class = importlib.import_module(f"{pack.__name__}.jensen_core.cpu").cpu_class()
-    print(f"model: {args.dtype}, dim {args.dim}, {args.layers} layers x {args.heads} heads x {args.dim // args.heads}, ffn {args.ffn}; "
-          f"{args.chunks} chunks x {args.chunk_frames} latent frames x {tokens} tokens/frame; {args.steps} euler steps, "
-          f"cfg {args.cfg}; device {args.device} (CPU class {cpu_class}), torch threads {torch.get_num_threads()}, torch {torch.__version__}")
+    print(
+        f"model: {args.dtype}, dim {args.dim}, {args.layers} layers x {args.heads} heads x {args.dim // args.heads}, ffn {args.ffn}; "
+        f"{args.chunks} chunks x {args.chunk_frames} latent frames x {tokens} tokens/frame; {args.steps} euler steps, "
+        f"cfg {args.cfg}; device {args.device} (CPU class {cpu_class}), torch threads {torch.get_num_threads()}, torch {torch.__version__}"
+    )
 
     for m in settings.values():  # warm-up
         run(m, frames)
@@ -121,7 +146,7 @@ def main(argv=None) -> int:
     reports = {}
     names = list(settings)
     for r in range(args.repeats):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             w, c, res = run(settings[name], frames)
             wall[name].append(w)
@@ -131,13 +156,21 @@ def main(argv=None) -> int:
     def paired(times, a, b):
         return statistics.median([x / y for x, y in zip(times[a], times[b])])
 
-    print(f"\ntime per video, median of {args.repeats} interleaved rounds (process CPU time is the primary figure: "
-          "other processes on a shared machine inflate wall time, not our CPU time):")
+    print(
+        f"\ntime per video, median of {args.repeats} interleaved rounds (process CPU time is the primary figure: "
+        "other processes on a shared machine inflate wall time, not our CPU time):"
+    )
     for k in names:
-        print(f"  {k:27s} CPU {statistics.median(cpu[k]):7.3f} s  wall {statistics.median(wall[k]):7.3f} s"
-              f"   (CPU runs: {', '.join(f'{t:.2f}' for t in cpu[k])})")
-    for a, b, target in (("INT2+Jensen", "FP", 1.15), ("INT2+Jensen", "INT2", 1.05),
-                         ("INT2+Jensen chunk_mean", "INT2", 1.02), ("INT2+Jensen, rotation none", "FP", None)):
+        print(
+            f"  {k:27s} CPU {statistics.median(cpu[k]):7.3f} s  wall {statistics.median(wall[k]):7.3f} s"
+            f"   (CPU runs: {', '.join(f'{t:.2f}' for t in cpu[k])})"
+        )
+    for a, b, target in (
+        ("INT2+Jensen", "FP", 1.15),
+        ("INT2+Jensen", "INT2", 1.05),
+        ("INT2+Jensen chunk_mean", "INT2", 1.02),
+        ("INT2+Jensen, rotation none", "FP", None),
+    ):
         rc, rw = paired(cpu, a, b), paired(wall, a, b)
         verdict = "" if target is None else f"; target <= {target} {'OK' if rc <= target else 'MISSED'}"
         print(f"time ratio {a} / {b} = {rc:.3f} CPU, {rw:.3f} wall (medians of paired rounds{verdict})")
@@ -145,10 +178,14 @@ def main(argv=None) -> int:
     rep, fp = reports["INT2+Jensen"], reports["FP"]
     ratio = rep["cache_bytes"] / rep["bf16_bytes"]
     want = rep["effective_bits"] / 16
-    print(f"\ncache: INT2+Jensen {rep['cache_bytes']} B ({rep['cache_mib']:.3f} MiB), BF16 would be {rep['bf16_bytes']} B "
-          f"({rep['bf16_mib']:.3f} MiB); the FP run held {fp['cache_bytes']} B in {model.model_dtype()}")
-    print(f"cache bytes ratio = {ratio:.5f}; effective_bits / 16 = {rep['effective_bits']:.4f} / 16 = {want:.5f}; "
-          f"off by {abs(ratio / want - 1) * 100:.3f}% (target <= 1%) {'OK' if abs(ratio / want - 1) <= 0.01 else 'MISSED'}")
+    print(
+        f"\ncache: INT2+Jensen {rep['cache_bytes']} B ({rep['cache_mib']:.3f} MiB), BF16 would be {rep['bf16_bytes']} B "
+        f"({rep['bf16_mib']:.3f} MiB); the FP run held {fp['cache_bytes']} B in {model.model_dtype()}"
+    )
+    print(
+        f"cache bytes ratio = {ratio:.5f}; effective_bits / 16 = {rep['effective_bits']:.4f} / 16 = {want:.5f}; "
+        f"off by {abs(ratio / want - 1) * 100:.3f}% (target <= 1%) {'OK' if abs(ratio / want - 1) <= 0.01 else 'MISSED'}"
+    )
 
     # ---------------------------------------------------------------- flatness under a window
     wf = args.window_chunks * args.chunk_frames
@@ -160,15 +197,21 @@ def main(argv=None) -> int:
         denoise.append(res.denoise_seconds)
     med_chunk = [statistics.median(c) for c in zip(*per_chunk)]
     med_denoise = [statistics.median(c) for c in zip(*denoise)]
-    print(f"\nINT2+Jensen, window {args.window} chunks, {args.window_chunks} chunks, median of {args.repeats} runs "
-          "(wall seconds):")
+    print(
+        f"\nINT2+Jensen, window {args.window} chunks, {args.window_chunks} chunks, median of {args.repeats} runs "
+        "(wall seconds):"
+    )
     print("  seconds per chunk (denoise + cache write):", " ".join(f"{s:.3f}" for s in med_chunk))
     print("  seconds per chunk (denoising only)       :", " ".join(f"{s:.3f}" for s in med_denoise))
     last_vs_third = med_denoise[-1] / med_denoise[2]
-    print(f"last / third chunk, denoising = {last_vs_third:.3f} (target within 15%) "
-          f"{'OK' if abs(last_vs_third - 1) <= 0.15 else 'MISSED'}")
-    print(f"last writing chunk / third chunk, denoise + write = {med_chunk[-2] / med_chunk[2]:.3f}; the last chunk "
-          f"itself ({med_chunk[-1] / med_chunk[2]:.3f}) skips the cache write, which nothing would read")
+    print(
+        f"last / third chunk, denoising = {last_vs_third:.3f} (target within 15%) "
+        f"{'OK' if abs(last_vs_third - 1) <= 0.15 else 'MISSED'}"
+    )
+    print(
+        f"last writing chunk / third chunk, denoise + write = {med_chunk[-2] / med_chunk[2]:.3f}; the last chunk "
+        f"itself ({med_chunk[-1] / med_chunk[2]:.3f}) skips the cache write, which nothing would read"
+    )
     return 0
 
 

@@ -34,6 +34,7 @@ The script writes data only: ``sweep_comparisons.csv`` holds the comparisons the
 + correction against INT4 without it; the best INT2 setting at QVG's effective bits), one metric per row.
 What the numbers say is written by hand in docs/results.md and docs/qvg.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,10 +66,28 @@ QVG_SCHEMES = {"none": "QVG", "hadamard": "QVG+QuaRot"}
 CORRECTIONS = ("off", "taylor", "exact")
 MODE_CORRECTIONS = ("off", "taylor", "chunk_mean", "per_channel", "exact")
 COLUMNS = [
-    "scheme", "rotation", "bits", "group_size", "correction", "effective_bits",
-    "median_delta_ps", "q25_delta_ps", "q75_delta_ps", "iqr_delta_ps", "mean_jsd", "output_mse",
-    "wan_latent_psnr_db", "wan_latent_psnr_se_db", "wan_latent_mse", "wan_median_delta_ps", "wan_iqr_delta_ps",
-    "wan_mean_jsd", "wan_output_mse", "method", "qvg_stages", "qvg_centroids",
+    "scheme",
+    "rotation",
+    "bits",
+    "group_size",
+    "correction",
+    "effective_bits",
+    "median_delta_ps",
+    "q25_delta_ps",
+    "q75_delta_ps",
+    "iqr_delta_ps",
+    "mean_jsd",
+    "output_mse",
+    "wan_latent_psnr_db",
+    "wan_latent_psnr_se_db",
+    "wan_latent_mse",
+    "wan_median_delta_ps",
+    "wan_iqr_delta_ps",
+    "wan_mean_jsd",
+    "wan_output_mse",
+    "method",
+    "qvg_stages",
+    "qvg_centroids",
 ]
 COMPARISON_COLUMNS = ["comparison", "setting", "reference", "metric", "value", "reference_value", "lower_is_better"]
 # QVG (group size, K) at the bits of RTN INT2 g64 (2.375) and g32 (2.75) on 1,560-token chunks, and QVG's default
@@ -114,11 +133,17 @@ class Row:
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "docs" / "results"), help="output folder (CSV and PNGs)")
-    p.add_argument("--quick", action="store_true",
-                   help="a small grid (INT2/INT4, g32, RTN, off/taylor) on a small workload and a short video: seconds")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="a small grid (INT2/INT4, g32, RTN, off/taylor) on a small workload and a short video: seconds",
+    )
     p.add_argument("--no-wan", action="store_true", help="skip the tiny-Wan part (latent PSNR)")
-    p.add_argument("--modes", action="store_true",
-                   help="compare every correction mode at INT2/INT3 (writes sweep_modes.csv, no plots)")
+    p.add_argument(
+        "--modes",
+        action="store_true",
+        help="compare every correction mode at INT2/INT3 (writes sweep_modes.csv, no plots)",
+    )
     p.add_argument("--query-stride", type=int, default=4, help="workload: evaluate every n-th query")
     p.add_argument("--seeds", type=int, default=3, help="tiny Wan: seeds averaged for the PSNR (noise + prompt)")
     p.add_argument("--chunks", type=int, default=6, help="tiny Wan: chunks per video (at least 6 for the full grid)")
@@ -141,33 +166,44 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def grid(quick: bool, modes: bool = False) -> list[Setting]:
     if modes:
-        return [Setting(b, g, r, c) for r in ("none", "hadamard") for b in (2, 3) for g in ((32,) if quick else (128, 64, 32))
-                for c in MODE_CORRECTIONS]
+        return [
+            Setting(b, g, r, c)
+            for r in ("none", "hadamard")
+            for b in (2, 3)
+            for g in ((32,) if quick else (128, 64, 32))
+            for c in MODE_CORRECTIONS
+        ]
     if quick:
-        return ([Setting(b, 32, "none", c) for b in (2, 4) for c in ("off", "taylor")]
-                + [Setting(2, 32, "none", c, "qvg", 8) for c in ("off", "taylor")])
-    return ([Setting(b, g, r, c) for r in ("none", "hadamard") for b in (2, 3, 4) for g in (128, 64, 32)
-             for c in CORRECTIONS]
-            + [Setting(2, g, r, c, "qvg", k) for r in ("none", "hadamard") for g, k in QVG_GRID for c in CORRECTIONS])
+        return [Setting(b, 32, "none", c) for b in (2, 4) for c in ("off", "taylor")] + [
+            Setting(2, 32, "none", c, "qvg", 8) for c in ("off", "taylor")
+        ]
+    return [
+        Setting(b, g, r, c) for r in ("none", "hadamard") for b in (2, 3, 4) for g in (128, 64, 32) for c in CORRECTIONS
+    ] + [Setting(2, g, r, c, "qvg", k) for r in ("none", "hadamard") for g, k in QVG_GRID for c in CORRECTIONS]
 
 
 # ------------------------------------------------------------------------------------------ part 1
 def workload_part(settings: list[Setting], args) -> tuple[list[Row], dict[str, torch.Tensor], str]:
     w = make_workload(heads=2, chunk_tokens=256, cached_chunks=2) if args.quick else make_workload()
     h, n, d = w.q.shape[1], w.q.shape[2], w.q.shape[3]
-    desc = (f"{h} heads x head_dim {d}, {n} tokens/chunk, {len(w.k_cached)} cached chunks + the current one, "
-            f"every {args.query_stride}th query")
+    desc = (
+        f"{h} heads x head_dim {d}, {n} tokens/chunk, {len(w.k_cached)} cached chunks + the current one, "
+        f"every {args.query_stride}th query"
+    )
     kc, vc = w.k_cached_all, w.v_cached_all
     rows, hists = [], {}
-    bf16 = attention_shift(w.q, kc, vc, w.k_cur, w.v_cur, kc.to(torch.bfloat16), vc.to(torch.bfloat16),
-                           query_stride=args.query_stride)
+    bf16 = attention_shift(
+        w.q, kc, vc, w.k_cur, w.v_cur, kc.to(torch.bfloat16), vc.to(torch.bfloat16), query_stride=args.query_stride
+    )
     rows.append(Row(None, {**_stats(bf16), "effective_bits": 16.0}))
     quantized: dict[QuantSpec, tuple] = {}
     for s in settings:
         if s.spec not in quantized:
             quantized.clear()  # settings come grouped by spec: hold one quantized copy at a time
             # chunk by chunk, as the cache stores them (QVG clusters each chunk on its own)
-            quantized[s.spec] = tuple(cat_quantized([quantize(t, s.spec) for t in ts]) for ts in (w.k_cached, w.v_cached))
+            quantized[s.spec] = tuple(
+                cat_quantized([quantize(t, s.spec) for t in ts]) for ts in (w.k_cached, w.v_cached)
+            )
         kq, vq = quantized[s.spec]
         st = attention_shift(w.q, kc, vc, w.k_cur, w.v_cur, kq, vq, correction=s.mode, query_stride=args.query_stride)
         bits = (kq.nbytes + vq.nbytes) * 8 / (kq.numel + vq.numel)  # what is really stored (QVG: centroids and ids too)
@@ -180,8 +216,14 @@ def workload_part(settings: list[Setting], args) -> tuple[list[Row], dict[str, t
 def _stats(st) -> dict:
     srt = st.delta_ps.sort().values
     q25, q75 = quantile(srt, 0.25), quantile(srt, 0.75)
-    return {"median_delta_ps": quantile(srt, 0.5), "q25_delta_ps": q25, "q75_delta_ps": q75,
-            "iqr_delta_ps": q75 - q25, "mean_jsd": st.mean_jsd, "output_mse": st.output_mse}
+    return {
+        "median_delta_ps": quantile(srt, 0.5),
+        "q25_delta_ps": q25,
+        "q75_delta_ps": q75,
+        "iqr_delta_ps": q75 - q25,
+        "mean_jsd": st.mean_jsd,
+        "output_mse": st.output_mse,
+    }
 
 
 # ------------------------------------------------------------------------------------------ part 2
@@ -212,15 +254,26 @@ def wan_part(settings: list[Setting], args, out: Path) -> tuple[dict[Setting, di
     frames = args.chunks * args.chunk_frames
     sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", args.steps)
     euler = comfy.samplers.sampler_object("euler")
-    desc = (f"dim {b.dim}, {b.layers} layers x {b.heads} heads x {b.dim // b.heads}, random weights; {args.chunks} "
-            f"chunks x {args.chunk_frames} latent frames x {(args.latent_size // 2) ** 2} tokens/frame, "
-            f"{args.steps} euler steps, cfg 1, {args.seeds} seed(s)")
+    desc = (
+        f"dim {b.dim}, {b.layers} layers x {b.heads} heads x {b.dim // b.heads}, random weights; {args.chunks} "
+        f"chunks x {args.chunk_frames} latent frames x {(args.latent_size // 2) ** 2} tokens/frame, "
+        f"{args.steps} euler steps, cfg 1, {args.seeds} seed(s)"
+    )
 
     def sample(m, seed):
         return loop.run_chunked_ar(
-            m, wan_tiny.conditioning(1000 + seed, 32, 64), wan_tiny.conditioning(2000 + seed, 32, 64),
-            wan_tiny.video_latent(frames, args.latent_size, args.latent_size), seed=seed, cfg=1.0, sampler=euler,
-            sigmas=sigmas, chunk_frames=args.chunk_frames, window_chunks=0, progress=False)
+            m,
+            wan_tiny.conditioning(1000 + seed, 32, 64),
+            wan_tiny.conditioning(2000 + seed, 32, 64),
+            wan_tiny.video_latent(frames, args.latent_size, args.latent_size),
+            seed=seed,
+            cfg=1.0,
+            sampler=euler,
+            sigmas=sigmas,
+            chunk_frames=args.chunk_frames,
+            window_chunks=0,
+            progress=False,
+        )
 
     refs = [sample(model, seed).samples for seed in range(args.seeds)]
     results: dict[Setting, dict] = {}
@@ -228,8 +281,9 @@ def wan_part(settings: list[Setting], args, out: Path) -> tuple[dict[Setting, di
     for s in settings:
         if s.method != "rtn":  # QVG's K was matched to the workload's 1,560-token chunks, not the tiny Wan's
             continue
-        m = nodes.JensenKVQuantizeKVCache.execute(model, str(s.bits), str(s.bits), str(s.group_size), s.rotation,
-                                                  "fp8_e4m3", 0).args[0]
+        m = nodes.JensenKVQuantizeKVCache.execute(
+            model, str(s.bits), str(s.bits), str(s.group_size), s.rotation, "fp8_e4m3", 0
+        ).args[0]
         m = nodes.JensenKVBiasCorrection.execute(m, s.correction, 1.0).args[0]
         psnrs, mses, diag = [], [], None
         for seed, ref in enumerate(refs):
@@ -248,8 +302,10 @@ def wan_part(settings: list[Setting], args, out: Path) -> tuple[dict[Setting, di
             "wan_latent_psnr_db": statistics.fmean(psnrs),
             "wan_latent_psnr_se_db": statistics.stdev(psnrs) / math.sqrt(len(psnrs)) if len(psnrs) > 1 else 0.0,
             "wan_latent_mse": statistics.fmean(mses),
-            "wan_median_delta_ps": st["median_delta_ps"], "wan_iqr_delta_ps": st["iqr_delta_ps"],
-            "wan_mean_jsd": st["mean_jsd"], "wan_output_mse": st["output_mse"],
+            "wan_median_delta_ps": st["median_delta_ps"],
+            "wan_iqr_delta_ps": st["iqr_delta_ps"],
+            "wan_mean_jsd": st["mean_jsd"],
+            "wan_output_mse": st["output_mse"],
         }
         if s == figure_setting:
             name = f"wan_diagnostics_int{s.bits}_g{s.group_size}_{SCHEMES[s.rotation].lower()}_{s.correction}.png"
@@ -264,10 +320,20 @@ def write_csv(rows: list[Row], path: Path) -> None:
         wr.writeheader()
         for r in rows:
             s = r.setting
-            base = ({"scheme": "BF16", "rotation": "", "bits": 16, "group_size": "", "correction": "off"} if s is None
-                    else {"scheme": s.scheme, "rotation": s.rotation, "bits": s.bits,
-                          "group_size": s.group_size, "correction": s.correction, "method": s.method,
-                          "qvg_stages": 1 if s.method == "qvg" else "", "qvg_centroids": s.centroids if s.method == "qvg" else ""})
+            base = (
+                {"scheme": "BF16", "rotation": "", "bits": 16, "group_size": "", "correction": "off"}
+                if s is None
+                else {
+                    "scheme": s.scheme,
+                    "rotation": s.rotation,
+                    "bits": s.bits,
+                    "group_size": s.group_size,
+                    "correction": s.correction,
+                    "method": s.method,
+                    "qvg_stages": 1 if s.method == "qvg" else "",
+                    "qvg_centroids": s.centroids if s.method == "qvg" else "",
+                }
+            )
             vals = {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.values.items()}
             wr.writerow({**dict.fromkeys(COLUMNS, ""), **base, **vals})
 
@@ -277,23 +343,33 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(rows: list[Row], have_wan: bool) -> None:
-    head = (f"{'setting':<34}{'eff.bits':>9}{'med dP_S':>10}{'IQR':>8}{'mean JSD':>10}{'out MSE':>10}"
-            + (f"{'PSNR dB':>9}{'Wan dP_S':>10}" if have_wan else ""))
+    head = f"{'setting':<34}{'eff.bits':>9}{'med dP_S':>10}{'IQR':>8}{'mean JSD':>10}{'out MSE':>10}" + (
+        f"{'PSNR dB':>9}{'Wan dP_S':>10}" if have_wan else ""
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         v = r.values
         name = "BF16 cache (reference)" if r.setting is None else r.setting.label()
-        line = (f"{name:<34}{v['effective_bits']:>9.4f}{v['median_delta_ps']:>+10.5f}{v['iqr_delta_ps']:>8.4f}"
-                f"{v['mean_jsd']:>10.2e}{v['output_mse']:>10.2e}")
+        line = (
+            f"{name:<34}{v['effective_bits']:>9.4f}{v['median_delta_ps']:>+10.5f}{v['iqr_delta_ps']:>8.4f}"
+            f"{v['mean_jsd']:>10.2e}{v['output_mse']:>10.2e}"
+        )
         if have_wan:
             line += f"{_fmt(v.get('wan_latent_psnr_db'), '9.2f'):>9}{_fmt(v.get('wan_median_delta_ps'), '+10.5f'):>10}"
         print(line)
 
 
 def _comparison(kind: str, setting: str, reference: str, metric: str, value, reference_value, lower_is_better) -> dict:
-    return {"comparison": kind, "setting": setting, "reference": reference, "metric": metric, "value": value,
-            "reference_value": reference_value, "lower_is_better": lower_is_better}
+    return {
+        "comparison": kind,
+        "setting": setting,
+        "reference": reference,
+        "metric": metric,
+        "value": value,
+        "reference_value": reference_value,
+        "lower_is_better": lower_is_better,
+    }
 
 
 def comparisons(rows: list[Row], have_wan: bool) -> list[dict]:
@@ -304,8 +380,11 @@ def comparisons(rows: list[Row], have_wan: bool) -> list[dict]:
     ``best_int2_at_bits``: at each QVG row's effective bits, the INT2 setting (QVG, RTN or QuaRot within
     0.02 bits) with the best value of each workload metric.
     """
-    by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r
-          for r in rows if r.setting is not None and r.setting.method == "rtn"}
+    by = {
+        (r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r
+        for r in rows
+        if r.setting is not None and r.setting.method == "rtn"
+    }
     metrics = [("median_delta_ps", True), ("mean_jsd", True), ("output_mse", True)]
     if have_wan:
         metrics.append(("wan_latent_psnr_db", False))
@@ -325,7 +404,9 @@ def comparisons(rows: list[Row], have_wan: bool) -> list[dict]:
                         continue
                     if key == "median_delta_ps":
                         key, x, y = "abs_median_delta_ps", abs(x), abs(y)
-                    out.append(_comparison("int2_corrected_vs_int4", a.setting.label(), b.setting.label(), key, x, y, lower))
+                    out.append(
+                        _comparison("int2_corrected_vs_int4", a.setting.label(), b.setting.label(), key, x, y, lower)
+                    )
     return out + best_at_matched_bits(rows)
 
 
@@ -341,8 +422,11 @@ def best_at_matched_bits(rows: list[Row]) -> list[dict]:
             scores = [abs(r.values[key]) if key == "median_delta_ps" else r.values[key] for r in near]
             i = min(range(len(near)), key=scores.__getitem__)
             name = "abs_median_delta_ps" if key == "median_delta_ps" else key
-            out.append(_comparison("best_int2_at_bits", near[i].setting.label(), f"{budget:.2f} bits", name,
-                                   scores[i], "", True))
+            out.append(
+                _comparison(
+                    "best_int2_at_bits", near[i].setting.label(), f"{budget:.2f} bits", name, scores[i], "", True
+                )
+            )
     return out
 
 
@@ -350,8 +434,11 @@ def modes_comparisons(rows: list[Row], have_wan: bool) -> list[dict]:
     """Per setting and mode (chunk_mean, per_channel, exact) against Taylor, as data: the share of Taylor's
     |median ΔP_S| reduction the mode keeps (``value``; ``reference_value`` 1), its mean JSD against Taylor's,
     and with the tiny Wan its latent PSNR gain over no correction against Taylor's."""
-    by = {(r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r
-          for r in rows if r.setting is not None}
+    by = {
+        (r.setting.bits, r.setting.group_size, r.setting.rotation, r.setting.correction): r
+        for r in rows
+        if r.setting is not None
+    }
     out = []
     for (bits, g, rot, corr), off_row in sorted(by.items()):
         if corr != "off" or (bits, g, rot, "taylor") not in by:
@@ -365,14 +452,26 @@ def modes_comparisons(rows: list[Row], have_wan: bool) -> list[dict]:
             v, label, ref = row.values, row.setting.label(), tay_row.setting.label()
             red = abs(off["median_delta_ps"]) - abs(tay["median_delta_ps"])
             kept = (abs(off["median_delta_ps"]) - abs(v["median_delta_ps"])) / red if red > 0 else float("nan")
-            out.append(_comparison("share_of_taylor_reduction", label, ref, "abs_median_delta_ps_reduction_kept",
-                                   kept, 1.0, False))
-            out.append(_comparison("share_of_taylor_reduction", label, ref, "mean_jsd", v["mean_jsd"],
-                                   tay["mean_jsd"], True))
+            out.append(
+                _comparison(
+                    "share_of_taylor_reduction", label, ref, "abs_median_delta_ps_reduction_kept", kept, 1.0, False
+                )
+            )
+            out.append(
+                _comparison("share_of_taylor_reduction", label, ref, "mean_jsd", v["mean_jsd"], tay["mean_jsd"], True)
+            )
             if have_wan and v.get("wan_latent_psnr_db") not in (None, ""):
-                out.append(_comparison("share_of_taylor_reduction", label, ref, "wan_latent_psnr_gain_db",
-                                       v["wan_latent_psnr_db"] - off["wan_latent_psnr_db"],
-                                       tay["wan_latent_psnr_db"] - off["wan_latent_psnr_db"], False))
+                out.append(
+                    _comparison(
+                        "share_of_taylor_reduction",
+                        label,
+                        ref,
+                        "wan_latent_psnr_gain_db",
+                        v["wan_latent_psnr_db"] - off["wan_latent_psnr_db"],
+                        tay["wan_latent_psnr_db"] - off["wan_latent_psnr_db"],
+                        False,
+                    )
+                )
     return out
 
 
@@ -397,16 +496,24 @@ def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
     qrows = [r for r in rows if r.setting is not None and r.setting.method == "rtn"]
     qvg_rows = [r for r in rows if r.setting is not None and r.setting.method == "qvg"]
     if have_wan:  # the correction's PSNR gain over the same setting without it
-        off = {(r.setting.bits, r.setting.group_size, r.setting.rotation): r.values["wan_latent_psnr_db"]
-               for r in qrows if r.setting.correction == "off"}
+        off = {
+            (r.setting.bits, r.setting.group_size, r.setting.rotation): r.values["wan_latent_psnr_db"]
+            for r in qrows
+            if r.setting.correction == "off"
+        }
         for r in qrows:
             s = r.setting
             r.values["_psnr_gain"] = r.values["wan_latent_psnr_db"] - off[(s.bits, s.group_size, s.rotation)]
-    panels = [("median_delta_ps", "median ΔP_S (workload)"), ("mean_jsd", "mean attention JSD (workload)"),
-              ("output_mse", "attention output MSE (workload)")]
+    panels = [
+        ("median_delta_ps", "median ΔP_S (workload)"),
+        ("mean_jsd", "mean attention JSD (workload)"),
+        ("output_mse", "attention output MSE (workload)"),
+    ]
     if have_wan:
-        panels += [("wan_latent_psnr_db", "latent PSNR vs unquantized cache, dB (tiny Wan)"),
-                   ("_psnr_gain", "PSNR gain from the correction, dB (tiny Wan)")]
+        panels += [
+            ("wan_latent_psnr_db", "latent PSNR vs unquantized cache, dB (tiny Wan)"),
+            ("_psnr_gain", "PSNR gain from the correction, dB (tiny Wan)"),
+        ]
     fig, axes = plt.subplots(2, 3, figsize=(13.5, 7.6)) if have_wan else plt.subplots(1, 3, figsize=(13.5, 4.4))
     axes = list(axes.ravel())
     # exact is drawn as crosses on top of taylor: the two nearly coincide
@@ -417,15 +524,22 @@ def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
                 if key == "_psnr_gain" and corr == "off":
                     continue
                 for bits in (2, 3, 4):
-                    pts = sorted((r.values["effective_bits"], r.values[key], r.values.get("wan_latent_psnr_se_db", 0))
-                                 for r in qrows if (r.setting.rotation, r.setting.correction, r.setting.bits)
-                                 == (rot, corr, bits) and r.values.get(key) not in (None, ""))
+                    pts = sorted(
+                        (r.values["effective_bits"], r.values[key], r.values.get("wan_latent_psnr_se_db", 0))
+                        for r in qrows
+                        if (r.setting.rotation, r.setting.correction, r.setting.bits) == (rot, corr, bits)
+                        and r.values.get(key) not in (None, "")
+                    )
                     if not pts:
                         continue
                     xs, ys, es = zip(*pts)
-                    kw = dict(color=COLORS[corr], linestyle=LINESTYLES[rot], markersize=5,
-                              marker="x" if corr == "exact" else MARKERS[bits],
-                              markerfacecolor=COLORS[corr] if rot == "hadamard" else "white")
+                    kw = dict(
+                        color=COLORS[corr],
+                        linestyle=LINESTYLES[rot],
+                        markersize=5,
+                        marker="x" if corr == "exact" else MARKERS[bits],
+                        markerfacecolor=COLORS[corr] if rot == "hadamard" else "white",
+                    )
                     kw.update(styles[corr])
                     if key == "wan_latent_psnr_db" and any(es):
                         ax.errorbar(xs, ys, yerr=es, capsize=2, **kw)
@@ -434,9 +548,15 @@ def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
         for r in qvg_rows:  # QVG points (workload panels): stars, filled with rotation
             if r.values.get(key) in (None, "") or key.startswith("_"):
                 continue
-            ax.plot([r.values["effective_bits"]], [r.values[key]], linestyle="", marker="*", markersize=9,
-                    color=COLORS[r.setting.correction],
-                    markerfacecolor=COLORS[r.setting.correction] if r.setting.rotation == "hadamard" else "white")
+            ax.plot(
+                [r.values["effective_bits"]],
+                [r.values[key]],
+                linestyle="",
+                marker="*",
+                markersize=9,
+                color=COLORS[r.setting.correction],
+                markerfacecolor=COLORS[r.setting.correction] if r.setting.rotation == "hadamard" else "white",
+            )
         if key == "median_delta_ps":
             ax.axhline(0, color="k", linewidth=0.8)
             ax.set_yscale("symlog", linthresh=1e-3)
@@ -447,15 +567,34 @@ def plot_fig5(rows: list[Row], path: Path, have_wan: bool, title: str) -> bool:
         ax.set_xlabel("effective bits (g = 128 / 64 / 32 left to right)", fontsize=9)
         ax.set_title(label, fontsize=10)
         ax.grid(alpha=0.3)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.axis("off")
-    handles = [Line2D([], [], color=COLORS[c], linestyle=LINESTYLES[r] if c != "exact" else "",
-                      marker="x" if c == "exact" else "o", markerfacecolor=COLORS[c] if r == "hadamard" else "white",
-                      label=f"{SCHEMES[r]}, correction {c}") for r in ("hadamard", "none") for c in CORRECTIONS]
+    handles = [
+        Line2D(
+            [],
+            [],
+            color=COLORS[c],
+            linestyle=LINESTYLES[r] if c != "exact" else "",
+            marker="x" if c == "exact" else "o",
+            markerfacecolor=COLORS[c] if r == "hadamard" else "white",
+            label=f"{SCHEMES[r]}, correction {c}",
+        )
+        for r in ("hadamard", "none")
+        for c in CORRECTIONS
+    ]
     handles += [Line2D([], [], color="0.3", linestyle="", marker=MARKERS[b], label=f"INT{b}") for b in (2, 3, 4)]
     if qvg_rows:
-        handles.append(Line2D([], [], color="0.3", linestyle="", marker="*", markersize=9,
-                              label="QVG INT2 (filled: + QuaRot; workload only)"))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color="0.3",
+                linestyle="",
+                marker="*",
+                markersize=9,
+                label="QVG INT2 (filled: + QuaRot; workload only)",
+            )
+        )
     if have_wan:
         axes[-1].legend(handles=handles, loc="center", fontsize=9, frameon=False)
     else:
@@ -475,10 +614,15 @@ def plot_fig4(hists: dict[str, torch.Tensor], path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cells = [(b, r) for b in (2, 4) for r in ("none", "hadamard")
-             if any(k.startswith(f"INT{b} g32 {SCHEMES[r]} ") for k in hists)]
-    fig, axes = plt.subplots(1 if len(cells) <= 2 else 2, min(len(cells), 2), figsize=(11, 6.4 if len(cells) > 2 else 3.6),
-                             squeeze=False)
+    cells = [
+        (b, r)
+        for b in (2, 4)
+        for r in ("none", "hadamard")
+        if any(k.startswith(f"INT{b} g32 {SCHEMES[r]} ") for k in hists)
+    ]
+    fig, axes = plt.subplots(
+        1 if len(cells) <= 2 else 2, min(len(cells), 2), figsize=(11, 6.4 if len(cells) > 2 else 3.6), squeeze=False
+    )
     for ax, (bits, rot) in zip(axes.ravel(), cells):
         series = {c: hists.get(f"INT{bits} g32 {SCHEMES[rot]} {c}") for c in CORRECTIONS}
         series = {c: t for c, t in series.items() if t is not None}
@@ -518,8 +662,10 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     rows, hists, wdesc = workload_part(settings, args)
-    print(f"workload: {wdesc}; {len(settings)} settings in {time.perf_counter() - t0:.1f} s "
-          f"on {torch.get_num_threads()} torch threads")
+    print(
+        f"workload: {wdesc}; {len(settings)} settings in {time.perf_counter() - t0:.1f} s "
+        f"on {torch.get_num_threads()} torch threads"
+    )
 
     have_wan = False
     if args.no_wan:
@@ -533,8 +679,10 @@ def main(argv=None) -> int:
                 if r.setting is not None:
                     r.values.update(results.get(r.setting, {}))
             have_wan = True
-            print(f"tiny Wan: {desc}; {len(settings) + 1} configurations x {args.seeds} seed(s) in "
-                  f"{time.perf_counter() - t0:.1f} s")
+            print(
+                f"tiny Wan: {desc}; {len(settings) + 1} configurations x {args.seeds} seed(s) in "
+                f"{time.perf_counter() - t0:.1f} s"
+            )
 
     print()
     print_table(rows, have_wan)
@@ -549,10 +697,17 @@ def main(argv=None) -> int:
     write_csv(rows, csv_path)
     write_comparisons(comparisons(rows, have_wan), cmp_path)
     print(f"csv: {csv_path}\ncomparisons: {cmp_path}")
-    if plot_fig5(rows, out / "fig5_storage_quality.png", have_wan,
-                 "Storage-quality trade-off (paper Fig. 5 style): K and V quantized alike, FP8 scales + BF16 zeros"):
-        plot_fig4(hists, out / "fig4_delta_ps_hist.png",
-                  "ΔP_S before/after the Jensen correction on the embedded workload (paper Fig. 4 / App. K style)")
+    if plot_fig5(
+        rows,
+        out / "fig5_storage_quality.png",
+        have_wan,
+        "Storage-quality trade-off (paper Fig. 5 style): K and V quantized alike, FP8 scales + BF16 zeros",
+    ):
+        plot_fig4(
+            hists,
+            out / "fig4_delta_ps_hist.png",
+            "ΔP_S before/after the Jensen correction on the embedded workload (paper Fig. 4 / App. K style)",
+        )
         print(f"plots: {out / 'fig5_storage_quality.png'}, {out / 'fig4_delta_ps_hist.png'}")
     for extra in sorted(out.glob("wan_diagnostics_*.png")):
         print(f"diagnostics plot: {extra}")

@@ -7,6 +7,7 @@ shift 3, prompt "three balls bouncing fast over a cool texture", seed 42, 24 lat
 of 3, cache window 3, 8 euler steps; rows: full-precision cache, INT2 (g32, QuaRot), INT2 + Jensen.
 Every 3rd latent frame is shown, each latent pixel as an 8x8 block.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,14 +47,26 @@ def main(argv=None) -> int:
     rows = []
     ref = None
     for label, m in (("full-precision cache", model), ("INT2 cache", int2), ("INT2 + Jensen", jensen)):
-        res = loop.run_chunked_ar(m, cond, cond, {"samples": torch.zeros(1, 16, 24, 16, 16)}, seed=42, cfg=1.0,
-                                  sampler=comfy.samplers.sampler_object("euler"), sigmas=tiny_ar.sigmas(model),
-                                  chunk_frames=3, window_chunks=3, progress=False)
+        res = loop.run_chunked_ar(
+            m,
+            cond,
+            cond,
+            {"samples": torch.zeros(1, 16, 24, 16, 16)},
+            seed=42,
+            cfg=1.0,
+            sampler=comfy.samplers.sampler_object("euler"),
+            sigmas=tiny_ar.sigmas(model),
+            chunk_frames=3,
+            window_chunks=3,
+            progress=False,
+        )
         x = tv.from_wan_latent(res.samples[0])
         if ref is None:
             ref = x
-        print(f"{label:22s} latent PSNR vs full precision: {tiny_ar.psnr(ref, x):6.2f} dB, "
-              f"cache {res.report['cache_bytes'] / 1024:.1f} KiB")
+        print(
+            f"{label:22s} latent PSNR vs full precision: {tiny_ar.psnr(ref, x):6.2f} dB, "
+            f"cache {res.report['cache_bytes'] / 1024:.1f} KiB"
+        )
         rows.append((label, tv.to_rgb(x)))
     frames = list(range(0, 24, 3))
     cell, pad, left = 96, 4, 170

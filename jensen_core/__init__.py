@@ -3,6 +3,7 @@
 Pure torch (plus einops and safetensors); never imports ComfyUI. Paper: "Quantized Keys Steal
 Attention: Bias Correction for KV-Cache Compression in Video Diffusion".
 """
+
 from ._version import __version__ as __version__
 from .attention import CacheEntry, cached_attention
 from .bias import MODES, jensen_bias, log_sinhc

@@ -1,4 +1,5 @@
 """``python -m jensen_core <command>``: demo (the main job), and the tools next to it."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """The pack's version, read from its one home: ``[project] version`` in pyproject.toml."""
+
 from __future__ import annotations
 
 import re

@@ -17,6 +17,7 @@ The transient is about one chunk's K/V in the compute dtype - never a full-preci
 cache, nor even of one layer's window. (Where no kernel reports its log-sum-exp, one buffer holds
 the layer's window instead, every correction folded in as appended channels.)
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,7 +40,9 @@ from .sdpa_lse import lse_supported, sdpa_with_lse
 logger = logging.getLogger("jensen_kv")
 
 _FORCE_CONCAT = False  # tests flip this to exercise the single-buffer path
-_LEGACY = False  # benchmarks flip this: the channel-order dequantization and rotations of the first release, side by side
+_LEGACY = (
+    False  # benchmarks flip this: the channel-order dequantization and rotations of the first release, side by side
+)
 
 
 @dataclass(eq=False)
@@ -75,15 +78,15 @@ def _rotation_seed(t: StoredTensor | Tensor) -> int | None:
 def _check_inputs(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: Sequence[CacheEntry], strength: float) -> None:
     for name, t in (("q", q), ("k_cur", k_cur), ("v_cur", v_cur)):
         if not isinstance(t, Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a (batch, heads, tokens, head_dim) tensor, got {getattr(t, 'shape', type(t))}")
+            raise ValueError(
+                f"{name} must be a (batch, heads, tokens, head_dim) tensor, got {getattr(t, 'shape', type(t))}"
+            )
         if not t.is_floating_point():
             raise ValueError(f"{name} must be floating point, got {t.dtype}")
     if k_cur.shape != v_cur.shape:
         raise ValueError(f"k_cur {tuple(k_cur.shape)} and v_cur {tuple(v_cur.shape)} must have the same shape")
     if q.shape[:2] != k_cur.shape[:2] or q.shape[-1] != k_cur.shape[-1]:
-        raise ValueError(
-            f"q {tuple(q.shape)} and k_cur {tuple(k_cur.shape)} disagree on batch, heads or head_dim"
-        )
+        raise ValueError(f"q {tuple(q.shape)} and k_cur {tuple(k_cur.shape)} disagree on batch, heads or head_dim")
     if k_cur.shape[-2] == 0 or q.shape[-2] == 0:
         raise ValueError("the current chunk is empty: q and k_cur need at least one token")
     if not (q.dtype == k_cur.dtype == v_cur.dtype):
@@ -103,10 +106,15 @@ def _check_inputs(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: Sequence[Cac
                     f"head_dim {tuple(q.shape[:2]) + (q.shape[-1],)}"
                 )
             if t.device != q.device:
-                raise ValueError(f"cached {name} live on {t.device} but the query on {q.device}; keep them on one device")
-        if type(e.k) is not type(first.k) or type(e.v) is not type(first.v) or (
-            isinstance(e.k, StoredTensor) and e.k.spec != first.k.spec
-        ) or (isinstance(e.v, StoredTensor) and e.v.spec != first.v.spec):
+                raise ValueError(
+                    f"cached {name} live on {t.device} but the query on {q.device}; keep them on one device"
+                )
+        if (
+            type(e.k) is not type(first.k)
+            or type(e.v) is not type(first.v)
+            or (isinstance(e.k, StoredTensor) and e.k.spec != first.k.spec)
+            or (isinstance(e.v, StoredTensor) and e.v.spec != first.v.spec)
+        ):
             raise ValueError("all cached chunks must be stored with the same quantization spec")
 
 
@@ -164,7 +172,9 @@ def cached_attention(
     return unrotate(out, vseed) if vseed is not None else out
 
 
-def _rotated(q: Tensor, k_cur: Tensor, v_cur: Tensor, kseed: int | None, vseed: int | None) -> tuple[Tensor, Tensor, Tensor]:
+def _rotated(
+    q: Tensor, k_cur: Tensor, v_cur: Tensor, kseed: int | None, vseed: int | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The query and the current chunk in the space the cached codes live in."""
     if kseed is not None:
         q, k_cur = rotate(q, kseed), rotate(k_cur, kseed)
@@ -203,7 +213,9 @@ def _fill(dst: Tensor, src: StoredTensor | Tensor, interleaved: bool) -> None:
 _CODE_MATRICES: dict[tuple, Tensor] = {}
 
 
-def _code_matrix(n: int, seed: int, il: tuple[int, int], device: torch.device, dtype: torch.dtype, inverse: bool) -> Tensor:
+def _code_matrix(
+    n: int, seed: int, il: tuple[int, int], device: torch.device, dtype: torch.dtype, inverse: bool
+) -> Tensor:
     """The rotation with the group-interleaved channel order folded in: columns (forward) or rows (inverse) reordered."""
     key = (n, seed, il, str(device), dtype, inverse)
     m = _CODE_MATRICES.get(key)
@@ -237,8 +249,17 @@ def _to_model_space(x: Tensor, seed: int | None, il: tuple[int, int] | None) -> 
     return (x.to(cdt) @ _code_matrix(x.shape[-1], seed, il, x.device, cdt, True)).to(x.dtype)
 
 
-def _streamed(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: list[CacheEntry], correction: str, strength: float,
-              layout: Layout | None, kseed: int | None, vseed: int | None) -> Tensor:
+def _streamed(
+    q: Tensor,
+    k_cur: Tensor,
+    v_cur: Tensor,
+    entries: list[CacheEntry],
+    correction: str,
+    strength: float,
+    layout: Layout | None,
+    kseed: int | None,
+    vseed: int | None,
+) -> Tensor:
     """One kernel call per cached chunk and one for the current chunk, merged by log-sum-exp.
 
     The cached chunks are attended in their codes' space (rotated query; channels in the order the
@@ -259,8 +280,11 @@ def _streamed(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: list[CacheEntry]
     else:
         qk = _to_codes_space(q, kseed, kil)  # group norms do not see the order of a group's channels
     nu = query_group_norms(qk, k0.spec.group_size) if correction != "off" else None
-    offsets = [strength * (nu @ w.transpose(-1, -2)).squeeze(-1) for w in _constant_weights(entries, correction, D)] \
-        if correction in ("chunk_mean", "per_channel") else [None] * len(entries)
+    offsets = (
+        [strength * (nu @ w.transpose(-1, -2)).squeeze(-1) for w in _constant_weights(entries, correction, D)]
+        if correction in ("chunk_mean", "per_channel")
+        else [None] * len(entries)
+    )
     weights = _taylor_weights(entries, D) if layout is not None else [None] * len(entries)
     qin = layout_query(layout, qk, nu, strength) if layout is not None else qk
     if qin is not qk and not _LEGACY:
@@ -313,8 +337,9 @@ def _merge(acc: Tensor | None, lse: Tensor | None, out: Tensor, out_lse: Tensor,
     return acc, new
 
 
-def _concatenated(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], correction: str, strength: float,
-                  G: int) -> Tensor:
+def _concatenated(
+    qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], correction: str, strength: float, G: int
+) -> Tensor:
     """One SDPA call over a buffer holding the whole window (where no kernel reports its LSE).
 
     Every correction is folded in as G appended channels (q' = [q, -sqrt(d) lambda nu], k' = [k_hat, W]
@@ -358,7 +383,10 @@ def _exact_attention(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEn
     dtype = qr.dtype
     k_hat = torch.cat([e.k.dequantize(dtype=torch.float32, rotated=True) for e in entries], dim=-2)
     v_hat = torch.cat(
-        [e.v.dequantize(dtype=torch.float32, rotated=True) if isinstance(e.v, StoredTensor) else e.v.float() for e in entries],
+        [
+            e.v.dequantize(dtype=torch.float32, rotated=True) if isinstance(e.v, StoredTensor) else e.v.float()
+            for e in entries
+        ],
         dim=-2,
     )
     steps = torch.cat([e.k.step_sizes() for e in entries], dim=-2)

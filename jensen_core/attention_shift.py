@@ -7,6 +7,7 @@ For the current chunk's queries over [cached chunks, current chunk]:
 - ``output_mse``: mean squared error of the attention output against the reference.
 The reference is full-precision (fp32) attention over the unquantized keys and values.
 """
+
 from __future__ import annotations
 
 import math
@@ -125,4 +126,6 @@ def attention_shift(
 
 def _kl(a: Tensor, b: Tensor) -> Tensor:
     """KL(a || b) along the last axis, in nats; 0 log 0 = 0."""
-    return torch.where(a > 0, a * (torch.log(a.clamp_min(1e-38)) - torch.log(b.clamp_min(1e-38))), torch.zeros_like(a)).sum(-1)
+    return torch.where(
+        a > 0, a * (torch.log(a.clamp_min(1e-38)) - torch.log(b.clamp_min(1e-38))), torch.zeros_like(a)
+    ).sum(-1)

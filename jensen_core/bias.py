@@ -3,6 +3,7 @@
 ``jensen_bias`` returns the full ``(..., q_tokens, k_tokens)`` bias matrix: it is the reference for
 tests and diagnostics. Attention itself uses the low-rank fast path in :mod:`jensen_core.attention`.
 """
+
 from __future__ import annotations
 
 import math
@@ -73,10 +74,14 @@ def chunk_spans(k_quant: StoredTensor, chunk_tokens: Sequence[int] | None = None
         chunk_tokens = [t for t, _ in segments] if segments else [n]
     sizes = list(chunk_tokens)
     if not sizes or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in sizes):
-        raise ValueError(f"chunk_tokens={chunk_tokens!r} must list each cached chunk's token count (whole numbers >= 1)")
+        raise ValueError(
+            f"chunk_tokens={chunk_tokens!r} must list each cached chunk's token count (whole numbers >= 1)"
+        )
     if sum(sizes) != n:
-        raise ValueError(f"chunk_tokens={sizes} add up to {sum(sizes)} tokens, but the cached keys hold {n}; "
-                         "list the tokens of every chunk the keys were concatenated from")
+        raise ValueError(
+            f"chunk_tokens={sizes} add up to {sum(sizes)} tokens, but the cached keys hold {n}; "
+            "list the tokens of every chunk the keys were concatenated from"
+        )
     spans, start = [], 0
     for t in sizes:
         spans.append((start, start + t))
@@ -86,8 +91,9 @@ def chunk_spans(k_quant: StoredTensor, chunk_tokens: Sequence[int] | None = None
 
 def chunk_mean_weights(w: Tensor, spans: Sequence[tuple[int, int]]) -> Tensor:
     """Each key's ``W`` replaced by the mean of ``W`` over its chunk's keys: ``(..., N, G)`` -> same shape."""
-    return torch.cat([w[..., a:b, :].mean(-2, keepdim=True).expand(*w.shape[:-2], b - a, w.shape[-1]) for a, b in spans],
-                     dim=-2)
+    return torch.cat(
+        [w[..., a:b, :].mean(-2, keepdim=True).expand(*w.shape[:-2], b - a, w.shape[-1]) for a, b in spans], dim=-2
+    )
 
 
 def _rotated_query(q: Tensor, k_quant: StoredTensor) -> Tensor:
@@ -127,7 +133,9 @@ def _exact_bias(q: Tensor, step: Tensor, head_dim: int, group_size: int) -> Tens
     return out
 
 
-def jensen_bias(q: Tensor, k_quant: StoredTensor, mode: str = "taylor", chunk_tokens: Sequence[int] | None = None) -> Tensor:
+def jensen_bias(
+    q: Tensor, k_quant: StoredTensor, mode: str = "taylor", chunk_tokens: Sequence[int] | None = None
+) -> Tensor:
     """The bias ``b`` to subtract from the scores of quantized cached keys, float32, ``(..., M, N)``.
 
     ``q`` is the query in the model's (unrotated) space, shape ``(..., M, head_dim)``; ``k_quant``

@@ -1,4 +1,5 @@
 """ChunkCache: the K/V of finished chunks of one attention layer, quantized and bit-packed."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,13 @@ class ChunkCache:
     LongLive's frame sink), outside the window: the cache holds at most ``sink + window`` chunks.
     """
 
-    def __init__(self, spec_k: QuantSpec | None = None, spec_v: QuantSpec | None = None, window_chunks: int | None = None,
-                 sink_chunks: int = 0):
+    def __init__(
+        self,
+        spec_k: QuantSpec | None = None,
+        spec_v: QuantSpec | None = None,
+        window_chunks: int | None = None,
+        sink_chunks: int = 0,
+    ):
         for name, s in (("spec_k", spec_k), ("spec_v", spec_v)):
             if s is not None and not isinstance(s, QuantSpec):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
@@ -120,7 +126,9 @@ class ChunkCache:
     def _validate_chunk(self, k: Tensor, v: Tensor) -> None:
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, Tensor) or t.dim() != 4:
-                raise ValueError(f"{name} must be a (batch, heads, tokens, head_dim) tensor, got {getattr(t, 'shape', type(t))}")
+                raise ValueError(
+                    f"{name} must be a (batch, heads, tokens, head_dim) tensor, got {getattr(t, 'shape', type(t))}"
+                )
             if not t.is_floating_point():
                 raise ValueError(f"{name} must be floating point, got {t.dtype}")
         if k.shape != v.shape:
@@ -199,10 +207,14 @@ class ChunkCache:
         return self
 
     # ----------------------------------------------------------------- reading
-    def attend(self, q: Tensor, k_cur: Tensor, v_cur: Tensor, correction: str = "taylor", strength: float = 1.0) -> Tensor:
+    def attend(
+        self, q: Tensor, k_cur: Tensor, v_cur: Tensor, correction: str = "taylor", strength: float = 1.0
+    ) -> Tensor:
         """Attention of the current chunk over the cached chunks and itself (see :func:`cached_attention`)."""
         if self._layout is not None and q.device != self._layout[4]:
-            raise ValueError(f"query lives on {q.device} but the cache on {self._layout[4]}; move it to {self._layout[4]}")
+            raise ValueError(
+                f"query lives on {q.device} but the cache on {self._layout[4]}; move it to {self._layout[4]}"
+            )
         return cached_attention(q, k_cur, v_cur, self._entries, correction=correction, strength=strength)
 
     # ----------------------------------------------------------------- persistence
@@ -214,13 +226,15 @@ class ChunkCache:
             "window_chunks": self.window_chunks,
             "sink_chunks": self.sink_chunks,
             "sink_held": self._sink_held,
-            "layout": None if self._layout is None else {
-                "batch": self._layout[0], "heads": self._layout[1], "head_dim": self._layout[2],
+            "layout": None
+            if self._layout is None
+            else {
+                "batch": self._layout[0],
+                "heads": self._layout[1],
+                "head_dim": self._layout[2],
                 "dtype": str(self._layout[3]).removeprefix("torch."),
             },
-            "chunks": [
-                {name: _part_meta(t) for name, t in (("k", e.k), ("v", e.v))} for e in self._entries
-            ],
+            "chunks": [{name: _part_meta(t) for name, t in (("k", e.k), ("v", e.v))} for e in self._entries],
         }
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -281,13 +295,21 @@ class ChunkCache:
         for i, cm in enumerate(meta.chunks):
             parts = {}
             for name in ("k", "v"):
-                parts[name] = _load_part(sd, f"chunk{i}.{name}", cm[name], self.spec_k if name == "k" else self.spec_v,
-                                         used, _MINIMUM_SUFFIX[meta.version])
+                parts[name] = _load_part(
+                    sd,
+                    f"chunk{i}.{name}",
+                    cm[name],
+                    self.spec_k if name == "k" else self.spec_v,
+                    used,
+                    _MINIMUM_SUFFIX[meta.version],
+                )
             entries.append(CacheEntry(**parts))
         extra = sorted(set(sd) - used)
         if extra:
-            raise ValueError(f"cache file holds entries its metadata does not describe ({extra[:3]}"
-                             f"{' ...' if len(extra) > 3 else ''})")
+            raise ValueError(
+                f"cache file holds entries its metadata does not describe ({extra[:3]}"
+                f"{' ...' if len(extra) > 3 else ''})"
+            )
         self._entries = deque(entries)
         self._sink_held = held
         if lay is None or not entries:
@@ -320,8 +342,13 @@ def _expected_bits(spec: QuantSpec | None, full_bits: int) -> float:
 
 def _part_meta(t: StoredTensor | Tensor) -> dict:
     if isinstance(t, StoredTensor):
-        return {"quantized": True, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
-                "scale_format": t.scale_format, **method_of(t.spec).part_record(t)}
+        return {
+            "quantized": True,
+            "shape": list(t.shape),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "scale_format": t.scale_format,
+            **method_of(t.spec).part_record(t),
+        }
     return {"quantized": False, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
 
 
@@ -369,6 +396,7 @@ def parse_json(raw: bytes | str, what: str) -> Any:
 
     Nesting too deep for Python and a key given twice in one object are refused as well (a file
     this pack writes has neither)."""
+
     def no_duplicates(pairs):
         out = {}
         for k, v in pairs:
@@ -424,20 +452,27 @@ def read_meta(t) -> CacheFileMeta:
     spec says so. Anything else is one ValueError naming the field and what was expected.
     """
     if not isinstance(t, Tensor) or t.dtype != torch.uint8 or t.dim() != 1:
-        raise ValueError(f"cache file entry {_META_KEY} must be a 1-D uint8 tensor of JSON, got "
-                         f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__} "
-                         f"{t.dtype if isinstance(t, Tensor) else ''}".rstrip())
+        raise ValueError(
+            f"cache file entry {_META_KEY} must be a 1-D uint8 tensor of JSON, got "
+            f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__} "
+            f"{t.dtype if isinstance(t, Tensor) else ''}".rstrip()
+        )
     if t.numel() > MAX_META_BYTES:
-        raise ValueError(f"cache file entry {_META_KEY} holds {t.numel()} bytes; a cache record is at most "
-                         f"{MAX_META_BYTES} bytes")
+        raise ValueError(
+            f"cache file entry {_META_KEY} holds {t.numel()} bytes; a cache record is at most {MAX_META_BYTES} bytes"
+        )
     meta = parse_json(t.detach().to("cpu").contiguous().numpy().tobytes(), f"cache file entry {_META_KEY}")
     if not isinstance(meta, dict):
         raise ValueError(f"cache file entry {_META_KEY} must be a JSON object, got {type(meta).__name__}")
     version = meta.get("version")
     if isinstance(version, bool) or version not in _READABLE_VERSIONS:
         raise ValueError(f"cache file format {_short(version)} is not supported (expected one of {_READABLE_VERSIONS})")
-    _record(meta, "cache file metadata", ("version", "spec_k", "spec_v", "window_chunks", "layout", "chunks"),
-            ("sink_chunks", "sink_held"))
+    _record(
+        meta,
+        "cache file metadata",
+        ("version", "spec_k", "spec_v", "window_chunks", "layout", "chunks"),
+        ("sink_chunks", "sink_held"),
+    )
     specs = []
     for side in ("spec_k", "spec_v"):
         d = meta[side]
@@ -456,35 +491,55 @@ def read_meta(t) -> CacheFileMeta:
         raise ValueError(f"cache file metadata chunks must be a list, got {type(chunks).__name__}")
     n = len(chunks)
     if window is not None and n > sink + window:
-        raise ValueError(f"cache file metadata lists {n} chunks, but a cache with window_chunks={window} and "
-                         f"sink_chunks={sink} holds at most {sink + window}")
+        raise ValueError(
+            f"cache file metadata lists {n} chunks, but a cache with window_chunks={window} and "
+            f"sink_chunks={sink} holds at most {sink + window}"
+        )
     if held != min(sink, n):
-        raise ValueError(f"cache file metadata sink_held={held} does not fit its {n} chunks under sink_chunks={sink} "
-                         f"(the sink holds the first {min(sink, n)})")
+        raise ValueError(
+            f"cache file metadata sink_held={held} does not fit its {n} chunks under sink_chunks={sink} "
+            f"(the sink holds the first {min(sink, n)})"
+        )
     layout = None
     if meta["layout"] is not None:
         lay = _record(meta["layout"], "cache file metadata layout", ("batch", "heads", "head_dim", "dtype"))
-        layout = (whole(lay["batch"], "cache file layout batch", 1), whole(lay["heads"], "cache file layout heads", 1),
-                  whole(lay["head_dim"], "cache file layout head_dim", 1), _float_dtype(lay["dtype"], "layout"))
+        layout = (
+            whole(lay["batch"], "cache file layout batch", 1),
+            whole(lay["heads"], "cache file layout heads", 1),
+            whole(lay["head_dim"], "cache file layout head_dim", 1),
+            _float_dtype(lay["dtype"], "layout"),
+        )
     if n and layout is None:
         raise ValueError(f"cache file metadata lists {n} chunks but no layout (batch, heads, head_dim, dtype)")
     checked = []
     for i, cm in enumerate(chunks):
         cm = _record(cm, f"cache file entry chunk{i}", ("k", "v"))
-        parts = {name: _check_part(cm[name], f"chunk{i}.{name}", spec)
-                 for name, spec in (("k", specs[0]), ("v", specs[1]))}
+        parts = {
+            name: _check_part(cm[name], f"chunk{i}.{name}", spec) for name, spec in (("k", specs[0]), ("v", specs[1]))
+        }
         k, v = parts["k"], parts["v"]
         if k["shape"] != v["shape"] or k["dtype"] != v["dtype"]:
-            raise ValueError(f"cache file entry chunk{i} stores keys {k['shape']} {k['dtype']} and values "
-                             f"{v['shape']} {v['dtype']}; a chunk's keys and values share shape and dtype")
+            raise ValueError(
+                f"cache file entry chunk{i} stores keys {k['shape']} {k['dtype']} and values "
+                f"{v['shape']} {v['dtype']}; a chunk's keys and values share shape and dtype"
+            )
         B, H, _, D = k["shape"]
         if (B, H, D, _CACHE_DTYPES[k["dtype"]]) != layout:
             raise ValueError(
                 f"cache file entry chunk{i} holds (batch, heads, head_dim, dtype) = ({B}, {H}, {D}, {k['dtype']}), "
-                f"not the layout's ({layout[0]}, {layout[1]}, {layout[2]}, {str(layout[3]).removeprefix('torch.')})")
+                f"not the layout's ({layout[0]}, {layout[1]}, {layout[2]}, {str(layout[3]).removeprefix('torch.')})"
+            )
         checked.append(parts)
-    return CacheFileMeta(version=version, spec_k=specs[0], spec_v=specs[1], window_chunks=window, sink_chunks=sink,
-                         sink_held=held, layout=layout, chunks=tuple(checked))
+    return CacheFileMeta(
+        version=version,
+        spec_k=specs[0],
+        spec_v=specs[1],
+        window_chunks=window,
+        sink_chunks=sink,
+        sink_held=held,
+        layout=layout,
+        chunks=tuple(checked),
+    )
 
 
 def _check_part(rec, prefix: str, spec: QuantSpec | None) -> dict:
@@ -498,8 +553,10 @@ def _check_part(rec, prefix: str, spec: QuantSpec | None) -> dict:
     shape = [whole(s, f"cache file entry {prefix} shape[{j}]", 1) for j, s in enumerate(shape)]
     _float_dtype(rec["dtype"], prefix)
     if rec["quantized"] != (spec is not None):
-        raise ValueError(f"cache file entry {prefix} is {'' if rec['quantized'] else 'not '}quantized but this cache "
-                         f"{'keeps that side unquantized' if spec is None else 'quantizes that side'}")
+        raise ValueError(
+            f"cache file entry {prefix} is {'' if rec['quantized'] else 'not '}quantized but this cache "
+            f"{'keeps that side unquantized' if spec is None else 'quantizes that side'}"
+        )
     if spec is None:
         if "scale_format" in rec or "segments" in rec:
             raise ValueError(f"cache file entry {prefix} is not quantized but records a scale format or QVG segments")
@@ -514,8 +571,14 @@ def _check_part(rec, prefix: str, spec: QuantSpec | None) -> dict:
     return {**rec, "shape": shape}
 
 
-def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec | None,
-               used: set[str], minimum_suffix: str = ".minimum") -> StoredTensor | Tensor:
+def _load_part(
+    sd: dict[str, Tensor],
+    prefix: str,
+    meta: dict,
+    spec: QuantSpec | None,
+    used: set[str],
+    minimum_suffix: str = ".minimum",
+) -> StoredTensor | Tensor:
     """The stored tensor(s) of one side of a chunk, checked against its record (from :func:`read_meta`).
 
     ``minimum_suffix`` names the grid origins as the file's format version does (``.zero`` before 3).
@@ -538,35 +601,59 @@ def _load_part(sd: dict[str, Tensor], prefix: str, meta: dict, spec: QuantSpec |
         raise ValueError(f"cache file entry {exc.args[0]} is missing") from None
     G = shape[-1] // spec.group_size
     expect_packed = (*shape[:-1], shape[-1] * spec.bits // 8)
-    if tuple(packed.shape) != expect_packed or tuple(scale.shape) != (*shape[:-1], G) or tuple(minimum.shape) != (*shape[:-1], G):
+    if (
+        tuple(packed.shape) != expect_packed
+        or tuple(scale.shape) != (*shape[:-1], G)
+        or tuple(minimum.shape) != (*shape[:-1], G)
+    ):
         raise ValueError(f"cache file entry {prefix} does not match its recorded shape {tuple(shape)}")
     if meta.get("scale_format") not in FLOAT_FORMATS:
         raise ValueError(f"cache file entry {prefix} has an unknown scale format {meta.get('scale_format')!r}")
-    if packed.dtype != torch.uint8 or scale.dtype != FLOAT_FORMATS[meta["scale_format"]][0] or minimum.dtype != FLOAT_FORMATS[spec.zero_format][0]:
+    if (
+        packed.dtype != torch.uint8
+        or scale.dtype != FLOAT_FORMATS[meta["scale_format"]][0]
+        or minimum.dtype != FLOAT_FORMATS[spec.zero_format][0]
+    ):
         raise ValueError(
             f"cache file entry {prefix} stores codes/scales/minima in unexpected dtypes "
             f"{packed.dtype}/{scale.dtype}/{minimum.dtype}"
         )
     used.update(prefix + s for s in (".packed", ".scale", minimum_suffix))
-    residual = QuantizedTensor(packed=packed, scale=scale, minimum=minimum, spec=spec, shape=shape,
-                               dtype=dtype, scale_format=meta["scale_format"])
+    residual = QuantizedTensor(
+        packed=packed,
+        scale=scale,
+        minimum=minimum,
+        spec=spec,
+        shape=shape,
+        dtype=dtype,
+        scale_format=meta["scale_format"],
+    )
     method = method_of(spec)
     out = method.from_state(residual, sd, prefix, meta, spec)
     used.update(prefix + s for s in method.extra_parts)
     return out
 
 
-_CACHE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+_CACHE_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 
 def _float_dtype(name, where: str) -> torch.dtype:
     """A dtype named in a cache file's metadata (only float dtypes; never ``getattr(torch, anything)``)."""
     if not isinstance(name, str) or name not in _CACHE_DTYPES:
-        raise ValueError(f"cache file entry {where} records dtype {_short(name)}; expected one of {sorted(_CACHE_DTYPES)}")
+        raise ValueError(
+            f"cache file entry {where} records dtype {_short(name)}; expected one of {sorted(_CACHE_DTYPES)}"
+        )
     return _CACHE_DTYPES[name]
 
 
-def window_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, elements_per_side: int, full_bytes: int = 2) -> int:
+def window_bytes(
+    spec_k: QuantSpec | None, spec_v: QuantSpec | None, elements_per_side: int, full_bytes: int = 2
+) -> int:
     """Projected stored bytes for ``elements_per_side`` cached key elements and as many values.
 
     ``full_bytes`` is the element size of an unquantized side (2 for BF16). Exact for RTN sides
@@ -582,8 +669,9 @@ def window_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, elements_pe
     return total
 
 
-def chunk_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, lead: int, tokens: int, head_dim: int,
-                full_bytes: int = 2) -> int:
+def chunk_bytes(
+    spec_k: QuantSpec | None, spec_v: QuantSpec | None, lead: int, tokens: int, head_dim: int, full_bytes: int = 2
+) -> int:
     """Exact stored bytes of one cached chunk, keys and values, of shape ``(lead..., tokens, head_dim)`` each.
 
     ``lead`` is batch x heads; ``full_bytes`` the element size of an unquantized side. QVG sides
@@ -591,6 +679,9 @@ def chunk_bytes(spec_k: QuantSpec | None, spec_v: QuantSpec | None, lead: int, t
     """
     total = 0
     for spec in (spec_k, spec_v):
-        total += (lead * tokens * head_dim * full_bytes if spec is None
-                  else method_of(spec).chunk_nbytes(spec, lead, tokens, head_dim))
+        total += (
+            lead * tokens * head_dim * full_bytes
+            if spec is None
+            else method_of(spec).chunk_nbytes(spec, lead, tokens, head_dim)
+        )
     return total

@@ -18,6 +18,7 @@ the packing; 192 keeps it but does 50% more work); CUDA flash kernels are compil
 is checked against a float64 reference on a tiny problem; where more than one passes, each is timed
 on the first call's shapes and the fastest is kept (logged; :func:`kernel_choices` reports it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,8 +70,9 @@ def layout_query(layout: Layout, q: Tensor, nu: Tensor, strength: float) -> Tens
     return out
 
 
-def layout_attend(layout: Layout, q: Tensor, k: Tensor, v: Tensor, nu: Tensor, w: Tensor, strength: float,
-                  scale: float) -> tuple[Tensor, Tensor]:
+def layout_attend(
+    layout: Layout, q: Tensor, k: Tensor, v: Tensor, nu: Tensor, w: Tensor, strength: float, scale: float
+) -> tuple[Tensor, Tensor]:
     """Corrected attention of one cached chunk and its fp32 log-sum-exp.
 
     ``q``: from :func:`layout_query`; ``k`` of the layout's width with ``W`` in channels
@@ -160,10 +162,13 @@ def _layout_ok(layout: Layout, device: torch.device, dtype: torch.dtype, D: int,
         q, k, v, nu, w = _problem(device, dtype, 1, 2, 5, 11, D, G)
         strength, scale = 0.7, 1.0 / math.sqrt(D)
         out, lse = layout_attend(layout, *_inputs(layout, q, k, v, nu, w, strength), nu, w, strength, scale)
-        s = (q.double() @ k.double().transpose(-1, -2)) * scale - strength * (nu.double() @ w.double().transpose(-1, -2))
+        s = (q.double() @ k.double().transpose(-1, -2)) * scale - strength * (
+            nu.double() @ w.double().transpose(-1, -2)
+        )
         tol = check_tolerance(dtype)
         return bool(
-            lse.shape == q.shape[:-1] and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
+            lse.shape == q.shape[:-1]
+            and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
             and torch.allclose(out[..., :D].double(), torch.softmax(s, -1) @ v.double(), atol=tol, rtol=tol)
         )
     except Exception as exc:  # noqa: BLE001 - a layout that fails in any way is not used
@@ -190,7 +195,7 @@ def _fastest(layouts: list[Layout], device, dtype, D, G, shape, rounds: int = 3,
         c()
     times = [[] for _ in calls]
     for r in range(rounds):
-        for i in (range(len(calls)) if r % 2 == 0 else reversed(range(len(calls)))):
+        for i in range(len(calls)) if r % 2 == 0 else reversed(range(len(calls))):
             t0 = _clock(device)
             calls[i]()
             times[i].append(_clock(device) - t0)
@@ -198,16 +203,22 @@ def _fastest(layouts: list[Layout], device, dtype, D, G, shape, rounds: int = 3,
     best = min(range(len(layouts)), key=med.__getitem__)
     if med[best] > (1 - margin) * med[0]:
         best = 0
-    logger.info("jensen_kv: correction layouts on %s/%s timed %s: using %s", device.type, dtype,
-                ", ".join(f"{lay.describe(D)} {m * 1e3:.2f} ms" for lay, m in zip(layouts, med)), layouts[best].describe(D))
+    logger.info(
+        "jensen_kv: correction layouts on %s/%s timed %s: using %s",
+        device.type,
+        dtype,
+        ", ".join(f"{lay.describe(D)} {m * 1e3:.2f} ms" for lay, m in zip(layouts, med)),
+        layouts[best].describe(D),
+    )
     return layouts[best]
 
 
 _LAYOUTS: dict[tuple[str, torch.dtype, int, int], Layout | None] = {}
 
 
-def taylor_layout(device: torch.device, dtype: torch.dtype, head_dim: int, G: int,
-                  shape: tuple[int, int, int] = (8, 512, 512)) -> Layout | None:
+def taylor_layout(
+    device: torch.device, dtype: torch.dtype, head_dim: int, G: int, shape: tuple[int, int, int] = (8, 512, 512)
+) -> Layout | None:
     """The per-score correction's layout here, chosen at first use and cached per (device type, dtype, head_dim, G).
 
     ``shape`` = (heads, queries, tokens of one cached chunk) of the first call, for the timing.
@@ -215,16 +226,26 @@ def taylor_layout(device: torch.device, dtype: torch.dtype, head_dim: int, G: in
     """
     key = (device.type, dtype, head_dim, G)
     if key not in _LAYOUTS:
-        ok = [lay for lay in candidate_layouts(device, dtype, head_dim, G) if _layout_ok(lay, device, dtype, head_dim, G)]
+        ok = [
+            lay for lay in candidate_layouts(device, dtype, head_dim, G) if _layout_ok(lay, device, dtype, head_dim, G)
+        ]
         choice = None if not ok else ok[0] if len(ok) == 1 else _fastest(ok, device, dtype, head_dim, G, shape)
         if choice is not None:
-            logger.info("jensen_kv: Taylor correction on %s/%s (head_dim %d, %d groups): %s", device.type, dtype,
-                        head_dim, G, choice.describe(head_dim))
+            logger.info(
+                "jensen_kv: Taylor correction on %s/%s (head_dim %d, %d groups): %s",
+                device.type,
+                dtype,
+                head_dim,
+                G,
+                choice.describe(head_dim),
+            )
         _LAYOUTS[key] = choice
     return _LAYOUTS[key]
 
 
 def kernel_choices() -> dict[str, str]:
     """The layouts chosen so far, ``"cpu/torch.bfloat16 d128 G4" -> "q,k,v padded to 136"`` (for benchmarks and reports)."""
-    return {f"{dev}/{dt} d{d} G{g}": ("none (single buffer)" if lay is None else lay.describe(d))
-            for (dev, dt, d, g), lay in _LAYOUTS.items()}
+    return {
+        f"{dev}/{dt} d{d} G{g}": ("none (single buffer)" if lay is None else lay.describe(d))
+        for (dev, dt, d, g), lay in _LAYOUTS.items()
+    }

@@ -3,6 +3,7 @@
 The correction layouts ask it (the CPU flash kernel packs its operands for AMX), and benchmarks
 print it so that figures from different machines compare.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache

@@ -4,6 +4,7 @@ Runs a BF16 cache, INT2 RTN, INT2 RTN + Jensen, INT2 QuaRot + Jensen and INT4 RT
 seeded layer (see :mod:`jensen_core.workload`), prints one table and writes a histogram of the
 attention-mass shift before and after correction (the paper's Fig. 4, on this data).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,15 @@ def run_config(w: Workload, cfg: Config, repeats: int, query_stride: int) -> Row
         k_hat = cat_quantized([e.k for e in ents])
         v_hat = cat_quantized([e.v for e in ents])
     stats = attention_shift(
-        w.q, w.k_cached_all, w.v_cached_all, w.k_cur, w.v_cur, k_hat, v_hat,
-        correction=cfg.correction, query_stride=query_stride,
+        w.q,
+        w.k_cached_all,
+        w.v_cached_all,
+        w.k_cur,
+        w.v_cur,
+        k_hat,
+        v_hat,
+        correction=cfg.correction,
+        query_stride=query_stride,
     )
     ms = time_attend(cache, w, cfg.correction, repeats)
     return Row(cfg, cache.nbytes / 2**20, cache.effective_bits, stats, ms)
@@ -115,8 +123,20 @@ def plot_histograms(rows: list[Row], path: str) -> str | None:
         lo = float(min(b.min(), a.min()))
         hi = float(max(b.max(), a.max()))
         bins = torch.linspace(lo, hi, 81).tolist()
-        ax.hist(b.numpy(), bins=bins, color="#7b3fa0", alpha=0.7, label=f"{before}: median {by_name[before].stats.median_delta_ps:+.4f}")
-        ax.hist(a.numpy(), bins=bins, color="#f08a24", alpha=0.7, label=f"with correction: median {by_name[after].stats.median_delta_ps:+.4f}")
+        ax.hist(
+            b.numpy(),
+            bins=bins,
+            color="#7b3fa0",
+            alpha=0.7,
+            label=f"{before}: median {by_name[before].stats.median_delta_ps:+.4f}",
+        )
+        ax.hist(
+            a.numpy(),
+            bins=bins,
+            color="#f08a24",
+            alpha=0.7,
+            label=f"with correction: median {by_name[after].stats.median_delta_ps:+.4f}",
+        )
         ax.axvline(0, color="k", lw=0.8)
         ax.set_xlabel(r"$\Delta P_S$ (attention mass shift to cached keys)")
         ax.set_title(before)
@@ -134,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m jensen_core demo", description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--chunk-tokens", type=int, default=1560, help="tokens per chunk (1560 = one latent frame of a 480x832 Wan 2.1 video)")
+    ap.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=1560,
+        help="tokens per chunk (1560 = one latent frame of a 480x832 Wan 2.1 video)",
+    )
     ap.add_argument("--cached-chunks", type=int, default=4, help="chunks in the attention window")
     ap.add_argument("--repeats", type=int, default=3, help="timed attention calls per configuration (median)")
     ap.add_argument("--query-stride", type=int, default=4, help="diagnose every n-th query")
@@ -144,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    w = make_workload(seed=args.seed, heads=args.heads, chunk_tokens=args.chunk_tokens, cached_chunks=args.cached_chunks)
+    w = make_workload(
+        seed=args.seed, heads=args.heads, chunk_tokens=args.chunk_tokens, cached_chunks=args.cached_chunks
+    )
     print(
         f"workload: {args.heads} heads x head_dim 128, {args.chunk_tokens} tokens/chunk, window {args.cached_chunks} "
         f"cached chunks + the current one ({(args.cached_chunks + 1) * args.chunk_tokens} keys), seed {args.seed}, "

@@ -3,6 +3,7 @@
 A family (``runtime/families/``) provides its instance; the core knows no family by name. Latent
 shapes are (batch, channels, frames, height, width); a token is one ``patch`` of latent pixels.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,5 +36,8 @@ class LatentGeometry:
     def latent_shape(self, width: int, height: int, frames: int) -> tuple[int, int, int]:
         """(latent frames, latent height, latent width) of a ``width`` x ``height`` video of ``frames`` frames
         (a causal VAE: the first frame alone, then one latent frame per ``vae_time_stride`` frames)."""
-        return ((frames - 1) // self.vae_time_stride + 1, height // self.vae_space_stride,
-                width // self.vae_space_stride)
+        return (
+            (frames - 1) // self.vae_time_stride + 1,
+            height // self.vae_space_stride,
+            width // self.vae_space_stride,
+        )

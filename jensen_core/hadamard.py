@@ -4,6 +4,7 @@ The rotation of a row vector ``x`` is ``x @ R`` with ``R = D @ H_n / sqrt(n)``, 
 seeded diagonal of random signs and ``H_n`` the (symmetric) Sylvester Hadamard matrix. ``R`` is
 orthogonal, so ``rotate(q) . rotate(k) = q . k`` and :func:`unrotate` is its transpose.
 """
+
 from __future__ import annotations
 
 import math

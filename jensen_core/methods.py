@@ -9,6 +9,7 @@ describe itself, store and read its tensors) instead of branching on ``spec.meth
 This module imports the formats; they never import it (nor each other, beyond QVG holding an RTN
 residual).
 """
+
 from __future__ import annotations
 
 import torch
@@ -73,8 +74,7 @@ class QuantMethod:
             raise ValueError(f"chunk_tokens={chunk_tokens} must be at least 1")
         return self.chunk_nbytes(spec, 1, chunk_tokens, head_dim) * 8 / (chunk_tokens * head_dim)
 
-    def bits_breakdown(self, spec: QuantSpec, head_dim: int | None = None,
-                       chunk_tokens: int | None = None) -> dict:
+    def bits_breakdown(self, spec: QuantSpec, head_dim: int | None = None, chunk_tokens: int | None = None) -> dict:
         """The parts of the stored bits per element that can be known from what is given (for the UI)."""
         return {}
 
@@ -115,8 +115,9 @@ class QuantMethod:
         """The tensors this method stores beside the RTN parts, by suffix."""
         return {}
 
-    def from_state(self, residual: QuantizedTensor, sd: dict[str, Tensor], prefix: str, rec: dict,
-                   spec: QuantSpec) -> StoredTensor:
+    def from_state(
+        self, residual: QuantizedTensor, sd: dict[str, Tensor], prefix: str, rec: dict, spec: QuantSpec
+    ) -> StoredTensor:
         """The stored tensor of a cache file's part, from its checked RTN part and the state dict."""
         raise NotImplementedError
 
@@ -171,8 +172,9 @@ class _QVG(QuantMethod):
 
     def chunk_extra_bytes(self, spec, tokens, head_dim):
         """Per stage one uint8 cluster id per token and ``min(K, tokens)`` BF16 centroids of ``head_dim`` channels."""
-        return spec.qvg_stages * (tokens * CLUSTER_ID_BYTES
-                                  + self.centroids_per_chunk(spec, tokens) * head_dim * CENTROID_BYTES)
+        return spec.qvg_stages * (
+            tokens * CLUSTER_ID_BYTES + self.centroids_per_chunk(spec, tokens) * head_dim * CENTROID_BYTES
+        )
 
     def bits_breakdown(self, spec, head_dim=None, chunk_tokens=None):
         """``bits + 24/g`` (residual) ``+ 8 S / d`` (cluster ids) ``+ 16 S min(K, T) / T`` (centroids).
@@ -181,8 +183,13 @@ class _QVG(QuantMethod):
         ``effective_bits`` with ``chunk_tokens`` too. ``effective_bits`` is the sum of the parts known;
         ``note`` says what it leaves out when not ``exact``.
         """
-        out = {"residual_bits": spec.effective_bits, "id_bits": None, "centroid_bits": None, "exact": False,
-               "effective_bits": spec.effective_bits}
+        out = {
+            "residual_bits": spec.effective_bits,
+            "id_bits": None,
+            "centroid_bits": None,
+            "exact": False,
+            "effective_bits": spec.effective_bits,
+        }
         if head_dim is not None:
             out["id_bits"] = 8.0 * CLUSTER_ID_BYTES * spec.qvg_stages / head_dim
             out["effective_bits"] = spec.effective_bits + out["id_bits"]
@@ -190,20 +197,28 @@ class _QVG(QuantMethod):
                 exact = self.effective_bits_for(spec, head_dim, chunk_tokens)
                 out.update(effective_bits=exact, exact=True, centroid_bits=exact - out["effective_bits"])
         if not out["exact"]:
-            out["note"] = ("without " + ("head_dim and " if head_dim is None else "") + "chunk_tokens: leaves out "
-                           + ("the cluster ids and " if head_dim is None else "")
-                           + f"the BF16 centroids ({8 * CENTROID_BYTES}*{spec.qvg_stages}*K/tokens-per-chunk bits); "
-                           "the planner counts them")
+            out["note"] = (
+                "without "
+                + ("head_dim and " if head_dim is None else "")
+                + "chunk_tokens: leaves out "
+                + ("the cluster ids and " if head_dim is None else "")
+                + f"the BF16 centroids ({8 * CENTROID_BYTES}*{spec.qvg_stages}*K/tokens-per-chunk bits); "
+                "the planner counts them"
+            )
         return out
 
     def plan_warnings(self, spec, side, chunk_tokens):
         share = spec.qvg_stages * self.centroids_per_chunk(spec, chunk_tokens) * 8 * CENTROID_BYTES / chunk_tokens
         if spec.qvg_centroids >= chunk_tokens:
-            return [f"{side} cache: QVG with K={spec.qvg_centroids} centroids on chunks of {chunk_tokens} tokens "
-                    "keeps every token as a BF16 centroid (more than a BF16 cache); lower K"]
+            return [
+                f"{side} cache: QVG with K={spec.qvg_centroids} centroids on chunks of {chunk_tokens} tokens "
+                "keeps every token as a BF16 centroid (more than a BF16 cache); lower K"
+            ]
         if share >= spec.bits:
-            return [f"{side} cache: QVG's BF16 centroids cost {share:.2f} bits/element on chunks of {chunk_tokens} "
-                    f"tokens, more than the residual's {spec.bits} bits; lower K (or use longer chunks)"]
+            return [
+                f"{side} cache: QVG's BF16 centroids cost {share:.2f} bits/element on chunks of {chunk_tokens} "
+                f"tokens, more than the residual's {spec.bits} bits; lower K (or use longer chunks)"
+            ]
         return []
 
     def label(self, spec):
@@ -230,9 +245,16 @@ class _QVG(QuantMethod):
     def segments(self, rec: dict, prefix: str, spec: QuantSpec, shape) -> tuple[tuple[int, int], ...]:
         """A part's ``(tokens, k)`` segments: whole numbers, at least one token each, covering the chunk's tokens."""
         segments = rec.get("segments")
-        if not isinstance(segments, list) or not 0 < len(segments) <= shape[-2] or any(
-            not isinstance(s, list) or len(s) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)
-            or s[0] < 1 for s in segments
+        if (
+            not isinstance(segments, list)
+            or not 0 < len(segments) <= shape[-2]
+            or any(
+                not isinstance(s, list)
+                or len(s) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in s)
+                or s[0] < 1
+                for s in segments
+            )
         ):
             raise ValueError(f"cache file entry {prefix} has no valid QVG segments record")
         segments = tuple((t, k) for t, k in segments)
@@ -251,8 +273,9 @@ class _QVG(QuantMethod):
         try:
             centroids, ids = sd[prefix + ".centroids"], sd[prefix + ".ids"]
         except KeyError as exc:
-            raise ValueError(f"cache file entry {exc.args[0]} is missing (a QVG chunk stores centroids and cluster "
-                             "ids)") from None
+            raise ValueError(
+                f"cache file entry {exc.args[0]} is missing (a QVG chunk stores centroids and cluster ids)"
+            ) from None
         segments = self.segments(rec, prefix, spec, shape)
         D, S = shape[-1], spec.qvg_stages
         k_total = sum(k for _, k in segments)
@@ -262,8 +285,9 @@ class _QVG(QuantMethod):
                 f"{(S, *shape[:-2], k_total, D)} {CENTROID_DTYPE}"
             )
         if tuple(ids.shape) != (S, *shape[:-1]) or ids.dtype != torch.uint8:
-            raise ValueError(f"cache file entry {prefix}.ids is {tuple(ids.shape)} {ids.dtype}; expected "
-                             f"{(S, *shape[:-1])} uint8")
+            raise ValueError(
+                f"cache file entry {prefix}.ids is {tuple(ids.shape)} {ids.dtype}; expected {(S, *shape[:-1])} uint8"
+            )
         start = 0
         for t, k in segments:
             if t and int(ids[..., start : start + t].max()) >= k:

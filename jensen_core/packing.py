@@ -3,6 +3,7 @@
 INT2 stores four codes a byte, INT4 two, INT8 one, and INT3 eight codes in three bytes.
 Codes are packed along the last (``head_dim``) axis, which is always a multiple of 8.
 """
+
 from __future__ import annotations
 
 import sys

@@ -5,6 +5,7 @@ One source for the numbers the UI shows: the web extension asks the server, whic
 codes + scales + zero-points per token and group; for QVG also the centroids and cluster ids of
 every chunk, which depend on the tokens per chunk).
 """
+
 from __future__ import annotations
 
 import math
@@ -102,8 +103,15 @@ def plan_cache(
     Problems come back for the UI to show rather than as exceptions: ``errors`` would stop the run
     (then ``quantized_bytes`` is None), ``warnings`` are surprises that would not.
     """
-    for name, v in (("latent_frames", latent_frames), ("chunk_frames", chunk_frames), ("layers", layers),
-                    ("heads", heads), ("head_dim", head_dim), ("cfg_branches", cfg_branches), ("batch", batch)):
+    for name, v in (
+        ("latent_frames", latent_frames),
+        ("chunk_frames", chunk_frames),
+        ("layers", layers),
+        ("heads", heads),
+        ("head_dim", head_dim),
+        ("cfg_branches", cfg_branches),
+        ("batch", batch),
+    ):
         if v < 1:
             raise ValueError(f"{name}={v} must be at least 1")
     if window_chunks < 0:
@@ -136,12 +144,15 @@ def plan_cache(
     per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
     bf16 = 2 * per_side * 2
     copies = held * layers * cfg_branches  # cached chunks at the peak, each (batch x heads, chunk_tokens, head_dim)
-    one_chunk = None if errors else chunk_bytes(spec_k, spec_v, batch * heads, chunk_tokens, head_dim,
-                                                full_bytes=full_bytes)
+    one_chunk = (
+        None if errors else chunk_bytes(spec_k, spec_v, batch * heads, chunk_tokens, head_dim, full_bytes=full_bytes)
+    )
     quant = None if errors else copies * one_chunk
     total_chunks = prefix_chunks + chunks
     end_held = retention.count(total_chunks)
-    latents = end_held * chunk_frames * latent_height * latent_width * geometry.latent_channels * batch * STATE_LATENT_BYTES
+    latents = (
+        end_held * chunk_frames * latent_height * latent_width * geometry.latent_channels * batch * STATE_LATENT_BYTES
+    )
     state_file = None if errors else end_held * layers * cfg_branches * one_chunk + latents
 
     def side_bits(spec: QuantSpec | None) -> float:
@@ -173,8 +184,18 @@ def plan_cache(
     )
 
 
-def block_in_flight_bytes(*, block_tokens: int, layers: int, heads: int, head_dim: int, spec_k: QuantSpec | None,
-                          spec_v: QuantSpec | None, cfg_branches: int = 1, batch: int = 1, full_bytes: int = 2) -> int:
+def block_in_flight_bytes(
+    *,
+    block_tokens: int,
+    layers: int,
+    heads: int,
+    head_dim: int,
+    spec_k: QuantSpec | None,
+    spec_v: QuantSpec | None,
+    cfg_branches: int = 1,
+    batch: int = 1,
+    full_bytes: int = 2,
+) -> int:
     """Bytes of the block a run on ComfyUI core's AR sampler holds until the next model call says it is final.
 
     One block of ``block_tokens`` per layer and CFG branch, stored as the cache will store it; a QVG

@@ -4,6 +4,7 @@ The method is decided once, by the spec's method object (:func:`jensen_core.meth
 stored formats live in :mod:`jensen_core.rtn` (``method="rtn"``) and :mod:`jensen_core.qvg`
 (``method="qvg"``), both :class:`~jensen_core.stored.StoredTensor`.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,16 @@ from .rtn import FP8_MAX, QuantizedTensor, quantize_rotated, round_to_format
 from .spec import QuantSpec
 from .stored import StoredTensor
 
-__all__ = ["FP8_MAX", "QuantizedTensor", "StoredTensor", "cat_quantized", "check_finite", "quantize",
-           "quantize_rotated", "round_to_format"]
+__all__ = [
+    "FP8_MAX",
+    "QuantizedTensor",
+    "StoredTensor",
+    "cat_quantized",
+    "check_finite",
+    "quantize",
+    "quantize_rotated",
+    "round_to_format",
+]
 
 
 def check_finite(name: str, x: Tensor) -> None:

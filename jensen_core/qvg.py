@@ -33,6 +33,7 @@ Ported from the algorithm of the reference implementation (``svg-project/Quant-V
 - k-means runs per chunk; some reference integrations cluster a span of several chunks at once
   (``quant_factor``), which spreads the centroid table over more tokens.
 """
+
 from __future__ import annotations
 
 import math
@@ -84,8 +85,9 @@ def _update(x: Tensor, ids: Tensor, old: Tensor) -> Tensor:
     return torch.where((counts > 0).unsqueeze(-1), means, old)
 
 
-def kmeans(x: Tensor, k: int, iters: int, tol: float = KMEANS_TOL,
-           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor, int]:
+def kmeans(
+    x: Tensor, k: int, iters: int, tol: float = KMEANS_TOL, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor, int]:
     """Batched Lloyd k-means: ``x`` (N, T, d) float32 -> (ids (N, T) int64, centroids (N, min(k, T), d), iterations).
 
     Starts from ``min(k, T)`` distinct tokens per row, drawn with ``generator`` on the CPU (so a CPU
@@ -170,8 +172,12 @@ class QVGTensor(StoredTensor):
 
     def to(self, device: str | torch.device) -> QVGTensor:
         """The same stored bytes on ``device`` (residual, centroids and ids; nothing re-quantized)."""
-        return QVGTensor(residual=self.residual.to(device), centroids=self.centroids.to(device),
-                         ids=self.ids.to(device), segments=self.segments)
+        return QVGTensor(
+            residual=self.residual.to(device),
+            centroids=self.centroids.to(device),
+            ids=self.ids.to(device),
+            segments=self.segments,
+        )
 
     def _with(self, residual: QuantizedTensor, centroids: Tensor, ids: Tensor) -> QVGTensor:
         return QVGTensor(residual=residual, centroids=centroids, ids=ids, segments=self.segments)
@@ -191,8 +197,11 @@ class QVGTensor(StoredTensor):
     def flatten_leading(self) -> QVGTensor:
         """View with the dimensions before (tokens, head_dim) flattened into one."""
         S = self.stages
-        return self._with(self.residual.flatten_leading(), self.centroids.reshape(S, -1, *self.centroids.shape[-2:]),
-                          self.ids.reshape(S, -1, self.tokens))
+        return self._with(
+            self.residual.flatten_leading(),
+            self.centroids.reshape(S, -1, *self.centroids.shape[-2:]),
+            self.ids.reshape(S, -1, self.tokens),
+        )
 
     def step_sizes(self) -> Tensor:
         """The residual's stored step size per group, float32, shape ``(..., tokens, head_dim // group_size)``."""
@@ -272,7 +281,8 @@ def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
     return QVGTensor(
         residual=quantize_rotated(residual.reshape(shape), spec, dtype=dtype),
         centroids=torch.stack(cents).reshape(S, *shape[:-2], k, d),
-        ids=torch.stack(ids).reshape(S, *shape[:-1]), segments=((T, k),),
+        ids=torch.stack(ids).reshape(S, *shape[:-1]),
+        segments=((T, k),),
     )
 
 
@@ -285,8 +295,10 @@ def cat_qvg(parts: list[QVGTensor]) -> QVGTensor:
     if len(parts) == 1:
         return first
     return QVGTensor(
-        residual=cat_rtn([p.residual for p in parts]), centroids=torch.cat([p.centroids for p in parts], dim=-2),
-        ids=torch.cat([p.ids for p in parts], dim=-1), segments=tuple(s for p in parts for s in p.segments),
+        residual=cat_rtn([p.residual for p in parts]),
+        centroids=torch.cat([p.centroids for p in parts], dim=-2),
+        ids=torch.cat([p.ids for p in parts], dim=-1),
+        segments=tuple(s for p in parts for s in p.segments),
     )
 
 

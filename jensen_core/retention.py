@@ -10,6 +10,7 @@ LongLive's frame sink) and, of the rest, the last ``window_chunks`` (every one w
 oldest first: at most ``sink + window`` chunks. Eviction drops whole chunks, the oldest of the
 window first; a sink chunk is never evicted.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, MutableSequence
@@ -96,9 +97,15 @@ class Retained(Generic[T]):
         self.rule = rule
         self.items: list[T] = list(items)
         held = min(rule.sink_chunks, len(self.items)) if sink_held is None else sink_held
-        if isinstance(held, bool) or not isinstance(held, int) or not 0 <= held <= min(rule.sink_chunks, len(self.items)):
-            raise ValueError(f"sink_held={held!r} must be from 0 to {min(rule.sink_chunks, len(self.items))} "
-                             f"({len(self.items)} items under sink_chunks={rule.sink_chunks})")
+        if (
+            isinstance(held, bool)
+            or not isinstance(held, int)
+            or not 0 <= held <= min(rule.sink_chunks, len(self.items))
+        ):
+            raise ValueError(
+                f"sink_held={held!r} must be from 0 to {min(rule.sink_chunks, len(self.items))} "
+                f"({len(self.items)} items under sink_chunks={rule.sink_chunks})"
+            )
         self.sink_held = held
 
     def add(self, item: T) -> int:

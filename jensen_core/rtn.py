@@ -15,6 +15,7 @@ round-trip error is at most ``delta / 2`` for every element, with ``delta`` the 
    of underflowing to 0); a constant group that ``m`` represents exactly gets ``delta = 0``;
 3. FP8 E4M3 saturates at 448: a tensor whose steps exceed it falls back to BF16 scales, logged.
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,7 +90,9 @@ class QuantizedTensor(StoredTensor):
 
     def to(self, device: str | torch.device) -> QuantizedTensor:
         """The same stored bytes on ``device`` (a new object; codes, steps and minima are not re-quantized)."""
-        return replace(self, packed=self.packed.to(device), scale=self.scale.to(device), minimum=self.minimum.to(device))
+        return replace(
+            self, packed=self.packed.to(device), scale=self.scale.to(device), minimum=self.minimum.to(device)
+        )
 
     @property
     def nbytes(self) -> int:
@@ -104,17 +107,26 @@ class QuantizedTensor(StoredTensor):
             raise IndexError("QuantizedTensor indexes only the dimensions before head_dim, without ... or None")
         packed = self.packed[idx]
         return QuantizedTensor(
-            packed=packed, scale=self.scale[idx], minimum=self.minimum[idx], spec=self.spec,
-            shape=torch.Size((*packed.shape[:-1], self.head_dim)), dtype=self.dtype, scale_format=self.scale_format,
+            packed=packed,
+            scale=self.scale[idx],
+            minimum=self.minimum[idx],
+            spec=self.spec,
+            shape=torch.Size((*packed.shape[:-1], self.head_dim)),
+            dtype=self.dtype,
+            scale_format=self.scale_format,
         )
 
     def flatten_leading(self) -> QuantizedTensor:
         """View with the dimensions before (tokens, head_dim) flattened into one."""
         lead = (-1, *self.shape[-2:-1])
         return QuantizedTensor(
-            packed=self.packed.reshape(*lead, self.packed.shape[-1]), scale=self.scale.reshape(*lead, self.scale.shape[-1]),
-            minimum=self.minimum.reshape(*lead, self.minimum.shape[-1]), spec=self.spec,
-            shape=torch.Size((math.prod(self.shape[:-2]), *self.shape[-2:])), dtype=self.dtype, scale_format=self.scale_format,
+            packed=self.packed.reshape(*lead, self.packed.shape[-1]),
+            scale=self.scale.reshape(*lead, self.scale.shape[-1]),
+            minimum=self.minimum.reshape(*lead, self.minimum.shape[-1]),
+            spec=self.spec,
+            shape=torch.Size((math.prod(self.shape[:-2]), *self.shape[-2:])),
+            dtype=self.dtype,
+            scale_format=self.scale_format,
         )
 
     def step_sizes(self) -> Tensor:
@@ -165,7 +177,9 @@ class QuantizedTensor(StoredTensor):
         float32 buffer, so that no half-precision arithmetic and no full-size temporary is needed.
         """
         if not self.interleaved:
-            raise ValueError(f"no interleaved dequantization for {self.spec.bits}-bit codes in groups of {self.spec.group_size}")
+            raise ValueError(
+                f"no interleaved dequantization for {self.spec.bits}-bit codes in groups of {self.spec.group_size}"
+            )
         g = self.spec.group_size
         G = self.head_dim // g
         rows = math.prod(self.shape[:-1])
@@ -215,7 +229,9 @@ def quantize_rotated(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> Quantiz
         logger.warning(
             "jensen_kv: a step size of %.4g exceeds FP8 E4M3's maximum %.0f; storing this tensor's "
             "scales as bf16 instead (range too large for fp8 scales at %d bits)",
-            float(need.max()), FP8_MAX, spec.bits,
+            float(need.max()),
+            FP8_MAX,
+            spec.bits,
         )
         scale_format = "bf16"
     scale = round_to_format(need, FLOAT_FORMATS[scale_format][0], up=True)
@@ -240,7 +256,12 @@ def check_cat_compatible(parts) -> None:
     """Quantized tensors concatenate along tokens only with one spec, scale format and leading shape."""
     first = parts[0]
     for p in parts[1:]:
-        if p.spec != first.spec or p.scale_format != first.scale_format or p.shape[:-2] != first.shape[:-2] or p.head_dim != first.head_dim:
+        if (
+            p.spec != first.spec
+            or p.scale_format != first.scale_format
+            or p.shape[:-2] != first.shape[:-2]
+            or p.head_dim != first.head_dim
+        ):
             raise ValueError("cat_quantized: tensors differ in spec, scale format or leading shape")
 
 
@@ -252,7 +273,11 @@ def cat_rtn(parts: list[QuantizedTensor]) -> QuantizedTensor:
         return first
     packed = torch.cat([p.packed for p in parts], dim=-2)
     return QuantizedTensor(
-        packed=packed, scale=torch.cat([p.scale for p in parts], dim=-2),
-        minimum=torch.cat([p.minimum for p in parts], dim=-2), spec=first.spec,
-        shape=torch.Size((*packed.shape[:-1], first.head_dim)), dtype=first.dtype, scale_format=first.scale_format,
+        packed=packed,
+        scale=torch.cat([p.scale for p in parts], dim=-2),
+        minimum=torch.cat([p.minimum for p in parts], dim=-2),
+        spec=first.spec,
+        shape=torch.Size((*packed.shape[:-1], first.head_dim)),
+        dtype=first.dtype,
+        scale_format=first.scale_format,
     )

@@ -6,6 +6,7 @@ a plain float64 computation on a tiny problem before use. The streamed fast path
 log-sum-exp to merge chunk by chunk, and the chunk-constant corrections (``chunk_mean``,
 ``per_channel``) are nothing but an offset of a cached chunk's log-sum-exp - free with any such kernel.
 """
+
 from __future__ import annotations
 
 import logging
@@ -65,13 +66,19 @@ def lse_supported(device: torch.device, dtype: torch.dtype, width: int) -> bool:
             s = (q.double() @ k.double().transpose(-1, -2)) * 0.3
             tol = check_tolerance(dtype)
             ok = bool(
-                out.shape == q.shape and lse.shape == q.shape[:-1]
+                out.shape == q.shape
+                and lse.shape == q.shape[:-1]
                 and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
                 and torch.allclose(out.double(), torch.softmax(s, -1) @ v.double(), atol=tol, rtol=tol)
             )
         except Exception:  # noqa: BLE001 - any failure means: don't use it
             ok = False
         if not ok:
-            logger.info("jensen_kv: SDPA with log-sum-exp unavailable on %s/%s (width %d): one buffer per window", device, dtype, width)
+            logger.info(
+                "jensen_kv: SDPA with log-sum-exp unavailable on %s/%s (width %d): one buffer per window",
+                device,
+                dtype,
+                width,
+            )
         _LSE_OK[key] = ok
     return ok

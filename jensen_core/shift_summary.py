@@ -5,6 +5,7 @@ samples many calls; :class:`ShiftAccumulator` keeps every per-query ΔP_S (the d
 paper's Fig. 4 plots), the sums behind the mean JSD and the element-weighted output MSE, and
 :func:`summarize` / :func:`common_histogram` turn them into plain, JSON-ready numbers.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,8 +51,15 @@ class ShiftAccumulator:
         """
         d = self.delta_ps()
         if d.numel() == 0:
-            keys = ("median_delta_ps", "q25_delta_ps", "q75_delta_ps", "iqr_delta_ps", "mean_delta_ps",
-                    "mean_jsd", "output_mse")
+            keys = (
+                "median_delta_ps",
+                "q25_delta_ps",
+                "q75_delta_ps",
+                "iqr_delta_ps",
+                "mean_delta_ps",
+                "mean_jsd",
+                "output_mse",
+            )
             return {**dict.fromkeys(keys), "samples": 0, "calls": self.calls}
         s = d.sort().values
         q25, q75 = quantile(s, 0.25), quantile(s, 0.75)

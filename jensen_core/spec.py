@@ -1,4 +1,5 @@
 """QuantSpec: the frozen, self-validating description of how a KV tensor is quantized."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -77,26 +78,30 @@ class QuantSpec:
         if self.rotation not in ROTATIONS:
             raise ValueError(f"rotation={self.rotation!r} is not supported; use one of {ROTATIONS}")
         if self.scale_format not in FLOAT_FORMATS:
-            raise ValueError(
-                f"scale_format={self.scale_format!r} is not supported; use one of {tuple(FLOAT_FORMATS)}"
-            )
+            raise ValueError(f"scale_format={self.scale_format!r} is not supported; use one of {tuple(FLOAT_FORMATS)}")
         if self.zero_format not in ZERO_FORMATS:
             raise ValueError(f"zero_format={self.zero_format!r} is not supported; use one of {ZERO_FORMATS}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"seed={self.seed!r} must be a non-negative integer")
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r} is not supported; use one of {METHODS}")
-        for name, lo, hi in (("qvg_stages", 1, QVG_MAX_STAGES), ("qvg_centroids", 1, QVG_MAX_CENTROIDS),
-                             ("qvg_iters", 1, QVG_MAX_ITERS)):
+        for name, lo, hi in (
+            ("qvg_stages", 1, QVG_MAX_STAGES),
+            ("qvg_centroids", 1, QVG_MAX_CENTROIDS),
+            ("qvg_iters", 1, QVG_MAX_ITERS),
+        ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise ValueError(f"{name}={v!r} must be a whole number from {lo} to {hi}")
         for other, knobs in METHOD_KNOBS.items():
-            changed = [f"{f}={getattr(self, f)!r}" for f in knobs
-                       if other != self.method and getattr(self, f) != _DEFAULTS[f]]
+            changed = [
+                f"{f}={getattr(self, f)!r}" for f in knobs if other != self.method and getattr(self, f) != _DEFAULTS[f]
+            ]
             if changed:
-                raise ValueError(f"{', '.join(changed)} only apply to method={other!r}; use method={other!r} or "
-                                 "leave them at their defaults")
+                raise ValueError(
+                    f"{', '.join(changed)} only apply to method={other!r}; use method={other!r} or "
+                    "leave them at their defaults"
+                )
 
     @property
     def levels(self) -> int:
@@ -127,9 +132,7 @@ class QuantSpec:
                 f"group_size {self.group_size} does not divide head_dim {head_dim}; {_divisors_hint(head_dim)}"
             )
         if self.rotation == "hadamard" and head_dim & (head_dim - 1):
-            raise ValueError(
-                f"rotation='hadamard' needs a power-of-two head_dim, got {head_dim}; use rotation='none'"
-            )
+            raise ValueError(f"rotation='hadamard' needs a power-of-two head_dim, got {head_dim}; use rotation='none'")
 
     def to_dict(self) -> dict:
         return {

@@ -5,6 +5,7 @@ and :class:`jensen_core.qvg.QVGTensor` (``method="qvg"``, which holds an RTN res
 one). ``isinstance(t, StoredTensor)`` asks "is this side quantized?" whatever the method; what a method
 does is asked of its object in :mod:`jensen_core.methods`, never of ``spec.method``.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,6 +50,7 @@ class StoredTensor:
         """Step size Delta of the stored codes per group, float32, ``(..., tokens, head_dim // group_size)``."""
         raise NotImplementedError
 
-    def dequantize(self, dtype: torch.dtype | None = None, rotated: bool = False,
-                   out: Tensor | None = None) -> Tensor:  # pragma: no cover - every format defines it
+    def dequantize(
+        self, dtype: torch.dtype | None = None, rotated: bool = False, out: Tensor | None = None
+    ) -> Tensor:  # pragma: no cover - every format defines it
         raise NotImplementedError

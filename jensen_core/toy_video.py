@@ -15,6 +15,7 @@ Geometry is in latent pixels; frames are latent frames. Everything is determinis
 rendered analytically for any frame index (no simulation state), so a ground-truth continuation
 of any length is available for checking rollouts.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,21 +29,71 @@ LATENT_CHANNELS = 16
 
 #: ComfyUI's ``latent_formats.Wan21.latent_rgb_factors`` (16 x 3) and bias, applied in model space
 WAN21_RGB_FACTORS = (
-    (-0.1299, -0.1692, 0.2932), (0.0671, 0.0406, 0.0442), (0.3568, 0.2548, 0.1747), (0.0372, 0.2344, 0.1420),
-    (0.0313, 0.0189, -0.0328), (0.0296, -0.0956, -0.0665), (-0.3477, -0.4059, -0.2925), (0.0166, 0.1902, 0.1975),
-    (-0.0412, 0.0267, -0.1364), (-0.1293, 0.0740, 0.1636), (0.0680, 0.3019, 0.1128), (0.0032, 0.0581, 0.0639),
-    (-0.1251, 0.0927, 0.1699), (0.0060, -0.0633, 0.0005), (0.3477, 0.2275, 0.2950), (0.1984, 0.0913, 0.1861),
+    (-0.1299, -0.1692, 0.2932),
+    (0.0671, 0.0406, 0.0442),
+    (0.3568, 0.2548, 0.1747),
+    (0.0372, 0.2344, 0.1420),
+    (0.0313, 0.0189, -0.0328),
+    (0.0296, -0.0956, -0.0665),
+    (-0.3477, -0.4059, -0.2925),
+    (0.0166, 0.1902, 0.1975),
+    (-0.0412, 0.0267, -0.1364),
+    (-0.1293, 0.0740, 0.1636),
+    (0.0680, 0.3019, 0.1128),
+    (0.0032, 0.0581, 0.0639),
+    (-0.1251, 0.0927, 0.1699),
+    (0.0060, -0.0633, 0.0005),
+    (0.3477, 0.2275, 0.2950),
+    (0.1984, 0.0913, 0.1861),
 )
 WAN21_RGB_BIAS = (-0.1835, -0.0868, -0.3360)
 #: ``latent_formats.Wan21`` statistics: LATENT (what VAEs and SaveLatent hold) = model space * std + mean
-WAN21_LATENTS_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-                      0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921)
-WAN21_LATENTS_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-                     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160)
+WAN21_LATENTS_MEAN = (
+    -0.7571,
+    -0.7089,
+    -0.9113,
+    0.1075,
+    -0.1745,
+    0.9653,
+    -0.1517,
+    1.5508,
+    0.4134,
+    -0.0715,
+    0.5517,
+    -0.3632,
+    -0.1922,
+    -0.9497,
+    0.2503,
+    -0.2921,
+)
+WAN21_LATENTS_STD = (
+    2.8184,
+    1.4541,
+    2.3275,
+    2.6558,
+    1.2196,
+    1.7708,
+    2.6052,
+    2.0743,
+    3.2687,
+    2.1526,
+    2.8652,
+    1.5579,
+    1.6382,
+    1.1253,
+    2.8251,
+    1.9160,
+)
 
 #: object colours (RGB in 0..1); each object gets one, plus a private null-space signature
-OBJECT_COLOURS = ((0.95, 0.15, 0.10), (0.10, 0.85, 0.20), (0.15, 0.30, 0.95), (0.95, 0.90, 0.10),
-                  (0.90, 0.15, 0.90), (0.10, 0.90, 0.90))
+OBJECT_COLOURS = (
+    (0.95, 0.15, 0.10),
+    (0.10, 0.85, 0.20),
+    (0.15, 0.30, 0.95),
+    (0.95, 0.90, 0.10),
+    (0.90, 0.15, 0.90),
+    (0.10, 0.90, 0.90),
+)
 #: background palettes: (mean colour, texture amplitude in RGB)
 PALETTES = {
     "warm": ((0.60, 0.40, 0.25), 0.05),
@@ -161,9 +212,21 @@ def make_scene(prompt: int | str, seed: int, height: int = 16, width: int = 16) 
     extra = torch.randn(k, LATENT_CHANNELS, generator=g) * 0.25
     bg_amp = bg_amp + extra - (extra @ q) @ q.T
     bg_phase = torch.rand(k, generator=g) * 2 * math.pi
-    return Scene(prompt=pi, seed=int(seed), height=height, width=width, radius=radius, p0=p0, velocity=velocity,
-                 signature=signature, bg_mean=bg_mean, bg_amp=bg_amp, bg_wave=bg_wave.float(), bg_phase=bg_phase,
-                 pan=p.pan)
+    return Scene(
+        prompt=pi,
+        seed=int(seed),
+        height=height,
+        width=width,
+        radius=radius,
+        p0=p0,
+        velocity=velocity,
+        signature=signature,
+        bg_mean=bg_mean,
+        bg_amp=bg_amp,
+        bg_wave=bg_wave.float(),
+        bg_phase=bg_phase,
+        pan=p.pan,
+    )
 
 
 def _fold(u: Tensor, lo: Tensor, hi: Tensor) -> Tensor:
@@ -188,15 +251,17 @@ def render(scene: Scene, start: int, count: int) -> Tensor:
         raise ValueError(f"need start >= 0 and count >= 1, got start={start}, count={count}")
     H, W = scene.height, scene.width
     frames = torch.arange(start, start + count, dtype=torch.float32)
-    yy, xx = torch.meshgrid(torch.arange(H, dtype=torch.float32) + 0.5, torch.arange(W, dtype=torch.float32) + 0.5,
-                            indexing="ij")
+    yy, xx = torch.meshgrid(
+        torch.arange(H, dtype=torch.float32) + 0.5, torch.arange(W, dtype=torch.float32) + 0.5, indexing="ij"
+    )
     # background: periodic texture sampled at the panned coordinates
     ox = scene.pan[0] * frames
     oy = scene.pan[1] * frames
     Y = yy.unsqueeze(0) + oy.view(-1, 1, 1)
     X = xx.unsqueeze(0) + ox.view(-1, 1, 1)
-    arg = (2 * math.pi / TEXTURE_PERIOD) * (scene.bg_wave[:, 0].view(-1, 1, 1, 1) * Y.unsqueeze(0)
-                                             + scene.bg_wave[:, 1].view(-1, 1, 1, 1) * X.unsqueeze(0))
+    arg = (2 * math.pi / TEXTURE_PERIOD) * (
+        scene.bg_wave[:, 0].view(-1, 1, 1, 1) * Y.unsqueeze(0) + scene.bg_wave[:, 1].view(-1, 1, 1, 1) * X.unsqueeze(0)
+    )
     waves = torch.cos(arg + scene.bg_phase.view(-1, 1, 1, 1))  # (k, T, H, W)
     video = scene.bg_mean.view(-1, 1, 1, 1) + torch.einsum("kc,kthw->cthw", scene.bg_amp, waves)
     # objects, back to front (a fixed depth order: later objects occlude earlier ones)
@@ -214,8 +279,9 @@ def visibility(scene: Scene, start: int, count: int) -> Tensor:
     """Fraction of each object's disc that is not covered by objects in front of it: (count, n)."""
     H, W = scene.height, scene.width
     frames = torch.arange(start, start + count, dtype=torch.float32)
-    yy, xx = torch.meshgrid(torch.arange(H, dtype=torch.float32) + 0.5, torch.arange(W, dtype=torch.float32) + 0.5,
-                            indexing="ij")
+    yy, xx = torch.meshgrid(
+        torch.arange(H, dtype=torch.float32) + 0.5, torch.arange(W, dtype=torch.float32) + 0.5, indexing="ij"
+    )
     pos = object_positions(scene, frames)
     alphas = []
     for i in range(scene.objects):
@@ -241,8 +307,9 @@ def estimate_positions(scene: Scene, video: Tensor, start: int) -> tuple[Tensor,
     T = video.shape[1]
     bg = render_background(scene, start, T)  # (16, T, H, W)
     H, W = scene.height, scene.width
-    yy, xx = torch.meshgrid(torch.arange(H, dtype=torch.float32) + 0.5, torch.arange(W, dtype=torch.float32) + 0.5,
-                            indexing="ij")
+    yy, xx = torch.meshgrid(
+        torch.arange(H, dtype=torch.float32) + 0.5, torch.arange(W, dtype=torch.float32) + 0.5, indexing="ij"
+    )
     n = scene.objects
     pos = torch.zeros(T, n, 2)
     found = torch.zeros(T, n, dtype=torch.bool)
@@ -267,8 +334,15 @@ def estimate_positions(scene: Scene, video: Tensor, start: int) -> tuple[Tensor,
 
 def render_background(scene: Scene, start: int, count: int) -> Tensor:
     """The background alone (no objects): (16, count, H, W)."""
-    empty = Scene(**{**scene.__dict__, "radius": scene.radius[:0], "p0": scene.p0[:0], "velocity": scene.velocity[:0],
-                     "signature": scene.signature[:0]})
+    empty = Scene(
+        **{
+            **scene.__dict__,
+            "radius": scene.radius[:0],
+            "p0": scene.p0[:0],
+            "velocity": scene.velocity[:0],
+            "signature": scene.signature[:0],
+        }
+    )
     return render(empty, start, count)
 
 

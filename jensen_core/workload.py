@@ -6,6 +6,7 @@ large offsets and spread (the channel-wise key outliers KIVI and QuaRot describe
 Queries share a component with their own chunk's keys, so the current chunk holds a real share
 of the attention, as local spatio-temporal attention does in video models.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -3,6 +3,7 @@
 Needs ComfyUI v0.27+ importable in-process (``jensen_testing.comfyui.setup_inprocess_comfyui()`` first).
 The weights are :func:`jensen_testing.wan_tiny.init_weights`' (norm scales and residual gates at 1).
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,18 +33,43 @@ def ar_sampler(num_frame_per_block: int = 1):
     return comfy.samplers.ksampler("ar_video", {"num_frame_per_block": num_frame_per_block})
 
 
-def sample_core(model, latent: torch.Tensor, sigmas: torch.Tensor, *, num_frame_per_block: int = 1, seed: int = 0,
-                cfg: float = 1.0, positive=None, negative=None) -> torch.Tensor:
+def sample_core(
+    model,
+    latent: torch.Tensor,
+    sigmas: torch.Tensor,
+    *,
+    num_frame_per_block: int = 1,
+    seed: int = 0,
+    cfg: float = 1.0,
+    positive=None,
+    negative=None,
+) -> torch.Tensor:
     """SamplerCustom's path: core's ``sample_ar_video`` over ``model`` (noise from ``seed``, as SamplerCustom adds)."""
     import comfy.sample
 
-    positive = positive if positive is not None else wan_tiny.conditioning(1, wan_tiny.TINY["text_len"],
-                                                                            wan_tiny.TINY["text_dim"])
-    negative = negative if negative is not None else wan_tiny.conditioning(2, wan_tiny.TINY["text_len"],
-                                                                            wan_tiny.TINY["text_dim"])
+    positive = (
+        positive
+        if positive is not None
+        else wan_tiny.conditioning(1, wan_tiny.TINY["text_len"], wan_tiny.TINY["text_dim"])
+    )
+    negative = (
+        negative
+        if negative is not None
+        else wan_tiny.conditioning(2, wan_tiny.TINY["text_len"], wan_tiny.TINY["text_dim"])
+    )
     noise = comfy.sample.prepare_noise(latent, seed)
-    return comfy.sample.sample_custom(model, noise, cfg, ar_sampler(num_frame_per_block), sigmas, positive, negative,
-                                      latent, disable_pbar=True, seed=seed)
+    return comfy.sample.sample_custom(
+        model,
+        noise,
+        cfg,
+        ar_sampler(num_frame_per_block),
+        sigmas,
+        positive,
+        negative,
+        latent,
+        disable_pbar=True,
+        seed=seed,
+    )
 
 
 def self_forcing_sigmas() -> torch.Tensor:

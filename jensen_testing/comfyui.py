@@ -9,6 +9,7 @@ imports one ComfyUI: ``.ci/run`` runs the suite against v0.27 and, with ``COMFYU
 ComfyUI tests against v0.3.64. Tests that need ComfyUI skip with the reason when none is found, and
 under ``CI=true`` such a skip fails the run (see ``tests/support/ci_skips.py``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -56,9 +57,31 @@ def locate_comfyui() -> Path | None:
 
 # modules every supported ComfyUI imports at start-up (requirements.txt, plus requests, which v0.3.64 imports but
 # does not list)
-_COMFYUI_MODULES = ("aiohttp", "yarl", "yaml", "PIL", "scipy", "tqdm", "psutil", "alembic", "sqlalchemy", "av",
-                    "torchsde", "torchvision", "einops", "transformers", "tokenizers", "sentencepiece", "safetensors",
-                    "kornia", "spandrel", "pydantic", "pydantic_settings", "comfyui_frontend_package", "requests")
+_COMFYUI_MODULES = (
+    "aiohttp",
+    "yarl",
+    "yaml",
+    "PIL",
+    "scipy",
+    "tqdm",
+    "psutil",
+    "alembic",
+    "sqlalchemy",
+    "av",
+    "torchsde",
+    "torchvision",
+    "einops",
+    "transformers",
+    "tokenizers",
+    "sentencepiece",
+    "safetensors",
+    "kornia",
+    "spandrel",
+    "pydantic",
+    "pydantic_settings",
+    "comfyui_frontend_package",
+    "requests",
+)
 # modules newer ComfyUI needs too, required where its requirements.txt lists them (checked on v0.27): main.py and
 # comfy.model_management import comfy_aimdo; without comfy_kitchen, loading even a bf16 Wan fails
 # (comfy.quant_ops.ck); comfy.sd imports torchaudio (the LTX audio VAE), which v0.3.64 lists but runs without
@@ -130,7 +153,16 @@ def free_port() -> int:
 
 def make_base_dir(base: Path, extra_custom_nodes: list[Path] = ()) -> Path:
     """A ComfyUI base directory with this pack (and optional test-only packs) in custom_nodes."""
-    for sub in ("custom_nodes", "models/diffusion_models", "models/vae", "models/text_encoders", "input", "output", "temp", "user"):
+    for sub in (
+        "custom_nodes",
+        "models/diffusion_models",
+        "models/vae",
+        "models/text_encoders",
+        "input",
+        "output",
+        "temp",
+        "user",
+    ):
         (base / sub).mkdir(parents=True, exist_ok=True)
     link = base / "custom_nodes" / PACK_DIRNAME
     if not link.exists():
@@ -145,8 +177,14 @@ def make_base_dir(base: Path, extra_custom_nodes: list[Path] = ()) -> Path:
 class ComfyServer:
     """A ComfyUI server process on a free loopback port; use as a context manager."""
 
-    def __init__(self, comfy_dir: Path, base_dir: Path, extra_args: list[str] = (), startup_timeout: float = 180.0,
-                 env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        comfy_dir: Path,
+        base_dir: Path,
+        extra_args: list[str] = (),
+        startup_timeout: float = 180.0,
+        env: dict[str, str] | None = None,
+    ):
         self.comfy_dir = comfy_dir
         self.base_dir = base_dir
         self.port = free_port()
@@ -159,14 +197,25 @@ class ComfyServer:
 
     def __enter__(self) -> ComfyServer:
         cmd = [
-            sys.executable, str(self.comfy_dir / "main.py"), "--cpu", "--listen", "127.0.0.1",
-            "--port", str(self.port), "--base-directory", str(self.base_dir), "--disable-auto-launch",
-            "--database-url", "sqlite:///:memory:", *self.extra_args,
+            sys.executable,
+            str(self.comfy_dir / "main.py"),
+            "--cpu",
+            "--listen",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--base-directory",
+            str(self.base_dir),
+            "--disable-auto-launch",
+            "--database-url",
+            "sqlite:///:memory:",
+            *self.extra_args,
         ]
         self._log = open(self.log_path, "w")
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
-        self.proc = subprocess.Popen(cmd, cwd=self.comfy_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=self.comfy_dir, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -6,6 +6,7 @@ root is registered under :data:`PACK_PACKAGE` and ``nodes`` as a bare namespace 
 ``__init__.py``, which needs ComfyUI, is not run), so a ComfyUI-free module such as
 ``routes/ui.py`` can be unit-tested.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -4,6 +4,7 @@ Independent of the adapter: the full forward runs ComfyUI's own ``WanModel.forwa
 whole video with per-frame timesteps and a block-causal mask injected through ComfyUI's
 ``optimized_attention_override`` (self-attention only; cross-attention goes to ComfyUI's kernel).
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,18 +17,25 @@ class DiffusionModelRecorder:
     def __init__(self):
         self.calls: list[dict] = []
 
-    def __call__(self, executor, x, timestep, context, clip_fea=None, time_dim_concat=None,
-                 transformer_options=None, **kwargs):
+    def __call__(
+        self, executor, x, timestep, context, clip_fea=None, time_dim_concat=None, transformer_options=None, **kwargs
+    ):
         out = executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
-        self.calls.append({
-            "x": x.detach().clone(), "t": timestep.detach().clone(), "context": context.detach().clone(),
-            "out": out.detach().clone(), "cond_or_uncond": list((transformer_options or {}).get("cond_or_uncond", [])),
-        })
+        self.calls.append(
+            {
+                "x": x.detach().clone(),
+                "t": timestep.detach().clone(),
+                "context": context.detach().clone(),
+                "out": out.detach().clone(),
+                "cond_or_uncond": list((transformer_options or {}).get("cond_or_uncond", [])),
+            }
+        )
         return out
 
 
-def block_causal_mask(chunk_of_frame: list[int], tokens_per_frame: int, window: int | None,
-                      sink: int = 0) -> torch.Tensor:
+def block_causal_mask(
+    chunk_of_frame: list[int], tokens_per_frame: int, window: int | None, sink: int = 0
+) -> torch.Tensor:
     """bool (L, L): token i may attend token j when chunk(j) <= chunk(i) (and within ``window`` chunks,
     or among the first ``sink`` chunks, which every later chunk sees)."""
     c = torch.tensor(chunk_of_frame).repeat_interleave(tokens_per_frame)
@@ -38,9 +46,16 @@ def block_causal_mask(chunk_of_frame: list[int], tokens_per_frame: int, window: 
     return mask
 
 
-def block_causal_forward(dm, frames: list[torch.Tensor], timesteps: list[torch.Tensor], context: torch.Tensor,
-                         window: int | None = None, rope_offsets: bool = True, sink: int = 0,
-                         first_frame: int = 0) -> torch.Tensor:
+def block_causal_forward(
+    dm,
+    frames: list[torch.Tensor],
+    timesteps: list[torch.Tensor],
+    context: torch.Tensor,
+    window: int | None = None,
+    rope_offsets: bool = True,
+    sink: int = 0,
+    first_frame: int = 0,
+) -> torch.Tensor:
     """One forward of ``WanModel`` over the chunks ``frames`` (each (B, C, T_i, H, W)) at once.
 
     ``timesteps[i]`` is chunk i's timestep per batch row; chunk i attends chunks <= i (and at most
@@ -57,8 +72,9 @@ def block_causal_forward(dm, frames: list[torch.Tensor], timesteps: list[torch.T
     if rope_offsets:
         freqs = dm.rope_encode(T, H, W, t_start=first_frame, device=x.device, dtype=torch.float32)
     else:
-        freqs = torch.cat([dm.rope_encode(f.shape[2], H, W, t_start=0, device=x.device, dtype=torch.float32)
-                           for f in frames], dim=1)
+        freqs = torch.cat(
+            [dm.rope_encode(f.shape[2], H, W, t_start=0, device=x.device, dtype=torch.float32) for f in frames], dim=1
+        )
 
     def override(func, q, k, v, *args, **kwargs):
         if q.shape[1] == L and k.shape[1] == L and q.ndim == 3:
@@ -71,5 +87,6 @@ def block_causal_forward(dm, frames: list[torch.Tensor], timesteps: list[torch.T
         return func(q, k, v, *args, **kwargs)
 
     with torch.no_grad():
-        return dm.forward_orig(x, t, context, freqs=freqs, transformer_options={"optimized_attention_override": override})
-
+        return dm.forward_orig(
+            x, t, context, freqs=freqs, transformer_options={"optimized_attention_override": override}
+        )

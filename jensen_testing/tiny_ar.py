@@ -3,6 +3,7 @@ held-out videos, and the cache-dependence measurement.
 
 Needs ComfyUI importable in-process (``jensen_testing.comfyui.setup_inprocess_comfyui()`` first).
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,10 @@ def load_model(path: Path | str = MODEL_PATH, shift: float = SHIFT):
     import comfy.sd
 
     if not Path(path).is_file():
-        raise FileNotFoundError(f"{path} is missing: the tiny AR model is committed under models/tiny_ar "
-                                "(or train it: python tools/train_tiny_ar.py)")
+        raise FileNotFoundError(
+            f"{path} is missing: the tiny AR model is committed under models/tiny_ar "
+            "(or train it: python tools/train_tiny_ar.py)"
+        )
     model = comfy.sd.load_diffusion_model(str(path))
 
     class ModelSamplingAdvanced(comfy.model_sampling.ModelSamplingDiscreteFlow, comfy.model_sampling.CONST):
@@ -70,9 +73,14 @@ def held_out(n: int) -> list[tuple[int, int]]:
 
 
 @torch.no_grad()
-def next_chunk_losses(model, videos: list[tuple[int, int]], context_videos: list[tuple[int, int]],
-                      sigmas_: tuple[float, ...] = (0.25, 0.5, 0.75), window: int = WINDOW_CHUNKS,
-                      noise_seed: int = 0) -> torch.Tensor:
+def next_chunk_losses(
+    model,
+    videos: list[tuple[int, int]],
+    context_videos: list[tuple[int, int]],
+    sigmas_: tuple[float, ...] = (0.25, 0.5, 0.75),
+    window: int = WINDOW_CHUNKS,
+    noise_seed: int = 0,
+) -> torch.Tensor:
     """Flow-matching loss of chunk ``window`` of each video, given the first ``window`` chunks of its context video.
 
     One block-causal forward per (video, sigma): the context chunks clean at t = 0 (what the cache
@@ -90,13 +98,13 @@ def next_chunk_losses(model, videos: list[tuple[int, int]], context_videos: list
         target = tv.render(tv.make_scene(p, s), window * F, F).unsqueeze(0)
         ctx_video = tv.render(tv.make_scene(pc, sc), 0, window * F).unsqueeze(0)
         context = tv.prompt_embedding(p)
-        ctx_chunks = [ctx_video[:, :, c * F:(c + 1) * F] for c in range(window)]
+        ctx_chunks = [ctx_video[:, :, c * F : (c + 1) * F] for c in range(window)]
         eps = torch.randn(target.shape, generator=g)
         for j, sg in enumerate(sigmas_):
             noisy = (1 - sg) * target + sg * eps
             frames = ctx_chunks + [noisy]
             ts = [torch.zeros(1) for _ in ctx_chunks] + [torch.full((1,), sg * 1000.0)]
-            v = reference.block_causal_forward(dm, frames, ts, context, window=window)[:, :, window * F:]
+            v = reference.block_causal_forward(dm, frames, ts, context, window=window)[:, :, window * F :]
             out[i, j] = float((v - (eps - target)).square().mean())
     return out
 
@@ -107,9 +115,13 @@ def cache_dependence(model, n: int = 6) -> dict:
     others = [(p, s + 10_000) for p, s in vids]
     true = next_chunk_losses(model, vids, vids)
     swapped = next_chunk_losses(model, vids, others)
-    return {"true_loss": float(true.mean()), "swapped_loss": float(swapped.mean()),
-            "ratio": float(swapped.mean() / true.mean()), "videos": n,
-            "per_sigma_ratio": (swapped.mean(0) / true.mean(0)).tolist()}
+    return {
+        "true_loss": float(true.mean()),
+        "swapped_loss": float(swapped.mean()),
+        "ratio": float(swapped.mean() / true.mean()),
+        "videos": n,
+        "per_sigma_ratio": (swapped.mean(0) / true.mean(0)).tolist(),
+    }
 
 
 def psnr(ref: torch.Tensor, x: torch.Tensor, peak: float | None = None) -> float:

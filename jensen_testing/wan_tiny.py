@@ -6,6 +6,7 @@ gates, which are 1 as in a trained model. With std-0.02 RMSNorm scales the queri
 (uniform attention), and with std-0.02 gates self-attention would barely reach the output - a
 test comparing outputs would then not see attention errors.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,9 +19,22 @@ DETECTABLE = dict(dim=128, ffn_dim=256, num_heads=1, num_layers=2, text_dim=4096
 
 def unet_config(dim: int, ffn_dim: int, num_heads: int, num_layers: int, text_dim: int, text_len: int) -> dict:
     return dict(
-        dim=dim, ffn_dim=ffn_dim, freq_dim=256, text_dim=text_dim, text_len=text_len, in_dim=16, out_dim=16,
-        num_heads=num_heads, num_layers=num_layers, patch_size=(1, 2, 2), window_size=(-1, -1), qk_norm=True,
-        cross_attn_norm=True, eps=1e-6, image_model="wan2.1", model_type="t2v",
+        dim=dim,
+        ffn_dim=ffn_dim,
+        freq_dim=256,
+        text_dim=text_dim,
+        text_len=text_len,
+        in_dim=16,
+        out_dim=16,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        patch_size=(1, 2, 2),
+        window_size=(-1, -1),
+        qk_norm=True,
+        cross_attn_norm=True,
+        eps=1e-6,
+        image_model="wan2.1",
+        model_type="t2v",
     )
 
 

@@ -4,6 +4,7 @@ Imported only inside ComfyUI: every module here may import ``comfy`` and ``comfy
 hold schemas and hand the work to ``runtime/`` (which never imports them back). Pack code uses
 relative imports (ComfyUI has its own top-level ``nodes`` module).
 """
+
 from __future__ import annotations
 
 if "." not in __name__:
@@ -43,8 +44,12 @@ NODES: list[type[io.ComfyNode]] = [
     JensenKVChunkedARKSampler,
 ]
 #: long videos and faithful schedules
-AR_NODES: list[type[io.ComfyNode]] = [JensenKVARSchedule, JensenKVPromptSchedule, JensenKVSaveKVCache,
-                                      JensenKVLoadKVCache]
+AR_NODES: list[type[io.ComfyNode]] = [
+    JensenKVARSchedule,
+    JensenKVPromptSchedule,
+    JensenKVSaveKVCache,
+    JensenKVLoadKVCache,
+]
 #: the bundled tiny AR model: its prompts and its latent -> RGB map
 DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDecode]
 #: attention diagnostics: KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
@@ -60,8 +65,9 @@ def register_routes() -> bool:
 
         return routes_ui.register()
     except Exception:  # noqa: BLE001 - the planner is a nicety; the nodes must load without it
-        logger.warning("jensen_kv: the HTTP routes (routes/ui.py) did not load; the web planner is unavailable",
-                       exc_info=True)
+        logger.warning(
+            "jensen_kv: the HTTP routes (routes/ui.py) did not load; the web planner is unavailable", exc_info=True
+        )
         return False
 
 

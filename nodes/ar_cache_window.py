@@ -1,4 +1,5 @@
 """AR Cache Window: the window and attention sink of the Jensen KV cache on ComfyUI's own AR sampler."""
+
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
@@ -20,13 +21,27 @@ class JensenKVARCacheWindow(io.ComfyNode):
                 "inputs itself. Returns a copy of the model."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="A causal-AR Wan model (WAN21_CausalAR), before or after Quantize KV Cache."),
-                io.Int.Input("window_chunks", default=0, min=0, max=4096,
-                             tooltip="Finished chunks (blocks) kept in the cache; 0 keeps every chunk."),
-                io.Int.Input("sink_chunks", default=0, min=0, max=4096,
-                             tooltip="First chunks kept for good besides the window (attention sink); 0 = none."),
+                io.Model.Input(
+                    "model", tooltip="A causal-AR Wan model (WAN21_CausalAR), before or after Quantize KV Cache."
+                ),
+                io.Int.Input(
+                    "window_chunks",
+                    default=0,
+                    min=0,
+                    max=4096,
+                    tooltip="Finished chunks (blocks) kept in the cache; 0 keeps every chunk.",
+                ),
+                io.Int.Input(
+                    "sink_chunks",
+                    default=0,
+                    min=0,
+                    max=4096,
+                    tooltip="First chunks kept for good besides the window (attention sink); 0 = none.",
+                ),
             ],
-            outputs=[io.Model.Output(tooltip="A clone of the model whose cache on core's AR sampler keeps this window.")],
+            outputs=[
+                io.Model.Output(tooltip="A clone of the model whose cache on core's AR sampler keeps this window.")
+            ],
         )
 
     @classmethod

@@ -1,4 +1,5 @@
 """AR Video Schedule: the few-step schedules of Self-Forcing, CausVid and SkyReels-V2 DF as SIGMAS."""
+
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
@@ -14,18 +15,39 @@ class JensenKVARSchedule(io.ComfyNode):
             node_id="JensenKVARSchedule",
             display_name="AR Video Schedule",
             category=CATEGORY,
-            description=("The per-chunk noise schedule a chunk-wise AR checkpoint was distilled or trained with, as "
-                         "SIGMAS for the Chunked AR Video Sampler (it does not depend on ModelSamplingSD3's shift)."),
+            description=(
+                "The per-chunk noise schedule a chunk-wise AR checkpoint was distilled or trained with, as "
+                "SIGMAS for the Chunked AR Video Sampler (it does not depend on ModelSamplingSD3's shift)."
+            ),
             inputs=[
-                io.Combo.Input("preset", options=list(PRESETS), default="self_forcing_4step",
-                               tooltip="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items())),
-                io.Int.Input("steps", default=30, min=1, max=1000,
-                             tooltip="Steps per chunk for skyreels_v2_df (SkyReels-V2 uses 30); other presets ignore it."),
-                io.Float.Input("shift", default=8.0, min=0.01, max=100.0, step=0.1,
-                               tooltip="Time shift for skyreels_v2_df (8 for T2V); other presets ignore it."),
-                io.String.Input("manual", default="1, 0.757, 0.522", multiline=False,
-                                tooltip="For preset manual: sigmas from 1 down, comma separated (a trailing 0 is "
-                                        "added); values above 1 are read as timesteps and divided by 1000."),
+                io.Combo.Input(
+                    "preset",
+                    options=list(PRESETS),
+                    default="self_forcing_4step",
+                    tooltip="; ".join(f"{k}: {v}" for k, v in PRESET_HELP.items()),
+                ),
+                io.Int.Input(
+                    "steps",
+                    default=30,
+                    min=1,
+                    max=1000,
+                    tooltip="Steps per chunk for skyreels_v2_df (SkyReels-V2 uses 30); other presets ignore it.",
+                ),
+                io.Float.Input(
+                    "shift",
+                    default=8.0,
+                    min=0.01,
+                    max=100.0,
+                    step=0.1,
+                    tooltip="Time shift for skyreels_v2_df (8 for T2V); other presets ignore it.",
+                ),
+                io.String.Input(
+                    "manual",
+                    default="1, 0.757, 0.522",
+                    multiline=False,
+                    tooltip="For preset manual: sigmas from 1 down, comma separated (a trailing 0 is "
+                    "added); values above 1 are read as timesteps and divided by 1000.",
+                ),
             ],
             outputs=[io.Sigmas.Output(tooltip="Sigmas of one chunk, ending in 0; connect to the sampler's sigmas.")],
         )

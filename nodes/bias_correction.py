@@ -1,4 +1,5 @@
 """Jensen Bias Correction: subtract the Jensen bias from the scores of quantized cached keys."""
+
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
@@ -27,19 +28,33 @@ class JensenKVBiasCorrection(io.ComfyNode):
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The MODEL from Quantize KV Cache."),
-                io.Combo.Input("mode", options=list(CORRECTION_CHOICES), default="taylor",
-                               tooltip="taylor: (1/24d)·sum Δ²‖q_group‖² per cached score, the paper's correction "
-                                       "(recommended; a few extra attention channels). chunk_mean: the same bias averaged "
-                                       "over each cached chunk's keys, applied as an offset of the chunk's attention "
-                                       "weight - free on every kernel (bf16 on AMX CPUs, GPU flash), nearly as good with "
-                                       "rotation hadamard, weaker without. exact: log(sinh α/α) per channel, slow, for "
-                                       "checks. per_channel: one shared bias per query over the whole window. off: no "
-                                       "correction (the uncorrected A/B)."),
-                io.Float.Input("strength", default=1.0, min=0.0, max=STRENGTH_MAX, step=0.05,
-                               tooltip="Multiplier of the correction; 1.0 removes the bias in expectation, 0 disables it."),
+                io.Combo.Input(
+                    "mode",
+                    options=list(CORRECTION_CHOICES),
+                    default="taylor",
+                    tooltip="taylor: (1/24d)·sum Δ²‖q_group‖² per cached score, the paper's correction "
+                    "(recommended; a few extra attention channels). chunk_mean: the same bias averaged "
+                    "over each cached chunk's keys, applied as an offset of the chunk's attention "
+                    "weight - free on every kernel (bf16 on AMX CPUs, GPU flash), nearly as good with "
+                    "rotation hadamard, weaker without. exact: log(sinh α/α) per channel, slow, for "
+                    "checks. per_channel: one shared bias per query over the whole window. off: no "
+                    "correction (the uncorrected A/B).",
+                ),
+                io.Float.Input(
+                    "strength",
+                    default=1.0,
+                    min=0.0,
+                    max=STRENGTH_MAX,
+                    step=0.05,
+                    tooltip="Multiplier of the correction; 1.0 removes the bias in expectation, 0 disables it.",
+                ),
             ],
-            outputs=[io.Model.Output(tooltip="A clone of the model with the correction set (or the input model when "
-                                             "there is nothing to correct).")],
+            outputs=[
+                io.Model.Output(
+                    tooltip="A clone of the model with the correction set (or the input model when "
+                    "there is nothing to correct)."
+                )
+            ],
             hidden=[io.Hidden.unique_id],
         )
 

@@ -1,4 +1,5 @@
 """Chunked AR Video Sampler (KSampler): the same sampler with KSampler-style steps / sampler / scheduler."""
+
 from __future__ import annotations
 
 import comfy.samplers
@@ -18,8 +19,15 @@ from .common import CATEGORY, check_combo_values
 
 def ksampler_sigmas(model, steps: int, sampler_name: str, scheduler: str):
     """The sigmas KSampler would use (including its per-sampler adjustments), on the CPU."""
-    ks = comfy.samplers.KSampler(model, steps=steps, device=model.load_device, sampler=sampler_name,
-                                 scheduler=scheduler, denoise=1.0, model_options=model.model_options)
+    ks = comfy.samplers.KSampler(
+        model,
+        steps=steps,
+        device=model.load_device,
+        sampler=sampler_name,
+        scheduler=scheduler,
+        denoise=1.0,
+        model_options=model.model_options,
+    )
     return ks.sigmas.cpu()
 
 
@@ -33,13 +41,26 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
             description=DESCRIPTION,
             inputs=[
                 *common_head_inputs(),
-                io.Int.Input("steps", default=4, min=1, max=10000,
-                             tooltip="Denoising steps per chunk (Self-Forcing / CausVid: 4)."),
+                io.Int.Input(
+                    "steps",
+                    default=4,
+                    min=1,
+                    max=10000,
+                    tooltip="Denoising steps per chunk (Self-Forcing / CausVid: 4).",
+                ),
                 cfg_input(),
-                io.Combo.Input("sampler_name", options=list(comfy.samplers.KSampler.SAMPLERS), default="euler",
-                               tooltip="ComfyUI sampler used for every chunk."),
-                io.Combo.Input("scheduler", options=list(comfy.samplers.KSampler.SCHEDULERS), default="simple",
-                               tooltip="ComfyUI scheduler giving each chunk's sigmas (with the model's shift)."),
+                io.Combo.Input(
+                    "sampler_name",
+                    options=list(comfy.samplers.KSampler.SAMPLERS),
+                    default="euler",
+                    tooltip="ComfyUI sampler used for every chunk.",
+                ),
+                io.Combo.Input(
+                    "scheduler",
+                    options=list(comfy.samplers.KSampler.SCHEDULERS),
+                    default="simple",
+                    tooltip="ComfyUI scheduler giving each chunk's sigmas (with the model's shift).",
+                ),
                 *common_tail_inputs(),
             ],
             outputs=outputs(),
@@ -51,11 +72,44 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
         return check_combo_values(cls, sampler_name=sampler_name, scheduler=scheduler)
 
     @classmethod
-    def execute(cls, model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler, chunk_frames=3,
-                window_chunks=0, context_noise=0.0, sink_chunks=0, prefix=None, include_prefix=True, kv_cache=None,
-                recache_on_switch=True) -> io.NodeOutput:
+    def execute(
+        cls,
+        model,
+        positive,
+        negative,
+        latent,
+        seed,
+        steps,
+        cfg,
+        sampler_name,
+        scheduler,
+        chunk_frames=3,
+        window_chunks=0,
+        context_noise=0.0,
+        sink_chunks=0,
+        prefix=None,
+        include_prefix=True,
+        kv_cache=None,
+        recache_on_switch=True,
+    ) -> io.NodeOutput:
         sigmas = ksampler_sigmas(model, steps, sampler_name, scheduler)
         sampler = comfy.samplers.sampler_object(sampler_name)
-        return sample_node(cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames,
-                           window_chunks, context_noise, sink_chunks, prefix, include_prefix, kv_cache,
-                           recache_on_switch)
+        return sample_node(
+            cls,
+            model,
+            positive,
+            negative,
+            latent,
+            seed,
+            cfg,
+            sampler,
+            sigmas,
+            chunk_frames,
+            window_chunks,
+            context_noise,
+            sink_chunks,
+            prefix,
+            include_prefix,
+            kv_cache,
+            recache_on_switch,
+        )

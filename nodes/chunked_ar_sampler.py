@@ -1,4 +1,5 @@
 """Chunked AR Video Sampler: a whole Wan video, chunk by chunk, with a (quantized) KV cache."""
+
 from __future__ import annotations
 
 from comfy_api.latest import io
@@ -19,63 +20,133 @@ KV_CACHE_OUTPUT = 2  # index of the kv_cache output (its connection decides whet
 
 def common_head_inputs() -> list:
     return [
-        io.Model.Input("model", tooltip="A Wan 2.1 text-to-video MODEL, optionally through Quantize KV Cache and "
-                                        "Jensen Bias Correction."),
-        io.Conditioning.Input("positive", tooltip="Text conditioning (one entry) for the whole video, or a schedule of "
-                                                  "prompts by chunk from Prompt Schedule."),
+        io.Model.Input(
+            "model",
+            tooltip="A Wan 2.1 text-to-video MODEL, optionally through Quantize KV Cache and Jensen Bias Correction.",
+        ),
+        io.Conditioning.Input(
+            "positive",
+            tooltip="Text conditioning (one entry) for the whole video, or a schedule of "
+            "prompts by chunk from Prompt Schedule.",
+        ),
         io.Conditioning.Input("negative", tooltip="Negative conditioning (one entry); unused when cfg is 1."),
-        io.Latent.Input("latent", tooltip="A Wan video latent (batch, 16, frames, height, width), e.g. from "
-                                          "EmptyHunyuanLatentVideo; its frames are generated chunk by chunk."),
-        io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
-                     tooltip="Noise seed. Every chunk gets its own noise (initial and per-step), derived from the seed "
-                             "and the chunk's index, so a continued run matches one long run."),
+        io.Latent.Input(
+            "latent",
+            tooltip="A Wan video latent (batch, 16, frames, height, width), e.g. from "
+            "EmptyHunyuanLatentVideo; its frames are generated chunk by chunk.",
+        ),
+        io.Int.Input(
+            "seed",
+            default=0,
+            min=0,
+            max=0xFFFFFFFFFFFFFFFF,
+            control_after_generate=True,
+            tooltip="Noise seed. Every chunk gets its own noise (initial and per-step), derived from the seed "
+            "and the chunk's index, so a continued run matches one long run.",
+        ),
     ]
 
 
 def cfg_input() -> io.Float.Input:
-    return io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
-                          tooltip="Classifier-free guidance; 1 runs the cond branch only (distilled few-step "
-                                  "models), >1 keeps a second cache for the uncond branch.")
+    return io.Float.Input(
+        "cfg",
+        default=1.0,
+        min=0.0,
+        max=100.0,
+        step=0.1,
+        round=0.01,
+        tooltip="Classifier-free guidance; 1 runs the cond branch only (distilled few-step "
+        "models), >1 keeps a second cache for the uncond branch.",
+    )
 
 
 def common_tail_inputs() -> list:
     return [
-        io.Int.Input("chunk_frames", default=3, min=1, max=1024,
-                     tooltip="Latent frames per chunk (3 for Self-Forcing / CausVid; a latent frame is 4 video frames)."),
-        io.Int.Input("window_chunks", default=0, min=0, max=4096,
-                     tooltip="How many finished chunks stay in the KV cache (sliding window); 0 keeps them all."),
-        advanced(io.Float.Input("context_noise", default=0.0, min=0.0, max=1.0, step=0.01,
-                                tooltip="Noise level of the pass that writes a finished chunk to the cache, in sigma "
-                                        "(Wan flow matching: sigma = t / 1000; SkyReels-V2's addnoise_condition is in t, "
-                                        "so addnoise_condition 20 is 0.02 here). 0 = clean context, as Self-Forcing and "
-                                        "CausVid do.")),
-        io.Int.Input("sink_chunks", default=0, min=0, max=4096, optional=True,
-                     tooltip="Attention sink: the first N chunks stay in the cache for the whole video, outside the "
-                             "window (Self-Forcing's sink_size = N x chunk_frames frames). Only matters with a window."),
-        io.Latent.Input("prefix", optional=True,
-                        tooltip="Extend a clip: a Wan LATENT (VAE-encoded frames, or an earlier run's output) written "
-                                "into the cache as the first chunks; generation continues after it."),
-        advanced(io.Boolean.Input("include_prefix", default=True, optional=True,
-                                  tooltip="Put the prefix frames in front of the output LATENT (off: only the new frames).")),
-        JensenKVCache.Input("kv_cache", optional=True,
-                            tooltip="Continue a saved run (Load KV Cache, or another sampler's kv_cache output): same "
-                                    "model, Quantize KV Cache, chunk length, window, sink and video size."),
-        advanced(io.Boolean.Input("recache_on_switch", default=True, optional=True,
-                                  tooltip="When the prompt schedule switches prompts, rewrite the cached chunks under the "
-                                          "new prompt (LongLive's re-cache), since every layer after the first sees the "
-                                          "prompt. Off keeps the entries written under the old prompt.")),
+        io.Int.Input(
+            "chunk_frames",
+            default=3,
+            min=1,
+            max=1024,
+            tooltip="Latent frames per chunk (3 for Self-Forcing / CausVid; a latent frame is 4 video frames).",
+        ),
+        io.Int.Input(
+            "window_chunks",
+            default=0,
+            min=0,
+            max=4096,
+            tooltip="How many finished chunks stay in the KV cache (sliding window); 0 keeps them all.",
+        ),
+        advanced(
+            io.Float.Input(
+                "context_noise",
+                default=0.0,
+                min=0.0,
+                max=1.0,
+                step=0.01,
+                tooltip="Noise level of the pass that writes a finished chunk to the cache, in sigma "
+                "(Wan flow matching: sigma = t / 1000; SkyReels-V2's addnoise_condition is in t, "
+                "so addnoise_condition 20 is 0.02 here). 0 = clean context, as Self-Forcing and "
+                "CausVid do.",
+            )
+        ),
+        io.Int.Input(
+            "sink_chunks",
+            default=0,
+            min=0,
+            max=4096,
+            optional=True,
+            tooltip="Attention sink: the first N chunks stay in the cache for the whole video, outside the "
+            "window (Self-Forcing's sink_size = N x chunk_frames frames). Only matters with a window.",
+        ),
+        io.Latent.Input(
+            "prefix",
+            optional=True,
+            tooltip="Extend a clip: a Wan LATENT (VAE-encoded frames, or an earlier run's output) written "
+            "into the cache as the first chunks; generation continues after it.",
+        ),
+        advanced(
+            io.Boolean.Input(
+                "include_prefix",
+                default=True,
+                optional=True,
+                tooltip="Put the prefix frames in front of the output LATENT (off: only the new frames).",
+            )
+        ),
+        JensenKVCache.Input(
+            "kv_cache",
+            optional=True,
+            tooltip="Continue a saved run (Load KV Cache, or another sampler's kv_cache output): same "
+            "model, Quantize KV Cache, chunk length, window, sink and video size.",
+        ),
+        advanced(
+            io.Boolean.Input(
+                "recache_on_switch",
+                default=True,
+                optional=True,
+                tooltip="When the prompt schedule switches prompts, rewrite the cached chunks under the "
+                "new prompt (LongLive's re-cache), since every layer after the first sees the "
+                "prompt. Off keeps the entries written under the old prompt.",
+            )
+        ),
     ]
     # inputs added after v0.1 are optional, so API prompts and workflows saved before them still run
 
 
 def outputs() -> list:
     return [
-        io.Latent.Output(display_name="LATENT", tooltip="The video latent (with the prefix in front when include_prefix)."),
-        JensenKVReport.Output(display_name="report", tooltip="Cache size, BF16 size, effective bits, seconds per chunk, "
-                                                             "where each prompt started."),
-        JensenKVCache.Output(display_name="kv_cache", tooltip="The run state to continue later (Save KV Cache, or a "
-                                                              "second sampler's kv_cache input). When connected, the "
-                                                              "last chunk is written to the cache too."),
+        io.Latent.Output(
+            display_name="LATENT", tooltip="The video latent (with the prefix in front when include_prefix)."
+        ),
+        JensenKVReport.Output(
+            display_name="report",
+            tooltip="Cache size, BF16 size, effective bits, seconds per chunk, where each prompt started.",
+        ),
+        JensenKVCache.Output(
+            display_name="kv_cache",
+            tooltip="The run state to continue later (Save KV Cache, or a "
+            "second sampler's kv_cache input). When connected, the "
+            "last chunk is written to the cache too.",
+        ),
     ]
 
 
@@ -83,18 +154,51 @@ def hidden_inputs() -> list:
     return [io.Hidden.unique_id, io.Hidden.prompt]
 
 
-def sample_node(node_cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames,
-                window_chunks, context_noise, sink_chunks=0, prefix=None, include_prefix=True, kv_cache=None,
-                recache_on_switch=True) -> io.NodeOutput:
+def sample_node(
+    node_cls,
+    model,
+    positive,
+    negative,
+    latent,
+    seed,
+    cfg,
+    sampler,
+    sigmas,
+    chunk_frames,
+    window_chunks,
+    context_noise,
+    sink_chunks=0,
+    prefix=None,
+    include_prefix=True,
+    kv_cache=None,
+    recache_on_switch=True,
+) -> io.NodeOutput:
     if kv_cache is not None and not isinstance(kv_cache, SavedRun):
-        raise ValueError(f"kv_cache must come from Load KV Cache or a sampler's kv_cache output, got "
-                         f"{type(kv_cache).__name__}")
+        raise ValueError(
+            f"kv_cache must come from Load KV Cache or a sampler's kv_cache output, got {type(kv_cache).__name__}"
+        )
     keep_state = output_connected(node_cls, KV_CACHE_OUTPUT)
-    result = run(ChunkedARRequest(model, positive, negative, latent, seed=seed, cfg=cfg, sampler=sampler,
-                                  sigmas=sigmas, chunk_frames=chunk_frames, window_chunks=window_chunks,
-                                  context_noise=context_noise, sink_chunks=sink_chunks, prefix=prefix,
-                                  include_prefix=include_prefix, resume=kv_cache, keep_state=keep_state,
-                                  recache_on_switch=recache_on_switch))
+    result = run(
+        ChunkedARRequest(
+            model,
+            positive,
+            negative,
+            latent,
+            seed=seed,
+            cfg=cfg,
+            sampler=sampler,
+            sigmas=sigmas,
+            chunk_frames=chunk_frames,
+            window_chunks=window_chunks,
+            context_noise=context_noise,
+            sink_chunks=sink_chunks,
+            prefix=prefix,
+            include_prefix=include_prefix,
+            resume=kv_cache,
+            keep_state=keep_state,
+            recache_on_switch=recache_on_switch,
+        )
+    )
     out = latent.copy()
     out.pop("downscale_ratio_spacial", None)
     out["samples"] = result.samples
@@ -116,8 +220,11 @@ class JensenKVChunkedARSampler(io.ComfyNode):
                 *common_head_inputs(),
                 cfg_input(),
                 io.Sampler.Input("sampler", tooltip="Any ComfyUI sampler (KSamplerSelect, ...); used for every chunk."),
-                io.Sigmas.Input("sigmas", tooltip="The noise schedule of one chunk (BasicScheduler, or a few-step "
-                                                  "Self-Forcing / CausVid schedule); reused for every chunk."),
+                io.Sigmas.Input(
+                    "sigmas",
+                    tooltip="The noise schedule of one chunk (BasicScheduler, or a few-step "
+                    "Self-Forcing / CausVid schedule); reused for every chunk.",
+                ),
                 *common_tail_inputs(),
             ],
             outputs=outputs(),
@@ -125,9 +232,41 @@ class JensenKVChunkedARSampler(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames=3,
-                window_chunks=0, context_noise=0.0, sink_chunks=0, prefix=None, include_prefix=True, kv_cache=None,
-                recache_on_switch=True) -> io.NodeOutput:
-        return sample_node(cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames,
-                           window_chunks, context_noise, sink_chunks, prefix, include_prefix, kv_cache,
-                           recache_on_switch)
+    def execute(
+        cls,
+        model,
+        positive,
+        negative,
+        latent,
+        seed,
+        cfg,
+        sampler,
+        sigmas,
+        chunk_frames=3,
+        window_chunks=0,
+        context_noise=0.0,
+        sink_chunks=0,
+        prefix=None,
+        include_prefix=True,
+        kv_cache=None,
+        recache_on_switch=True,
+    ) -> io.NodeOutput:
+        return sample_node(
+            cls,
+            model,
+            positive,
+            negative,
+            latent,
+            seed,
+            cfg,
+            sampler,
+            sigmas,
+            chunk_frames,
+            window_chunks,
+            context_noise,
+            sink_chunks,
+            prefix,
+            include_prefix,
+            kv_cache,
+            recache_on_switch,
+        )

@@ -1,4 +1,5 @@
 """Shared bits of the node schemas: category, the report link type, advanced inputs, node messages."""
+
 from __future__ import annotations
 
 import inspect
@@ -31,7 +32,12 @@ def output_connected(node_cls, output_index: int) -> bool:
         return True
     for node in prompt.values():
         for value in (node.get("inputs") or {}).values():
-            if isinstance(value, list) and len(value) == 2 and str(value[0]) == str(node_id) and value[1] == output_index:
+            if (
+                isinstance(value, list)
+                and len(value) == 2
+                and str(value[0]) == str(node_id)
+                and value[1] == output_index
+            ):
                 return True
     return False
 

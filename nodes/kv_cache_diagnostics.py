@@ -6,6 +6,7 @@ full-precision attention on the same queries, and puts the numbers in its report
 ``diagnostics`` (see ``runtime/shift_observer.py``). Without this node the sampler runs no
 diagnostics and pays nothing. KV Cache Diagnostics Plot (``kv_cache_diagnostics_plot.py``) draws the report.
 """
+
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
@@ -31,19 +32,36 @@ class JensenKVDiagnostics(io.ComfyNode):
                 "this node is in the graph."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="The MODEL going to the Chunked AR sampler (anywhere on its path: "
-                                                "before or after Quantize KV Cache / Jensen Bias Correction)."),
-                io.String.Input("layers", default="every 8",
-                                tooltip=f"Transformer blocks to measure: {SELECTION_HELP}. Each sampled layer keeps "
-                                        "a full-precision copy of its cached K/V (sampled heads only) for the run."),
-                io.String.Input("heads", default="all",
-                                tooltip=f"Attention heads to measure in each sampled layer: {SELECTION_HELP}."),
-                io.String.Input("steps", default="all",
-                                tooltip=f"Denoising steps (0-based, per chunk) to measure: {SELECTION_HELP}. "
-                                        "Chunk 0 has no cache and is never measured."),
-                io.Int.Input("query_stride", default=4, min=1, max=4096,
-                             tooltip="Measure every n-th query of the chunk (1 = all). The reference materialises "
-                                     "one (queries/n x cached keys) score matrix per head: raise n for long videos."),
+                io.Model.Input(
+                    "model",
+                    tooltip="The MODEL going to the Chunked AR sampler (anywhere on its path: "
+                    "before or after Quantize KV Cache / Jensen Bias Correction).",
+                ),
+                io.String.Input(
+                    "layers",
+                    default="every 8",
+                    tooltip=f"Transformer blocks to measure: {SELECTION_HELP}. Each sampled layer keeps "
+                    "a full-precision copy of its cached K/V (sampled heads only) for the run.",
+                ),
+                io.String.Input(
+                    "heads",
+                    default="all",
+                    tooltip=f"Attention heads to measure in each sampled layer: {SELECTION_HELP}.",
+                ),
+                io.String.Input(
+                    "steps",
+                    default="all",
+                    tooltip=f"Denoising steps (0-based, per chunk) to measure: {SELECTION_HELP}. "
+                    "Chunk 0 has no cache and is never measured.",
+                ),
+                io.Int.Input(
+                    "query_stride",
+                    default=4,
+                    min=1,
+                    max=4096,
+                    tooltip="Measure every n-th query of the chunk (1 = all). The reference materialises "
+                    "one (queries/n x cached keys) score matrix per head: raise n for long videos.",
+                ),
             ],
             outputs=[io.Model.Output(tooltip="A clone of the model that asks the Chunked AR sampler for diagnostics.")],
             hidden=[io.Hidden.unique_id],

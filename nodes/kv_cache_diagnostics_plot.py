@@ -4,6 +4,7 @@
 ``runtime/shift_histogram.py`` from the ``diagnostics`` entry that KV Cache Diagnostics asks the
 Chunked AR sampler to put in its report.
 """
+
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
@@ -15,7 +16,6 @@ NO_DIAGNOSTICS = (
     "KV Cache Diagnostics Plot: this report has no diagnostics. Put KV Cache Diagnostics on the MODEL "
     "before the Chunked AR sampler (e.g. after Jensen Bias Correction) and run it again."
 )
-
 
 
 class JensenKVDiagnosticsPlot(io.ComfyNode):
@@ -30,12 +30,25 @@ class JensenKVDiagnosticsPlot(io.ComfyNode):
                 "and the numbers: median and IQR of ΔP_S, mean JSD and attention-output MSE against full precision."
             ),
             inputs=[
-                JensenKVReport.Input("report", tooltip="The report of a Chunked AR sampler whose MODEL went through "
-                                                      "KV Cache Diagnostics."),
-                advanced(io.Int.Input("width", default=960, min=320, max=4096, step=8,
-                                      tooltip="Width of the plot in pixels (the text scales with it).")),
-                advanced(io.Int.Input("height", default=540, min=240, max=4096, step=8,
-                                      tooltip="Height of the plot in pixels.")),
+                JensenKVReport.Input(
+                    "report",
+                    tooltip="The report of a Chunked AR sampler whose MODEL went through KV Cache Diagnostics.",
+                ),
+                advanced(
+                    io.Int.Input(
+                        "width",
+                        default=960,
+                        min=320,
+                        max=4096,
+                        step=8,
+                        tooltip="Width of the plot in pixels (the text scales with it).",
+                    )
+                ),
+                advanced(
+                    io.Int.Input(
+                        "height", default=540, min=240, max=4096, step=8, tooltip="Height of the plot in pixels."
+                    )
+                ),
             ],
             outputs=[
                 io.Image.Output(display_name="IMAGE", tooltip="The histogram plot (1 x H x W x 3)."),

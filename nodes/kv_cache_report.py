@@ -1,4 +1,5 @@
 """KV Cache Report: the report of the Jensen KV cache after ComfyUI's own AR sampler ran a MODEL."""
+
 from __future__ import annotations
 
 from comfy_api.latest import io
@@ -24,8 +25,7 @@ class JensenKVCacheReport(io.ComfyNode):
                 io.Model.Input("model", tooltip="The same MODEL the sampler (its guider) was given."),
                 io.Latent.Input("samples", tooltip="The sampler's output: connects this node after the sampling run."),
             ],
-            outputs=[JensenKVReport.Output(display_name="report",
-                                           tooltip="For KV Cache Diagnostics Plot.")],
+            outputs=[JensenKVReport.Output(display_name="report", tooltip="For KV Cache Diagnostics Plot.")],
             is_output_node=True,
         )
 

@@ -1,4 +1,5 @@
 """Load KV Cache: read a saved Chunked AR run state back (from the output or input folder)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -175,12 +176,17 @@ class JensenKVLoadKVCache(io.ComfyNode):
             node_id="JensenKVLoadKVCache",
             display_name="Load KV Cache",
             category=CATEGORY,
-            description=("Load a KV cache saved by Save KV Cache and continue that video: connect it to a Chunked AR "
-                         "sampler's kv_cache input (same model, Quantize KV Cache, chunk length, window, sink and "
-                         "video size; anything else is refused with the reason)."),
+            description=(
+                "Load a KV cache saved by Save KV Cache and continue that video: connect it to a Chunked AR "
+                "sampler's kv_cache input (same model, Quantize KV Cache, chunk length, window, sink and "
+                "video size; anything else is refused with the reason)."
+            ),
             inputs=[
-                io.Combo.Input("cache_file", options=files or ["(no saved KV cache yet)"],
-                               tooltip="A .safetensors file written by Save KV Cache, in ComfyUI's output or input folder."),
+                io.Combo.Input(
+                    "cache_file",
+                    options=files or ["(no saved KV cache yet)"],
+                    tooltip="A .safetensors file written by Save KV Cache, in ComfyUI's output or input folder.",
+                ),
             ],
             outputs=[
                 JensenKVCache.Output(display_name="kv_cache", tooltip="The saved run state."),
@@ -212,8 +218,9 @@ class JensenKVLoadKVCache(io.ComfyNode):
     def execute(cls, cache_file) -> io.NodeOutput:
         import comfy.model_management
 
-        state = load_saved_run(resolve(cache_file),
-                               check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted)
+        state = load_saved_run(
+            resolve(cache_file), check_interrupt=comfy.model_management.throw_exception_if_processing_interrupted
+        )
         text = f"{cache_file}: {state.describe()}"
         logger.info("jensen_kv: loaded %s", text)
         return io.NodeOutput(state, text, ui=ui.PreviewText(text))

@@ -1,4 +1,5 @@
 """Quantize KV Cache: attach a quantized-cache spec to a (cloned) MODEL."""
+
 from __future__ import annotations
 
 from comfy_api.latest import io
@@ -25,9 +26,19 @@ from ..runtime.families import attention_shape
 from .common import CATEGORY, advanced, check_combo_values, logger
 
 
-def build_config(model, key_bits: str, value_bits: str, group_size: str, rotation: str, scale_format: str,
-                 rotation_seed: int, method: str = "rtn", qvg_stages: int = QVG_STAGES_RANGE[0],
-                 qvg_centroids: int = QVG_CENTROIDS_RANGE[0], qvg_iters: int = QVG_ITERS_RANGE[0]) -> JensenKVConfig:
+def build_config(
+    model,
+    key_bits: str,
+    value_bits: str,
+    group_size: str,
+    rotation: str,
+    scale_format: str,
+    rotation_seed: int,
+    method: str = "rtn",
+    qvg_stages: int = QVG_STAGES_RANGE[0],
+    qvg_centroids: int = QVG_CENTROIDS_RANGE[0],
+    qvg_iters: int = QVG_ITERS_RANGE[0],
+) -> JensenKVConfig:
     try:
         g = int(group_size)
     except (TypeError, ValueError):
@@ -38,8 +49,13 @@ def build_config(model, key_bits: str, value_bits: str, group_size: str, rotatio
     specs = []
     for what, bits in (("key_bits", key_bits), ("value_bits", value_bits)):
         b = parse_bits(bits, what)
-        specs.append(None if b is None else QuantSpec(bits=b, group_size=g, rotation=rotation,
-                                                      scale_format=scale_format, seed=int(rotation_seed), **extra))
+        specs.append(
+            None
+            if b is None
+            else QuantSpec(
+                bits=b, group_size=g, rotation=rotation, scale_format=scale_format, seed=int(rotation_seed), **extra
+            )
+        )
     upstream = get_config(model.model_options)
     config = (upstream or JensenKVConfig()).with_specs(*specs)
     shape = attention_shape(model)
@@ -61,59 +77,151 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                 "Returns a copy of the model; the input model is unchanged."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="A Wan 2.1 T2V model (Self-Forcing, CausVid, SkyReels-V2) or a causal-AR one for SamplerARVideo."),
-                io.Combo.Input("key_bits", options=list(BITS_CHOICES), default=QUANTIZE_DEFAULTS["key_bits"],
-                               tooltip="Bits per cached key element; 'off' keeps keys in the model's precision. "
-                                       "Low bits inflate attention on cached keys; add Jensen Bias Correction."),
-                io.Combo.Input("value_bits", options=list(BITS_CHOICES), default=QUANTIZE_DEFAULTS["value_bits"],
-                               tooltip="Bits per cached value element; 'off' keeps values in the model's precision."),
-                io.Combo.Input("group_size", options=list(GROUP_SIZE_CHOICES), default=QUANTIZE_DEFAULTS["group_size"],
-                               tooltip="Channels sharing one scale and zero-point; must divide the head dim (128 for Wan). "
-                                       "Smaller = more accurate, more metadata (INT2 at 32: 2.75 bits/element)."),
-                io.Combo.Input("rotation", options=list(ROTATION_CHOICES), default=QUANTIZE_DEFAULTS["rotation"],
-                               tooltip="Randomized Hadamard rotation before quantization (QuaRot): spreads outlier "
-                                       "channels, usually better at 2-3 bits. Needs a power-of-two head dim."),
-                advanced(io.Combo.Input("scale_format", options=list(SCALE_FORMAT_CHOICES), default=QUANTIZE_DEFAULTS["scale_format"],
-                                        tooltip="Storage format of each group's step size (fp8_e4m3 = 8 bits, as in the paper; "
-                                                "falls back to bf16 for a tensor whose steps exceed 448).")),
-                advanced(io.Int.Input("rotation_seed", default=0, min=0, max=2**31 - 1,
-                                      tooltip="Seed of the random signs of the Hadamard rotation (ignored with rotation 'none'); "
-                                              "with method 'qvg' also the seed of k-means' initial centroids.")),
+                io.Model.Input(
+                    "model",
+                    tooltip="A Wan 2.1 T2V model (Self-Forcing, CausVid, SkyReels-V2) or a causal-AR one for SamplerARVideo.",
+                ),
+                io.Combo.Input(
+                    "key_bits",
+                    options=list(BITS_CHOICES),
+                    default=QUANTIZE_DEFAULTS["key_bits"],
+                    tooltip="Bits per cached key element; 'off' keeps keys in the model's precision. "
+                    "Low bits inflate attention on cached keys; add Jensen Bias Correction.",
+                ),
+                io.Combo.Input(
+                    "value_bits",
+                    options=list(BITS_CHOICES),
+                    default=QUANTIZE_DEFAULTS["value_bits"],
+                    tooltip="Bits per cached value element; 'off' keeps values in the model's precision.",
+                ),
+                io.Combo.Input(
+                    "group_size",
+                    options=list(GROUP_SIZE_CHOICES),
+                    default=QUANTIZE_DEFAULTS["group_size"],
+                    tooltip="Channels sharing one scale and zero-point; must divide the head dim (128 for Wan). "
+                    "Smaller = more accurate, more metadata (INT2 at 32: 2.75 bits/element).",
+                ),
+                io.Combo.Input(
+                    "rotation",
+                    options=list(ROTATION_CHOICES),
+                    default=QUANTIZE_DEFAULTS["rotation"],
+                    tooltip="Randomized Hadamard rotation before quantization (QuaRot): spreads outlier "
+                    "channels, usually better at 2-3 bits. Needs a power-of-two head dim.",
+                ),
+                advanced(
+                    io.Combo.Input(
+                        "scale_format",
+                        options=list(SCALE_FORMAT_CHOICES),
+                        default=QUANTIZE_DEFAULTS["scale_format"],
+                        tooltip="Storage format of each group's step size (fp8_e4m3 = 8 bits, as in the paper; "
+                        "falls back to bf16 for a tensor whose steps exceed 448).",
+                    )
+                ),
+                advanced(
+                    io.Int.Input(
+                        "rotation_seed",
+                        default=0,
+                        min=0,
+                        max=2**31 - 1,
+                        tooltip="Seed of the random signs of the Hadamard rotation (ignored with rotation 'none'); "
+                        "with method 'qvg' also the seed of k-means' initial centroids.",
+                    )
+                ),
                 # added after the original inputs, and optional: prompts saved before them (UI or API
                 # format) still validate and run as RTN
-                io.Combo.Input("method", options=list(METHOD_CHOICES), default=QUANTIZE_DEFAULTS["method"], optional=True,
-                               tooltip="rtn: group-wise round-to-nearest of each token. qvg (QuantVideoGen): per chunk and "
-                                       "head, k-means over the chunk's tokens; each token stores its centroid's id and only "
-                                       "the small residual is quantized with the settings above. The Jensen correction "
-                                       "then uses the residual's step sizes. Costs BF16 centroids per chunk (see the planner)."),
-                advanced(io.Int.Input("qvg_stages", optional=True, default=QVG_STAGES_RANGE[0], min=QVG_STAGES_RANGE[1],
-                                      max=QVG_STAGES_RANGE[2],
-                                      tooltip="QVG only: k-means stages S (progressive residual quantization); each stage "
-                                              "clusters what the previous ones left and stores K more centroids and one id per token.")),
-                advanced(io.Int.Input("qvg_centroids", optional=True, default=QVG_CENTROIDS_RANGE[0], min=QVG_CENTROIDS_RANGE[1],
-                                      max=QVG_CENTROIDS_RANGE[2],
-                                      tooltip="QVG only: centroids K per stage, chunk and head (256 as in QVG). Each costs "
-                                              "head_dim BF16 values per chunk: 16*K/tokens-per-chunk bits per element.")),
-                advanced(io.Int.Input("qvg_iters", optional=True, default=QVG_ITERS_RANGE[0], min=QVG_ITERS_RANGE[1],
-                                      max=QVG_ITERS_RANGE[2],
-                                      tooltip="QVG only: at most this many k-means iterations per stage (QVG's scripts use 2; "
-                                              "stops early when fewer than 0.01% of the tokens change cluster).")),
+                io.Combo.Input(
+                    "method",
+                    options=list(METHOD_CHOICES),
+                    default=QUANTIZE_DEFAULTS["method"],
+                    optional=True,
+                    tooltip="rtn: group-wise round-to-nearest of each token. qvg (QuantVideoGen): per chunk and "
+                    "head, k-means over the chunk's tokens; each token stores its centroid's id and only "
+                    "the small residual is quantized with the settings above. The Jensen correction "
+                    "then uses the residual's step sizes. Costs BF16 centroids per chunk (see the planner).",
+                ),
+                advanced(
+                    io.Int.Input(
+                        "qvg_stages",
+                        optional=True,
+                        default=QVG_STAGES_RANGE[0],
+                        min=QVG_STAGES_RANGE[1],
+                        max=QVG_STAGES_RANGE[2],
+                        tooltip="QVG only: k-means stages S (progressive residual quantization); each stage "
+                        "clusters what the previous ones left and stores K more centroids and one id per token.",
+                    )
+                ),
+                advanced(
+                    io.Int.Input(
+                        "qvg_centroids",
+                        optional=True,
+                        default=QVG_CENTROIDS_RANGE[0],
+                        min=QVG_CENTROIDS_RANGE[1],
+                        max=QVG_CENTROIDS_RANGE[2],
+                        tooltip="QVG only: centroids K per stage, chunk and head (256 as in QVG). Each costs "
+                        "head_dim BF16 values per chunk: 16*K/tokens-per-chunk bits per element.",
+                    )
+                ),
+                advanced(
+                    io.Int.Input(
+                        "qvg_iters",
+                        optional=True,
+                        default=QVG_ITERS_RANGE[0],
+                        min=QVG_ITERS_RANGE[1],
+                        max=QVG_ITERS_RANGE[2],
+                        tooltip="QVG only: at most this many k-means iterations per stage (QVG's scripts use 2; "
+                        "stops early when fewer than 0.01% of the tokens change cluster).",
+                    )
+                ),
             ],
-            outputs=[io.Model.Output(tooltip="A clone of the model carrying the KV-cache spec (Chunked AR sampler or SamplerARVideo).")],
+            outputs=[
+                io.Model.Output(
+                    tooltip="A clone of the model carrying the KV-cache spec (Chunked AR sampler or SamplerARVideo)."
+                )
+            ],
         )
 
     @classmethod
-    def validate_inputs(cls, key_bits=None, value_bits=None, group_size=None, rotation=None, scale_format=None,
-                        method=None):
-        return check_combo_values(cls, key_bits=key_bits, value_bits=value_bits, group_size=group_size,
-                                  rotation=rotation, scale_format=scale_format, method=method)
+    def validate_inputs(
+        cls, key_bits=None, value_bits=None, group_size=None, rotation=None, scale_format=None, method=None
+    ):
+        return check_combo_values(
+            cls,
+            key_bits=key_bits,
+            value_bits=value_bits,
+            group_size=group_size,
+            rotation=rotation,
+            scale_format=scale_format,
+            method=method,
+        )
 
     @classmethod
-    def execute(cls, model, key_bits, value_bits, group_size, rotation, scale_format="fp8_e4m3",
-                rotation_seed=0, method="rtn", qvg_stages=QVG_STAGES_RANGE[0], qvg_centroids=QVG_CENTROIDS_RANGE[0],
-                qvg_iters=QVG_ITERS_RANGE[0]) -> io.NodeOutput:
-        config = build_config(model, key_bits, value_bits, group_size, rotation, scale_format, rotation_seed,
-                              method, qvg_stages, qvg_centroids, qvg_iters)
+    def execute(
+        cls,
+        model,
+        key_bits,
+        value_bits,
+        group_size,
+        rotation,
+        scale_format="fp8_e4m3",
+        rotation_seed=0,
+        method="rtn",
+        qvg_stages=QVG_STAGES_RANGE[0],
+        qvg_centroids=QVG_CENTROIDS_RANGE[0],
+        qvg_iters=QVG_ITERS_RANGE[0],
+    ) -> io.NodeOutput:
+        config = build_config(
+            model,
+            key_bits,
+            value_bits,
+            group_size,
+            rotation,
+            scale_format,
+            rotation_seed,
+            method,
+            qvg_stages,
+            qvg_centroids,
+            qvg_iters,
+        )
         m = model.clone()
         set_config(m, config)
         attach(m)

@@ -1,4 +1,5 @@
 """Save KV Cache: write a Chunked AR run's state (JENSEN_KV_CACHE) to ComfyUI's output folder."""
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,10 @@ def prefix_problem(filename_prefix) -> str | None:
         return f"filename_prefix must be text, got {type(filename_prefix).__name__}"
     name = os.path.basename(os.path.normpath(filename_prefix)) if filename_prefix.strip() else ""
     if not name.strip(". "):
-        return (f"filename_prefix {filename_prefix!r} names no file: its last part is empty or only dots; give a "
-                "name such as jensen_kv/kv_cache")
+        return (
+            f"filename_prefix {filename_prefix!r} names no file: its last part is empty or only dots; give a "
+            "name such as jensen_kv/kv_cache"
+        )
     return None
 
 
@@ -27,8 +30,16 @@ def _expand_vars(prefix: str) -> str:
     if "%" not in prefix:
         return prefix
     now = time.localtime()
-    values = {"width": 0, "height": 0, "year": now.tm_year, "month": f"{now.tm_mon:02}", "day": f"{now.tm_mday:02}",
-              "hour": f"{now.tm_hour:02}", "minute": f"{now.tm_min:02}", "second": f"{now.tm_sec:02}"}
+    values = {
+        "width": 0,
+        "height": 0,
+        "year": now.tm_year,
+        "month": f"{now.tm_mon:02}",
+        "day": f"{now.tm_mday:02}",
+        "hour": f"{now.tm_hour:02}",
+        "minute": f"{now.tm_min:02}",
+        "second": f"{now.tm_sec:02}",
+    }
     for key, value in values.items():
         prefix = prefix.replace(f"%{key}%", str(value))
     return prefix
@@ -52,9 +63,11 @@ def target_path(filename_prefix: str, out_dir: str) -> tuple[str, str, str]:
     real_out = os.path.realpath(out_dir)
 
     def refuse(path):
-        raise ValueError(f"filename_prefix {filename_prefix!r} leads outside ComfyUI's output folder (to "
-                         f"{os.path.realpath(path)}, through a symlink or '..'); Save KV Cache writes only inside "
-                         f"{real_out}")
+        raise ValueError(
+            f"filename_prefix {filename_prefix!r} leads outside ComfyUI's output folder (to "
+            f"{os.path.realpath(path)}, through a symlink or '..'); Save KV Cache writes only inside "
+            f"{real_out}"
+        )
 
     # before ComfyUI's get_save_image_path, which makes a missing folder (through any symlink on the way)
     subfolder = os.path.dirname(os.path.normpath(_expand_vars(filename_prefix)))
@@ -81,15 +94,20 @@ class JensenKVSaveKVCache(io.ComfyNode):
             node_id="JensenKVSaveKVCache",
             display_name="Save KV Cache",
             category=CATEGORY,
-            description=("Save everything a Chunked AR run needs to continue later - the quantized KV cache of every "
-                         "layer and CFG branch, the sink, the next frame, the prompt - as one .safetensors file "
-                         "(data only, never code) in ComfyUI's output folder. Load it with Load KV Cache."),
+            description=(
+                "Save everything a Chunked AR run needs to continue later - the quantized KV cache of every "
+                "layer and CFG branch, the sink, the next frame, the prompt - as one .safetensors file "
+                "(data only, never code) in ComfyUI's output folder. Load it with Load KV Cache."
+            ),
             inputs=[
                 JensenKVCache.Input("kv_cache", tooltip="The kv_cache output of a Chunked AR sampler."),
-                io.String.Input("filename_prefix", default="jensen_kv/kv_cache",
-                                tooltip="File name prefix under the output folder (a counter and .safetensors are "
-                                        "added). It must stay inside the output folder (symlinks are followed to "
-                                        "check) and end in a name, not only dots."),
+                io.String.Input(
+                    "filename_prefix",
+                    default="jensen_kv/kv_cache",
+                    tooltip="File name prefix under the output folder (a counter and .safetensors are "
+                    "added). It must stay inside the output folder (symlinks are followed to "
+                    "check) and end in a name, not only dots.",
+                ),
             ],
             outputs=[],
             is_output_node=True,
@@ -112,5 +130,9 @@ class JensenKVSaveKVCache(io.ComfyNode):
         rel = os.path.join(subfolder, file) if subfolder else file
         text = f"saved {rel} ({size / 2**20:.2f} MiB): {kv_cache.describe()}"
         logger.info("jensen_kv: %s", text)
-        return io.NodeOutput(ui={"text": [text], "jensen_kv_cache_files": [{"filename": file, "subfolder": subfolder,
-                                                                            "type": "output", "bytes": size}]})
+        return io.NodeOutput(
+            ui={
+                "text": [text],
+                "jensen_kv_cache_files": [{"filename": file, "subfolder": subfolder, "type": "output", "bytes": size}],
+            }
+        )

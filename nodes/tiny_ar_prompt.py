@@ -1,4 +1,5 @@
 """Tiny AR Prompt: the conditioning of one of the scenes the pack's tiny AR model was trained on."""
+
 from __future__ import annotations
 
 from comfy_api.latest import io
@@ -15,20 +16,30 @@ class JensenKVTinyARPrompt(io.ComfyNode):
             node_id="JensenKVTinyARPrompt",
             display_name="Tiny AR Prompt",
             category=DEMO_CATEGORY,
-            description=("Conditioning for the pack's tiny chunk-wise AR model (models/tiny_ar, loaded with Load "
-                         "Diffusion Model): it knows only these scene/motion prompts, each a fixed embedding, so no "
-                         "text encoder is needed. For real Wan checkpoints use CLIPTextEncode."),
+            description=(
+                "Conditioning for the pack's tiny chunk-wise AR model (models/tiny_ar, loaded with Load "
+                "Diffusion Model): it knows only these scene/motion prompts, each a fixed embedding, so no "
+                "text encoder is needed. For real Wan checkpoints use CLIPTextEncode."
+            ),
             inputs=[
-                io.Combo.Input("prompt", options=list(toy_video.PROMPT_TEXTS), default=toy_video.PROMPT_TEXTS[0],
-                               tooltip="The scene: how many balls, how fast, over which texture."),
+                io.Combo.Input(
+                    "prompt",
+                    options=list(toy_video.PROMPT_TEXTS),
+                    default=toy_video.PROMPT_TEXTS[0],
+                    tooltip="The scene: how many balls, how fast, over which texture.",
+                ),
             ],
-            outputs=[io.Conditioning.Output(tooltip="A one-entry CONDITIONING (8 tokens x 4096, as a UMT5 embedding).")],
+            outputs=[
+                io.Conditioning.Output(tooltip="A one-entry CONDITIONING (8 tokens x 4096, as a UMT5 embedding).")
+            ],
         )
 
     @classmethod
     def validate_inputs(cls, prompt=None):
         if prompt is not None and prompt not in toy_video.PROMPT_TEXTS:
-            return f"prompt {prompt!r} is not one the tiny model was trained on; use one of {list(toy_video.PROMPT_TEXTS)}"
+            return (
+                f"prompt {prompt!r} is not one the tiny model was trained on; use one of {list(toy_video.PROMPT_TEXTS)}"
+            )
         return True
 
     @classmethod

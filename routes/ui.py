@@ -21,6 +21,7 @@ The pure functions :func:`options`, :func:`spec_summary` and :func:`plan_summary
 import without ComfyUI; :func:`register` attaches them to ``PromptServer.instance.routes`` (called by the
 extension's ``on_load``; importing this module registers nothing).
 """
+
 from __future__ import annotations
 
 import logging
@@ -92,10 +93,30 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
 }
 
 METHOD_PARAMS = ("method", "qvg_stages", "qvg_centroids", "qvg_iters")
-SPEC_PARAMS = ("key_bits", "value_bits", "group_size", "rotation", "scale_format", *METHOD_PARAMS, "head_dim",
-               "chunk_tokens")
-PLAN_PARAMS = (*(p for p in SPEC_PARAMS if p != "chunk_tokens"), "width", "height", "frames", "batch", "chunk_frames",
-               "window_chunks", "sink_chunks", "cfg_branches", "preset", "layers", "heads")
+SPEC_PARAMS = (
+    "key_bits",
+    "value_bits",
+    "group_size",
+    "rotation",
+    "scale_format",
+    *METHOD_PARAMS,
+    "head_dim",
+    "chunk_tokens",
+)
+PLAN_PARAMS = (
+    *(p for p in SPEC_PARAMS if p != "chunk_tokens"),
+    "width",
+    "height",
+    "frames",
+    "batch",
+    "chunk_frames",
+    "window_chunks",
+    "sink_chunks",
+    "cfg_branches",
+    "preset",
+    "layers",
+    "heads",
+)
 
 
 class ParamError(ValueError):
@@ -113,8 +134,7 @@ class ParamError(ValueError):
 def _check_known(params: Mapping[str, str], allowed: tuple[str, ...]) -> None:
     for name in params:
         if name not in allowed:
-            raise ParamError(name, params[name], "is not a known parameter",
-                             "use only " + ", ".join(allowed))
+            raise ParamError(name, params[name], "is not a known parameter", "use only " + ", ".join(allowed))
 
 
 def _get(params: Mapping[str, str], name: str) -> object:
@@ -150,8 +170,12 @@ def _side_spec(params: Mapping[str, str], side: str) -> QuantSpec | None:
         return None
     group = _int(params, "group_size", DEFAULTS["group_size"])
     if group not in GROUP_CHOICES:
-        raise ParamError("group_size", group, "is not supported",
-                         "use one of " + ", ".join(map(str, GROUP_CHOICES)) + " (it must divide head_dim)")
+        raise ParamError(
+            "group_size",
+            group,
+            "is not supported",
+            "use one of " + ", ".join(map(str, GROUP_CHOICES)) + " (it must divide head_dim)",
+        )
     method = _choice(params, "method", METHOD_CHOICES)
     # the node always sends every method's widgets; each counts only with its own method
     extra = {"method": method, **{name: _int(params, name, DEFAULTS[name]) for name in METHOD_KNOBS[method]}}
@@ -166,10 +190,21 @@ def _side_spec(params: Mapping[str, str], side: str) -> QuantSpec | None:
 
 def _side_summary(spec: QuantSpec | None, head_dim: int | None = None, chunk_tokens: int | None = None) -> dict:
     if spec is None:
-        return {"quantized": False, "bits": None, "effective_bits": 16.0,
-                "note": "kept at the model's precision (counted as BF16)"}
-    out = {"quantized": True, "method": spec.method, "bits": spec.bits, "effective_bits": spec.effective_bits,
-           "scale_bits": spec.scale_bits, "zero_bits": spec.zero_bits, "group_size": spec.group_size}
+        return {
+            "quantized": False,
+            "bits": None,
+            "effective_bits": 16.0,
+            "note": "kept at the model's precision (counted as BF16)",
+        }
+    out = {
+        "quantized": True,
+        "method": spec.method,
+        "bits": spec.bits,
+        "effective_bits": spec.effective_bits,
+        "scale_bits": spec.scale_bits,
+        "zero_bits": spec.zero_bits,
+        "group_size": spec.group_size,
+    }
     method = method_of(spec)
     if method.exact_spec_bits:
         return out
@@ -184,8 +219,10 @@ def _side_summary(spec: QuantSpec | None, head_dim: int | None = None, chunk_tok
 def options(params: Mapping[str, str] | None = None) -> dict:
     """Choices, defaults and model presets, so the UI hard-codes none of them."""
     _check_known(params or {}, ())
-    presets = {name: {"layers": l_, "heads": h, "head_dim": d, "label": PRESET_LABELS.get(name, name)}
-               for name, (l_, h, d) in MODEL_PRESETS.items()}
+    presets = {
+        name: {"layers": l_, "heads": h, "head_dim": d, "label": PRESET_LABELS.get(name, name)}
+        for name, (l_, h, d) in MODEL_PRESETS.items()
+    }
     return {
         "bits": list(BITS_CHOICES),
         "group_size": list(GROUP_CHOICES),
@@ -228,15 +265,21 @@ def spec_summary(params: Mapping[str, str]) -> dict:
 def _resolve_model(params: Mapping[str, str]) -> tuple[str, int, int, int]:
     preset = str(_get(params, "preset"))
     if preset != CUSTOM_PRESET and preset not in MODEL_PRESETS:
-        raise ParamError("preset", preset, "is not a known model preset",
-                         "use one of " + ", ".join((*MODEL_PRESETS, CUSTOM_PRESET)))
+        raise ParamError(
+            "preset", preset, "is not a known model preset", "use one of " + ", ".join((*MODEL_PRESETS, CUSTOM_PRESET))
+        )
     base = MODEL_PRESETS.get(preset)
     dims = []
     for i, name in enumerate(("layers", "heads", "head_dim")):
         given = params.get(name)
         if given is None or str(given).strip() == "":
             if base is None:
-                raise ParamError(name, None, "is missing", f"preset=custom needs layers, heads and head_dim: give {_INT_RANGES[name][2]}")
+                raise ParamError(
+                    name,
+                    None,
+                    "is missing",
+                    f"preset=custom needs layers, heads and head_dim: give {_INT_RANGES[name][2]}",
+                )
             dims.append(base[i])
         else:
             dims.append(_int(params, name))
@@ -267,22 +310,45 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     latent_frames, latent_h, latent_w = WAN_GEOMETRY.latent_shape(width, height, frames)
     notes = []
     if width % 16 or height % 16:
-        notes.append(f"{width}x{height} is not a multiple of 16: Wan works on {latent_w // 2 * 16}x{latent_h // 2 * 16} "
-                     "(use multiples of 16, e.g. 832x480)")
+        notes.append(
+            f"{width}x{height} is not a multiple of 16: Wan works on {latent_w // 2 * 16}x{latent_h // 2 * 16} "
+            "(use multiples of 16, e.g. 832x480)"
+        )
     if (frames - 1) % 4:
-        notes.append(f"{frames} frames: Wan's VAE keeps 4k+1 frames, so this is {latent_frames} latent frames "
-                     f"({(latent_frames - 1) * 4 + 1} video frames)")
+        notes.append(
+            f"{frames} frames: Wan's VAE keeps 4k+1 frames, so this is {latent_frames} latent frames "
+            f"({(latent_frames - 1) * 4 + 1} video frames)"
+        )
     if latent_h < 2 or latent_w < 2:
-        raise ParamError("width" if latent_w < 2 else "height", width if latent_w < 2 else height,
-                         "is too small for one Wan patch", "use at least 16 pixels")
+        raise ParamError(
+            "width" if latent_w < 2 else "height",
+            width if latent_w < 2 else height,
+            "is too small for one Wan patch",
+            "use at least 16 pixels",
+        )
 
     chunk_tokens = chunk_frames * WAN_GEOMETRY.tokens_per_frame(latent_h, latent_w)
-    spec = spec_summary({**{k: v for k, v in params.items() if k in SPEC_PARAMS}, "head_dim": str(head_dim),
-                         "chunk_tokens": str(chunk_tokens)})
+    spec = spec_summary(
+        {
+            **{k: v for k, v in params.items() if k in SPEC_PARAMS},
+            "head_dim": str(head_dim),
+            "chunk_tokens": str(chunk_tokens),
+        }
+    )
     plan = plan_cache(
-        latent_frames=latent_frames, latent_height=latent_h, latent_width=latent_w,
-        chunk_frames=chunk_frames, window_chunks=window, layers=layers, heads=heads, head_dim=head_dim,
-        spec_k=spec_k, spec_v=spec_v, cfg_branches=cfg_branches, batch=batch, sink_chunks=sink,
+        latent_frames=latent_frames,
+        latent_height=latent_h,
+        latent_width=latent_w,
+        chunk_frames=chunk_frames,
+        window_chunks=window,
+        layers=layers,
+        heads=heads,
+        head_dim=head_dim,
+        spec_k=spec_k,
+        spec_v=spec_v,
+        cfg_branches=cfg_branches,
+        batch=batch,
+        sink_chunks=sink,
         geometry=WAN_GEOMETRY,
     )
     d = plan.to_dict()
@@ -293,8 +359,14 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         saved_bytes=(d["bf16_bytes"] - quant_bytes) if runnable else None,
         bytes_ratio=(d["bf16_bytes"] / quant_bytes) if runnable and quant_bytes else None,
         model={"preset": preset, "layers": layers, "heads": heads, "head_dim": head_dim},
-        video={"width": width, "height": height, "frames": frames, "batch": batch,
-               "latent_height": latent_h, "latent_width": latent_w},
+        video={
+            "width": width,
+            "height": height,
+            "frames": frames,
+            "batch": batch,
+            "latent_height": latent_h,
+            "latent_width": latent_w,
+        },
         chunk_frames=chunk_frames,
         window_chunks=window,
         sink_chunks=sink,
@@ -313,8 +385,10 @@ def _json_handler(fn):
         except ParamError as exc:
             return web.json_response(exc.to_json(), status=400)
         except ValueError as exc:  # a check in jensen_core the parsing above did not anticipate
-            return web.json_response({"error": str(exc), "param": None, "value": None,
-                                      "fix": "change the value the message names"}, status=400)
+            return web.json_response(
+                {"error": str(exc), "param": None, "value": None, "fix": "change the value the message names"},
+                status=400,
+            )
         return web.json_response(body)
 
     handler.__name__ = f"jensen_kv_{fn.__name__}"

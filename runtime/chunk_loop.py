@@ -17,6 +17,7 @@ adopted (``resume``), a prompt schedule switches the positive prompt by chunk an
 retained chunks under the new prompt (LongLive's re-cache), ComfyUI is asked to make room for the
 planned cache, and previews of each chunk go to the UI as KSampler's do.
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,7 +49,11 @@ NOISE_STREAM, SAMPLER_STREAM, CONTEXT_STREAM = 0, 1, 2
 
 def chunk_seed(seed: int, chunk: int, stream: int) -> int:
     """A 63-bit seed for noise stream ``stream`` of chunk ``chunk`` (SplitMix64 of the three; deterministic)."""
-    x = (int(seed) & _SEED_MASK) ^ ((int(chunk) + 1) * 0x9E3779B97F4A7C15 & _SEED_MASK) ^ (int(stream) + 1) * 0xD1B54A32D192ED03
+    x = (
+        (int(seed) & _SEED_MASK)
+        ^ ((int(chunk) + 1) * 0x9E3779B97F4A7C15 & _SEED_MASK)
+        ^ (int(stream) + 1) * 0xD1B54A32D192ED03
+    )
     x &= _SEED_MASK
     for _ in range(2):
         x = (x + 0x9E3779B97F4A7C15) & _SEED_MASK
@@ -139,8 +144,9 @@ class ChunkedARRequest:
         if not isinstance(latent, dict) or "samples" not in latent:
             raise ValueError("latent must be a LATENT (a dict with 'samples'), e.g. from EmptyHunyuanLatentVideo")
         if latent.get("noise_mask") is not None:
-            raise ValueError("the latent carries a noise_mask (inpainting); the Chunked AR sampler does not support "
-                             "masks yet")
+            raise ValueError(
+                "the latent carries a noise_mask (inpainting); the Chunked AR sampler does not support masks yet"
+            )
         if not isinstance(sigmas, torch.Tensor) or sigmas.ndim != 1 or sigmas.numel() < 2:
             raise ValueError(
                 f"SIGMAS must be a 1-D schedule with at least 2 values (one step), got "
@@ -149,14 +155,15 @@ class ChunkedARRequest:
         if not torch.isfinite(sigmas).all():
             raise ValueError(f"SIGMAS contains NaN or Inf values: {sigmas.tolist()}")
         if self.window_chunks < 0:
-            raise ValueError(f"window_chunks={self.window_chunks} must be 0 (keep every chunk) or a positive number "
-                             "of chunks")
+            raise ValueError(
+                f"window_chunks={self.window_chunks} must be 0 (keep every chunk) or a positive number of chunks"
+            )
         if self.sink_chunks < 0:
-            raise ValueError(f"sink_chunks={self.sink_chunks} must be 0 (no attention sink) or a positive number of "
-                             "chunks")
+            raise ValueError(
+                f"sink_chunks={self.sink_chunks} must be 0 (no attention sink) or a positive number of chunks"
+            )
         if not 0.0 <= self.context_noise <= 1.0:
-            raise ValueError(f"context_noise={self.context_noise} must be between 0 (clean context) and 1 (pure "
-                             "noise)")
+            raise ValueError(f"context_noise={self.context_noise} must be between 0 (clean context) and 1 (pure noise)")
         if not math.isfinite(self.cfg) or self.cfg < 0:
             raise ValueError(f"cfg={self.cfg} must be a non-negative number")
 
@@ -194,8 +201,12 @@ def _request_memory(work, planned_bytes: int) -> dict:
 
     device = work.load_device
     mm.load_models_gpu([work], memory_required=int(planned_bytes))
-    return {"bytes": int(planned_bytes), "mib": planned_bytes / MIB, "device": str(device),
-            "how": "comfy.model_management.load_models_gpu(memory_required=planned peak cache)"}
+    return {
+        "bytes": int(planned_bytes),
+        "mib": planned_bytes / MIB,
+        "device": str(device),
+        "how": "comfy.model_management.load_models_gpu(memory_required=planned peak cache)",
+    }
 
 
 def run_chunked_ar(model, positive, negative, latent: dict, **options) -> ChunkedARResult:
@@ -244,8 +255,15 @@ class _Setup:
     def prepare(cls, r: ChunkedARRequest) -> _Setup:
         adapter, config, schedule = _check_model(r)
         latent_image, prefix_latent = _latents(r, adapter)
-        setup = cls(adapter, config, schedule, latent_image, prefix_latent, ChunkPlan(latent_image.shape[2],
-                    r.chunk_frames), {**adapter.fingerprint(), "weights": adapter.weights_digest()})
+        setup = cls(
+            adapter,
+            config,
+            schedule,
+            latent_image,
+            prefix_latent,
+            ChunkPlan(latent_image.shape[2], r.chunk_frames),
+            {**adapter.fingerprint(), "weights": adapter.weights_digest()},
+        )
         setup._start_point(r)
         setup.planned_bytes = setup._planned_bytes(r)
         return setup
@@ -259,10 +277,16 @@ class _Setup:
     def _start_point(self, r: ChunkedARRequest) -> None:
         """Where generation starts: after a resumed state's chunks, after a prefix clip's, or at chunk 0."""
         if r.resume is not None:
-            r.resume.check_compatible(fingerprint=self.fingerprint, spec_k=self.config.spec_k,
-                                      spec_v=self.config.spec_v, chunk_frames=r.chunk_frames,
-                                      window_chunks=r.window_chunks, sink_chunks=r.sink_chunks,
-                                      latent_shape=self.latent_geometry, branches=r.branches)
+            r.resume.check_compatible(
+                fingerprint=self.fingerprint,
+                spec_k=self.config.spec_k,
+                spec_v=self.config.spec_v,
+                chunk_frames=r.chunk_frames,
+                window_chunks=r.window_chunks,
+                sink_chunks=r.sink_chunks,
+                latent_shape=self.latent_geometry,
+                branches=r.branches,
+            )
             self.first_chunk, self.first_frame = r.resume.next_chunk, r.resume.next_frame
             self.active = r.resume.active_prompt
         elif self.prefix_latent is not None:
@@ -273,11 +297,22 @@ class _Setup:
         """The planner's peak cache bytes for this run (ComfyUI is asked for that much room)."""
         adapter, li = self.adapter, self.latent_image
         planned = plan_cache(
-            latent_frames=self.plan.frames, latent_height=li.shape[3], latent_width=li.shape[4],
-            chunk_frames=r.chunk_frames, window_chunks=r.window_chunks, layers=adapter.num_layers,
-            heads=adapter.heads, head_dim=adapter.head_dim, spec_k=self.config.spec_k, spec_v=self.config.spec_v,
-            cfg_branches=len(r.branches), batch=li.shape[0], full_bytes=torch.finfo(r.model.model_dtype()).bits // 8,
-            sink_chunks=r.sink_chunks, write_last=r.keep_state, geometry=adapter.geometry,
+            latent_frames=self.plan.frames,
+            latent_height=li.shape[3],
+            latent_width=li.shape[4],
+            chunk_frames=r.chunk_frames,
+            window_chunks=r.window_chunks,
+            layers=adapter.num_layers,
+            heads=adapter.heads,
+            head_dim=adapter.head_dim,
+            spec_k=self.config.spec_k,
+            spec_v=self.config.spec_v,
+            cfg_branches=len(r.branches),
+            batch=li.shape[0],
+            full_bytes=torch.finfo(r.model.model_dtype()).bits // 8,
+            sink_chunks=r.sink_chunks,
+            write_last=r.keep_state,
+            geometry=adapter.geometry,
             # what is in the cache before the first generated chunk, as frames: a loaded state's chunks as it holds
             # them (never its claimed next_frame), a prefix clip's frames
             prefix_frames=len(r.resume.retained) * r.chunk_frames if r.resume is not None else self.first_frame,
@@ -292,8 +327,10 @@ def _check_model(r: ChunkedARRequest) -> tuple[ModelFamily, JensenKVConfig, Prom
     config = get_config(r.model.model_options) or JensenKVConfig()
     config.check_head_dim(adapter.head_dim)
     window_node = get_window(r.model.model_options)
-    if window_node is not None and (window_node.window_chunks, window_node.sink_chunks) != (r.window_chunks,
-                                                                                             r.sink_chunks):
+    if window_node is not None and (window_node.window_chunks, window_node.sink_chunks) != (
+        r.window_chunks,
+        r.sink_chunks,
+    ):
         raise ValueError(
             f"the MODEL carries an AR Cache Window ({window_node.describe()}) but this sampler's window_chunks="
             f"{r.window_chunks}, sink_chunks={r.sink_chunks}: AR Cache Window is for ComfyUI's SamplerARVideo; set the "
@@ -308,8 +345,10 @@ def _check_model(r: ChunkedARRequest) -> tuple[ModelFamily, JensenKVConfig, Prom
             "ConditioningConcat or ConditioningAverage"
         )
     if r.prefix is not None and r.resume is not None:
-        raise ValueError("give either a KV cache to continue from or a prefix clip to extend, not both: a saved cache "
-                         "already holds the frames before it")
+        raise ValueError(
+            "give either a KV cache to continue from or a prefix clip to extend, not both: a saved cache "
+            "already holds the frames before it"
+        )
     return adapter, config, schedule
 
 
@@ -319,14 +358,16 @@ def _latents(r: ChunkedARRequest, adapter: ModelFamily) -> tuple[torch.Tensor, t
 
     latent_image = comfy.sample.fix_empty_latent_channels(r.model, r.samples)
     if latent_image.shape[1] != adapter.latent_channels:
-        raise ValueError(f"the latent has {latent_image.shape[1]} channels; {adapter.name} latents have "
-                         f"{adapter.latent_channels}")
+        raise ValueError(
+            f"the latent has {latent_image.shape[1]} channels; {adapter.name} latents have {adapter.latent_channels}"
+        )
     if r.prefix is None:
         return latent_image, None
     prefix_latent = r.prefix["samples"] if isinstance(r.prefix, dict) else r.prefix
     adapter.check_latent(prefix_latent)
-    if tuple(prefix_latent.shape[:2]) + tuple(prefix_latent.shape[3:]) != \
-            tuple(latent_image.shape[:2]) + tuple(latent_image.shape[3:]):
+    if tuple(prefix_latent.shape[:2]) + tuple(prefix_latent.shape[3:]) != tuple(latent_image.shape[:2]) + tuple(
+        latent_image.shape[3:]
+    ):
         raise ValueError(
             f"the prefix latent {tuple(prefix_latent.shape)} and the latent to generate "
             f"{tuple(latent_image.shape)} must share batch, channels, height and width (only frames differ)"
@@ -352,29 +393,47 @@ class _Job:
         self.write_sampler = comfy.samplers.KSAMPLER(_write_once)
         self.batch_inds = r.latent.get("batch_index")
         self.active = setup.active
-        self.diagnostics = make_diagnostics(model.model_options, num_layers=adapter.num_layers, heads=adapter.heads,
-                                            steps=self.steps, window_chunks=r.window_chunks,
-                                            correction=config.effective_correction, strength=config.strength,
-                                            keys_quantized=config.keys_quantized, sink_chunks=r.sink_chunks)
+        self.diagnostics = make_diagnostics(
+            model.model_options,
+            num_layers=adapter.num_layers,
+            heads=adapter.heads,
+            steps=self.steps,
+            window_chunks=r.window_chunks,
+            correction=config.effective_correction,
+            strength=config.strength,
+            keys_quantized=config.keys_quantized,
+            sink_chunks=r.sink_chunks,
+        )
         if self.diagnostics is not None and r.resume is not None:
-            raise ValueError("KV Cache Diagnostics compares the cache with full-precision keys of every cached chunk; "
-                             "a loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a "
-                             "cache")
-        self.run = RunCaches(config, r.window_chunks, adapter.num_layers,
-                            observer=combine_observers(r.observer, self.diagnostics), sink_chunks=r.sink_chunks)
+            raise ValueError(
+                "KV Cache Diagnostics compares the cache with full-precision keys of every cached chunk; "
+                "a loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a "
+                "cache"
+            )
+        self.run = RunCaches(
+            config,
+            r.window_chunks,
+            adapter.num_layers,
+            observer=combine_observers(r.observer, self.diagnostics),
+            sink_chunks=r.sink_chunks,
+        )
         # the clean latents of the chunks the caches hold, under the caches' rule
         self.timeline: Retained[RetainedChunk] = Retained(Retention(r.window_chunks, r.sink_chunks))
         if r.resume is not None:
             device = model.load_device
             self.run.adopt({k: c.copy().to(device) for k, c in r.resume.caches.items()}, r.resume.branches)
-            self.timeline = Retained(self.timeline.rule, r.resume.retained, sink_held=min(
-                r.sink_chunks, sum(1 for c in r.resume.retained if c.chunk < r.sink_chunks)))
+            self.timeline = Retained(
+                self.timeline.rule,
+                r.resume.retained,
+                sink_held=min(r.sink_chunks, sum(1 for c in r.resume.retained if c.chunk < r.sink_chunks)),
+            )
         self.work = model.clone()
         self.out = setup.latent_image.clone()
         self.seconds: list[float] = []
         self.denoise_seconds: list[float] = []
-        self.prompts_report = [{"start_chunk": p.start_chunk, "label": p.label, "recached_chunks": 0}
-                               for p in setup.schedule.prompts]
+        self.prompts_report = [
+            {"start_chunk": p.start_chunk, "label": p.label, "recached_chunks": 0} for p in setup.schedule.prompts
+        ]
         self.previewer = _previewer(model, r.preview and r.progress)
         self.pbar = comfy.utils.ProgressBar(setup.plan.chunks * self.steps) if r.progress else None
         self.memory_request = None
@@ -409,11 +468,20 @@ class _Job:
         self.active = now
         self.run.begin(chunk_index, frame0, PHASE_DENOISE)
         latent_image = self.s.latent_image
-        noise = comfy.sample.prepare_noise(latent_image[:, :, f0:f1], chunk_seed(r.seed, chunk_index, NOISE_STREAM),
-                                           self.batch_inds)
+        noise = comfy.sample.prepare_noise(
+            latent_image[:, :, f0:f1], chunk_seed(r.seed, chunk_index, NOISE_STREAM), self.batch_inds
+        )
         chunk = comfy.sample.sample_custom(
-            self.work, noise, r.cfg, r.sampler, r.sigmas, prompt, r.negative, latent_image[:, :, f0:f1],
-            callback=self._on_step(c, chunk_index), disable_pbar=True,
+            self.work,
+            noise,
+            r.cfg,
+            r.sampler,
+            r.sigmas,
+            prompt,
+            r.negative,
+            latent_image[:, :, f0:f1],
+            callback=self._on_step(c, chunk_index),
+            disable_pbar=True,
             seed=chunk_seed(r.seed, chunk_index, SAMPLER_STREAM),
         )
         self.out[:, :, f0:f1] = chunk.to(self.out.dtype)
@@ -421,8 +489,13 @@ class _Job:
         if c < self.s.plan.chunks - 1 or r.keep_state:
             self.write(chunk_index, frame0, self.out[:, :, f0:f1], prompt)
         self.seconds.append(time.perf_counter() - t0)
-        logger.debug("jensen_kv: chunk %d (frames %d-%d) took %.3f s", chunk_index, frame0, frame0 + f1 - f0 - 1,
-                     self.seconds[-1])
+        logger.debug(
+            "jensen_kv: chunk %d (frames %d-%d) took %.3f s",
+            chunk_index,
+            frame0,
+            frame0 + f1 - f0 - 1,
+            self.seconds[-1],
+        )
 
     def _on_step(self, c: int, chunk_index: int):
         """The sampler callback of chunk ``c``: step count, progress bar and preview, step_callback, interrupt."""
@@ -455,8 +528,18 @@ class _Job:
             ctx = comfy.sample.prepare_noise(clean, chunk_seed(r.seed, chunk_index, CONTEXT_STREAM), self.batch_inds)
         else:
             ctx = torch.zeros_like(clean)
-        comfy.sample.sample_custom(self.work, ctx, r.cfg, self.write_sampler, self.write_sigmas, prompt, r.negative,
-                                   clean, disable_pbar=True, seed=chunk_seed(r.seed, chunk_index, SAMPLER_STREAM))
+        comfy.sample.sample_custom(
+            self.work,
+            ctx,
+            r.cfg,
+            self.write_sampler,
+            self.write_sigmas,
+            prompt,
+            r.negative,
+            clean,
+            disable_pbar=True,
+            seed=chunk_seed(r.seed, chunk_index, SAMPLER_STREAM),
+        )
         self.run.end_write()
         self.bytes_after_write.append(sum(c.nbytes for c in self.run.caches.values()))
         if record:
@@ -474,18 +557,29 @@ class _Job:
             self.write(r.chunk, r.frame_offset, r.latent.to(self.out.device, self.out.dtype), prompt, record=False)
         self.prompts_report[index]["recached_chunks"] += len(kept)
         schedule = self.s.schedule
-        logger.info("jensen_kv: prompt %r from chunk %d: re-cached %d chunk(s)", schedule.prompts[index].label,
-                    schedule.prompts[index].start_chunk, len(kept))
+        logger.info(
+            "jensen_kv: prompt %r from chunk %d: re-cached %d chunk(s)",
+            schedule.prompts[index].label,
+            schedule.prompts[index].start_chunk,
+            len(kept),
+        )
         return len(kept)
 
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""
         r, s = self.r, self.s
         self.state = SavedRun(
-            fingerprint=s.fingerprint, spec_k=s.config.spec_k, spec_v=s.config.spec_v, chunk_frames=r.chunk_frames,
-            window_chunks=r.window_chunks, sink_chunks=r.sink_chunks, latent_shape=s.latent_geometry,
-            next_chunk=s.first_chunk + s.plan.chunks, next_frame=s.first_frame + s.plan.frames,
-            branches=self.run.branches, active_prompt=self.active,
+            fingerprint=s.fingerprint,
+            spec_k=s.config.spec_k,
+            spec_v=s.config.spec_v,
+            chunk_frames=r.chunk_frames,
+            window_chunks=r.window_chunks,
+            sink_chunks=r.sink_chunks,
+            latent_shape=s.latent_geometry,
+            next_chunk=s.first_chunk + s.plan.chunks,
+            next_frame=s.first_frame + s.plan.frames,
+            branches=self.run.branches,
+            active_prompt=self.active,
             caches={k: c.copy().to("cpu") for k, c in self.run.caches.items()},
             retained=list(self.timeline.items),
             info={"seed": int(r.seed), "prompts": s.schedule.describe(), "model_class": s.adapter.describe()},
@@ -500,23 +594,44 @@ class _Job:
 
     def result(self) -> ChunkedARResult:
         r, s, state, out = self.r, self.s, self.state, self.out
-        state_bytes = None if state is None else state.nbytes + sum(c.latent.numel() * c.latent.element_size()
-                                                                    for c in state.retained)
-        report = build_report(self.run, s.adapter, s.config, chunks=s.plan.chunks, chunk_frames=r.chunk_frames,
-                              window_chunks=r.window_chunks, sink_chunks=r.sink_chunks, seconds=self.seconds,
-                              cfg=r.cfg, tokens_per_frame=s.adapter.tokens_per_frame(tuple(s.latent_image.shape)),
-                              model_dtype=r.model.model_dtype(), first_chunk=s.first_chunk,
-                              prefix_chunks=len(s.prefix_bounds), prompts=self.prompts_report,
-                              memory_request=self.memory_request, planned_bytes=s.planned_bytes,
-                              state_file_bytes=state_bytes, resumed=r.resume is not None)
+        state_bytes = (
+            None
+            if state is None
+            else state.nbytes + sum(c.latent.numel() * c.latent.element_size() for c in state.retained)
+        )
+        report = build_report(
+            self.run,
+            s.adapter,
+            s.config,
+            chunks=s.plan.chunks,
+            chunk_frames=r.chunk_frames,
+            window_chunks=r.window_chunks,
+            sink_chunks=r.sink_chunks,
+            seconds=self.seconds,
+            cfg=r.cfg,
+            tokens_per_frame=s.adapter.tokens_per_frame(tuple(s.latent_image.shape)),
+            model_dtype=r.model.model_dtype(),
+            first_chunk=s.first_chunk,
+            prefix_chunks=len(s.prefix_bounds),
+            prompts=self.prompts_report,
+            memory_request=self.memory_request,
+            planned_bytes=s.planned_bytes,
+            state_file_bytes=state_bytes,
+            resumed=r.resume is not None,
+        )
         if self.diagnostics is not None:
             report["diagnostics"] = self.diagnostics.summary()
         samples_out = out
         if s.prefix_latent is not None and r.include_prefix:
             samples_out = torch.cat([s.prefix_latent.to(out.dtype), out], dim=2)
-        return ChunkedARResult(samples=samples_out, report=report, seconds_per_chunk=self.seconds,
-                               denoise_seconds=self.denoise_seconds, state=state,
-                               cache_bytes_after_write=self.bytes_after_write)
+        return ChunkedARResult(
+            samples=samples_out,
+            report=report,
+            seconds_per_chunk=self.seconds,
+            denoise_seconds=self.denoise_seconds,
+            state=state,
+            cache_bytes_after_write=self.bytes_after_write,
+        )
 
 
 def _write_once(model, x, sigmas, extra_args=None, callback=None, disable=None):

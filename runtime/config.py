@@ -4,6 +4,7 @@ A frozen, self-validating dataclass stored under ``model_options["transformer_op
 of a *cloned* ModelPatcher; the Chunked AR sampler reads it. No ComfyUI import here, so the
 config is testable anywhere.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,14 +31,20 @@ QVG_CENTROIDS_RANGE = (QuantSpec.__dataclass_fields__["qvg_centroids"].default, 
 QVG_ITERS_RANGE = (QuantSpec.__dataclass_fields__["qvg_iters"].default, 1, QVG_MAX_ITERS)
 STRENGTH_MAX = 4.0
 #: Quantize KV Cache's widget defaults (the node and the web planner both start here)
-QUANTIZE_DEFAULTS: dict[str, str] = {"key_bits": "2", "value_bits": "2", "group_size": "32", "rotation": "hadamard",
-                                     "scale_format": "fp8_e4m3", "method": "rtn"}
+QUANTIZE_DEFAULTS: dict[str, str] = {
+    "key_bits": "2",
+    "value_bits": "2",
+    "group_size": "32",
+    "rotation": "hadamard",
+    "scale_format": "fp8_e4m3",
+    "method": "rtn",
+}
 #: the Chunked AR sampler's chunking defaults (latent frames per chunk, window and sink in chunks; 0 = all / none)
 CHUNK_DEFAULTS: dict[str, int] = {"chunk_frames": 3, "window_chunks": 0, "sink_chunks": 0}
 
 
 def parse_bits(value: str | int, what: str) -> int | None:
-    """"2" -> 2, "off" -> None; anything else is a ValueError naming the choices."""
+    """ "2" -> 2, "off" -> None; anything else is a ValueError naming the choices."""
     if isinstance(value, str) and value.strip().lower() == "off":
         return None
     try:
@@ -96,7 +103,9 @@ class JensenKVConfig:
             raise ValueError(f"correction={self.correction!r} is not supported; use one of {MODES}") from None
         s = self.strength
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= STRENGTH_MAX:
-            raise ValueError(f"strength={s!r} must be a number from 0 to {STRENGTH_MAX:g} (1.0 applies the full correction)")
+            raise ValueError(
+                f"strength={s!r} must be a number from 0 to {STRENGTH_MAX:g} (1.0 applies the full correction)"
+            )
 
     @property
     def keys_quantized(self) -> bool:

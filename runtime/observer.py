@@ -4,6 +4,7 @@ An observer is any callable taking an :class:`AttentionEvent`. It runs inside th
 so it must be cheap and must ``clone()`` whatever tensors it keeps; it must not modify them.
 ``wants`` (optional) filters calls before an event is built: ``wants(layer, chunk, phase, step)``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -8,6 +8,7 @@ chunks and the chunks of a run this one continues come first.
 
 No ComfyUI import here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,7 +63,9 @@ class PromptSchedule:
                 "ConditioningAverage, or build a schedule with the Prompt Schedule node"
             )
         if 0 not in starts:
-            raise ValueError(f"the prompt schedule starts at chunk {min(starts)}; its first prompt must start at chunk 0")
+            raise ValueError(
+                f"the prompt schedule starts at chunk {min(starts)}; its first prompt must start at chunk 0"
+            )
         prompts = []
         for i, (entry, start) in enumerate(sorted(zip(positive, starts), key=lambda p: p[1])):
             extra = {k: v for k, v in entry[1].items() if k not in (START_KEY, LABEL_KEY)}
@@ -100,7 +103,9 @@ def add_to_schedule(schedule, conditioning, start_chunk: int, label: str = "") -
     """
     if not isinstance(conditioning, list) or len(conditioning) != 1:
         n = len(conditioning) if isinstance(conditioning, list) else type(conditioning).__name__
-        raise ValueError(f"conditioning has {n} entries; a scheduled prompt is one entry (merge with ConditioningConcat)")
+        raise ValueError(
+            f"conditioning has {n} entries; a scheduled prompt is one entry (merge with ConditioningConcat)"
+        )
     if isinstance(start_chunk, bool) or not isinstance(start_chunk, int) or start_chunk < 0:
         raise ValueError(f"start_chunk={start_chunk!r} must be a chunk index >= 0")
     entries = []
@@ -108,8 +113,10 @@ def add_to_schedule(schedule, conditioning, start_chunk: int, label: str = "") -
         PromptSchedule.from_conditioning(schedule, "schedule")  # validates it
         entries = [e for e in schedule if e[1].get(START_KEY, 0) != start_chunk]
     elif start_chunk != 0:
-        raise ValueError(f"the first prompt of a schedule must start at chunk 0, not {start_chunk}: "
-                         "set start_chunk 0 on the first Prompt Schedule node of the chain")
+        raise ValueError(
+            f"the first prompt of a schedule must start at chunk 0, not {start_chunk}: "
+            "set start_chunk 0 on the first Prompt Schedule node of the chain"
+        )
     tensor, extra = conditioning[0]
     new = [tensor, {**extra, START_KEY: start_chunk, LABEL_KEY: label or f"prompt {len(entries) + 1}"}]
     if schedule is None and not entries:

@@ -1,4 +1,5 @@
 """The Chunked AR sampler's report: a JSON-ready dict (the JENSEN_KV_REPORT link) and its text."""
+
 from __future__ import annotations
 
 import math
@@ -13,11 +14,27 @@ from .run_caches import RunCaches
 MIB = 2**20
 
 
-def build_report(run: RunCaches, adapter: ModelFamily, config: JensenKVConfig, *, chunks: int, chunk_frames: int,
-                 window_chunks: int, sink_chunks: int, seconds: list[float], cfg: float, tokens_per_frame: int,
-                 model_dtype: torch.dtype, first_chunk: int = 0, prefix_chunks: int = 0, prompts: list | None = None,
-                 memory_request: dict | None = None, planned_bytes: int | None = None,
-                 state_file_bytes: int | None = None, resumed: bool = False) -> dict:
+def build_report(
+    run: RunCaches,
+    adapter: ModelFamily,
+    config: JensenKVConfig,
+    *,
+    chunks: int,
+    chunk_frames: int,
+    window_chunks: int,
+    sink_chunks: int,
+    seconds: list[float],
+    cfg: float,
+    tokens_per_frame: int,
+    model_dtype: torch.dtype,
+    first_chunk: int = 0,
+    prefix_chunks: int = 0,
+    prompts: list | None = None,
+    memory_request: dict | None = None,
+    planned_bytes: int | None = None,
+    state_file_bytes: int | None = None,
+    resumed: bool = False,
+) -> dict:
     spec = config.spec_k or config.spec_v
     full_bits = torch.finfo(model_dtype).bits if model_dtype.is_floating_point else 16
     branches = run.branches or ([0] if math.isclose(cfg, 1.0) else [0, 1])
@@ -92,8 +109,11 @@ def report_text(report: dict) -> str:
         lines.append("Prompts: " + "; ".join(parts) + ".")
     if report["bf16_bytes"]:
         ratio = report["bf16_bytes"] / report["cache_bytes"]
-        versus = (f"{ratio:.2f}x smaller" if ratio >= 1 else
-                  f"{1 / ratio:.2f}x larger: the cache keeps the model's {report['effective_bits']:.0f}-bit dtype")
+        versus = (
+            f"{ratio:.2f}x smaller"
+            if ratio >= 1
+            else f"{1 / ratio:.2f}x larger: the cache keeps the model's {report['effective_bits']:.0f}-bit dtype"
+        )
         lines.append(
             f"KV cache peak {report['cache_mib']:.2f} MiB ({kind}, {report['effective_bits']:.3g} bits/element) "
             f"vs {report['bf16_mib']:.2f} MiB in BF16 ({versus})."

@@ -6,6 +6,7 @@ call of the patched model to :meth:`RunCaches.attend` with post-RoPE q, k, v of 
 attends over it with :meth:`jensen_core.ChunkCache.attend` and, in the write phase, appends the
 chunk. No ComfyUI import here.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,7 +21,9 @@ from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 class RunCaches:
     """The caches of every (layer, CFG branch) of a run in progress, the current chunk and phase."""
 
-    def __init__(self, config: JensenKVConfig, window_chunks: int, num_layers: int, observer=None, sink_chunks: int = 0):
+    def __init__(
+        self, config: JensenKVConfig, window_chunks: int, num_layers: int, observer=None, sink_chunks: int = 0
+    ):
         self.config = config
         self.num_layers = num_layers
         self.window_chunks = window_chunks or None
@@ -93,8 +96,7 @@ class RunCaches:
         self._written.clear()
         self.active = False
 
-    def store(self, layer: int, branch: int, k: Tensor | None = None, v: Tensor | None = None,
-              prepared=None) -> None:
+    def store(self, layer: int, branch: int, k: Tensor | None = None, v: Tensor | None = None, prepared=None) -> None:
         """Append one finished chunk to the (layer, branch) cache: raw ``k``, ``v``, or ``prepared`` by
         :meth:`jensen_core.ChunkCache.prepare` (core's AR path holds a block that way until it is final)."""
         key = (layer, branch)
@@ -145,11 +147,23 @@ class RunCaches:
             if self.observer is not None and (
                 self._wants is None or self._wants(layer, self.chunk, self.phase, self.step)
             ):
-                self.observer(AttentionEvent(
-                    layer=layer, branch=branch, chunk=self.chunk, frame_offset=self.frame_offset,
-                    phase=self.phase, step=self.step, q=qb, k=kb, v=vb, cache=cache, out=out,
-                    correction=self.correction, strength=self.strength,
-                ))
+                self.observer(
+                    AttentionEvent(
+                        layer=layer,
+                        branch=branch,
+                        chunk=self.chunk,
+                        frame_offset=self.frame_offset,
+                        phase=self.phase,
+                        step=self.step,
+                        q=qb,
+                        k=kb,
+                        v=vb,
+                        cache=cache,
+                        out=out,
+                        correction=self.correction,
+                        strength=self.strength,
+                    )
+                )
             if self.phase == PHASE_WRITE:
                 if self._written.get(key) == self.chunk:
                     raise RuntimeError(

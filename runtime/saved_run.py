@@ -24,6 +24,7 @@ caller's ``check_interrupt`` runs between reads. Nothing is half-loaded: the sta
 when all of it checked out. :meth:`SavedRun.check_compatible` then refuses a state made with another
 model, spec, head count, chunk length, window, sink or latent size, naming which. No ComfyUI import here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,7 +55,7 @@ def weights_digest(module: torch.nn.Module, names_hint: int = 4, elements: int =
     params = [(n, p) for n, p in module.named_parameters() if p.dim() >= 2]
     if not params:
         params = list(module.named_parameters())
-    pick = params[:names_hint // 2] + params[-(names_hint - names_hint // 2):] if len(params) > names_hint else params
+    pick = params[: names_hint // 2] + params[-(names_hint - names_hint // 2) :] if len(params) > names_hint else params
     h = hashlib.sha256()
     for name, p in pick:
         h.update(name.encode())
@@ -66,7 +67,11 @@ def weights_digest(module: torch.nn.Module, names_hint: int = 4, elements: int =
 def _leading_bytes(p: Tensor, elements: int) -> bytes:
     """The bytes of the first ``elements`` values of a weight, whatever tensor type holds it."""
     try:
-        flat = torch.Tensor(p.detach()).reshape(-1)[:elements] if type(p) is not torch.Tensor else p.detach().reshape(-1)[:elements]
+        flat = (
+            torch.Tensor(p.detach()).reshape(-1)[:elements]
+            if type(p) is not torch.Tensor
+            else p.detach().reshape(-1)[:elements]
+        )
         return flat.to("cpu").contiguous().view(torch.uint8).numpy().tobytes()
     except (RuntimeError, TypeError, ValueError):
         try:
@@ -113,10 +118,12 @@ class SavedRun:
     def describe(self) -> str:
         spec = self.spec_k or self.spec_v
         kind = "full precision" if spec is None else f"K {self._bits(self.spec_k)}/V {self._bits(self.spec_v)}"
-        return (f"{self.next_chunk} chunks ({self.next_frame} latent frames) of {self.fingerprint.get('family')} "
-                f"{self.fingerprint.get('layers')}x{self.fingerprint.get('heads')}x{self.fingerprint.get('head_dim')}, "
-                f"{kind}, {len(self.retained)} chunks retained (window {self.window_chunks or 'all'}, sink "
-                f"{self.sink_chunks}), {self.nbytes / 2**20:.2f} MiB")
+        return (
+            f"{self.next_chunk} chunks ({self.next_frame} latent frames) of {self.fingerprint.get('family')} "
+            f"{self.fingerprint.get('layers')}x{self.fingerprint.get('heads')}x{self.fingerprint.get('head_dim')}, "
+            f"{kind}, {len(self.retained)} chunks retained (window {self.window_chunks or 'all'}, sink "
+            f"{self.sink_chunks}), {self.nbytes / 2**20:.2f} MiB"
+        )
 
     @staticmethod
     def _bits(spec):
@@ -127,12 +134,24 @@ class SavedRun:
             "fingerprint": self.fingerprint,
             "spec_k": self.spec_k.to_dict() if self.spec_k else None,
             "spec_v": self.spec_v.to_dict() if self.spec_v else None,
-            "chunk_frames": self.chunk_frames, "window_chunks": self.window_chunks, "sink_chunks": self.sink_chunks,
-            "latent_shape": list(self.latent_shape), "next_chunk": self.next_chunk, "next_frame": self.next_frame,
-            "branches": list(self.branches), "active_prompt": self.active_prompt,
+            "chunk_frames": self.chunk_frames,
+            "window_chunks": self.window_chunks,
+            "sink_chunks": self.sink_chunks,
+            "latent_shape": list(self.latent_shape),
+            "next_chunk": self.next_chunk,
+            "next_frame": self.next_frame,
+            "branches": list(self.branches),
+            "active_prompt": self.active_prompt,
             "caches": [[layer, branch] for layer, branch in sorted(self.caches)],
-            "retained": [{"chunk": r.chunk, "frame_offset": r.frame_offset, "shape": list(r.latent.shape),
-                          "dtype": str(r.latent.dtype).removeprefix("torch.")} for r in self.retained],
+            "retained": [
+                {
+                    "chunk": r.chunk,
+                    "frame_offset": r.frame_offset,
+                    "shape": list(r.latent.shape),
+                    "dtype": str(r.latent.dtype).removeprefix("torch."),
+                }
+                for r in self.retained
+            ],
             "info": self.info,
         }
 
@@ -143,9 +162,20 @@ class SavedRun:
         return self
 
     # ------------------------------------------------------------------ compatibility
-    def check_compatible(self, *, fingerprint: dict, spec_k, spec_v, chunk_frames: int, window_chunks: int,
-                         sink_chunks: int, latent_shape: tuple[int, ...], branches: list[int]) -> None:
+    def check_compatible(
+        self,
+        *,
+        fingerprint: dict,
+        spec_k,
+        spec_v,
+        chunk_frames: int,
+        window_chunks: int,
+        sink_chunks: int,
+        latent_shape: tuple[int, ...],
+        branches: list[int],
+    ) -> None:
         """ValueError naming the first thing that differs between this state and the run that wants it."""
+
         def differ(what, saved, now, fix):
             raise ValueError(f"this KV cache was made with {what} {saved}, but this run has {now}; {fix}")
 
@@ -154,27 +184,50 @@ class SavedRun:
         order = ["family", "layers", "heads", "head_dim", "dim", "ffn_dim", "text_dim"]
         for k in sorted(set(mine) | set(theirs), key=lambda k: (order.index(k) if k in order else len(order), k)):
             if mine.get(k) != theirs.get(k):
-                differ(f"a model whose {k} is", mine.get(k), theirs.get(k),
-                       "load the model the cache was made with (another model's keys mean nothing here)")
+                differ(
+                    f"a model whose {k} is",
+                    mine.get(k),
+                    theirs.get(k),
+                    "load the model the cache was made with (another model's keys mean nothing here)",
+                )
         if self.fingerprint.get("weights") != fingerprint.get("weights"):
-            differ("model weights with digest", self.fingerprint.get("weights"), fingerprint.get("weights"),
-                   "load the same checkpoint, weight dtype and LoRAs the cache was made with")
+            differ(
+                "model weights with digest",
+                self.fingerprint.get("weights"),
+                fingerprint.get("weights"),
+                "load the same checkpoint, weight dtype and LoRAs the cache was made with",
+            )
         for side, saved, now in (("key", self.spec_k, spec_k), ("value", self.spec_v, spec_v)):
             if (saved.to_dict() if saved else None) != (now.to_dict() if now else None):
-                differ(f"the {side} spec", saved.to_dict() if saved else "full precision",
-                       now.to_dict() if now else "full precision",
-                       "set Quantize KV Cache as it was when the cache was saved")
+                differ(
+                    f"the {side} spec",
+                    saved.to_dict() if saved else "full precision",
+                    now.to_dict() if now else "full precision",
+                    "set Quantize KV Cache as it was when the cache was saved",
+                )
         if self.chunk_frames != chunk_frames:
             differ("chunk_frames", self.chunk_frames, chunk_frames, "use the same chunk length")
         if (self.window_chunks, self.sink_chunks) != (window_chunks, sink_chunks):
-            differ("(window_chunks, sink_chunks)", (self.window_chunks, self.sink_chunks), (window_chunks, sink_chunks),
-                   "use the same window and sink")
+            differ(
+                "(window_chunks, sink_chunks)",
+                (self.window_chunks, self.sink_chunks),
+                (window_chunks, sink_chunks),
+                "use the same window and sink",
+            )
         if tuple(self.latent_shape) != tuple(latent_shape):
-            differ("latents of (batch, channels, height, width)", tuple(self.latent_shape), tuple(latent_shape),
-                   "use the same video size and batch")
+            differ(
+                "latents of (batch, channels, height, width)",
+                tuple(self.latent_shape),
+                tuple(latent_shape),
+                "use the same video size and batch",
+            )
         if sorted(self.branches) != sorted(branches):
-            differ("CFG branches", self.branches, branches,
-                   "use cfg 1 on both runs, or cfg > 1 on both (cond and uncond are cached separately)")
+            differ(
+                "CFG branches",
+                self.branches,
+                branches,
+                "use cfg 1 on both runs, or cfg > 1 on both (cond and uncond are cached separately)",
+            )
 
     # ------------------------------------------------------------------ files
     def save(self, path: str) -> int:
@@ -189,8 +242,9 @@ class SavedRun:
         meta = {"format": FORMAT, "version": str(VERSION), "state": state, "sha256": _digest(tensors, state)}
         # a fresh temporary file (O_EXCL, unguessable name) beside the target: a symlink planted under a
         # predictable name in output/ cannot redirect the write
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                   dir=os.path.dirname(os.path.abspath(path)))
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=os.path.dirname(os.path.abspath(path))
+        )
         os.close(fd)
         try:
             save_file(tensors, tmp, metadata=meta)
@@ -235,13 +289,36 @@ MAX_LATENT_SIDE = 1 << 16
 MAX_FRAMES = (1 << 31) - 1
 
 _STORED_DTYPES = {  # safetensors dtype name -> torch dtype (what the header may name; the format check narrows it)
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "U8": torch.uint8, "I8": torch.int8,
-    "I16": torch.int16, "I32": torch.int32, "I64": torch.int64, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "BOOL": torch.bool,
 }
 _LATENT_DTYPES = ("float32", "float16", "bfloat16", "float64")
-_STATE_FIELDS = ("fingerprint", "spec_k", "spec_v", "chunk_frames", "window_chunks", "sink_chunks", "latent_shape",
-                 "next_chunk", "next_frame", "branches", "active_prompt", "caches", "retained", "info")
+_STATE_FIELDS = (
+    "fingerprint",
+    "spec_k",
+    "spec_v",
+    "chunk_frames",
+    "window_chunks",
+    "sink_chunks",
+    "latent_shape",
+    "next_chunk",
+    "next_frame",
+    "branches",
+    "active_prompt",
+    "caches",
+    "retained",
+    "info",
+)
 
 
 class _Unreadable(ValueError):
@@ -309,8 +386,9 @@ class _CacheFile:
         self._read_into(0, memoryview(head))
         n = int.from_bytes(head, "little")
         if n > MAX_HEADER_BYTES:
-            raise _Unreadable(f"its header declares {n} bytes; a Jensen KV cache file's header is at most "
-                              f"{MAX_HEADER_BYTES}")
+            raise _Unreadable(
+                f"its header declares {n} bytes; a Jensen KV cache file's header is at most {MAX_HEADER_BYTES}"
+            )
         if 8 + n > self.size:
             raise _Unreadable(f"its header declares {n} bytes but only {self.size - 8} follow")
         raw = bytearray(n)
@@ -334,8 +412,9 @@ class _CacheFile:
                 raise _Unreadable(f"its header entry for {name!r} is not {{dtype, shape, data_offsets}}")
             dtype = _STORED_DTYPES.get(rec["dtype"]) if isinstance(rec["dtype"], str) else None
             if dtype is None:
-                raise _Unreadable(f"tensor {name!r} has dtype {_short(rec['dtype'])}; this loader reads "
-                                  f"{', '.join(_STORED_DTYPES)}")
+                raise _Unreadable(
+                    f"tensor {name!r} has dtype {_short(rec['dtype'])}; this loader reads {', '.join(_STORED_DTYPES)}"
+                )
             shape, offsets = rec["shape"], rec["data_offsets"]
             if not isinstance(shape, list) or len(shape) > 8 or not isinstance(offsets, list) or len(offsets) != 2:
                 raise _Unreadable(f"tensor {name!r} has no readable shape and data_offsets")
@@ -345,14 +424,18 @@ class _CacheFile:
             begin, end = (whole(o, f"tensor {name!r} data_offsets", 0, self.size - data_start) for o in offsets)
             nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
             if end - begin != nbytes:
-                raise _Unreadable(f"tensor {name!r} of shape {list(shape)} {rec['dtype']} needs {nbytes} bytes, but its "
-                                  f"data_offsets span {end - begin}")
+                raise _Unreadable(
+                    f"tensor {name!r} of shape {list(shape)} {rec['dtype']} needs {nbytes} bytes, but its "
+                    f"data_offsets span {end - begin}"
+                )
             tensors[name] = _Stored(name, dtype, shape, data_start + begin, nbytes)
         pos = data_start
         for t in sorted(tensors.values(), key=lambda t: (t.start, t.nbytes)):
             if t.start != pos:
-                raise _Unreadable(f"its tensors' data do not follow one another (tensor {t.name!r} starts at byte "
-                                  f"{t.start}, not {pos})")
+                raise _Unreadable(
+                    f"its tensors' data do not follow one another (tensor {t.name!r} starts at byte "
+                    f"{t.start}, not {pos})"
+                )
             pos += t.nbytes
         if pos != self.size:
             raise _Unreadable(f"its tensors' data end at byte {pos}, but the file has {self.size} bytes")
@@ -405,8 +488,9 @@ def load_saved_run(path: str, *, check_interrupt: Callable[[], None] | None = No
     try:
         f = _CacheFile(path)
     except _Unreadable as exc:
-        raise ValueError(f"{name} is not a readable safetensors file ({exc}); it may be truncated or not a Jensen "
-                         "KV cache file") from None
+        raise ValueError(
+            f"{name} is not a readable safetensors file ({exc}); it may be truncated or not a Jensen KV cache file"
+        ) from None
     except OSError as exc:
         raise ValueError(f"{name} is not a readable safetensors file ({exc.strerror or exc})") from None
     with f:
@@ -417,8 +501,10 @@ def load_saved_run(path: str, *, check_interrupt: Callable[[], None] | None = No
             raise ValueError(f"{name} has format version {_short(header.get('version'))}; this pack reads {VERSION}")
         state_text = header.get("state")
         if state_text is None or len(state_text) > MAX_STATE_BYTES:
-            raise ValueError(f"{name} has {'no' if state_text is None else f'a {len(state_text)}-character'} state "
-                             f"record; a Jensen KV cache file has one of at most {MAX_STATE_BYTES} characters")
+            raise ValueError(
+                f"{name} has {'no' if state_text is None else f'a {len(state_text)}-character'} state "
+                f"record; a Jensen KV cache file has one of at most {MAX_STATE_BYTES} characters"
+            )
         try:
             signed = header.get("sha256") == f.digest(state_text, tick)
         except _Unreadable as exc:
@@ -488,9 +574,13 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
     missing = [k for k in _STATE_FIELDS if k not in st]
     unknown = sorted(k for k in st if k not in _STATE_FIELDS)
     if missing or unknown:
-        raise ValueError("the state record " + "; ".join(
-            ([f"lacks {', '.join(missing)}"] if missing else []) +
-            ([f"has fields format version {VERSION} does not know: {_short(unknown)}"] if unknown else [])))
+        raise ValueError(
+            "the state record "
+            + "; ".join(
+                ([f"lacks {', '.join(missing)}"] if missing else [])
+                + ([f"has fields format version {VERSION} does not know: {_short(unknown)}"] if unknown else [])
+            )
+        )
     fp = st["fingerprint"]
     if not isinstance(fp, dict):
         raise ValueError(f"fingerprint must be a JSON object, got {type(fp).__name__}")
@@ -521,13 +611,20 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
     shape = st["latent_shape"]
     if not isinstance(shape, list) or len(shape) != 4:
         raise ValueError(f"latent_shape={_short(shape)} must be [batch, channels, height, width]")
-    shape = tuple(whole(v, f"latent_shape {what}", 1, hi) for v, what, hi in zip(
-        shape, ("batch", "channels", "height", "width"), (MAX_BATCH, MAX_CHANNELS, MAX_LATENT_SIDE, MAX_LATENT_SIDE)))
+    shape = tuple(
+        whole(v, f"latent_shape {what}", 1, hi)
+        for v, what, hi in zip(
+            shape, ("batch", "channels", "height", "width"), (MAX_BATCH, MAX_CHANNELS, MAX_LATENT_SIDE, MAX_LATENT_SIDE)
+        )
+    )
     next_chunk = whole(st["next_chunk"], "next_chunk", 1, MAX_FRAMES)
     next_frame = whole(st["next_frame"], "next_frame", 1, MAX_FRAMES)
     branches = st["branches"]
-    if not isinstance(branches, list) or branches not in ([0], [1], [0, 1]) or any(
-            isinstance(b, bool) or not isinstance(b, int) for b in branches):
+    if (
+        not isinstance(branches, list)
+        or branches not in ([0], [1], [0, 1])
+        or any(isinstance(b, bool) or not isinstance(b, int) for b in branches)
+    ):
         raise ValueError(f"branches={_short(branches)} must be [0] (cfg 1) or [0, 1] (cond and uncond)")
     if not isinstance(st["active_prompt"], str):
         raise ValueError(f"active_prompt={_short(st['active_prompt'])} must be text (the prompt's fingerprint)")
@@ -539,8 +636,10 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
     expected_pairs = layers * len(branches)
     if not isinstance(pairs, list) or len(pairs) != expected_pairs:
         got = f"{len(pairs)} entries" if isinstance(pairs, list) else type(pairs).__name__
-        raise ValueError(f"caches lists {got}; a model of {layers} layers with CFG branches {branches} has "
-                         f"{expected_pairs} caches, one per (layer, branch)")
+        raise ValueError(
+            f"caches lists {got}; a model of {layers} layers with CFG branches {branches} has "
+            f"{expected_pairs} caches, one per (layer, branch)"
+        )
     caches: dict[tuple[int, int], dict[str, _Stored]] = {}
     for i, pair in enumerate(pairs):
         if not isinstance(pair, list) or len(pair) != 2:
@@ -559,8 +658,10 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
     count = retention.count(next_chunk)
     if not isinstance(records, list) or len(records) != count:
         got = f"{len(records)} chunks" if isinstance(records, list) else type(records).__name__
-        raise ValueError(f"retained lists {got}; a state at chunk {next_chunk} with window_chunks={window} and "
-                         f"sink_chunks={sink} retains {count}")
+        raise ValueError(
+            f"retained lists {got}; a state at chunk {next_chunk} with window_chunks={window} and "
+            f"sink_chunks={sink} retains {count}"
+        )
     indices = retention.indices(next_chunk)
     retained: list[_Retained] = []
     for i, (r, chunk) in enumerate(zip(records, indices)):
@@ -568,16 +669,20 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
         if not isinstance(r, dict) or set(r) != {"chunk", "frame_offset", "shape", "dtype"}:
             raise ValueError(f"{what} must be a JSON object of chunk, frame_offset, shape and dtype")
         if whole(r["chunk"], f"{what} chunk", 0, MAX_FRAMES) != chunk:
-            raise ValueError(f"{what} is chunk {r['chunk']}, but at chunk {next_chunk} with window_chunks={window} "
-                             f"and sink_chunks={sink} the retained chunks are {_span(indices)}")
+            raise ValueError(
+                f"{what} is chunk {r['chunk']}, but at chunk {next_chunk} with window_chunks={window} "
+                f"and sink_chunks={sink} the retained chunks are {_span(indices)}"
+            )
         rshape = r["shape"]
         if not isinstance(rshape, list) or len(rshape) != 5:
             raise ValueError(f"{what} shape={_short(rshape)} must be [batch, channels, frames, height, width]")
         rshape = tuple(whole(v, f"{what} shape[{j}]", 0, MAX_FRAMES) for j, v in enumerate(rshape))
         frames = rshape[2]
         if rshape[:2] + rshape[3:] != shape or not 1 <= frames <= chunk_frames:
-            raise ValueError(f"{what} shape={list(rshape)} is not a latent of 1 to chunk_frames={chunk_frames} "
-                             f"frames of (batch, channels, height, width) {shape}")
+            raise ValueError(
+                f"{what} shape={list(rshape)} is not a latent of 1 to chunk_frames={chunk_frames} "
+                f"frames of (batch, channels, height, width) {shape}"
+            )
         if r["dtype"] not in _LATENT_DTYPES:
             raise ValueError(f"{what} dtype={_short(r['dtype'])} must be one of {', '.join(_LATENT_DTYPES)}")
         offset = whole(r["frame_offset"], f"{what} frame_offset", 0, MAX_FRAMES)
@@ -587,16 +692,23 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
             gap = chunk - prev.chunk - 1
             lo, hi = prev.frame_offset + prev.frames + gap, prev.frame_offset + prev.frames + gap * chunk_frames
         if not lo <= offset <= hi:
-            raise ValueError(f"{what} (chunk {chunk}) frame_offset={offset} must be from {lo} to {hi}: each chunk "
-                             f"holds 1 to chunk_frames={chunk_frames} frames"
-                             + (f" and chunk {retained[-1].chunk} ends at frame {retained[-1].frame_offset + retained[-1].frames}"
-                                if retained else ""))
+            raise ValueError(
+                f"{what} (chunk {chunk}) frame_offset={offset} must be from {lo} to {hi}: each chunk "
+                f"holds 1 to chunk_frames={chunk_frames} frames"
+                + (
+                    f" and chunk {retained[-1].chunk} ends at frame {retained[-1].frame_offset + retained[-1].frames}"
+                    if retained
+                    else ""
+                )
+            )
         retained.append(_Retained(chunk, offset, frames, None))
     last = retained[-1]
     if next_frame != last.frame_offset + last.frames:
-        raise ValueError(f"next_frame={next_frame} does not follow the retained chunks: the last one (chunk "
-                         f"{last.chunk}) starts at frame {last.frame_offset} and holds {last.frames}, so next_frame "
-                         f"is {last.frame_offset + last.frames}")
+        raise ValueError(
+            f"next_frame={next_frame} does not follow the retained chunks: the last one (chunk "
+            f"{last.chunk}) starts at frame {last.frame_offset} and holds {last.frames}, so next_frame "
+            f"is {last.frame_offset + last.frames}"
+        )
 
     # the header's tensors: grouped by cache once, every one described by the record
     latents: dict[int, _Stored] = {}
@@ -618,18 +730,34 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
         t = latents.get(r.chunk)
         rec = wanted[r.chunk]
         if t is None or list(t.shape) != rec["shape"] or str(t.dtype).removeprefix("torch.") != rec["dtype"]:
-            raise ValueError(f"tensor {_LATENT_PREFIX}.{r.chunk} is missing or does not match its recorded shape "
-                             f"{rec['shape']} and dtype {rec['dtype']}")
+            raise ValueError(
+                f"tensor {_LATENT_PREFIX}.{r.chunk} is missing or does not match its recorded shape "
+                f"{rec['shape']} and dtype {rec['dtype']}"
+            )
     retained = [_Retained(r.chunk, r.frame_offset, r.frames, latents[r.chunk]) for r in retained]
     for (layer, branch), group in caches.items():
         t = group.get(META_KEY)
         if t is None or t.dtype != torch.uint8 or len(t.shape) != 1 or t.nbytes > MAX_META_BYTES:
-            raise ValueError(f"the cache of layer {layer}, branch {branch} has no {META_KEY} record (a 1-D uint8 "
-                             f"tensor of at most {MAX_META_BYTES} bytes)")
-    return _Plan(fingerprint=fp, spec_k=specs[0], spec_v=specs[1], chunk_frames=chunk_frames, window_chunks=window,
-                 sink_chunks=sink, latent_shape=shape, next_chunk=next_chunk, next_frame=next_frame,
-                 branches=list(branches), active_prompt=st["active_prompt"], info=st["info"], retained=retained,
-                 caches=caches)
+            raise ValueError(
+                f"the cache of layer {layer}, branch {branch} has no {META_KEY} record (a 1-D uint8 "
+                f"tensor of at most {MAX_META_BYTES} bytes)"
+            )
+    return _Plan(
+        fingerprint=fp,
+        spec_k=specs[0],
+        spec_v=specs[1],
+        chunk_frames=chunk_frames,
+        window_chunks=window,
+        sink_chunks=sink,
+        latent_shape=shape,
+        next_chunk=next_chunk,
+        next_frame=next_frame,
+        branches=list(branches),
+        active_prompt=st["active_prompt"],
+        info=st["info"],
+        retained=retained,
+        caches=caches,
+    )
 
 
 def _span(indices: list[int]) -> str:
@@ -643,7 +771,7 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
     frames = [r.frames for r in plan.retained]
     dtype = tokens_per_frame = None
     caches: dict[tuple[int, int], ChunkCache] = {}
-    for (layer, branch) in sorted(plan.caches):
+    for layer, branch in sorted(plan.caches):
         tick()
         where = f"cache of layer {layer}, branch {branch}"
         group = plan.caches[(layer, branch)]
@@ -655,28 +783,36 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         if saved != want:
             raise ValueError(f"{where} was saved with specs (keys, values) {saved}, but the state says {want}")
         if (meta.window_chunks or 0, meta.sink_chunks) != (plan.window_chunks, plan.sink_chunks):
-            raise ValueError(f"{where} keeps window_chunks={meta.window_chunks or 0}, sink_chunks={meta.sink_chunks}, "
-                             f"but the state says {plan.window_chunks}, {plan.sink_chunks}")
+            raise ValueError(
+                f"{where} keeps window_chunks={meta.window_chunks or 0}, sink_chunks={meta.sink_chunks}, "
+                f"but the state says {plan.window_chunks}, {plan.sink_chunks}"
+            )
         if len(meta.chunks) != len(frames):
             raise ValueError(f"{where} holds {len(meta.chunks)} chunks, but the state retains {len(frames)}")
         lay = meta.layout
         if lay[:3] != (batch, plan.fingerprint["heads"], plan.fingerprint["head_dim"]):
-            raise ValueError(f"{where} holds (batch, heads, head_dim) = ({lay[0]}, {lay[1]}, {lay[2]}), not "
-                             f"({batch}, {plan.fingerprint['heads']}, {plan.fingerprint['head_dim']}) as the metadata says")
+            raise ValueError(
+                f"{where} holds (batch, heads, head_dim) = ({lay[0]}, {lay[1]}, {lay[2]}), not "
+                f"({batch}, {plan.fingerprint['heads']}, {plan.fingerprint['head_dim']}) as the metadata says"
+            )
         if dtype is not None and lay[3] != dtype:
             raise ValueError(f"{where} holds {lay[3]} chunks, the other caches {dtype}")
         dtype = lay[3]
         for i, (tokens, n) in enumerate(zip(meta.chunk_tokens, frames)):
             per = tokens // n if tokens_per_frame is None else tokens_per_frame
             if per < 1 or tokens != n * per:
-                raise ValueError(f"{where} holds {tokens} tokens in chunk {plan.retained[i].chunk}, whose latent has "
-                                 f"{n} frames; expected {n * per} ({per} tokens per frame, as in the first chunk)"
-                                 if per else f"{where} holds {tokens} tokens for {n} frames")
+                raise ValueError(
+                    f"{where} holds {tokens} tokens in chunk {plan.retained[i].chunk}, whose latent has "
+                    f"{n} frames; expected {n * per} ({per} tokens per frame, as in the first chunk)"
+                    if per
+                    else f"{where} holds {tokens} tokens for {n} frames"
+                )
             tokens_per_frame = per
         extra = sorted(set(group) - meta.tensor_names() - {META_KEY})
         if extra:
-            raise ValueError(f"{where} holds tensors its record does not describe ({extra[:3]}"
-                             f"{' ...' if len(extra) > 3 else ''})")
+            raise ValueError(
+                f"{where} holds tensors its record does not describe ({extra[:3]}{' ...' if len(extra) > 3 else ''})"
+            )
         sd = {}
         for name, t in group.items():
             tick()
@@ -692,8 +828,18 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         tick()
         retained.append(RetainedChunk(r.chunk, r.frame_offset, f.read(r.tensor)))
     return SavedRun(
-        fingerprint=plan.fingerprint, spec_k=plan.spec_k, spec_v=plan.spec_v, chunk_frames=plan.chunk_frames,
-        window_chunks=plan.window_chunks, sink_chunks=plan.sink_chunks, latent_shape=plan.latent_shape,
-        next_chunk=plan.next_chunk, next_frame=plan.next_frame, branches=plan.branches,
-        active_prompt=plan.active_prompt, caches=caches, retained=retained, info=plan.info,
+        fingerprint=plan.fingerprint,
+        spec_k=plan.spec_k,
+        spec_v=plan.spec_v,
+        chunk_frames=plan.chunk_frames,
+        window_chunks=plan.window_chunks,
+        sink_chunks=plan.sink_chunks,
+        latent_shape=plan.latent_shape,
+        next_chunk=plan.next_chunk,
+        next_frame=plan.next_frame,
+        branches=plan.branches,
+        active_prompt=plan.active_prompt,
+        caches=caches,
+        retained=retained,
+        info=plan.info,
     )

@@ -14,6 +14,7 @@ What each reference feeds its model, per chunk:
 
 Every schedule ends with sigma 0 (the last step predicts the clean chunk). No ComfyUI import here.
 """
+
 from __future__ import annotations
 
 import math
@@ -56,7 +57,9 @@ def parse_manual(text: str) -> list[float]:
         values.append(v)
     if max(values) > 1:
         if max(values) > 1000:
-            raise ValueError(f"manual schedule: {max(values):g} is above t = 1000; give sigmas (<= 1) or timesteps (<= 1000)")
+            raise ValueError(
+                f"manual schedule: {max(values):g} is above t = 1000; give sigmas (<= 1) or timesteps (<= 1000)"
+            )
         values = [v / 1000.0 for v in values]
     if values[-1] != 0:
         values.append(0.0)

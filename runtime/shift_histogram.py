@@ -4,6 +4,7 @@ Rendered with Pillow only (ComfyUI ships Pillow, not matplotlib). Input is the J
 ``DiagnosticsObserver.summary()`` puts in the sampler's report under ``diagnostics``. No ComfyUI
 import here.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,13 @@ AFTER = (240, 138, 36)  # orange: with the correction
 INK = (30, 30, 30)
 GRID = (225, 225, 225)
 BACKGROUND = (255, 255, 255)
-MODE_NAMES = {"off": "no correction", "taylor": "Taylor", "chunk_mean": "chunk mean", "exact": "exact",
-              "per_channel": "per-channel"}
+MODE_NAMES = {
+    "off": "no correction",
+    "taylor": "Taylor",
+    "chunk_mean": "chunk mean",
+    "exact": "exact",
+    "per_channel": "per-channel",
+}
 
 
 # ------------------------------------------------------------------------------------------------ text
@@ -55,12 +61,15 @@ def diagnostics_text(diag: dict) -> str:
     if len(diag["modes"]) == 2:
         a, b = (diag["stats"][m] for m in diag["modes"])
         if a["median_delta_ps"] and b["median_delta_ps"] is not None:
-            lines.append(f"median |dP_S| x{abs(b['median_delta_ps']) / abs(a['median_delta_ps']):.2f}, "
-                         f"JSD x{_ratio(b['mean_jsd'], a['mean_jsd'])}, "
-                         f"output MSE x{_ratio(b['output_mse'], a['output_mse'])} with the correction")
+            lines.append(
+                f"median |dP_S| x{abs(b['median_delta_ps']) / abs(a['median_delta_ps']):.2f}, "
+                f"JSD x{_ratio(b['mean_jsd'], a['mean_jsd'])}, "
+                f"output MSE x{_ratio(b['output_mse'], a['output_mse'])} with the correction"
+            )
     if not diag.get("keys_quantized", True):
-        lines.append("The keys are not quantized: there is no Jensen bias to correct (values only, or a "
-                     "full-precision cache).")
+        lines.append(
+            "The keys are not quantized: there is no Jensen bias to correct (values only, or a full-precision cache)."
+        )
     stride = diag["query_stride"]
     lines.append(
         f"Sampled: layers {_short(diag['layers'])}, heads {_short(diag['heads'])}, steps {_short(diag['steps'])}, "
@@ -212,8 +221,15 @@ def render_histogram(diag: dict, width: int = 960, height: int = 540) -> Image.I
         while y < bottom:
             draw.line((x, y, x, min(y + 6, bottom)), fill=colors[m], width=max(2, round(2 * s)))
             y += 11
-    draw.text(((left + right) / 2 - draw.textlength(_t("ΔP_S (share of the attention row)", uni), font=small) / 2,
-               bottom + round(24 * s)), _t("ΔP_S (share of the attention row)", uni), font=small, fill=INK)
+    draw.text(
+        (
+            (left + right) / 2 - draw.textlength(_t("ΔP_S (share of the attention row)", uni), font=small) / 2,
+            bottom + round(24 * s),
+        ),
+        _t("ΔP_S (share of the attention row)", uni),
+        font=small,
+        fill=INK,
+    )
     ylab = Image.new("RGBA", (round(draw.textlength("queries (%)", font=small)) + 4, round(16 * s)), (0, 0, 0, 0))
     ImageDraw.Draw(ylab).text((2, 0), "queries (%)", font=small, fill=INK)
     ylab = ylab.rotate(90, expand=True)
@@ -221,11 +237,18 @@ def render_histogram(diag: dict, width: int = 960, height: int = 540) -> Image.I
 
     # legend (top left inside the plot) and the numbers under the axis
     ly = top + round(8 * s)
-    legend = [_t(f"{mode_label(diag, m)}: median {diag['stats'][m]['median_delta_ps']:+.4f}, "
-                 f"IQR {diag['stats'][m]['iqr_delta_ps']:.4f}", uni) for m in modes]
+    legend = [
+        _t(
+            f"{mode_label(diag, m)}: median {diag['stats'][m]['median_delta_ps']:+.4f}, "
+            f"IQR {diag['stats'][m]['iqr_delta_ps']:.4f}",
+            uni,
+        )
+        for m in modes
+    ]
     box_w = max(draw.textlength(t, font=small) for t in legend) + round(40 * s)
-    draw.rectangle((left + 6, ly - 4, left + 6 + box_w, ly + round(20 * s) * len(modes) + 2), fill=BACKGROUND,
-                   outline=GRID)
+    draw.rectangle(
+        (left + 6, ly - 4, left + 6 + box_w, ly + round(20 * s) * len(modes) + 2), fill=BACKGROUND, outline=GRID
+    )
     for m in modes:
         st = diag["stats"][m]
         text = _t(f"{mode_label(diag, m)}: median {st['median_delta_ps']:+.4f}, IQR {st['iqr_delta_ps']:.4f}", uni)
@@ -241,9 +264,11 @@ def render_histogram(diag: dict, width: int = 960, height: int = 540) -> Image.I
         fy += round(18 * s)
     n = diag["stats"][modes[0]]["samples"]
     clamped = sum(hist.get("clamped", {}).values())
-    foot = (f"{n} queries, {diag['calls']} attention calls (layers {_short(diag['layers'])}, heads "
-            f"{_short(diag['heads'])}, steps {_short(diag['steps'])})" + (f"; {clamped} tail values in the edge bins"
-                                                                          if clamped else ""))
+    foot = (
+        f"{n} queries, {diag['calls']} attention calls (layers {_short(diag['layers'])}, heads "
+        f"{_short(diag['heads'])}, steps {_short(diag['steps'])})"
+        + (f"; {clamped} tail values in the edge bins" if clamped else "")
+    )
     draw.text((left, fy), _t(foot, uni), font=small, fill=(90, 90, 90))
     return img
 

@@ -18,6 +18,7 @@ The observer sees every self-attention call of the sampled layers (``runtime.obs
 
 No ComfyUI import here: this module is unit-testable with synthetic events.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,8 +42,7 @@ logger = logging.getLogger("jensen_kv")
 REQUEST_KEY = "jensen_kv_diagnostics"
 HIST_BINS = 60
 WHAT_IF_MODE = "taylor"
-SELECTION_HELP = ("'all', 'every N' (0, N, 2N, ...), 'first', 'last', or 0-based indices and ranges such as "
-                  "'0, 4, 8-11'")
+SELECTION_HELP = "'all', 'every N' (0, N, 2N, ...), 'first', 'last', or 0-based indices and ranges such as '0, 4, 8-11'"
 _EVERY = re.compile(r"^every\s+(\d+)(?:st|nd|rd|th)?$")
 _RANGE = re.compile(r"^(\d+)\s*-\s*(\d+)$")
 
@@ -66,8 +66,9 @@ def check_selection(text: str, what: str) -> str:
     for p in parts:
         r = _RANGE.match(p)
         if r and int(r.group(1)) > int(r.group(2)):
-            raise ValueError(f"{what}={text!r}: the range {p!r} runs backwards; write it as "
-                             f"'{r.group(2)}-{r.group(1)}'")
+            raise ValueError(
+                f"{what}={text!r}: the range {p!r} runs backwards; write it as '{r.group(2)}-{r.group(1)}'"
+            )
     return ", ".join(parts)
 
 
@@ -150,9 +151,19 @@ def _spec_text(entry_k, entry_v) -> str:
 class DiagnosticsObserver:
     """Observer of one Chunked AR run (see the module docstring); :meth:`free` drops the shadow copies."""
 
-    def __init__(self, request: DiagnosticsRequest, *, num_layers: int, heads: int, steps: int,
-                 window_chunks: int | None, correction: str, strength: float, keys_quantized: bool,
-                 sink_chunks: int = 0):
+    def __init__(
+        self,
+        request: DiagnosticsRequest,
+        *,
+        num_layers: int,
+        heads: int,
+        steps: int,
+        window_chunks: int | None,
+        correction: str,
+        strength: float,
+        keys_quantized: bool,
+        sink_chunks: int = 0,
+    ):
         self.request = request
         self.layers = resolve_selection(request.layers, num_layers, "layers")
         self.heads = resolve_selection(request.heads, heads, "heads")
@@ -202,8 +213,10 @@ class DiagnosticsObserver:
             return
         entries = e.cache.entries
         shadow = self._shadow.get(key)
-        if shadow is None or len(shadow) != len(entries) or any(
-            s[0].shape[-2] != en.tokens for s, en in zip(shadow, entries)
+        if (
+            shadow is None
+            or len(shadow) != len(entries)
+            or any(s[0].shape[-2] != en.tokens for s, en in zip(shadow, entries))
         ):
             raise RuntimeError(
                 f"KV Cache Diagnostics lost track of the cache of layer {e.layer}, branch {e.branch} at chunk "
@@ -223,9 +236,19 @@ class DiagnosticsObserver:
         stride = self.request.query_stride
         elements = q[..., ::stride, :].numel()
         for mode in self.modes:
-            stats = attention_shift(q, k_ref, v_ref, k_cur, v_cur, k_hat, v_hat, correction=mode,
-                                    strength=self.strength if mode != "off" else 1.0, query_stride=stride,
-                                    chunk_tokens=[en.tokens for en in entries])
+            stats = attention_shift(
+                q,
+                k_ref,
+                v_ref,
+                k_cur,
+                v_cur,
+                k_hat,
+                v_hat,
+                correction=mode,
+                strength=self.strength if mode != "off" else 1.0,
+                query_stride=stride,
+                chunk_tokens=[en.tokens for en in entries],
+            )
             self.acc[mode].add(stats, elements)
         self.chunks_seen.add(e.chunk)
 
@@ -260,8 +283,10 @@ class DiagnosticsObserver:
             "histogram": common_histogram(samples, bins=HIST_BINS) if calls else None,
         }
         if not calls:
-            out["note"] = ("no sampled attention call read a cached chunk: the video needs at least two chunks, "
-                           "and the layer/step selections must match this run")
+            out["note"] = (
+                "no sampled attention call read a cached chunk: the video needs at least two chunks, "
+                "and the layer/step selections must match this run"
+            )
         return out
 
 
@@ -289,16 +314,38 @@ def combine_observers(first, second):
     return TeeObserver(first, second)
 
 
-def make_diagnostics(model_options: dict | None, *, num_layers: int, heads: int, steps: int,
-                     window_chunks: int, correction: str, strength: float,
-                     keys_quantized: bool, sink_chunks: int = 0) -> DiagnosticsObserver | None:
+def make_diagnostics(
+    model_options: dict | None,
+    *,
+    num_layers: int,
+    heads: int,
+    steps: int,
+    window_chunks: int,
+    correction: str,
+    strength: float,
+    keys_quantized: bool,
+    sink_chunks: int = 0,
+) -> DiagnosticsObserver | None:
     """The run's observer when KV Cache Diagnostics is on the MODEL, else None (and no cost at all)."""
     request = get_request(model_options)
     if request is None:
         return None
-    obs = DiagnosticsObserver(request, num_layers=num_layers, heads=heads, steps=steps, window_chunks=window_chunks,
-                              correction=correction, strength=strength, keys_quantized=keys_quantized,
-                              sink_chunks=sink_chunks)
-    logger.info("jensen_kv: attention diagnostics on layers %s, heads %s, steps %s (every %d-th query)",
-                obs.layers, obs.heads, obs.steps, request.query_stride)
+    obs = DiagnosticsObserver(
+        request,
+        num_layers=num_layers,
+        heads=heads,
+        steps=steps,
+        window_chunks=window_chunks,
+        correction=correction,
+        strength=strength,
+        keys_quantized=keys_quantized,
+        sink_chunks=sink_chunks,
+    )
+    logger.info(
+        "jensen_kv: attention diagnostics on layers %s, heads %s, steps %s (every %d-th query)",
+        obs.layers,
+        obs.heads,
+        obs.steps,
+        request.query_stride,
+    )
     return obs

@@ -1,6 +1,7 @@
 """Shared pytest set-up: makes ``tests/support`` importable from every test folder, loads the CI rule that a
 skipped ComfyUI / server / browser test fails a ``CI=true`` run (``support/ci_skips.py``), and holds the one
 ComfyUI server of the session that the server tests share (``comfy_server``)."""
+
 import sys
 from pathlib import Path
 

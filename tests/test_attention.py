@@ -1,4 +1,5 @@
 """The fused fast path against the materialised reference softmax(QK^T/sqrt(d) - lambda*B) V."""
+
 import math
 
 import pytest
@@ -48,7 +49,9 @@ def _reference(entries, q, kc, vc, mode, strength):
         b = (nu @ w.transpose(-1, -2)).expand(*q.shape[:-1], k_hat.shape[-2])
     else:
         b = jensen_bias(q, kq, mode, chunk_tokens=[e.tokens for e in entries])
-    s = torch.cat([q @ k_hat.transpose(-1, -2) / math.sqrt(D) - strength * b, q @ kc.transpose(-1, -2) / math.sqrt(D)], -1)
+    s = torch.cat(
+        [q @ k_hat.transpose(-1, -2) / math.sqrt(D) - strength * b, q @ kc.transpose(-1, -2) / math.sqrt(D)], -1
+    )
     return torch.softmax(s, -1) @ torch.cat([v_hat, vc], -2)
 
 
@@ -78,8 +81,12 @@ def test_fast_path_equals_materialised_reference(rotation, mode, strength, path)
 @pytest.mark.parametrize("g", [8, 16, 64])
 def test_fast_path_for_other_group_sizes_and_bits(g, path):
     entries, q, kc, vc = _setup("none", bits=3, g=g, D=64, v_bits=8)
-    torch.testing.assert_close(cached_attention(q, kc, vc, entries, "taylor"), _reference(entries, q, kc, vc, "taylor", 1.0),
-                               rtol=1e-4, atol=2e-5)
+    torch.testing.assert_close(
+        cached_attention(q, kc, vc, entries, "taylor"),
+        _reference(entries, q, kc, vc, "taylor", 1.0),
+        rtol=1e-4,
+        atol=2e-5,
+    )
 
 
 @pytest.mark.parametrize("mode", ["taylor", "chunk_mean"])
@@ -125,7 +132,9 @@ def test_correction_never_touches_the_current_chunk(path, mode):
     v_hat = cat_quantized([e.v for e in entries]).dequantize(torch.float32)
     b_cached = jensen_bias(q, kq, mode, chunk_tokens=[e.tokens for e in entries])
     b_cur = jensen_bias(q, quantize(kc, kq.spec), mode)
-    s = torch.cat([q @ k_hat.transpose(-1, -2) / math.sqrt(D) - b_cached, q @ kc.transpose(-1, -2) / math.sqrt(D) - b_cur], -1)
+    s = torch.cat(
+        [q @ k_hat.transpose(-1, -2) / math.sqrt(D) - b_cached, q @ kc.transpose(-1, -2) / math.sqrt(D) - b_cur], -1
+    )
     buggy = torch.softmax(s, -1) @ torch.cat([v_hat, vc], -2)
     assert (out - buggy).abs().max() > 1e-3
     # with an empty cache the result is plain attention: nothing to correct
@@ -173,8 +182,12 @@ def test_rotation_is_orthogonal_and_leaves_unquantized_attention_unchanged():
         H = torch.cat([torch.cat([H, H], 1), torch.cat([H, -H], 1)], 0)
     torch.testing.assert_close(fwht(x), x @ H / 8)
     q, k, v = (torch.randn(1, 2, 10, 64) for _ in range(3))
-    torch.testing.assert_close(F.scaled_dot_product_attention(rotate(q, 3), rotate(k, 3), v), F.scaled_dot_product_attention(q, k, v),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        F.scaled_dot_product_attention(rotate(q, 3), rotate(k, 3), v),
+        F.scaled_dot_product_attention(q, k, v),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     # a rotated INT8 cache of the same keys gives the same attention as an unrotated one
     out = {}
     for rot in ("none", "hadamard"):
@@ -208,7 +221,9 @@ def test_full_precision_entries_and_mixed_dtypes():
     q, k, v = (torch.randn(1, 2, 8, 32) for _ in range(3))
     e = CacheEntry(k.bfloat16(), v.bfloat16())
     out = cached_attention(q, k, v, [e], correction="taylor")  # nothing quantized: no correction
-    ref = F.scaled_dot_product_attention(q, torch.cat([k.bfloat16().float(), k], -2), torch.cat([v.bfloat16().float(), v], -2))
+    ref = F.scaled_dot_product_attention(
+        q, torch.cat([k.bfloat16().float(), k], -2), torch.cat([v.bfloat16().float(), v], -2)
+    )
     torch.testing.assert_close(out, ref)
 
 
@@ -231,5 +246,12 @@ def test_cuda_fast_path_matches_reference():
     dev = torch.device("cuda")
     moved = [CacheEntry(*(quantize(t.dequantize().to(dev), e.k.spec) for t in (e.k, e.v))) for e in entries]
     out = cached_attention(q.to(dev), kc.to(dev), vc.to(dev), moved, "taylor")
-    ref = _reference([CacheEntry(*(quantize(t.dequantize(), e.k.spec) for t in (e.k, e.v))) for e in entries], q, kc, vc, "taylor", 1.0)
+    ref = _reference(
+        [CacheEntry(*(quantize(t.dequantize(), e.k.spec) for t in (e.k, e.v))) for e in entries],
+        q,
+        kc,
+        vc,
+        "taylor",
+        1.0,
+    )
     torch.testing.assert_close(out.cpu(), ref, rtol=1e-3, atol=1e-3)

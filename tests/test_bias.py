@@ -1,4 +1,5 @@
 """The Jensen bias: Monte-Carlo check of Eq. 12, Taylor vs exact, stability, rotation (App. F)."""
+
 import math
 from dataclasses import replace
 
@@ -55,8 +56,11 @@ def test_log_sinhc_is_stable_and_accurate():
     a = torch.tensor([0.0, 1e-20, 1e-8, 1e-3, 0.0999, 0.1, 0.5, 2.0, 30.0, 700.0, 1e6], dtype=torch.float64)
     out = log_sinhc(a)
     assert torch.isfinite(out).all()
-    ref = torch.tensor([0.0 if x == 0 else math.log(math.sinh(x) / x) if x < 700 else x - math.log(2 * x)
-                        for x in a.tolist()[:-1]] + [1e6 - math.log(2e6)], dtype=torch.float64)
+    ref = torch.tensor(
+        [0.0 if x == 0 else math.log(math.sinh(x) / x) if x < 700 else x - math.log(2 * x) for x in a.tolist()[:-1]]
+        + [1e6 - math.log(2e6)],
+        dtype=torch.float64,
+    )
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-15)
     assert torch.equal(log_sinhc(-a), out)
     assert torch.isfinite(log_sinhc(torch.tensor([1e4], dtype=torch.float32))).all()
@@ -128,7 +132,9 @@ def test_no_correction_is_called_off_and_the_old_none_still_reads():
     pack_spec = config.QuantSpec(bits=2, group_size=16)  # the pack's own jensen_core, as the runtime imports it
     assert config.JensenKVConfig(spec_k=pack_spec, correction="none").correction == "off"
     assert config.JensenKVConfig().correction == "off" and config.parse_correction("none") == "off"
-    assert config.JensenKVConfig(spec_k=pack_spec, correction="none", strength=0.5).describe().endswith("correction off")
+    assert (
+        config.JensenKVConfig(spec_k=pack_spec, correction="none", strength=0.5).describe().endswith("correction off")
+    )
     with pytest.raises(ValueError, match="mode='Off'"):
         config.parse_correction("Off")
     with pytest.raises(ValueError, match="correction='nothing'"):
@@ -211,7 +217,7 @@ def _per_chunk_ratios(trials: int, bits: int, qscale: float, scales=(1.0, 3.0), 
         for c, (x, k) in enumerate(zip(xs, kqs)):
             lz = torch.logsumexp(q @ x.transpose(-1, -2) / 8, -1)
             s_hat = q @ k.dequantize(torch.float32).transpose(-1, -2) / 8
-            for b in (0.0, *(bb[..., c * T:(c + 1) * T] for bb in biases)):
+            for b in (0.0, *(bb[..., c * T : (c + 1) * T] for bb in biases)):
                 row.append(float((torch.logsumexp(s_hat - b, -1) - lz).exp().mean()))
         rows.append(row)
     r = torch.tensor(rows, dtype=torch.float64).view(trials, len(scales), 4)

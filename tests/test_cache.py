@@ -1,4 +1,5 @@
 """ChunkCache: append, eviction, bytes, persistence, and bad input that leaves it unchanged."""
+
 import pytest
 import torch
 
@@ -33,7 +34,9 @@ def test_sliding_window_evicts_oldest_whole_chunks_without_requantizing():
     # the newest entry holds chunk 2, the oldest kept one chunk 1
     assert (cache.entries[1].k.dequantize(torch.float32) - k3).abs().max() < 2.0
     k1 = _chunk(1)[0]
-    assert (cache.entries[0].k.dequantize(torch.float32) - k1).abs().mean() < (cache.entries[0].k.dequantize(torch.float32) - k3).abs().mean()
+    assert (cache.entries[0].k.dequantize(torch.float32) - k1).abs().mean() < (
+        cache.entries[0].k.dequantize(torch.float32) - k3
+    ).abs().mean()
 
 
 def test_bytes_bf16_bytes_and_effective_bits():
@@ -58,9 +61,20 @@ def test_planner_matches_the_bytes_a_run_really_stores():
         for i, cache in enumerate(caches):
             cache.append(*_chunk(100 * c + i, H=heads, T=T, D=D))
         peak = max(peak, sum(cache.nbytes for cache in caches))
-    plan = plan_cache(latent_frames=chunks * 3, latent_height=2, latent_width=8, chunk_frames=3, window_chunks=window,
-                      layers=layers, heads=heads, head_dim=D, spec_k=spec_k, spec_v=spec_v, cfg_branches=branches,
-                      geometry=GEOMETRY_2X2)
+    plan = plan_cache(
+        latent_frames=chunks * 3,
+        latent_height=2,
+        latent_width=8,
+        chunk_frames=3,
+        window_chunks=window,
+        layers=layers,
+        heads=heads,
+        head_dim=D,
+        spec_k=spec_k,
+        spec_v=spec_v,
+        cfg_branches=branches,
+        geometry=GEOMETRY_2X2,
+    )
     assert T == 3 * plan.tokens_per_latent_frame
     assert plan.quantized_bytes == peak
     assert plan.bf16_bytes == sum(cache.bf16_nbytes for cache in caches)
@@ -69,9 +83,20 @@ def test_planner_matches_the_bytes_a_run_really_stores():
 def test_planner_counts_unquantized_sides_in_the_model_dtype():
     cache = ChunkCache(QuantSpec(bits=2, group_size=16), None)  # values kept as given (fp32 here)
     cache.append(*_chunk(0, H=2, T=12, D=64))
-    plan = plan_cache(latent_frames=6, latent_height=2, latent_width=8, chunk_frames=3, window_chunks=0, layers=1,
-                      heads=2, head_dim=64, spec_k=QuantSpec(bits=2, group_size=16), spec_v=None, full_bytes=4,
-                      geometry=GEOMETRY_2X2)
+    plan = plan_cache(
+        latent_frames=6,
+        latent_height=2,
+        latent_width=8,
+        chunk_frames=3,
+        window_chunks=0,
+        layers=1,
+        heads=2,
+        head_dim=64,
+        spec_k=QuantSpec(bits=2, group_size=16),
+        spec_v=None,
+        full_bytes=4,
+        geometry=GEOMETRY_2X2,
+    )
     assert plan.quantized_bytes == cache.nbytes
     assert plan.effective_bits_v == 32.0
 
@@ -89,7 +114,9 @@ def test_safetensors_round_trip_is_bit_identical(tmp_path, spec_v):
     for a, b in zip(cache.entries, other.entries):
         for x, y in ((a.k, b.k), (a.v, b.v)):
             if isinstance(x, QuantizedTensor):
-                assert torch.equal(x.packed, y.packed) and torch.equal(x.scale.view(torch.uint8), y.scale.view(torch.uint8))
+                assert torch.equal(x.packed, y.packed) and torch.equal(
+                    x.scale.view(torch.uint8), y.scale.view(torch.uint8)
+                )
                 assert torch.equal(x.minimum, y.minimum) and x.shape == y.shape and x.scale_format == y.scale_format
             else:
                 assert torch.equal(x, y)
@@ -200,10 +227,22 @@ def test_bad_attend_inputs_are_clear_errors():
 
 
 def test_planner_reports_a_group_size_that_cannot_run_as_an_error():
-    plan = plan_cache(latent_frames=9, latent_height=4, latent_width=4, chunk_frames=3, window_chunks=0, layers=1,
-                      heads=2, head_dim=128, spec_k=QuantSpec(group_size=256), spec_v=QuantSpec(group_size=256),
-                      geometry=GEOMETRY_2X2)
-    assert plan.errors == ("key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128",)
+    plan = plan_cache(
+        latent_frames=9,
+        latent_height=4,
+        latent_width=4,
+        chunk_frames=3,
+        window_chunks=0,
+        layers=1,
+        heads=2,
+        head_dim=128,
+        spec_k=QuantSpec(group_size=256),
+        spec_v=QuantSpec(group_size=256),
+        geometry=GEOMETRY_2X2,
+    )
+    assert plan.errors == (
+        "key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128",
+    )
     assert not plan.runnable and plan.quantized_bytes is None and plan.to_dict()["quantized_mib"] is None
     assert plan.bf16_bytes > 0
 
@@ -250,8 +289,19 @@ def test_negative_sink_is_a_clear_error():
 
 # ----------------------------------------------------------------------------------------- planner
 def _plan(**kw):
-    base = dict(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0, layers=30,
-                heads=12, head_dim=128, spec_k=QuantSpec(), spec_v=QuantSpec(), geometry=GEOMETRY_2X2)
+    base = dict(
+        latent_frames=21,
+        latent_height=60,
+        latent_width=104,
+        chunk_frames=3,
+        window_chunks=0,
+        layers=30,
+        heads=12,
+        head_dim=128,
+        spec_k=QuantSpec(),
+        spec_v=QuantSpec(),
+        geometry=GEOMETRY_2X2,
+    )
     return plan_cache(**{**base, **kw})
 
 

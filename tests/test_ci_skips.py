@@ -3,6 +3,7 @@
 Each case runs a small pytest session in a temporary folder (``pytester``) with the plugin loaded
 as ``tests/conftest.py`` loads it.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -39,7 +40,9 @@ def run(pytester, monkeypatch, ci: str | None, files: dict[str, str]):
         path = pytester.path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    return pytester.runpytest_inprocess("-p", "support.ci_skips", "-rs", "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    return pytester.runpytest_inprocess(
+        "-p", "support.ci_skips", "-rs", "-W", "ignore::pytest.PytestAssertRewriteWarning"
+    )
 
 
 @pytest.mark.parametrize("ci", ["true", "1"])
@@ -47,10 +50,12 @@ def test_a_skipped_comfyui_test_fails_a_ci_run_and_its_reason_is_printed(pyteste
     result = run(pytester, monkeypatch, ci, {"test_a.py": COMFYUI_SKIP})
     result.assert_outcomes(passed=1, skipped=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines([
-        "*CI=true: 1 ComfyUI / server / browser test(s) skipped*",
-        "SKIPPED test_a.py::test_needs_comfyui: ComfyUI not found: set COMFYUI_PATH",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*CI=true: 1 ComfyUI / server / browser test(s) skipped*",
+            "SKIPPED test_a.py::test_needs_comfyui: ComfyUI not found: set COMFYUI_PATH",
+        ]
+    )
 
 
 @pytest.mark.parametrize("ci", [None, "false", ""])
@@ -174,8 +179,12 @@ def test_a_core_ar_test_against_comfyui_without_the_ar_path_stops_the_run(pytest
     result = run(pytester, monkeypatch, ci, {"test_a.py": CORE_AR_TESTS})
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.assert_outcomes()  # nothing ran, nothing skipped
-    result.stderr.fnmatch_lines(["*1 selected test(s) are marked core_ar*ComfyUI-old*comfy/ldm/wan/ar_model.py*",
-                                 "*test_a.py::test_on_core_ar_path*"])
+    result.stderr.fnmatch_lines(
+        [
+            "*1 selected test(s) are marked core_ar*ComfyUI-old*comfy/ldm/wan/ar_model.py*",
+            "*test_a.py::test_on_core_ar_path*",
+        ]
+    )
 
 
 def test_deselecting_core_ar_runs_the_rest_against_comfyui_without_the_ar_path(pytester, monkeypatch, tmp_path):
@@ -183,8 +192,9 @@ def test_deselecting_core_ar_runs_the_rest_against_comfyui_without_the_ar_path(p
     monkeypatch.setenv("CI", "true")
     pytester.makeini(MARKERS)
     (pytester.path / "test_a.py").write_text(CORE_AR_TESTS)
-    result = pytester.runpytest_inprocess("-p", "support.ci_skips", "-m", "not core_ar",
-                                          "-W", "ignore::pytest.PytestAssertRewriteWarning")
+    result = pytester.runpytest_inprocess(
+        "-p", "support.ci_skips", "-m", "not core_ar", "-W", "ignore::pytest.PytestAssertRewriteWarning"
+    )
     result.assert_outcomes(passed=1, deselected=1)
     assert result.ret == pytest.ExitCode.OK
 

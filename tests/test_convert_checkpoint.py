@@ -4,6 +4,7 @@ The state dicts here are Wan-shaped stand-ins (the keys and shapes the checks re
 ``tests/integration/test_convert_checkpoint_comfyui.py`` converts a real tiny Wan and loads it through
 ComfyUI's own detection and loader.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,13 +30,23 @@ def fake_wan(seed: int = 0, in_channels: int = 16, layers: int = 2) -> dict[str,
     def r(*shape):
         return torch.randn(*shape, generator=g)
 
-    sd = {"patch_embedding.weight": r(DIM, in_channels, 1, 2, 2), "patch_embedding.bias": r(DIM),
-          "text_embedding.0.weight": r(DIM, 4096), "text_embedding.0.bias": r(DIM),
-          "text_embedding.2.weight": r(DIM, DIM), "text_embedding.2.bias": r(DIM),
-          "time_embedding.0.weight": r(DIM, 256), "time_embedding.0.bias": r(DIM),
-          "time_embedding.2.weight": r(DIM, DIM), "time_embedding.2.bias": r(DIM),
-          "time_projection.1.weight": r(6 * DIM, DIM), "time_projection.1.bias": r(6 * DIM),
-          "head.head.weight": r(16 * 4, DIM), "head.head.bias": r(16 * 4), "head.modulation": r(1, 2, DIM)}
+    sd = {
+        "patch_embedding.weight": r(DIM, in_channels, 1, 2, 2),
+        "patch_embedding.bias": r(DIM),
+        "text_embedding.0.weight": r(DIM, 4096),
+        "text_embedding.0.bias": r(DIM),
+        "text_embedding.2.weight": r(DIM, DIM),
+        "text_embedding.2.bias": r(DIM),
+        "time_embedding.0.weight": r(DIM, 256),
+        "time_embedding.0.bias": r(DIM),
+        "time_embedding.2.weight": r(DIM, DIM),
+        "time_embedding.2.bias": r(DIM),
+        "time_projection.1.weight": r(6 * DIM, DIM),
+        "time_projection.1.bias": r(6 * DIM),
+        "head.head.weight": r(16 * 4, DIM),
+        "head.head.bias": r(16 * 4),
+        "head.modulation": r(1, 2, DIM),
+    }
     for i in range(layers):
         for attn in ("self_attn", "cross_attn"):
             for name in ("q", "k", "v", "o"):
@@ -63,8 +74,11 @@ def fsdp_key(k: str) -> str:
 
 
 def self_forcing(ema: dict, gen: dict) -> dict:
-    return {"generator_ema": prefixed(ema, lambda k: f"model.{k}"), "generator": prefixed(gen, lambda k: f"model.{k}"),
-            "critic": {"model.x": torch.zeros(1)}}
+    return {
+        "generator_ema": prefixed(ema, lambda k: f"model.{k}"),
+        "generator": prefixed(gen, lambda k: f"model.{k}"),
+        "critic": {"model.x": torch.zeros(1)},
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -101,8 +115,9 @@ def test_auto_detection_prefers_the_ema_weights_and_key_picks_the_other():
     assert_converted(cc.convert(state, key="generator"), gen)
 
 
-@pytest.mark.parametrize("dtype,torch_dtype", [("fp16", torch.float16), ("fp32", torch.float32),
-                                               (torch.float16, torch.float16)])
+@pytest.mark.parametrize(
+    "dtype,torch_dtype", [("fp16", torch.float16), ("fp32", torch.float32), (torch.float16, torch.float16)]
+)
 def test_dtype_is_cast_and_non_contiguous_inputs_come_out_contiguous(dtype, torch_dtype):
     ema = fake_wan(0)
     ema["blocks.0.self_attn.q.weight"] = torch.randn(DIM, DIM).t()  # a transposed view
@@ -134,12 +149,15 @@ def test_a_bad_key_names_the_keys_available():
         cc.convert({"step": 3, "generator": fake_wan(0)}, key="step")
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (lambda sd: sd.pop("head.modulation"), "head.modulation missing"),
-    (lambda sd: sd.pop("blocks.0.self_attn.q.weight"), r"blocks\.0\.self_attn\.q\.weight missing"),
-    (lambda sd: sd.update({"img_emb.proj.0.bias": torch.zeros(4)}), "not text-to-video.*img_emb"),
-    (lambda sd: sd.update({"patch_embedding.weight": torch.zeros(DIM, 36, 1, 2, 2)}), "36 input channels"),
-])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda sd: sd.pop("head.modulation"), "head.modulation missing"),
+        (lambda sd: sd.pop("blocks.0.self_attn.q.weight"), r"blocks\.0\.self_attn\.q\.weight missing"),
+        (lambda sd: sd.update({"img_emb.proj.0.bias": torch.zeros(4)}), "not text-to-video.*img_emb"),
+        (lambda sd: sd.update({"patch_embedding.weight": torch.zeros(DIM, 36, 1, 2, 2)}), "36 input channels"),
+    ],
+)
 def test_the_wan_t2v_key_check_refuses_other_models(mutate, match):
     sd = fake_wan(0)
     mutate(sd)
@@ -274,13 +292,20 @@ def test_the_causal_config_merges_into_an_existing_one():
     assert out["format"] == "pt" and meta["config"] != out["config"]  # the input dict is not modified
     assert json.loads(out["config"]) == {"vae": {"x": 1}, "transformer": {"rope_theta": 10000.0, "causal_ar": True}}
     assert cc.with_causal_config(out) == out  # idempotent
-    assert json.loads(cc.with_causal_config({"config": json.dumps({"transformer": {"causal_ar": False}})})["config"]) \
-        == {"transformer": {"causal_ar": True}}
+    assert json.loads(
+        cc.with_causal_config({"config": json.dumps({"transformer": {"causal_ar": False}})})["config"]
+    ) == {"transformer": {"causal_ar": True}}
     assert cc.with_causal_config(None) == {"config": '{"transformer": {"causal_ar": true}}'}
 
 
-@pytest.mark.parametrize("config,match", [("{not json", "not valid JSON"), ("[1, 2]", "not a JSON object"),
-                                          ('{"transformer": 3}', "not a JSON object with an object 'transformer'")])
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"transformer": 3}', "not a JSON object with an object 'transformer'"),
+    ],
+)
 def test_a_config_comfyui_could_not_read_is_refused(config, match):
     with pytest.raises(cc.ConversionError, match=match):
         cc.with_causal_config({"config": config})
@@ -358,8 +383,10 @@ def test_help_describes_causal():
 
 
 # ----------------------------------------------------------------------------- wrappers
-@pytest.mark.parametrize("prefix", ["model.diffusion_model.", "module.model.", "module.model.diffusion_model.",
-                                    "model._orig_mod.diffusion_model."])
+@pytest.mark.parametrize(
+    "prefix",
+    ["model.diffusion_model.", "module.model.", "module.model.diffusion_model.", "model._orig_mod.diffusion_model."],
+)
 def test_every_leading_wrapper_is_stripped_not_only_the_first(prefix):
     sd = fake_wan(0)
     assert_converted(cc.convert({"generator": prefixed(sd, lambda k: prefix + k)}), sd)
@@ -388,13 +415,17 @@ def test_an_expanded_tensor_is_refused_not_written_out(tmp_path, capsys):
     assert status == 2 and "blocks.0.ffn.0.weight" in err and "repeats its data" in err
 
 
-@pytest.mark.parametrize("key,tensor", [
-    ("blocks.0.ffn.0.weight", lambda: torch.zeros(1).expand(FFN, DIM)),  # the shape a Wan has
-    ("head.modulation", lambda: torch.zeros(1).expand(1, 2, DIM)),
-    ("blocks.1.self_attn.q.weight", lambda: torch.randn(DIM).expand(DIM, DIM)),  # stride 0 on one dim
-    ("extra.buffer", lambda: torch.zeros(1).expand(30000, 30000)),  # a key no Wan has
-    ("blocks.0.modulation", lambda: torch.randn(64).as_strided((1, 6, DIM), (0, 1, 1))),  # overlapping rows
-], ids=["wan_shaped", "head_modulation", "row_repeated", "extra_key", "as_strided"])
+@pytest.mark.parametrize(
+    "key,tensor",
+    [
+        ("blocks.0.ffn.0.weight", lambda: torch.zeros(1).expand(FFN, DIM)),  # the shape a Wan has
+        ("head.modulation", lambda: torch.zeros(1).expand(1, 2, DIM)),
+        ("blocks.1.self_attn.q.weight", lambda: torch.randn(DIM).expand(DIM, DIM)),  # stride 0 on one dim
+        ("extra.buffer", lambda: torch.zeros(1).expand(30000, 30000)),  # a key no Wan has
+        ("blocks.0.modulation", lambda: torch.randn(64).as_strided((1, 6, DIM), (0, 1, 1))),  # overlapping rows
+    ],
+    ids=["wan_shaped", "head_modulation", "row_repeated", "extra_key", "as_strided"],
+)
 def test_tensors_whose_storage_is_smaller_than_their_size_are_refused(tmp_path, capsys, key, tensor):
     sd = fake_wan(0)
     sd[key] = tensor()
@@ -416,7 +447,7 @@ def test_one_storage_under_many_keys_is_refused_but_a_flat_buffer_is_not(tmp_pat
     flat = torch.cat([v.reshape(-1) for v in ref.values()])
     views, at = {}, 0
     for k, v in ref.items():
-        views[k] = flat[at:at + v.numel()].view(v.shape)
+        views[k] = flat[at : at + v.numel()].view(v.shape)
         at += v.numel()
     assert cc.main([str(_saved(tmp_path / "flat.pt", {"generator": views})), str(tmp_path / "flat.safetensors")]) == 0
     assert_converted(load_file(str(tmp_path / "flat.safetensors")), ref)
@@ -434,14 +465,18 @@ def _rezip(src, dst, compress=(), patch=None):
     with zipfile.ZipFile(src) as z, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as out:
         for info in z.infolist():
             deflate = info.filename.endswith(tuple(compress))
-            out.writestr(info.filename, z.read(info.filename),
-                         compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED)
+            out.writestr(
+                info.filename,
+                z.read(info.filename),
+                compress_type=zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED,
+            )
     return dst
 
 
 @pytest.fixture
 def no_torch_load(monkeypatch):
     """torch.load inside the tool fails the test: what is refused must be refused before anything is unpickled."""
+
     def refuse(*a, **k):
         raise AssertionError("torch.load ran")
 
@@ -484,9 +519,9 @@ def test_a_member_size_the_archive_cannot_hold_is_refused_before_loading(tmp_pat
     with zipfile.ZipFile(src) as z:
         name = next(i.filename for i in z.infolist() if i.filename.endswith("data/0")).encode()
     at = raw.find(b"PK\x01\x02", raw.find(b"PK\x01\x02"))
-    while raw[at + 46:at + 46 + len(name)] != name:  # the central directory entry of data/0
+    while raw[at + 46 : at + 46 + len(name)] != name:  # the central directory entry of data/0
         at = raw.find(b"PK\x01\x02", at + 4)
-    raw[at + 24:at + 28] = (0xFFFFFFF0).to_bytes(4, "little")  # uncompressed size
+    raw[at + 24 : at + 28] = (0xFFFFFFF0).to_bytes(4, "little")  # uncompressed size
     src.write_bytes(bytes(raw))
     assert cc.main([str(src), str(tmp_path / "o.safetensors")]) == 2
     err = capsys.readouterr().err
@@ -497,8 +532,11 @@ def test_a_zero_d_head_modulation_is_a_conversion_error(tmp_path, capsys):
     """Was an uncaught IndexError (head.modulation.shape[-1])."""
     sd = fake_wan(0)
     sd["head.modulation"] = torch.tensor(1.0)
-    with pytest.raises(cc.ConversionError, match=r"head.modulation has shape \(\) where a Wan 2.1 model has "
-                                                 r"\(1, 2, dim\)"):
+    with pytest.raises(
+        cc.ConversionError,
+        match=r"head.modulation has shape \(\) where a Wan 2.1 model has "
+        r"\(1, 2, dim\)",
+    ):
         cc.convert({"generator": sd})
     status, err = run_cli(tmp_path, capsys, {"generator": sd})
     assert status == 2 and "head.modulation has shape ()" in err
@@ -512,29 +550,58 @@ def _drop_block(i):
     return lambda sd: [sd.pop(k) for k in [k for k in sd if k.startswith(f"blocks.{i}.")]]
 
 
-@pytest.mark.parametrize("mutate,match", [
-    (_drop("head.head.weight"), r"incomplete Wan 2.1 T2V .* missing: head.head.weight"),  # ComfyUI: KeyError
-    (_drop("blocks.0.ffn.0.weight"), r"incomplete .* blocks.0.ffn.0.weight"),  # ComfyUI: KeyError
-    (_drop("blocks.1.cross_attn.k.weight", "blocks.1.norm3.bias"),
-     r"2 of its 96 keys are missing: blocks.1.(norm3.bias, blocks.1.cross_attn.k.weight|cross_attn.k.weight, "
-     r"blocks.1.norm3.bias)$"),
-    (_drop("text_embedding.0.weight"), "missing: text_embedding.0.weight"),
-    (_drop_block(1), r"its blocks are numbered up to 2, but block 1 is missing"),
-    (lambda sd: sd.update({"blocks.x.ffn.0.weight": torch.zeros(FFN, DIM)}), "block numbers must be integers"),
-    (lambda sd: sd.update({f"blocks.{'9' * 5000}.ffn.0.weight": torch.zeros(1)}), "block numbers must be integers"),
-    (lambda sd: sd.update({"blocks.99999.ffn.0.weight": torch.zeros(1)}), "block count 100000 is larger"),
-    (lambda sd: sd.update({"blocks.1.ffn.2.weight": torch.zeros(DIM, FFN + 1)}),
-     r"blocks.1.ffn.2.weight \(8, 17\) \(expected \(8, 16\)\)"),
-    (lambda sd: sd.update({"text_embedding.0.weight": torch.zeros(DIM, 77)}), r"text_embedding.0.weight \(8, 77\)"),
-    (lambda sd: sd.update({"head.modulation": torch.zeros(1, 2, 6144)}), "dim 6144 is larger than any Wan 2.1 T2V"),
-    (lambda sd: sd.update({"blocks.0.ffn.0.weight": torch.zeros(14000, DIM)}), "ffn_dim 14000 is larger"),
-    (lambda sd: sd.update({f"blocks.{i}.{k.split('.', 2)[2]}": v for i in range(2, 41)
-                           for k, v in fake_wan(0, layers=1).items() if k.startswith("blocks.0.")}),
-     "block count 41 is larger"),
-    (lambda sd: sd.update({"extra.buffer": torch.zeros(300_000)}), "keys no Wan 2.1 T2V has hold 300000 elements"),
-], ids=["head_head", "ffn0", "two_keys", "text_embedding", "block_gap", "block_name", "block_number_digits",
-        "block_number_big", "ffn2_shape", "text_dim",
-        "dim_too_big", "ffn_too_big", "too_many_blocks", "extra_keys"])
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (_drop("head.head.weight"), r"incomplete Wan 2.1 T2V .* missing: head.head.weight"),  # ComfyUI: KeyError
+        (_drop("blocks.0.ffn.0.weight"), r"incomplete .* blocks.0.ffn.0.weight"),  # ComfyUI: KeyError
+        (
+            _drop("blocks.1.cross_attn.k.weight", "blocks.1.norm3.bias"),
+            r"2 of its 96 keys are missing: blocks.1.(norm3.bias, blocks.1.cross_attn.k.weight|cross_attn.k.weight, "
+            r"blocks.1.norm3.bias)$",
+        ),
+        (_drop("text_embedding.0.weight"), "missing: text_embedding.0.weight"),
+        (_drop_block(1), r"its blocks are numbered up to 2, but block 1 is missing"),
+        (lambda sd: sd.update({"blocks.x.ffn.0.weight": torch.zeros(FFN, DIM)}), "block numbers must be integers"),
+        (lambda sd: sd.update({f"blocks.{'9' * 5000}.ffn.0.weight": torch.zeros(1)}), "block numbers must be integers"),
+        (lambda sd: sd.update({"blocks.99999.ffn.0.weight": torch.zeros(1)}), "block count 100000 is larger"),
+        (
+            lambda sd: sd.update({"blocks.1.ffn.2.weight": torch.zeros(DIM, FFN + 1)}),
+            r"blocks.1.ffn.2.weight \(8, 17\) \(expected \(8, 16\)\)",
+        ),
+        (lambda sd: sd.update({"text_embedding.0.weight": torch.zeros(DIM, 77)}), r"text_embedding.0.weight \(8, 77\)"),
+        (lambda sd: sd.update({"head.modulation": torch.zeros(1, 2, 6144)}), "dim 6144 is larger than any Wan 2.1 T2V"),
+        (lambda sd: sd.update({"blocks.0.ffn.0.weight": torch.zeros(14000, DIM)}), "ffn_dim 14000 is larger"),
+        (
+            lambda sd: sd.update(
+                {
+                    f"blocks.{i}.{k.split('.', 2)[2]}": v
+                    for i in range(2, 41)
+                    for k, v in fake_wan(0, layers=1).items()
+                    if k.startswith("blocks.0.")
+                }
+            ),
+            "block count 41 is larger",
+        ),
+        (lambda sd: sd.update({"extra.buffer": torch.zeros(300_000)}), "keys no Wan 2.1 T2V has hold 300000 elements"),
+    ],
+    ids=[
+        "head_head",
+        "ffn0",
+        "two_keys",
+        "text_embedding",
+        "block_gap",
+        "block_name",
+        "block_number_digits",
+        "block_number_big",
+        "ffn2_shape",
+        "text_dim",
+        "dim_too_big",
+        "ffn_too_big",
+        "too_many_blocks",
+        "extra_keys",
+    ],
+)
 def test_an_incomplete_or_oversized_model_is_a_conversion_error(tmp_path, capsys, mutate, match):
     sd = fake_wan(0, layers=3)
     mutate(sd)

@@ -4,6 +4,7 @@ No ComfyUI here: a fake "core sampler" moves ``end`` exactly as comfy/k_diffusio
 (v0.27) does, and the attention calls stand in for CausalWanSelfAttention; the ComfyUI tests are in
 tests/integration/test_core_ar_path.py.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -119,9 +120,20 @@ def test_window_and_sink_hold_what_the_planner_says(window, sink):
     held = s.run.caches[(0, 0)].num_chunks
     kept = 6 if not window else min(6, window + sink)
     assert held == kept
-    plan = planner.plan_cache(latent_frames=7, latent_height=2, latent_width=2 * FRAME_TOKENS, chunk_frames=1,
-                              window_chunks=window, layers=LAYERS, heads=HEADS, head_dim=D, spec_k=spec, spec_v=spec,
-                              sink_chunks=sink, geometry=planner.LatentGeometry(patch=(1, 2, 2), latent_channels=16))
+    plan = planner.plan_cache(
+        latent_frames=7,
+        latent_height=2,
+        latent_width=2 * FRAME_TOKENS,
+        chunk_frames=1,
+        window_chunks=window,
+        layers=LAYERS,
+        heads=HEADS,
+        head_dim=D,
+        spec_k=spec,
+        spec_v=spec,
+        sink_chunks=sink,
+        geometry=planner.LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+    )
     assert s.peak_bytes == plan.quantized_bytes
 
 

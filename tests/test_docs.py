@@ -4,6 +4,7 @@ Checked files: README.md, CHANGELOG.md, docs/**/*.md, tools/README.md and models
 A relative link must name an existing file or folder; an anchor (``page.md#heading`` or ``#heading``)
 must name a heading of the target page, spelled as GitHub spells heading anchors.
 """
+
 from __future__ import annotations
 
 import re
@@ -23,8 +24,12 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
 def doc_files() -> list[Path]:
-    files = [ROOT / "README.md", ROOT / "CHANGELOG.md", ROOT / "tools" / "README.md",
-             ROOT / "models" / "tiny_ar" / "MODEL_CARD.md"]
+    files = [
+        ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
+        ROOT / "tools" / "README.md",
+        ROOT / "models" / "tiny_ar" / "MODEL_CARD.md",
+    ]
     return files + sorted((ROOT / "docs").rglob("*.md"))
 
 
@@ -42,8 +47,12 @@ def _prose_lines(text: str, keep_code: bool = False) -> list[tuple[int, str]]:
 
 def links(text: str) -> list[tuple[int, str]]:
     """(line number, target) of every markdown link, image and HTML src/href outside code."""
-    return [(no, m.group(1)) for no, line in _prose_lines(text)
-            for pattern in (_LINK, _HTML_REF) for m in pattern.finditer(line)]
+    return [
+        (no, m.group(1))
+        for no, line in _prose_lines(text)
+        for pattern in (_LINK, _HTML_REF)
+        for m in pattern.finditer(line)
+    ]
 
 
 def slug(heading: str) -> str:
@@ -104,12 +113,16 @@ def test_the_link_check_finds_what_is_broken(tmp_path):
         "[ok](#page) [web](https://example.com/missing.md) `[code](missing.md)`\n"
         "```\n[in a fence](missing-in-fence.md)\n```\n"
         "[gone](missing.md) ![gone](missing.png) [bad anchor](there.md#nowhere) [bad](#nowhere)\n"
-        "<img src=\"missing.svg\">\n"
+        '<img src="missing.svg">\n'
     )
     problems = broken_links(page)
     assert [p.split(": ", 1)[1] for p in problems] == [
-        "missing.md (no such file)", "missing.png (no such file)", "there.md#nowhere (no heading #nowhere)",
-        "#nowhere (no heading #nowhere)", "missing.svg (no such file)"]
+        "missing.md (no such file)",
+        "missing.png (no such file)",
+        "there.md#nowhere (no heading #nowhere)",
+        "#nowhere (no heading #nowhere)",
+        "missing.svg (no such file)",
+    ]
     assert ":8: missing.md" in problems[0] and ":9: missing.svg" in problems[-1]  # line numbers count fences
 
 
@@ -117,7 +130,8 @@ def test_github_heading_anchors():
     assert slug("On ComfyUI's own AR sampler (v0.27+)") == "on-comfyuis-own-ar-sampler-v027"
     assert anchors("# Nodes (category `jensen_kv`)\n") == {"nodes-category-jensen_kv"}
     assert slug("Long videos: change the prompt, continue later, extend a clip") == (
-        "long-videos-change-the-prompt-continue-later-extend-a-clip")
+        "long-videos-change-the-prompt-continue-later-extend-a-clip"
+    )
     assert anchors("# A\n```\n# not a heading\n```\n## A\n") == {"a", "a-1"}
 
 
@@ -150,8 +164,11 @@ def test_the_version_lives_in_pyproject_only():
 
     assert jensen_core.__version__ == version
     assert f"## {version}" in (ROOT / "CHANGELOG.md").read_text()
-    copies = [str(p.relative_to(ROOT)) for p in (ROOT / "jensen_core").rglob("*.py")
-              if re.search(r"__version__\s*=\s*[\"']\d", p.read_text())]
+    copies = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "jensen_core").rglob("*.py")
+        if re.search(r"__version__\s*=\s*[\"']\d", p.read_text())
+    ]
     assert copies == [], f"a hard-coded version besides pyproject.toml: {copies}"
 
 
@@ -159,8 +176,10 @@ def test_the_version_is_read_from_pyproject(tmp_path):
     from jensen_core._version import read_version
 
     ours = tmp_path / "pyproject.toml"
-    ours.write_text('[build-system]\nrequires = []\n\n[project]\nname = "comfyui-jensen-kv"\nversion = "9.8.7"\n'
-                    '\n[tool.x]\nversion = "1.1.1"\n')
+    ours.write_text(
+        '[build-system]\nrequires = []\n\n[project]\nname = "comfyui-jensen-kv"\nversion = "9.8.7"\n'
+        '\n[tool.x]\nversion = "1.1.1"\n'
+    )
     assert read_version(ours) == "9.8.7"
     other = tmp_path / "other.toml"  # another project's file beside the package is not ours
     other.write_text('[project]\nname = "something-else"\nversion = "9.8.7"\n')

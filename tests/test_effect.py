@@ -1,4 +1,5 @@
 """The effect the pack exists for, on the seeded synthetic video-shaped workload."""
+
 import pytest
 import torch
 
@@ -16,8 +17,18 @@ def workload():
 
 def _shift(w, spec, correction, query_stride=2):
     kq, vq = quantize(w.k_cached_all, spec), quantize(w.v_cached_all, spec)
-    return attention_shift(w.q, w.k_cached_all, w.v_cached_all, w.k_cur, w.v_cur, kq, vq, correction, query_stride=query_stride,
-                           chunk_tokens=[k.shape[-2] for k in w.k_cached])
+    return attention_shift(
+        w.q,
+        w.k_cached_all,
+        w.v_cached_all,
+        w.k_cur,
+        w.v_cur,
+        kq,
+        vq,
+        correction,
+        query_stride=query_stride,
+        chunk_tokens=[k.shape[-2] for k in w.k_cached],
+    )
 
 
 def test_int2_quarot_steals_attention_and_the_correction_gives_it_back(workload):
@@ -53,13 +64,17 @@ def test_chunk_mean_gives_back_the_stolen_mass_like_taylor(workload, rotation):
     spec = QuantSpec(bits=2, group_size=32, rotation=rotation)
     before, taylor, chunk = (_shift(workload, spec, m) for m in ("off", "taylor", "chunk_mean"))
     assert abs(chunk.median_delta_ps) < 0.5 * before.median_delta_ps
-    assert abs(chunk.median_delta_ps) < abs(taylor.median_delta_ps) + 0.25 * (before.median_delta_ps - abs(taylor.median_delta_ps))
+    assert abs(chunk.median_delta_ps) < abs(taylor.median_delta_ps) + 0.25 * (
+        before.median_delta_ps - abs(taylor.median_delta_ps)
+    )
     assert chunk.mean_jsd < before.mean_jsd and chunk.output_mse < before.output_mse
     assert taylor.mean_jsd <= chunk.mean_jsd
 
 
 def test_unquantized_reference_has_no_shift(workload):
-    stats = attention_shift(workload.q, workload.k_cached_all, workload.v_cached_all, workload.k_cur, workload.v_cur, None)
+    stats = attention_shift(
+        workload.q, workload.k_cached_all, workload.v_cached_all, workload.k_cur, workload.v_cur, None
+    )
     assert stats.delta_ps.abs().max() < 1e-5 and stats.output_mse < 1e-10
 
 
@@ -72,7 +87,9 @@ def test_the_cache_fast_path_moves_mass_like_the_diagnostics_say(workload):
         cache.append(k, v)
         full.append(k, v)
     ref = full.attend(w.q, w.k_cur, w.v_cur)
-    err = {m: (cache.attend(w.q, w.k_cur, w.v_cur, correction=m) - ref).square().mean().item() for m in ("off", "taylor")}
+    err = {
+        m: (cache.attend(w.q, w.k_cur, w.v_cur, correction=m) - ref).square().mean().item() for m in ("off", "taylor")
+    }
     assert err["taylor"] < err["off"]
     # and the output equals the diagnostics' materialised corrected output
     stats = _shift(w, spec, "taylor", query_stride=1)
@@ -80,5 +97,8 @@ def test_the_cache_fast_path_moves_mass_like_the_diagnostics_say(workload):
 
 
 def test_workload_is_seeded():
-    a, b = make_workload(seed=3, heads=2, chunk_tokens=16, cached_chunks=1), make_workload(seed=3, heads=2, chunk_tokens=16, cached_chunks=1)
+    a, b = (
+        make_workload(seed=3, heads=2, chunk_tokens=16, cached_chunks=1),
+        make_workload(seed=3, heads=2, chunk_tokens=16, cached_chunks=1),
+    )
     assert torch.equal(a.q, b.q) and torch.equal(a.k_cached_all, b.k_cached_all)

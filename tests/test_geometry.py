@@ -1,4 +1,5 @@
 """The latent geometry the planner takes: validated, used for tokens and the saved latents, Wan's from its family."""
+
 from __future__ import annotations
 
 from dataclasses import astuple
@@ -11,8 +12,19 @@ from jensen_core.planner import LatentGeometry, plan_cache
 
 
 def _plan(geometry: LatentGeometry, **kw):
-    base = dict(latent_frames=6, latent_height=8, latent_width=12, chunk_frames=2, window_chunks=0, layers=2,
-                heads=2, head_dim=64, spec_k=QuantSpec(bits=2, group_size=32), spec_v=None, write_last=True)
+    base = dict(
+        latent_frames=6,
+        latent_height=8,
+        latent_width=12,
+        chunk_frames=2,
+        window_chunks=0,
+        layers=2,
+        heads=2,
+        head_dim=64,
+        spec_k=QuantSpec(bits=2, group_size=32),
+        spec_v=None,
+        write_last=True,
+    )
     return plan_cache(**{**base, **kw}, geometry=geometry)
 
 
@@ -38,12 +50,15 @@ def test_the_planner_counts_tokens_and_saved_latents_with_the_given_geometry():
     assert wide.state_file_bytes - wan_like.state_file_bytes == 3 * 2 * 8 * 12 * 32 * 4
 
 
-@pytest.mark.parametrize("kw, bad", [
-    (dict(patch=(1, 2), latent_channels=16), "patch"),
-    (dict(patch=(1, 0, 2), latent_channels=16), "patch"),
-    (dict(patch=(1, 2, 2), latent_channels=0), "latent_channels=0"),
-    (dict(patch=(1, 2, 2), latent_channels=16, vae_space_stride=2.5), "vae_space_stride=2.5"),
-])
+@pytest.mark.parametrize(
+    "kw, bad",
+    [
+        (dict(patch=(1, 2), latent_channels=16), "patch"),
+        (dict(patch=(1, 0, 2), latent_channels=16), "patch"),
+        (dict(patch=(1, 2, 2), latent_channels=0), "latent_channels=0"),
+        (dict(patch=(1, 2, 2), latent_channels=16, vae_space_stride=2.5), "vae_space_stride=2.5"),
+    ],
+)
 def test_a_bad_geometry_is_refused_naming_the_value(kw, bad):
     with pytest.raises(ValueError, match=bad):
         LatentGeometry(**kw)
@@ -51,5 +66,15 @@ def test_a_bad_geometry_is_refused_naming_the_value(kw, bad):
 
 def test_the_planner_needs_a_geometry():
     with pytest.raises(TypeError, match="geometry"):
-        plan_cache(latent_frames=6, latent_height=8, latent_width=12, chunk_frames=2, window_chunks=0, layers=2,
-                   heads=2, head_dim=64, spec_k=None, spec_v=None)
+        plan_cache(
+            latent_frames=6,
+            latent_height=8,
+            latent_width=12,
+            chunk_frames=2,
+            window_chunks=0,
+            layers=2,
+            heads=2,
+            head_dim=64,
+            spec_k=None,
+            spec_v=None,
+        )

@@ -1,4 +1,5 @@
 """The kernels behind the fast path: CPU class, the per-score correction's layouts and their choice at first use."""
+
 import math
 
 import pytest
@@ -12,8 +13,13 @@ from jensen_core.correction_layouts import Layout
 def _entries(rotation="hadamard", B=1, H=3, T=40, D=128, chunks=2, seed=0, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     spec = QuantSpec(bits=2, group_size=32, rotation=rotation, seed=seed)
-    entries = [CacheEntry(quantize(torch.randn(B, H, T, D, generator=gen) * 2, spec), quantize(torch.randn(B, H, T, D, generator=gen), spec))
-               for _ in range(chunks)]
+    entries = [
+        CacheEntry(
+            quantize(torch.randn(B, H, T, D, generator=gen) * 2, spec),
+            quantize(torch.randn(B, H, T, D, generator=gen), spec),
+        )
+        for _ in range(chunks)
+    ]
     q, kc, vc = (torch.randn(B, H, n, D, generator=gen).to(dtype) for n in (T + 3, T, T))
     return entries, q * 2, kc, vc
 
@@ -27,7 +33,10 @@ def _reference(entries, q, kc, vc, mode="taylor", strength=1.0):
     qf = q.float()
     b = jensen_bias(qf, kq, mode, chunk_tokens=[e.tokens for e in entries])
     d = q.shape[-1]
-    s = torch.cat([qf @ k_hat.transpose(-1, -2) / math.sqrt(d) - strength * b, qf @ kc.float().transpose(-1, -2) / math.sqrt(d)], -1)
+    s = torch.cat(
+        [qf @ k_hat.transpose(-1, -2) / math.sqrt(d) - strength * b, qf @ kc.float().transpose(-1, -2) / math.sqrt(d)],
+        -1,
+    )
     return torch.softmax(s, -1) @ torch.cat([v_hat, vc.float()], -2)
 
 
@@ -38,13 +47,16 @@ def fresh_choices(monkeypatch):
     return layouts._LAYOUTS
 
 
-@pytest.mark.parametrize("flags, expected", [
-    ({"fpu", "avx2", "avx512f", "amx_bf16", "amx_tile"}, "AMX"),
-    ({"avx2", "avx512f", "avx512_bf16"}, "AVX-512"),
-    ({"sse4_2", "avx2"}, "AVX2"),
-    ({"neon", "asimd"}, "other"),
-    (set(), "other"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ({"fpu", "avx2", "avx512f", "amx_bf16", "amx_tile"}, "AMX"),
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX-512"),
+        ({"sse4_2", "avx2"}, "AVX2"),
+        ({"neon", "asimd"}, "other"),
+        (set(), "other"),
+    ],
+)
 def test_cpu_class_from_flags(flags, expected):
     assert cpu.cpu_class_from_flags(frozenset(flags)) == expected
 
@@ -107,8 +119,12 @@ def test_no_passing_layout_falls_back_to_one_buffer_and_stays_correct(monkeypatc
 def test_every_cpu_layout_equals_the_reference(width, rotation, fresh_choices):
     fresh_choices[("cpu", torch.float32, 128, 4)] = Layout("pad", width)
     entries, q, kc, vc = _entries(rotation)
-    torch.testing.assert_close(cached_attention(q, kc, vc, entries, "taylor", 1.3), _reference(entries, q, kc, vc, "taylor", 1.3),
-                               rtol=1e-4, atol=2e-5)
+    torch.testing.assert_close(
+        cached_attention(q, kc, vc, entries, "taylor", 1.3),
+        _reference(entries, q, kc, vc, "taylor", 1.3),
+        rtol=1e-4,
+        atol=2e-5,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -11,6 +11,7 @@
 Checked statically (every import statement of every file, including those inside functions) and,
 for jensen_core, dynamically in a fresh interpreter.
 """
+
 from __future__ import annotations
 
 import ast
@@ -21,8 +22,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMFY_MODULES = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "nodes", "server", "folder_paths",
-                 "latent_preview", "node_helpers", "execution", "comfyui_version"}
+COMFY_MODULES = {
+    "comfy",
+    "comfy_api",
+    "comfy_extras",
+    "comfy_execution",
+    "nodes",
+    "server",
+    "folder_paths",
+    "latent_preview",
+    "node_helpers",
+    "execution",
+    "comfyui_version",
+}
 
 
 def _imports(path: Path) -> list[tuple[int, str, int]]:
@@ -114,7 +126,8 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", fake_root)
     assert violations("runtime", {"nodes"}, allow_comfy=True) == ["runtime/bad.py:2 imports 'nodes' (room nodes/)"]
     assert violations("jensen_core", {"nodes"}, allow_comfy=False) == [
-        "jensen_core/bad.py:1 imports ComfyUI module 'comfy.model_management'"]
+        "jensen_core/bad.py:1 imports ComfyUI module 'comfy.model_management'"
+    ]
 
 
 @pytest.mark.parametrize("room", ["jensen_core", "runtime", "runtime/core_ar", "runtime/families", "nodes", "routes"])
@@ -123,9 +136,11 @@ def test_rooms_exist_as_packages(room):
 
 
 def test_importing_jensen_core_loads_no_comfyui_module():
-    code = ("import sys, jensen_core, jensen_core.planner, jensen_core.toy_video, jensen_core.demo\n"
-            f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(COMFY_MODULES)!r})\n"
-            "print(bad)\nsys.exit(1 if bad else 0)")
+    code = (
+        "import sys, jensen_core, jensen_core.planner, jensen_core.toy_video, jensen_core.demo\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(COMFY_MODULES)!r})\n"
+        "print(bad)\nsys.exit(1 if bad else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
@@ -134,8 +149,12 @@ def test_node_modules_are_one_node_each():
     """nodes/: every module defines at most one io.ComfyNode class (plus shared helpers in common.py)."""
     for path in _py_files("nodes"):
         tree = ast.parse(path.read_text())
-        classes = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
-                   and any(getattr(b, "attr", getattr(b, "id", "")) == "ComfyNode" for b in n.bases)]
+        classes = [
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.ClassDef)
+            and any(getattr(b, "attr", getattr(b, "id", "")) == "ComfyNode" for b in n.bases)
+        ]
         assert len(classes) <= 1, f"{path.relative_to(ROOT)} defines {classes}: one node per file"
 
 
@@ -185,8 +204,12 @@ def _imported_modules(path: Path, modules: dict[str, Path]) -> set[str]:
 def mutual_imports() -> list[str]:
     modules = _pack_modules()
     graph = {name: _imported_modules(path, modules) for name, path in modules.items()}
-    return sorted(f"{a or '(root)'} <-> {b or '(root)'}" for a, targets in graph.items() for b in targets
-                  if a < b and a in graph.get(b, ()))
+    return sorted(
+        f"{a or '(root)'} <-> {b or '(root)'}"
+        for a, targets in graph.items()
+        for b in targets
+        if a < b and a in graph.get(b, ())
+    )
 
 
 def test_no_two_pack_modules_import_each_other():
@@ -210,6 +233,8 @@ def test_the_pair_checker_sees_a_pair(tmp_path, monkeypatch):
     (tmp_path / "nodes" / "__init__.py").write_text("from .m import z\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert mutual_imports() == ["(root) <-> nodes.n", "jensen_core.a <-> jensen_core.b", "routes.u <-> runtime.r"]
+
+
 # ---------------------------------------------------------------------------------------------- `nodes` shadowing
 _IMPORT_NODES = (
     "import sys\n"
@@ -225,8 +250,9 @@ _IMPORT_NODES = (
 
 def _import_nodes_with(path: list[str]) -> str:
     """What ``import nodes`` gives in a fresh interpreter whose sys.path starts with ``path`` (run outside ROOT)."""
-    r = subprocess.run([sys.executable, "-c", _IMPORT_NODES.format(path=path)], cwd="/", capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _IMPORT_NODES.format(path=path)], cwd="/", capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout.strip()
 
@@ -258,9 +284,11 @@ def test_with_real_comfyui_import_nodes_is_comfyuis_or_refused():
     comfy = find_comfyui()
     if comfy is None:
         pytest.skip(SKIP_REASON)
-    code = ("import importlib.util, sys\n"
-            f"sys.path[:0] = [{str(comfy)!r}, {str(ROOT)!r}]\n"
-            "print(importlib.util.find_spec('nodes').origin)\n")
+    code = (
+        "import importlib.util, sys\n"
+        f"sys.path[:0] = [{str(comfy)!r}, {str(ROOT)!r}]\n"
+        "print(importlib.util.find_spec('nodes').origin)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and Path(r.stdout.strip()) == comfy / "nodes.py", r.stdout + r.stderr
     out = _import_nodes_with([str(ROOT), str(comfy)])
@@ -295,8 +323,11 @@ def adapter_members_used(source: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-FAMILY_USERS = ["runtime/chunk_loop.py", "runtime/report.py", *(
-    p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "runtime" / "core_ar").glob("*.py")))]
+FAMILY_USERS = [
+    "runtime/chunk_loop.py",
+    "runtime/report.py",
+    *(p.relative_to(ROOT).as_posix() for p in sorted((ROOT / "runtime" / "core_ar").glob("*.py"))),
+]
 
 
 @pytest.mark.parametrize("path", FAMILY_USERS)
@@ -311,8 +342,11 @@ def test_loops_use_only_the_model_family_interface(path):
 
 def test_chunk_loop_never_touches_family_internals():
     tree = ast.parse((ROOT / "runtime" / "chunk_loop.py").read_text())
-    bad = [f"line {n.lineno}: .{n.attr}" for n in ast.walk(tree)
-           if isinstance(n, ast.Attribute) and n.attr in {"dm", "model_class", "diffusion_model", "blocks"}]
+    bad = [
+        f"line {n.lineno}: .{n.attr}"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and n.attr in {"dm", "model_class", "diffusion_model", "blocks"}
+    ]
     assert bad == []
     assert adapter_members_used((ROOT / "runtime" / "chunk_loop.py").read_text())  # the check sees the loop's uses
 
@@ -331,16 +365,22 @@ def node_model_probes(source: str) -> list[str]:
     for n in ast.walk(ast.parse(source)):
         if isinstance(n, ast.Attribute) and n.attr in {"blocks", "self_attn", "diffusion_model"}:
             found.append(f"line {n.lineno}: .{n.attr}")
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and (
-                "diffusion_model.blocks" in n.value or "self_attn" in n.value):
+        elif (
+            isinstance(n, ast.Constant)
+            and isinstance(n.value, str)
+            and ("diffusion_model.blocks" in n.value or "self_attn" in n.value)
+        ):
             found.append(f"line {n.lineno}: {n.value!r}")
     return sorted(found)
 
 
 def test_nodes_ask_the_family_for_model_facts():
     """Node modules never probe ``diffusion_model.blocks.0.self_attn``; runtime/families answers (attention_shape)."""
-    assert {p.relative_to(ROOT).as_posix(): node_model_probes(p.read_text()) for p in _py_files("nodes")
-            if node_model_probes(p.read_text())} == {}
-    assert node_model_probes('m.get_model_object("diffusion_model.blocks.0.self_attn").head_dim\n'
-                             "n = len(dm.blocks)\n") == [
-        "line 1: 'diffusion_model.blocks.0.self_attn'", "line 2: .blocks"]
+    assert {
+        p.relative_to(ROOT).as_posix(): node_model_probes(p.read_text())
+        for p in _py_files("nodes")
+        if node_model_probes(p.read_text())
+    } == {}
+    assert node_model_probes(
+        'm.get_model_object("diffusion_model.blocks.0.self_attn").head_dim\nn = len(dm.blocks)\n'
+    ) == ["line 1: 'diffusion_model.blocks.0.self_attn'", "line 2: .blocks"]

@@ -1,4 +1,5 @@
 """The quantization methods behind one dispatch (jensen_core/methods.py): every method answers the same questions."""
+
 import pytest
 import torch
 
@@ -32,8 +33,9 @@ def test_quantize_concatenate_and_count_through_the_method_object(name, tokens):
     assert (parts[0].effective_bits == pytest.approx(spec.effective_bits)) is method.exact_spec_bits
     cat = cat_quantized(parts)
     assert type(cat) is method.tensor_type and cat.tokens == 2 * tokens and cat.nbytes == sum(p.nbytes for p in parts)
-    torch.testing.assert_close(cat.dequantize(torch.float32),
-                               torch.cat([p.dequantize(torch.float32) for p in parts], dim=-2))
+    torch.testing.assert_close(
+        cat.dequantize(torch.float32), torch.cat([p.dequantize(torch.float32) for p in parts], dim=-2)
+    )
     # the RTN part is what the Jensen correction reads: the same step sizes
     assert torch.equal(method.residual(cat).step_sizes(), cat.step_sizes())
 
@@ -50,8 +52,11 @@ def test_qvg_bits_breakdown_adds_up_to_the_exact_bits():
     full = QVG.bits_breakdown(spec, 128, 1000)
     assert full["exact"] and "note" not in full
     assert full["residual_bits"] + full["id_bits"] + full["centroid_bits"] == pytest.approx(full["effective_bits"])
-    assert full["effective_bits"] == QVG.effective_bits_for(spec, 128, 1000) == pytest.approx(
-        2.375 + 8 * 2 / 128 + 16 * 2 * 100 / 1000)
+    assert (
+        full["effective_bits"]
+        == QVG.effective_bits_for(spec, 128, 1000)
+        == pytest.approx(2.375 + 8 * 2 / 128 + 16 * 2 * 100 / 1000)
+    )
     partial = QVG.bits_breakdown(spec, 128)
     assert not partial["exact"] and partial["centroid_bits"] is None and "16*2*K" in partial["note"]
     assert RTN.bits_breakdown(spec) == {} and RTN.chunk_extra_bytes(spec, 1000, 128) == 0

@@ -1,4 +1,5 @@
 """The pack's root imports without ComfyUI, and the registry metadata is complete."""
+
 import importlib.util
 import re
 import subprocess
@@ -78,7 +79,13 @@ REGISTRY_NAME = re.compile(r"^[a-z][a-z0-9]*([-_.][a-z0-9]+)*$")  # we also keep
 SEMVER = re.compile(r"^\d+\.\d+\.\d+$")
 COMFY_VERSION_PART = re.compile(r"^(?:(==|>=|<=|!=|~=|>|<|<>|=)\s*)?(\d+\.\d+\.\d+(?:-[a-zA-Z0-9]+)?)?$")
 OS_PREFIXES = ("Microsoft", "POSIX", "MacOS", "OS Independent")
-ACCELERATORS = {"GPU :: NVIDIA CUDA", "GPU :: AMD ROCm", "GPU :: Intel Arc", "NPU :: Huawei Ascend", "GPU :: Apple Metal"}
+ACCELERATORS = {
+    "GPU :: NVIDIA CUDA",
+    "GPU :: AMD ROCm",
+    "GPU :: Intel Arc",
+    "NPU :: Huawei Ascend",
+    "GPU :: Apple Metal",
+}
 
 
 def test_pyproject_fields_the_registry_requires():

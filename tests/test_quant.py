@@ -1,4 +1,5 @@
 """Quantizer and packing: properties over shapes, bits, group sizes, dtypes and formats."""
+
 import math
 
 import pytest
@@ -26,7 +27,9 @@ def quant_case(draw):
     log_scale = draw(st.floats(-3, 3))
     offset = draw(st.floats(-100, 100))
     seed = draw(st.integers(0, 2**16))
-    spec = QuantSpec(bits=bits, group_size=g, rotation=rotation, scale_format=scale_format, zero_format=zero_format, seed=seed % 7)
+    spec = QuantSpec(
+        bits=bits, group_size=g, rotation=rotation, scale_format=scale_format, zero_format=zero_format, seed=seed % 7
+    )
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(shape, generator=gen) * 10**log_scale + offset).to(dtype)
     return spec, x

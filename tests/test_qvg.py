@@ -1,4 +1,5 @@
 """QVG (k-means smoothing + progressive residual quantization) as a cache method, and the Jensen correction on it."""
+
 import json
 import math
 
@@ -26,7 +27,12 @@ def _clustered(seed, B=1, H=2, T=96, D=64, clusters=6, spread=0.3, offset=3.0):
 
 # ------------------------------------------------------------------------------------------- spec
 def test_spec_defaults_stay_rtn_and_validate_the_qvg_fields():
-    assert (QuantSpec().method, QuantSpec().qvg_stages, QuantSpec().qvg_centroids, QuantSpec().qvg_iters) == ("rtn", 1, 256, 2)
+    assert (QuantSpec().method, QuantSpec().qvg_stages, QuantSpec().qvg_centroids, QuantSpec().qvg_iters) == (
+        "rtn",
+        1,
+        256,
+        2,
+    )
     for kw, words in (
         (dict(method="vq"), "method='vq' is not supported; use one of ('rtn', 'qvg')"),
         (dict(method="qvg", qvg_stages=0), "qvg_stages=0 must be a whole number from 1 to 8"),
@@ -39,9 +45,18 @@ def test_spec_defaults_stay_rtn_and_validate_the_qvg_fields():
 
 
 def test_spec_dict_round_trip_and_old_dicts_load_as_rtn():
-    s = QuantSpec(bits=3, group_size=16, rotation="hadamard", seed=4, method="qvg", qvg_stages=2, qvg_centroids=17, qvg_iters=5)
+    s = QuantSpec(
+        bits=3, group_size=16, rotation="hadamard", seed=4, method="qvg", qvg_stages=2, qvg_centroids=17, qvg_iters=5
+    )
     assert QuantSpec.from_dict(json.loads(json.dumps(s.to_dict()))) == s
-    old = {"bits": 2, "group_size": 32, "rotation": "none", "scale_format": "fp8_e4m3", "zero_format": "bf16", "seed": 0}
+    old = {
+        "bits": 2,
+        "group_size": 32,
+        "rotation": "none",
+        "scale_format": "fp8_e4m3",
+        "zero_format": "bf16",
+        "seed": 0,
+    }
     assert QuantSpec.from_dict(old) == QuantSpec()
     with pytest.raises(ValueError, match="unknown QuantSpec field"):
         QuantSpec.from_dict({**old, "centroids": 4})
@@ -53,7 +68,9 @@ def test_effective_bits_count_residual_ids_and_centroids():
     s = QuantSpec(method="qvg", bits=2, group_size=64)
     assert s.effective_bits == 2.375  # the residual's part, as for RTN
     assert method_of(s).effective_bits_for(s, 128, 12150) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 12150)
-    assert method_of(s).effective_bits_for(s, 128, 100) == pytest.approx(2.375 + 0.0625 + 16)  # K > tokens: min(K, T) = T centroids
+    assert method_of(s).effective_bits_for(s, 128, 100) == pytest.approx(
+        2.375 + 0.0625 + 16
+    )  # K > tokens: min(K, T) = T centroids
     r = QuantSpec(bits=2, group_size=32)
     assert method_of(r).effective_bits_for(r, 128, 7) == r.effective_bits == 2.75
 
@@ -113,7 +130,9 @@ def test_error_is_the_residual_rtn_error_only(rotation, stages):
     spec = QuantSpec(**{**QVG, "rotation": rotation, "qvg_stages": stages, "seed": 3})
     x = _clustered(4)
     qt = quantize(x, spec)
-    assert isinstance(qt, QVGTensor) and isinstance(qt.residual, QuantizedTensor) and not isinstance(qt, QuantizedTensor)
+    assert (
+        isinstance(qt, QVGTensor) and isinstance(qt.residual, QuantizedTensor) and not isinstance(qt, QuantizedTensor)
+    )
     xr = rotate(x, 3) if rotation == "hadamard" else x
     diff = qt.dequantize(torch.float32, rotated=True) - xr
     half = qt.step_sizes().repeat_interleave(32, -1) / 2
@@ -121,7 +140,10 @@ def test_error_is_the_residual_rtn_error_only(rotation, stages):
     # back in the model's space the error is the same vector, rotated back (same norm per token)
     torch.testing.assert_close((qt.dequantize(torch.float32) - x).norm(dim=-1), diff.norm(dim=-1), atol=1e-4, rtol=1e-4)
     # and the steps really are the residual's: much finer than RTN's on the same keys
-    assert qt.step_sizes().mean() < 0.3 * quantize(x, QuantSpec(bits=2, group_size=32, rotation=rotation, seed=3)).step_sizes().mean()
+    assert (
+        qt.step_sizes().mean()
+        < 0.3 * quantize(x, QuantSpec(bits=2, group_size=32, rotation=rotation, seed=3)).step_sizes().mean()
+    )
     assert qt.stages == stages and qt.centroids.dtype == torch.bfloat16 and qt.ids.dtype == torch.uint8
 
 
@@ -133,7 +155,11 @@ def test_nbytes_is_what_is_stored_and_what_the_spec_predicts():
         k = min(20, T)
         assert qt.centroids.shape == (2, 2, 3, k, 64) and qt.ids.shape == (2, 2, 3, T)
         parts = (qt.residual.packed, qt.residual.scale, qt.residual.minimum, qt.centroids, qt.ids)
-        assert qt.nbytes == sum(t.numel() * t.element_size() for t in parts) == method_of(spec).chunk_nbytes(spec, 6, T, 64)
+        assert (
+            qt.nbytes
+            == sum(t.numel() * t.element_size() for t in parts)
+            == method_of(spec).chunk_nbytes(spec, 6, T, 64)
+        )
         assert qt.effective_bits == pytest.approx(method_of(spec).effective_bits_for(spec, 64, T))
 
 
@@ -148,7 +174,11 @@ def test_fewer_tokens_than_centroids_reconstructs_from_the_centroids():
 def test_same_seed_same_bytes_other_seed_other_init():
     x = _clustered(6, T=128, clusters=12, spread=1.0)
     a, b = quantize(x, QuantSpec(**QVG, seed=1)), quantize(x, QuantSpec(**QVG, seed=1))
-    assert torch.equal(a.ids, b.ids) and torch.equal(a.centroids, b.centroids) and torch.equal(a.residual.packed, b.residual.packed)
+    assert (
+        torch.equal(a.ids, b.ids)
+        and torch.equal(a.centroids, b.centroids)
+        and torch.equal(a.residual.packed, b.residual.packed)
+    )
     c = quantize(x, QuantSpec(**QVG, seed=2))
     assert not torch.equal(a.ids, c.ids)
 
@@ -195,7 +225,9 @@ def test_cache_bytes_and_safetensors_round_trip(tmp_path):
     for i in range(4):
         cache.append(_clustered(20 + i, T=48), _clustered(30 + i, T=48))
     assert cache.num_chunks == 3
-    assert cache.nbytes == 3 * (method_of(spec_k).chunk_nbytes(spec_k, 2, 48, 64) + method_of(spec_v).chunk_nbytes(spec_v, 2, 48, 64))
+    assert cache.nbytes == 3 * (
+        method_of(spec_k).chunk_nbytes(spec_k, 2, 48, 64) + method_of(spec_v).chunk_nbytes(spec_v, 2, 48, 64)
+    )
     path = str(tmp_path / "qvg.safetensors")
     cache.save(path)
     back = ChunkCache(spec_k, spec_v)
@@ -221,13 +253,16 @@ def _tamper(cache, key, fn):
     return sd
 
 
-@pytest.mark.parametrize("key, fn, words", [
-    ("chunk0.k.centroids", lambda t: t[..., :-1, :], "centroids is"),
-    ("chunk0.k.centroids", lambda t: t.float(), "centroids is"),
-    ("chunk0.k.ids", lambda t: t.long(), "ids is"),
-    ("chunk0.k.ids", lambda t: torch.full_like(t, 200), "points past its chunk's 8 centroids"),
-    ("chunk0.k.packed", lambda t: t.to(torch.int8), "unexpected dtypes"),
-])
+@pytest.mark.parametrize(
+    "key, fn, words",
+    [
+        ("chunk0.k.centroids", lambda t: t[..., :-1, :], "centroids is"),
+        ("chunk0.k.centroids", lambda t: t.float(), "centroids is"),
+        ("chunk0.k.ids", lambda t: t.long(), "ids is"),
+        ("chunk0.k.ids", lambda t: torch.full_like(t, 200), "points past its chunk's 8 centroids"),
+        ("chunk0.k.packed", lambda t: t.to(torch.int8), "unexpected dtypes"),
+    ],
+)
 def test_load_rejects_tampered_qvg_entries(key, fn, words):
     spec = QuantSpec(**QVG)
     cache = ChunkCache(spec, spec)
@@ -256,7 +291,9 @@ def test_a_version_1_file_still_loads():
     assert torch.equal(back.entries[0].k.minimum, cache.entries[0].k.minimum)
 
 
-@pytest.mark.parametrize("spec", [QuantSpec(bits=2, group_size=32), QuantSpec(**QVG, rotation="hadamard", qvg_stages=2)])
+@pytest.mark.parametrize(
+    "spec", [QuantSpec(bits=2, group_size=32), QuantSpec(**QVG, rotation="hadamard", qvg_stages=2)]
+)
 def test_a_version_2_file_loads_bit_exactly_and_a_version_3_name_in_it_is_refused(spec, tmp_path):
     """Version 2 stored each part's grid origins as ``.zero``; version 3 as ``.minimum``. Both load, each by its name."""
     cache = ChunkCache(spec, spec, window_chunks=2)
@@ -270,6 +307,7 @@ def test_a_version_2_file_loads_bit_exactly_and_a_version_3_name_in_it_is_refuse
     old["__jensen_kv_meta__"] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
     path = str(tmp_path / "v2.safetensors")
     from safetensors.torch import save_file
+
     save_file(old, path, metadata={"format": "jensen_kv_cache", "version": "2"})
     back = ChunkCache(spec, spec, window_chunks=2)
     back.load(path)
@@ -286,9 +324,20 @@ def test_a_version_2_file_loads_bit_exactly_and_a_version_3_name_in_it_is_refuse
 def test_planner_matches_the_bytes_a_qvg_run_stores():
     layers, branches, heads, D, chunks, window = 2, 2, 2, 64, 5, 3
     spec_k, spec_v = QuantSpec(**QVG, qvg_stages=2), QuantSpec(method="qvg", bits=3, group_size=32, qvg_centroids=30)
-    plan = plan_cache(latent_frames=chunks * 3, latent_height=2, latent_width=8, chunk_frames=3, window_chunks=window,
-                      layers=layers, heads=heads, head_dim=D, spec_k=spec_k, spec_v=spec_v, cfg_branches=branches,
-                      geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16))
+    plan = plan_cache(
+        latent_frames=chunks * 3,
+        latent_height=2,
+        latent_width=8,
+        chunk_frames=3,
+        window_chunks=window,
+        layers=layers,
+        heads=heads,
+        head_dim=D,
+        spec_k=spec_k,
+        spec_v=spec_v,
+        cfg_branches=branches,
+        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+    )
     T = 3 * plan.tokens_per_latent_frame  # 12 tokens: fewer than spec_v's K=30
     caches = [ChunkCache(spec_k, spec_v, window_chunks=window) for _ in range(layers * branches)]
     peak = 0
@@ -313,13 +362,17 @@ def _reference(entries, q, k_cur, v_cur, mode, strength):
 
 
 @pytest.mark.parametrize("rotation", ["none", "hadamard"])
-@pytest.mark.parametrize("mode, strength", [("taylor", 1.0), ("taylor", 0.5), ("chunk_mean", 0.7), ("per_channel", 1.0),
-                                            ("exact", 1.0), ("off", 1.0)])
+@pytest.mark.parametrize(
+    "mode, strength",
+    [("taylor", 1.0), ("taylor", 0.5), ("chunk_mean", 0.7), ("per_channel", 1.0), ("exact", 1.0), ("off", 1.0)],
+)
 @pytest.mark.parametrize("single_buffer", [False, True])
 def test_fast_path_equals_the_materialised_reference_for_qvg(rotation, mode, strength, single_buffer):
     spec = QuantSpec(**QVG, rotation=rotation, seed=5)
-    entries = [CacheEntry(quantize(_clustered(60 + i, T=40 + 8 * i), spec), quantize(_clustered(70 + i, T=40 + 8 * i), spec))
-               for i in range(3)]
+    entries = [
+        CacheEntry(quantize(_clustered(60 + i, T=40 + 8 * i), spec), quantize(_clustered(70 + i, T=40 + 8 * i), spec))
+        for i in range(3)
+    ]
     g = torch.Generator().manual_seed(9)
     q, k_cur, v_cur = (torch.randn(1, 2, 24, 64, generator=g) for _ in range(3))
     ref = _reference(entries, q, k_cur, v_cur, mode, strength)
@@ -355,8 +408,12 @@ def _partition_ratios(spec, trials, bits_qscale):
         s_hat = q @ kq.dequantize(torch.float32).transpose(-1, -2) / 8
         b = jensen_bias(q, kq, "taylor")
         lz = torch.logsumexp(s, -1)
-        out.append([float((torch.logsumexp(s_hat, -1) - lz).exp().mean()),
-                    float((torch.logsumexp(s_hat - b, -1) - lz).exp().mean())])
+        out.append(
+            [
+                float((torch.logsumexp(s_hat, -1) - lz).exp().mean()),
+                float((torch.logsumexp(s_hat - b, -1) - lz).exp().mean()),
+            ]
+        )
     r = torch.tensor(out, dtype=torch.float64)
     return r.mean(0) - 1, r.std(0) / math.sqrt(trials)
 

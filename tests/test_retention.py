@@ -1,5 +1,6 @@
 """The sink + window retention rule (jensen_core.retention): one class, and the planner, the cache and the
 run's other followers agreeing with it for random chunk counts, windows, sinks and chunk lengths."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,11 +29,16 @@ def test_no_window_is_none_or_zero_and_unbounded():
     assert Retention().count(1000) == 1000
 
 
-@pytest.mark.parametrize("kwargs,named", [({"window_chunks": -1}, "window_chunks=-1"),
-                                          ({"window_chunks": 2.0}, "window_chunks=2.0"),
-                                          ({"window_chunks": True}, "window_chunks=True"),
-                                          ({"sink_chunks": -2}, "sink_chunks=-2"),
-                                          ({"sink_chunks": None}, "sink_chunks=None")])
+@pytest.mark.parametrize(
+    "kwargs,named",
+    [
+        ({"window_chunks": -1}, "window_chunks=-1"),
+        ({"window_chunks": 2.0}, "window_chunks=2.0"),
+        ({"window_chunks": True}, "window_chunks=True"),
+        ({"sink_chunks": -2}, "sink_chunks=-2"),
+        ({"sink_chunks": None}, "sink_chunks=None"),
+    ],
+)
 def test_a_bad_window_or_sink_is_named(kwargs, named):
     with pytest.raises(ValueError, match=named):
         Retention(**kwargs)
@@ -86,18 +92,41 @@ SPECS = [None, QuantSpec(bits=4, group_size=32), QuantSpec(bits=2, group_size=16
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(chunks=st.integers(1, 7), prefix_chunks=st.integers(0, 3), window=st.integers(0, 5), sink=st.integers(0, 3),
-       chunk_frames=st.integers(1, 3), tokens_per_frame=st.integers(1, 3), heads=st.integers(1, 2),
-       spec=st.sampled_from(SPECS), dtype=st.sampled_from([torch.float32, torch.bfloat16]), write_last=st.booleans())
-def test_the_planner_projects_what_the_cache_holds(chunks, prefix_chunks, window, sink, chunk_frames, tokens_per_frame,
-                                                   heads, spec, dtype, write_last):
+@given(
+    chunks=st.integers(1, 7),
+    prefix_chunks=st.integers(0, 3),
+    window=st.integers(0, 5),
+    sink=st.integers(0, 3),
+    chunk_frames=st.integers(1, 3),
+    tokens_per_frame=st.integers(1, 3),
+    heads=st.integers(1, 2),
+    spec=st.sampled_from(SPECS),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    write_last=st.booleans(),
+)
+def test_the_planner_projects_what_the_cache_holds(
+    chunks, prefix_chunks, window, sink, chunk_frames, tokens_per_frame, heads, spec, dtype, write_last
+):
     """The planner's chunks, tokens, BF16 bytes, stored bytes and state file equal a real ChunkCache's after the
     chunks the run writes; the cache holds exactly the chunks the rule names (window 0 = unbounded)."""
     head_dim = 32
-    plan = plan_cache(latent_frames=chunks * chunk_frames, latent_height=2, latent_width=2 * tokens_per_frame,
-                      chunk_frames=chunk_frames, window_chunks=window, layers=1, heads=heads, head_dim=head_dim,
-                      spec_k=spec, spec_v=None, full_bytes=torch.finfo(dtype).bits // 8, sink_chunks=sink,
-                      write_last=write_last, prefix_frames=prefix_chunks * chunk_frames, geometry=GEOMETRY)
+    plan = plan_cache(
+        latent_frames=chunks * chunk_frames,
+        latent_height=2,
+        latent_width=2 * tokens_per_frame,
+        chunk_frames=chunk_frames,
+        window_chunks=window,
+        layers=1,
+        heads=heads,
+        head_dim=head_dim,
+        spec_k=spec,
+        spec_v=None,
+        full_bytes=torch.finfo(dtype).bits // 8,
+        sink_chunks=sink,
+        write_last=write_last,
+        prefix_frames=prefix_chunks * chunk_frames,
+        geometry=GEOMETRY,
+    )
     rule = Retention(window, sink)
     cache = ChunkCache(spec, None, window_chunks=window, sink_chunks=sink)
     tokens = chunk_frames * tokens_per_frame

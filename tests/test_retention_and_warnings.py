@@ -1,5 +1,6 @@
 """Rules a wrong line could break while every other test still passed: which chunks window + sink keep
 (in the cache and in the chunk loop's retained latents), and when the planner warns about QVG's centroid cost."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,10 @@ from jensen_core import ChunkCache, QuantSpec, Retained, Retention
 from jensen_core.planner import LatentGeometry, plan_cache
 
 
-@pytest.mark.parametrize("window,sink,chunks,kept", [(1, 1, 4, [0, 3]), (2, 1, 5, [0, 3, 4]), (1, 2, 5, [0, 1, 4]),
-                                                     (2, 0, 4, [2, 3]), (0, 1, 3, [0, 1, 2])])
+@pytest.mark.parametrize(
+    "window,sink,chunks,kept",
+    [(1, 1, 4, [0, 3]), (2, 1, 5, [0, 3, 4]), (1, 2, 5, [0, 1, 4]), (2, 0, 4, [2, 3]), (0, 1, 3, [0, 1, 2])],
+)
 def test_the_sink_stays_and_the_window_rolls(window, sink, chunks, kept):
     """Window 1 + sink 1 over 4 chunks keeps [0, 3]: a rule that evicts the sink instead keeps [2, 3]."""
     cache = ChunkCache(None, None, window_chunks=window, sink_chunks=sink)
@@ -34,9 +37,19 @@ def test_qvg_centroid_cost_warning_at_two_bits(centroids, warns):
     """On 64-token chunks, 8 BF16 centroids cost 8 x 16 / 64 = 2 bits per element: as much as the INT2 residual."""
     spec = QuantSpec(bits=2, group_size=32, method="qvg", qvg_centroids=centroids)
     # 64 tokens per chunk: 1 latent frame of 8 x 8 tokens (16 x 16 latent pixels)
-    plan = plan_cache(latent_frames=4, latent_height=16, latent_width=16, chunk_frames=1, window_chunks=0, layers=1,
-                      heads=1, head_dim=64, spec_k=spec, spec_v=None,
-                      geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16))
+    plan = plan_cache(
+        latent_frames=4,
+        latent_height=16,
+        latent_width=16,
+        chunk_frames=1,
+        window_chunks=0,
+        layers=1,
+        heads=1,
+        head_dim=64,
+        spec_k=spec,
+        spec_v=None,
+        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+    )
     hits = [w for w in plan.warnings if "centroids cost" in w]
     assert bool(hits) == warns, plan.warnings
     if warns:

@@ -6,6 +6,7 @@ structure checks, with one ValueError naming the field and what was expected, an
 tensor work where the metadata alone is wrong. Each file is built in the test from a real state of
 a tiny model-free run (``support/saved_run_files.py``).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,18 @@ from support.saved_run_files import (
     set_cache_meta,
 )
 
-RAW_ERRORS = ("AttributeError", "IndexError", "RecursionError", "KeyError", "TypeError", "OverflowError",
-              "dictionary update sequence", "not enough values to unpack", "object is not", "Traceback")
+RAW_ERRORS = (
+    "AttributeError",
+    "IndexError",
+    "RecursionError",
+    "KeyError",
+    "TypeError",
+    "OverflowError",
+    "dictionary update sequence",
+    "not enough values to unpack",
+    "object is not",
+    "Traceback",
+)
 
 
 def refused(path, match, **kw) -> str:
@@ -71,15 +82,18 @@ class Counting:
 
 
 # ------------------------------------------------------------------------------------------------ what still loads
-@pytest.mark.parametrize("kw", [
-    {},
-    {"window": 0, "sink": 0, "chunks": 3},
-    {"window": 2, "sink": 0, "chunks": 5, "branches": (0,)},
-    {"window": 1, "sink": 2, "chunks": 5, "spec_k": INT4, "spec_v": None},
-    {"window": 1, "sink": 3, "chunks": 2},  # the sink not full yet
-    {"chunks": 5, "frames_of": lambda c: 1 if c in (1, 3) else 2},  # short chunks (a run ended mid-chunk, a prefix)
-    {"spec_k": QuantSpec(method="qvg", bits=2, group_size=16, qvg_centroids=4), "spec_v": None},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"window": 0, "sink": 0, "chunks": 3},
+        {"window": 2, "sink": 0, "chunks": 5, "branches": (0,)},
+        {"window": 1, "sink": 2, "chunks": 5, "spec_k": INT4, "spec_v": None},
+        {"window": 1, "sink": 3, "chunks": 2},  # the sink not full yet
+        {"chunks": 5, "frames_of": lambda c: 1 if c in (1, 3) else 2},  # short chunks (a run ended mid-chunk, a prefix)
+        {"spec_k": QuantSpec(method="qvg", bits=2, group_size=16, qvg_centroids=4), "spec_v": None},
+    ],
+)
 def test_a_saved_state_loads_back_bit_for_bit(tmp_path, kw):
     state = make_state(**kw)
     path = str(tmp_path / "s.safetensors")
@@ -91,8 +105,10 @@ def test_a_saved_state_loads_back_bit_for_bit(tmp_path, kw):
     assert back.caches.keys() == state.caches.keys()
     for key, cache in state.caches.items():
         assert back.caches[key].state_dict().keys() == cache.state_dict().keys()
-        assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in
-                   zip(back.caches[key].state_dict().values(), cache.state_dict().values()))
+        assert all(
+            torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+            for a, b in zip(back.caches[key].state_dict().values(), cache.state_dict().values())
+        )
     assert back.nbytes == state.nbytes and back.info == state.info
 
 
@@ -113,11 +129,13 @@ def test_the_digest_is_unchanged_so_files_saved_before_still_load(tmp_path):
     assert meta["sha256"] == h.hexdigest() == rs._digest(tensors, meta["state"])
 
 
-
-@pytest.mark.parametrize("kw", [
-    {"window": 1, "sink": 1, "chunks": 4},
-    {"spec_k": QuantSpec(method="qvg", bits=2, group_size=16, qvg_centroids=4), "spec_v": INT4, "chunks": 3},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"window": 1, "sink": 1, "chunks": 4},
+        {"spec_k": QuantSpec(method="qvg", bits=2, group_size=16, qvg_centroids=4), "spec_v": INT4, "chunks": 3},
+    ],
+)
 def test_a_file_written_before_the_minima_were_renamed_loads_bit_for_bit(tmp_path, kw):
     """Cache records of version 2 stored each part's grid origins as ``.zero`` (version 3: ``.minimum``).
 
@@ -144,6 +162,7 @@ def test_a_file_written_before_the_minima_were_renamed_loads_bit_for_bit(tmp_pat
         set_cache_meta(old, {**cache_meta(old, layer, branch), "version": 3}, layer, branch)
     refused(resign(tmp_path / "mixed.safetensors", meta, old), r"holds tensors its record does not describe")
 
+
 # ------------------------------------------------------------------------------------------------ item 1: repetition
 def test_a_hundred_thousand_repeated_caches_are_refused_by_the_structure_check(tmp_path, monkeypatch):
     # every (layer, branch) once, then (0, 0) again and again: 100,000 entries, ~0.6 MB of header
@@ -157,16 +176,19 @@ def test_a_hundred_thousand_repeated_caches_are_refused_by_the_structure_check(t
     assert elapsed < 5.0, elapsed  # ~0.1 s; a loop over the entries (re-reading a cache each) took minutes
 
 
-@pytest.mark.parametrize("caches,match", [
-    ([[0, 0], [0, 0], [1, 0], [1, 1]], r"\(layer, branch\) \(0, 0\) twice"),
-    ([[0, 0], [0, 1], [1, 0], [2, 1]], r"caches\[3\] layer=2 must be a whole number from 0 to 1"),
-    ([[0.0, 0], [0, 1], [1, 0], [1, 1]], r"caches\[0\] layer=0.0 must be a whole number"),
-    ([[0, 0], [0, 1.0], [1, 0], [1, 1]], r"caches\[1\] branch=1.0 must be one of the branches \[0, 1\]"),
-    ([[0, 0], [0, True], [1, 0], [1, 1]], r"caches\[1\] branch=True must be one of the branches"),
-    ([[0, 0], [0, 1], [1, 0], [1]], r"caches\[3\]=\[1\] must be a \[layer, branch\] pair"),
-    ([[0, 0], [0, 1], [1, 0], 7], r"caches\[3\]=7 must be a \[layer, branch\] pair"),
-    ("all", r"caches lists str; a model of 2 layers"),
-])
+@pytest.mark.parametrize(
+    "caches,match",
+    [
+        ([[0, 0], [0, 0], [1, 0], [1, 1]], r"\(layer, branch\) \(0, 0\) twice"),
+        ([[0, 0], [0, 1], [1, 0], [2, 1]], r"caches\[3\] layer=2 must be a whole number from 0 to 1"),
+        ([[0.0, 0], [0, 1], [1, 0], [1, 1]], r"caches\[0\] layer=0.0 must be a whole number"),
+        ([[0, 0], [0, 1.0], [1, 0], [1, 1]], r"caches\[1\] branch=1.0 must be one of the branches \[0, 1\]"),
+        ([[0, 0], [0, True], [1, 0], [1, 1]], r"caches\[1\] branch=True must be one of the branches"),
+        ([[0, 0], [0, 1], [1, 0], [1]], r"caches\[3\]=\[1\] must be a \[layer, branch\] pair"),
+        ([[0, 0], [0, 1], [1, 0], 7], r"caches\[3\]=7 must be a \[layer, branch\] pair"),
+        ("all", r"caches lists str; a model of 2 layers"),
+    ],
+)
 def test_cache_pairs_are_unique_whole_numbers_one_per_layer_and_branch(tmp_path, monkeypatch, caches, match):
     path = craft(tmp_path, lambda st, t: st.update(caches=caches))
     count = Counting(monkeypatch)
@@ -202,16 +224,25 @@ def test_an_interrupt_stops_a_load_between_reads(tmp_path):
 # ------------------------------------------------------------------------------------------------ item 2: half-true state
 def test_next_frame_must_follow_the_retained_chunks(tmp_path):
     # window 1 + sink 1 at chunk 4: retained chunks 0 and 3; chunk 3 starts at frame 6 and holds 2
-    refused(craft(tmp_path, lambda st, t: st.update(next_frame=10**6)),
-            r"next_frame=1000000 does not follow the retained chunks: the last one \(chunk 3\) starts at frame 6 "
-            r"and holds 2, so next_frame is 8")
+    refused(
+        craft(tmp_path, lambda st, t: st.update(next_frame=10**6)),
+        r"next_frame=1000000 does not follow the retained chunks: the last one \(chunk 3\) starts at frame 6 "
+        r"and holds 2, so next_frame is 8",
+    )
     refused(craft(tmp_path, lambda st, t: st.update(next_frame=7)), r"next_frame=7 does not follow")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("next_chunk", 10**30), ("next_frame", 10**30), ("chunk_frames", 2**64), ("window_chunks", 10**20),
-    ("sink_chunks", -1), ("latent_shape", [1, 16, 10**25, 4]),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("next_chunk", 10**30),
+        ("next_frame", 10**30),
+        ("chunk_frames", 2**64),
+        ("window_chunks", 10**20),
+        ("sink_chunks", -1),
+        ("latent_shape", [1, 16, 10**25, 4]),
+    ],
+)
 def test_huge_values_are_a_clear_error(tmp_path, field, value):
     path = craft(tmp_path, lambda st, t: st.update({field: value}))
     refused(path, rf"{field}.*must be a whole number from")
@@ -230,6 +261,7 @@ def test_huge_values_in_a_cache_record_are_a_clear_error(tmp_path):
 @pytest.mark.parametrize("what,dim,value", [("batch", 0, 2), ("heads", 1, 1), ("head_dim", 3, 16)])
 def test_chunks_of_another_batch_heads_or_head_dim_are_refused_at_load(tmp_path, what, dim, value):
     """The cache record's layout is left as it was; one chunk's tensors (and its record) have another shape."""
+
     def edit(st, tensors):
         m = cache_meta(tensors, 1, 0)
         for side in ("k", "v"):
@@ -239,8 +271,10 @@ def test_chunks_of_another_batch_heads_or_head_dim_are_refused_at_load(tmp_path,
             tensors[name] = (torch.cat([t, t], dim) if value > t.shape[dim] else t.narrow(dim, 0, value)).contiguous()
         set_cache_meta(tensors, m, 1, 0)
 
-    message = refused(craft(tmp_path, edit, make_state(spec_k=None, spec_v=None)),
-                      r"cache of layer 1, branch 0: .*chunk1 holds \(batch, heads, head_dim, dtype\)")
+    message = refused(
+        craft(tmp_path, edit, make_state(spec_k=None, spec_v=None)),
+        r"cache of layer 1, branch 0: .*chunk1 holds \(batch, heads, head_dim, dtype\)",
+    )
     assert "not the layout's (1, 2, 32, float32)" in message
 
 
@@ -253,6 +287,7 @@ def test_a_cache_whose_every_chunk_has_other_heads_than_the_fingerprint_is_refus
 
 def test_a_window_1_cache_holding_6_chunks_is_refused(tmp_path):
     """The state says window 1 + sink 1 and lists the 2 chunks that keeps; a cache holds all 6 chunks."""
+
     def edit(st, tensors):
         st["window_chunks"] = 1
         st["retained"] = [st["retained"][0], st["retained"][-1]]
@@ -264,9 +299,11 @@ def test_a_window_1_cache_holding_6_chunks_is_refused(tmp_path):
                 m["window_chunks"] = 1
                 set_cache_meta(tensors, m, layer, b)
 
-    refused(craft(tmp_path, edit, make_state(window=0, sink=1, chunks=6)),
-            r"cache of layer 0, branch 0: cache file metadata lists 6 chunks, but a cache with window_chunks=1 and "
-            r"sink_chunks=1 holds at most 2")
+    refused(
+        craft(tmp_path, edit, make_state(window=0, sink=1, chunks=6)),
+        r"cache of layer 0, branch 0: cache file metadata lists 6 chunks, but a cache with window_chunks=1 and "
+        r"sink_chunks=1 holds at most 2",
+    )
 
 
 def test_a_cache_holding_other_chunks_than_the_state_retains_is_refused(tmp_path, monkeypatch):
@@ -276,8 +313,12 @@ def test_a_cache_holding_other_chunks_than_the_state_retains_is_refused(tmp_path
         st["retained"] = [st["retained"][0], {**st["retained"][1], "chunk": 2, "frame_offset": 4}, st["retained"][1]]
         tensors["latent.2"] = tensors["latent.3"].clone()
 
-    refused(craft(tmp_path, edit), r"cache of layer 0, branch 0 keeps window_chunks=1, sink_chunks=1, but the state "
-            r"says 2, 1")
+    refused(
+        craft(tmp_path, edit),
+        r"cache of layer 0, branch 0 keeps window_chunks=1, sink_chunks=1, but the state "
+        r"says 2, 1",
+    )
+
     # the cache records agree with the state but hold one chunk fewer than it retains
     def edit_records(st, tensors):
         edit(st, tensors)
@@ -287,17 +328,25 @@ def test_a_cache_holding_other_chunks_than_the_state_retains_is_refused(tmp_path
                 m["window_chunks"] = 2
                 set_cache_meta(tensors, m, layer, b)
 
-    refused(craft(tmp_path, edit_records, name="b.safetensors"),
-            r"cache of layer 0, branch 0 holds 2 chunks, but the state retains 3")
+    refused(
+        craft(tmp_path, edit_records, name="b.safetensors"),
+        r"cache of layer 0, branch 0 holds 2 chunks, but the state retains 3",
+    )
 
 
-@pytest.mark.parametrize("retained,match", [
-    ([1, 3], r"retained\[0\] is chunk 1, but at chunk 4 with window_chunks=1 and sink_chunks=1 the retained chunks "
-             r"are \[0, 3\]"),  # the sink evicted instead of the window
-    ([0, 2], r"retained\[1\] is chunk 2"),
-    ([0], r"retained lists 1 chunks; a state at chunk 4 with window_chunks=1 and sink_chunks=1 retains 2"),
-    ([0, 3, 3], r"retained lists 3 chunks"),
-])
+@pytest.mark.parametrize(
+    "retained,match",
+    [
+        (
+            [1, 3],
+            r"retained\[0\] is chunk 1, but at chunk 4 with window_chunks=1 and sink_chunks=1 the retained chunks "
+            r"are \[0, 3\]",
+        ),  # the sink evicted instead of the window
+        ([0, 2], r"retained\[1\] is chunk 2"),
+        ([0], r"retained lists 1 chunks; a state at chunk 4 with window_chunks=1 and sink_chunks=1 retains 2"),
+        ([0, 3, 3], r"retained lists 3 chunks"),
+    ],
+)
 def test_retained_chunks_are_exactly_those_the_window_and_sink_keep(tmp_path, retained, match):
     def edit(st, tensors):
         by_chunk = {r["chunk"]: r for r in st["retained"]}
@@ -308,13 +357,20 @@ def test_retained_chunks_are_exactly_those_the_window_and_sink_keep(tmp_path, re
     refused(craft(tmp_path, edit), match)
 
 
-@pytest.mark.parametrize("index,offset,match", [
-    # chunk 0 ends at frame 2; chunks 1 and 2 (evicted) hold 1 or 2 frames each: chunk 3 starts at frame 4 to 6
-    (1, 3, r"retained\[1\] \(chunk 3\) frame_offset=3 must be from 4 to 6: each chunk holds 1 to chunk_frames=2 "
-           r"frames and chunk 0 ends at frame 2"),
-    (1, 7, r"retained\[1\] \(chunk 3\) frame_offset=7 must be from 4 to 6"),
-    (0, 1, r"retained\[0\] \(chunk 0\) frame_offset=1 must be from 0 to 0"),
-])
+@pytest.mark.parametrize(
+    "index,offset,match",
+    [
+        # chunk 0 ends at frame 2; chunks 1 and 2 (evicted) hold 1 or 2 frames each: chunk 3 starts at frame 4 to 6
+        (
+            1,
+            3,
+            r"retained\[1\] \(chunk 3\) frame_offset=3 must be from 4 to 6: each chunk holds 1 to chunk_frames=2 "
+            r"frames and chunk 0 ends at frame 2",
+        ),
+        (1, 7, r"retained\[1\] \(chunk 3\) frame_offset=7 must be from 4 to 6"),
+        (0, 1, r"retained\[0\] \(chunk 0\) frame_offset=1 must be from 0 to 0"),
+    ],
+)
 def test_frame_offsets_must_fit_chunks_of_one_to_chunk_frames_frames(tmp_path, index, offset, match):
     def edit(st, tensors):
         st["retained"][index]["frame_offset"] = offset
@@ -323,13 +379,19 @@ def test_frame_offsets_must_fit_chunks_of_one_to_chunk_frames_frames(tmp_path, i
     refused(craft(tmp_path, edit), match)
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda st, t: st.update(branches=[0]), r"caches lists 4 entries; a model of 2 layers with CFG branches \[0\] "
-                                            r"has 2 caches"),
-    (lambda st, t: st.update(branches=[0, 1, 1]), r"branches=\[0, 1, 1\] must be \[0\] \(cfg 1\) or \[0, 1\]"),
-    (lambda st, t: st.update(branches=[0.0, 1]), r"branches=\[0.0, 1\] must be"),
-    (lambda st, t: st.update(branches=[1, 0]), r"branches=\[1, 0\] must be"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (
+            lambda st, t: st.update(branches=[0]),
+            r"caches lists 4 entries; a model of 2 layers with CFG branches \[0\] "
+            r"has 2 caches",
+        ),
+        (lambda st, t: st.update(branches=[0, 1, 1]), r"branches=\[0, 1, 1\] must be \[0\] \(cfg 1\) or \[0, 1\]"),
+        (lambda st, t: st.update(branches=[0.0, 1]), r"branches=\[0.0, 1\] must be"),
+        (lambda st, t: st.update(branches=[1, 0]), r"branches=\[1, 0\] must be"),
+    ],
+)
 def test_the_branches_list_must_match_the_caches(tmp_path, edit, match):
     refused(craft(tmp_path, edit), match)
 
@@ -339,29 +401,58 @@ def test_branches_that_list_more_caches_than_the_file_holds_are_refused(tmp_path
         st["branches"] = [0, 1]
         st["caches"] = [[layer, b] for layer in range(LAYERS) for b in (0, 1)]
 
-    refused(craft(tmp_path, edit, make_state(branches=(0,))),
-            r"the cache of layer 0, branch 1 has no __jensen_kv_meta__ record")
+    refused(
+        craft(tmp_path, edit, make_state(branches=(0,))),
+        r"the cache of layer 0, branch 1 has no __jensen_kv_meta__ record",
+    )
 
 
-@pytest.mark.parametrize("edit,match", [
-    (lambda st, t: (st["retained"][0].update(dtype="int64"), t.update({"latent.0": t["latent.0"].to(torch.int64)})),
-     r"retained\[0\] dtype='int64' must be one of float32, float16, bfloat16, float64"),
-    (lambda st, t: (st["retained"][1]["shape"].__setitem__(2, 500),
-                    t.update({"latent.3": t["latent.3"][:, :, :1].repeat(1, 1, 500, 1, 1)})),
-     r"retained\[1\] shape=\[1, 16, 500, 4, 4\] is not a latent of 1 to chunk_frames=2 frames"),
-    (lambda st, t: (st["retained"][1].update(shape=[1, 16, 2, 8, 4]),
-                    t.update({"latent.3": t["latent.3"].repeat(1, 1, 1, 2, 1)})),
-     r"retained\[1\] shape=\[1, 16, 2, 8, 4\] is not a latent of .* \(batch, channels, height, width\) \(1, 16, 4, 4\)"),
-    (lambda st, t: (st["retained"][1].update(shape=[1, 16, 2, 4, 8]),
-                    t.update({"latent.3": t["latent.3"].repeat(1, 1, 1, 1, 2)})),
-     r"retained\[1\] shape=\[1, 16, 2, 4, 8\] is not a latent"),
-    (lambda st, t: t.update({"latent.3": t["latent.3"].repeat(1, 1, 1, 1, 2)}),
-     r"tensor latent.3 is missing or does not match its recorded shape \[1, 16, 2, 4, 4\]"),
-    (lambda st, t: t.update({"latent.9": t["latent.3"].clone()}), r"tensor 'latent.9' is not one the state record"),
-    (lambda st, t: t.update({"cache.0.0.chunk7.k.packed": t["cache.0.0.chunk0.k.packed"].clone()}),
-     r"cache of layer 0, branch 0 holds tensors its record does not describe \(\['chunk7.k.packed'\]\)"),
-    (lambda st, t: t.update({"cache.00.0.x": torch.zeros(1)}), r"tensor 'cache.00.0.x' belongs to no \(layer, branch\)"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        (
+            lambda st, t: (
+                st["retained"][0].update(dtype="int64"),
+                t.update({"latent.0": t["latent.0"].to(torch.int64)}),
+            ),
+            r"retained\[0\] dtype='int64' must be one of float32, float16, bfloat16, float64",
+        ),
+        (
+            lambda st, t: (
+                st["retained"][1]["shape"].__setitem__(2, 500),
+                t.update({"latent.3": t["latent.3"][:, :, :1].repeat(1, 1, 500, 1, 1)}),
+            ),
+            r"retained\[1\] shape=\[1, 16, 500, 4, 4\] is not a latent of 1 to chunk_frames=2 frames",
+        ),
+        (
+            lambda st, t: (
+                st["retained"][1].update(shape=[1, 16, 2, 8, 4]),
+                t.update({"latent.3": t["latent.3"].repeat(1, 1, 1, 2, 1)}),
+            ),
+            r"retained\[1\] shape=\[1, 16, 2, 8, 4\] is not a latent of .* \(batch, channels, height, width\) \(1, 16, 4, 4\)",
+        ),
+        (
+            lambda st, t: (
+                st["retained"][1].update(shape=[1, 16, 2, 4, 8]),
+                t.update({"latent.3": t["latent.3"].repeat(1, 1, 1, 1, 2)}),
+            ),
+            r"retained\[1\] shape=\[1, 16, 2, 4, 8\] is not a latent",
+        ),
+        (
+            lambda st, t: t.update({"latent.3": t["latent.3"].repeat(1, 1, 1, 1, 2)}),
+            r"tensor latent.3 is missing or does not match its recorded shape \[1, 16, 2, 4, 4\]",
+        ),
+        (lambda st, t: t.update({"latent.9": t["latent.3"].clone()}), r"tensor 'latent.9' is not one the state record"),
+        (
+            lambda st, t: t.update({"cache.0.0.chunk7.k.packed": t["cache.0.0.chunk0.k.packed"].clone()}),
+            r"cache of layer 0, branch 0 holds tensors its record does not describe \(\['chunk7.k.packed'\]\)",
+        ),
+        (
+            lambda st, t: t.update({"cache.00.0.x": torch.zeros(1)}),
+            r"tensor 'cache.00.0.x' belongs to no \(layer, branch\)",
+        ),
+    ],
+)
 def test_retained_latents_and_tensors_must_match_the_record(tmp_path, edit, match):
     refused(craft(tmp_path, edit), match)
 
@@ -383,8 +474,10 @@ def test_a_zero_size_tensor_of_absurd_shape_is_a_clear_error(tmp_path):
     src = tmp_path / "s.safetensors"
     make_state().save(str(src))
     meta, tensors = read_file(src)
-    entries = {k: (str(t.dtype).removeprefix("torch."), list(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
-               for k, t in tensors.items()}
+    entries = {
+        k: (str(t.dtype).removeprefix("torch."), list(t.shape), t.contiguous().view(torch.uint8).numpy().tobytes())
+        for k, t in tensors.items()
+    }
     entries["cache.0.0.chunk0.k.packed"] = ("uint8", [0] + [2**31 - 1] * 3, b"")
     names = {"uint8": "U8", "float32": "F32", "float8_e4m3fn": "F8_E4M3", "bfloat16": "BF16"}
     h = hashlib.sha256(meta["state"].encode())
@@ -398,8 +491,11 @@ def test_a_zero_size_tensor_of_absurd_shape_is_a_clear_error(tmp_path):
     head = json.dumps(header).encode()
     path = tmp_path / "absurd.safetensors"
     path.write_bytes(len(head).to_bytes(8, "little") + head + data)
-    refused(path, r"tensor 'cache.0.0.chunk0.k.packed' has shape \[0, 2147483647, 2147483647, 2147483647\], larger "
-                  r"than any tensor can be")
+    refused(
+        path,
+        r"tensor 'cache.0.0.chunk0.k.packed' has shape \[0, 2147483647, 2147483647, 2147483647\], larger "
+        r"than any tensor can be",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ item 5: clear errors
@@ -412,62 +508,89 @@ def _meta_edit(fn):
     return edit
 
 
-@pytest.mark.parametrize("edit,match", [
-    # the state record
-    (lambda st, t: st.update(info=[["a"]]), r"info must be a JSON object, got list"),
-    (lambda st, t: st.update(info="abc"), r"info must be a JSON object, got str"),
-    (lambda st, t: st.update(retained=[5, 6]), r"retained\[0\] must be a JSON object"),
-    (lambda st, t: st.update(retained=[[0], [3]]), r"retained\[0\] must be a JSON object"),
-    (lambda st, t: st.update(caches=[[0], [0, 1], [1, 0], [1, 1]]), r"caches\[0\]=\[0\] must be a \[layer, branch\]"),
-    (lambda st, t: st.update(fingerprint=[1, 2]), r"fingerprint must be a JSON object, got list"),
-    (lambda st, t: st["fingerprint"].update(layers="2"), r"fingerprint layers='2' must be a whole number"),
-    (lambda st, t: st["fingerprint"].update(heads=None), r"fingerprint heads=None must be a whole number"),
-    (lambda st, t: st["fingerprint"].update(extra={"a": 1}), r"fingerprint extra=\{'a': 1\} must be text, a number"),
-    (lambda st, t: st.update(spec_k="int2"), r"spec_k must be a quantization spec \(a JSON object\) or null"),
-    (lambda st, t: st.update(spec_k={"bits": 5}), r"spec_k is not a quantization spec for head_dim 32: bits=5"),
-    (lambda st, t: st.update(spec_v={"bits": 2, "group_size": 64}), r"spec_v .*group_size 64 does not divide"),
-    (lambda st, t: st.update(latent_shape=[1, 16, 4]), r"latent_shape=\[1, 16, 4\] must be \[batch, channels"),
-    (lambda st, t: st.update(latent_shape="1x16x4x4"), r"latent_shape='1x16x4x4' must be"),
-    (lambda st, t: st.update(active_prompt=3), r"active_prompt=3 must be text"),
-    (lambda st, t: st.pop("next_chunk"), r"the state record lacks next_chunk"),
-    (lambda st, t: st.update(surprise=1), r"has fields format version 1 does not know: \['surprise'\]"),
-    (lambda st, t: st["retained"][0].pop("shape"), r"retained\[0\] must be a JSON object of chunk, frame_offset"),
-    (lambda st, t: st["retained"][0].update(chunk="0"), r"retained\[0\] chunk='0' must be a whole number"),
-    # a cache's own record
-    (_meta_edit(lambda m: m.update(chunks=[5])), r"cache of layer 0, branch 0: cache file metadata lists 1 chunks"
-                                                 r"|cache file entry chunk0 must be a JSON object"),
-    (_meta_edit(lambda m: m["chunks"][0]["k"].update(shape=[])), r"cache file entry chunk0.k shape=\[\] must be "
-                                                                 r"\[batch, heads, tokens, head_dim\]"),
-    (_meta_edit(lambda m: m["chunks"][0]["k"].update(shape="abc")), r"chunk0.k shape='abc' must be"),
-    (_meta_edit(lambda m: m["chunks"][0]["k"].pop("quantized")), r"cache file entry chunk0.k lacks quantized"),
-    (_meta_edit(lambda m: m["chunks"][0]["k"].update(quantized=False)),
-     r"chunk0.k is not quantized but this cache quantizes that side"),
-    (_meta_edit(lambda m: m["chunks"][0]["k"].update(dtype=["float32"])), r"chunk0.k records dtype \['float32'\]"),
-    (_meta_edit(lambda m: m["chunks"][0].pop("v")), r"cache file entry chunk0 lacks v"),
-    (_meta_edit(lambda m: m.update(layout="x")), r"cache file metadata layout must be a JSON object, got str"),
-    (_meta_edit(lambda m: m.update(layout={"batch": 1})), r"layout lacks heads, head_dim, dtype"),
-    (_meta_edit(lambda m: m.update(layout=None)), r"lists 2 chunks but no layout"),
-    (_meta_edit(lambda m: m.update(sink_held=0)), r"sink_held=0 does not fit its 2 chunks under sink_chunks=1"),
-    (_meta_edit(lambda m: m.update(spec_k=[1])), r"spec_k must be a JSON object or null"),
-    (_meta_edit(lambda m: m.update(version="2")), r"cache file format '2' is not supported"),
-    (_meta_edit(lambda m: m.clear()), r"cache file format None is not supported"),
-    (lambda st, t: set_cache_meta(t, None, raw=b"[1, 2]"), r"__jensen_kv_meta__ must be a JSON object, got list"),
-    (lambda st, t: set_cache_meta(t, None, raw=b"[" * 100_000 + b"]" * 100_000), r"not readable JSON \(nested too"),
-    (lambda st, t: set_cache_meta(t, None, raw=b"\xff\xfe"), r"__jensen_kv_meta__ is not readable JSON"),
-    (lambda st, t: set_cache_meta(t, None, raw=b'{"version": 2, "version": 2}'), r"the key 'version' appears twice"),
-    (lambda st, t: t.update({f"cache.0.0.{META}": torch.zeros(4)}), r"has no __jensen_kv_meta__ record \(a 1-D uint8"),
-])
+@pytest.mark.parametrize(
+    "edit,match",
+    [
+        # the state record
+        (lambda st, t: st.update(info=[["a"]]), r"info must be a JSON object, got list"),
+        (lambda st, t: st.update(info="abc"), r"info must be a JSON object, got str"),
+        (lambda st, t: st.update(retained=[5, 6]), r"retained\[0\] must be a JSON object"),
+        (lambda st, t: st.update(retained=[[0], [3]]), r"retained\[0\] must be a JSON object"),
+        (
+            lambda st, t: st.update(caches=[[0], [0, 1], [1, 0], [1, 1]]),
+            r"caches\[0\]=\[0\] must be a \[layer, branch\]",
+        ),
+        (lambda st, t: st.update(fingerprint=[1, 2]), r"fingerprint must be a JSON object, got list"),
+        (lambda st, t: st["fingerprint"].update(layers="2"), r"fingerprint layers='2' must be a whole number"),
+        (lambda st, t: st["fingerprint"].update(heads=None), r"fingerprint heads=None must be a whole number"),
+        (
+            lambda st, t: st["fingerprint"].update(extra={"a": 1}),
+            r"fingerprint extra=\{'a': 1\} must be text, a number",
+        ),
+        (lambda st, t: st.update(spec_k="int2"), r"spec_k must be a quantization spec \(a JSON object\) or null"),
+        (lambda st, t: st.update(spec_k={"bits": 5}), r"spec_k is not a quantization spec for head_dim 32: bits=5"),
+        (lambda st, t: st.update(spec_v={"bits": 2, "group_size": 64}), r"spec_v .*group_size 64 does not divide"),
+        (lambda st, t: st.update(latent_shape=[1, 16, 4]), r"latent_shape=\[1, 16, 4\] must be \[batch, channels"),
+        (lambda st, t: st.update(latent_shape="1x16x4x4"), r"latent_shape='1x16x4x4' must be"),
+        (lambda st, t: st.update(active_prompt=3), r"active_prompt=3 must be text"),
+        (lambda st, t: st.pop("next_chunk"), r"the state record lacks next_chunk"),
+        (lambda st, t: st.update(surprise=1), r"has fields format version 1 does not know: \['surprise'\]"),
+        (lambda st, t: st["retained"][0].pop("shape"), r"retained\[0\] must be a JSON object of chunk, frame_offset"),
+        (lambda st, t: st["retained"][0].update(chunk="0"), r"retained\[0\] chunk='0' must be a whole number"),
+        # a cache's own record
+        (
+            _meta_edit(lambda m: m.update(chunks=[5])),
+            r"cache of layer 0, branch 0: cache file metadata lists 1 chunks"
+            r"|cache file entry chunk0 must be a JSON object",
+        ),
+        (
+            _meta_edit(lambda m: m["chunks"][0]["k"].update(shape=[])),
+            r"cache file entry chunk0.k shape=\[\] must be "
+            r"\[batch, heads, tokens, head_dim\]",
+        ),
+        (_meta_edit(lambda m: m["chunks"][0]["k"].update(shape="abc")), r"chunk0.k shape='abc' must be"),
+        (_meta_edit(lambda m: m["chunks"][0]["k"].pop("quantized")), r"cache file entry chunk0.k lacks quantized"),
+        (
+            _meta_edit(lambda m: m["chunks"][0]["k"].update(quantized=False)),
+            r"chunk0.k is not quantized but this cache quantizes that side",
+        ),
+        (_meta_edit(lambda m: m["chunks"][0]["k"].update(dtype=["float32"])), r"chunk0.k records dtype \['float32'\]"),
+        (_meta_edit(lambda m: m["chunks"][0].pop("v")), r"cache file entry chunk0 lacks v"),
+        (_meta_edit(lambda m: m.update(layout="x")), r"cache file metadata layout must be a JSON object, got str"),
+        (_meta_edit(lambda m: m.update(layout={"batch": 1})), r"layout lacks heads, head_dim, dtype"),
+        (_meta_edit(lambda m: m.update(layout=None)), r"lists 2 chunks but no layout"),
+        (_meta_edit(lambda m: m.update(sink_held=0)), r"sink_held=0 does not fit its 2 chunks under sink_chunks=1"),
+        (_meta_edit(lambda m: m.update(spec_k=[1])), r"spec_k must be a JSON object or null"),
+        (_meta_edit(lambda m: m.update(version="2")), r"cache file format '2' is not supported"),
+        (_meta_edit(lambda m: m.clear()), r"cache file format None is not supported"),
+        (lambda st, t: set_cache_meta(t, None, raw=b"[1, 2]"), r"__jensen_kv_meta__ must be a JSON object, got list"),
+        (lambda st, t: set_cache_meta(t, None, raw=b"[" * 100_000 + b"]" * 100_000), r"not readable JSON \(nested too"),
+        (lambda st, t: set_cache_meta(t, None, raw=b"\xff\xfe"), r"__jensen_kv_meta__ is not readable JSON"),
+        (
+            lambda st, t: set_cache_meta(t, None, raw=b'{"version": 2, "version": 2}'),
+            r"the key 'version' appears twice",
+        ),
+        (
+            lambda st, t: t.update({f"cache.0.0.{META}": torch.zeros(4)}),
+            r"has no __jensen_kv_meta__ record \(a 1-D uint8",
+        ),
+    ],
+)
 def test_malformed_metadata_is_one_clear_error_naming_the_field(tmp_path, edit, match):
     refused(craft(tmp_path, edit), match)
 
 
-@pytest.mark.parametrize("state,match", [
-    ("[" * 100_000 + "]" * 100_000, r"the state record is not readable JSON \(nested too deeply\)"),
-    ("[]", r"the state record must be a JSON object, got list"),
-    ('{"a": NaN}', r"the state record is not readable JSON \(NaN is not a JSON number\)"),
-    # Python 3.11+ refuses a 5,000-digit number in JSON; 3.10 reads it, and the field is unknown
-    ('{"a": ' + "1" * 5000 + "}", r"the state record (is not readable JSON \(Exceeds the limit|has fields)"),
-], ids=["nested-100k-deep", "a-list", "NaN", "a-5000-digit-number"])
+@pytest.mark.parametrize(
+    "state,match",
+    [
+        ("[" * 100_000 + "]" * 100_000, r"the state record is not readable JSON \(nested too deeply\)"),
+        ("[]", r"the state record must be a JSON object, got list"),
+        ('{"a": NaN}', r"the state record is not readable JSON \(NaN is not a JSON number\)"),
+        # Python 3.11+ refuses a 5,000-digit number in JSON; 3.10 reads it, and the field is unknown
+        ('{"a": ' + "1" * 5000 + "}", r"the state record (is not readable JSON \(Exceeds the limit|has fields)"),
+    ],
+    ids=["nested-100k-deep", "a-list", "NaN", "a-5000-digit-number"],
+)
 def test_an_unreadable_state_record_is_one_clear_error(tmp_path, state, match):
     src = tmp_path / "s.safetensors"
     make_state().save(str(src))
@@ -480,7 +603,7 @@ def test_a_safetensors_header_that_lies_is_one_clear_error(tmp_path):
     make_state(chunks=2).save(str(src))
     data = src.read_bytes()
     n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     name = next(k for k in header if k != "__metadata__")
     cases = {
         "offsets past the end": {**header, name: {**header[name], "data_offsets": [0, 10**12]}},
@@ -492,7 +615,7 @@ def test_a_safetensors_header_that_lies_is_one_clear_error(tmp_path):
     for what, h in cases.items():
         raw = json.dumps(h).encode()
         path = tmp_path / "lie.safetensors"
-        path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+        path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n :])
         assert "is not a readable safetensors file" in refused(path, r"readable"), what
     path.write_bytes((10**15).to_bytes(8, "little") + data[8:])
     refused(path, r"its header declares 1000000000000000 bytes; a Jensen KV cache file's header is at most")
@@ -516,8 +639,11 @@ def _peak(fn) -> int:
 
 def test_a_file_with_a_wrong_sha_is_refused_without_copying_its_tensors(tmp_path, monkeypatch):
     path = str(tmp_path / "big.safetensors")
-    save_file({"big": torch.ones(8 << 20)}, path,  # 32 MiB
-              metadata={"format": rs.FORMAT, "version": "1", "state": "{}", "sha256": "0" * 64})
+    save_file(
+        {"big": torch.ones(8 << 20)},
+        path,  # 32 MiB
+        metadata={"format": rs.FORMAT, "version": "1", "state": "{}", "sha256": "0" * 64},
+    )
     count = Counting(monkeypatch)
     peak = _peak(lambda: refused(path, r"does not match its recorded SHA-256"))
     assert count.reads == 0  # hashed from the file in blocks, nothing loaded
@@ -549,11 +675,15 @@ def test_the_state_record_and_the_header_are_capped(tmp_path):
     make_state().save(str(src))
     meta, tensors = read_file(src)
     big_state = meta["state"][:-1] + " " * rs.MAX_STATE_BYTES + "}"  # valid JSON, over the cap
-    refused(resign(tmp_path / "a.safetensors", meta, tensors, big_state),
-            rf"has a {len(big_state)}-character state record; a Jensen KV cache file has one of at most "
-            rf"{rs.MAX_STATE_BYTES} characters")
-    refused(resign(tmp_path / "b.safetensors", {**meta, "padding": " " * (rs.MAX_HEADER_BYTES + 1)}, tensors),
-            rf"its header declares \d+ bytes; a Jensen KV cache file's header is at most {rs.MAX_HEADER_BYTES}")
+    refused(
+        resign(tmp_path / "a.safetensors", meta, tensors, big_state),
+        rf"has a {len(big_state)}-character state record; a Jensen KV cache file has one of at most "
+        rf"{rs.MAX_STATE_BYTES} characters",
+    )
+    refused(
+        resign(tmp_path / "b.safetensors", {**meta, "padding": " " * (rs.MAX_HEADER_BYTES + 1)}, tensors),
+        rf"its header declares \d+ bytes; a Jensen KV cache file's header is at most {rs.MAX_HEADER_BYTES}",
+    )
 
 
 def test_a_cache_record_is_capped_and_decoded_without_a_python_int_per_byte(tmp_path, monkeypatch):
@@ -568,13 +698,17 @@ def test_a_cache_record_is_capped_and_decoded_without_a_python_int_per_byte(tmp_
     sd[META] = torch.frombuffer(bytearray(near_cap + b" "), dtype=torch.uint8)
     with pytest.raises(ValueError, match=rf"holds {cache_mod.MAX_META_BYTES + 1} bytes; a cache record is at most"):
         ChunkCache(INT2, INT2).load_state_dict(sd)
+
     # in a run-state file: refused from the header, before the record is read
     def edit(st, tensors):
         tensors[f"cache.0.0.{META}"] = torch.frombuffer(bytearray(near_cap + b" "), dtype=torch.uint8)
 
     count = Counting(monkeypatch)
-    refused(craft(tmp_path, edit), r"the cache of layer 0, branch 0 has no __jensen_kv_meta__ record \(a 1-D uint8 "
-                                   r"tensor of at most 1048576 bytes\)")
+    refused(
+        craft(tmp_path, edit),
+        r"the cache of layer 0, branch 0 has no __jensen_kv_meta__ record \(a 1-D uint8 "
+        r"tensor of at most 1048576 bytes\)",
+    )
     assert count.records == 0
 
 
@@ -587,8 +721,9 @@ def test_a_chunk_cache_file_over_its_window_or_with_a_wrong_layout_is_refused():
     meta = json.loads(sd[META].numpy().tobytes())
     meta["window_chunks"] = 1
     sd[META] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
-    with pytest.raises(ValueError, match="lists 6 chunks, but a cache with window_chunks=1 and sink_chunks=1 holds at "
-                                         "most 2"):
+    with pytest.raises(
+        ValueError, match="lists 6 chunks, but a cache with window_chunks=1 and sink_chunks=1 holds at most 2"
+    ):
         ChunkCache(INT2, INT2, window_chunks=1, sink_chunks=1).load_state_dict(sd)
     meta["window_chunks"] = None
     sd[META] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
@@ -598,34 +733,50 @@ def test_a_chunk_cache_file_over_its_window_or_with_a_wrong_layout_is_refused():
         ChunkCache(INT2, INT2, sink_chunks=1).load_state_dict({**sd, "chunk9.v": torch.zeros(1)})
     meta["layout"]["heads"] = 4
     sd[META] = torch.frombuffer(bytearray(json.dumps(meta).encode()), dtype=torch.uint8)
-    with pytest.raises(ValueError, match=r"chunk0 holds \(batch, heads, head_dim, dtype\) = \(1, 2, 32, float32\), "
-                                         r"not the layout's \(1, 4, 32, float32\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"chunk0 holds \(batch, heads, head_dim, dtype\) = \(1, 2, 32, float32\), "
+        r"not the layout's \(1, 4, 32, float32\)",
+    ):
         ChunkCache(INT2, INT2, sink_chunks=1).load_state_dict(sd)
 
 
 # ------------------------------------------------------------------------------------------------ item 8: each refusal alone
 def _as_saved(state) -> dict:
-    return dict(fingerprint=dict(state.fingerprint), spec_k=state.spec_k, spec_v=state.spec_v,
-                chunk_frames=state.chunk_frames, window_chunks=state.window_chunks, sink_chunks=state.sink_chunks,
-                latent_shape=tuple(state.latent_shape), branches=list(state.branches))
+    return dict(
+        fingerprint=dict(state.fingerprint),
+        spec_k=state.spec_k,
+        spec_v=state.spec_v,
+        chunk_frames=state.chunk_frames,
+        window_chunks=state.window_chunks,
+        sink_chunks=state.sink_chunks,
+        latent_shape=tuple(state.latent_shape),
+        branches=list(state.branches),
+    )
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"spec_v": INT4}, r"the value spec \{'bits': 2.*but this run has \{'bits': 4"),
-    ({"spec_k": INT4}, r"the key spec \{'bits': 2.*but this run has \{'bits': 4"),
-    ({"spec_v": None}, r"the value spec .* but this run has full precision"),
-    ({"spec_v": QuantSpec(bits=2, group_size=16, rotation="hadamard")}, r"the value spec"),
-    ({"sink_chunks": 0}, r"\(window_chunks, sink_chunks\) \(1, 1\), but this run has \(1, 0\)"),
-    ({"window_chunks": 2}, r"\(window_chunks, sink_chunks\) \(1, 1\), but this run has \(2, 1\)"),
-    ({"latent_shape": (1, 16, 8, 4)}, r"latents of \(batch, channels, height, width\) \(1, 16, 4, 4\), but this run "
-                                      r"has \(1, 16, 8, 4\)"),
-    ({"latent_shape": (1, 16, 4, 8)}, r"\(1, 16, 4, 4\), but this run has \(1, 16, 4, 8\)"),
-    ({"latent_shape": (2, 16, 4, 4)}, r"\(1, 16, 4, 4\), but this run has \(2, 16, 4, 4\)"),
-    ({"chunk_frames": 1}, r"chunk_frames 2, but this run has 1"),
-    ({"branches": [0]}, r"CFG branches \[0, 1\], but this run has \[0\]"),
-    ({"fingerprint": {"heads": 4}}, r"a model whose heads is 2, but this run has 4"),
-    ({"fingerprint": {"weights": "cd" * 16}}, r"model weights with digest"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"spec_v": INT4}, r"the value spec \{'bits': 2.*but this run has \{'bits': 4"),
+        ({"spec_k": INT4}, r"the key spec \{'bits': 2.*but this run has \{'bits': 4"),
+        ({"spec_v": None}, r"the value spec .* but this run has full precision"),
+        ({"spec_v": QuantSpec(bits=2, group_size=16, rotation="hadamard")}, r"the value spec"),
+        ({"sink_chunks": 0}, r"\(window_chunks, sink_chunks\) \(1, 1\), but this run has \(1, 0\)"),
+        ({"window_chunks": 2}, r"\(window_chunks, sink_chunks\) \(1, 1\), but this run has \(2, 1\)"),
+        (
+            {"latent_shape": (1, 16, 8, 4)},
+            r"latents of \(batch, channels, height, width\) \(1, 16, 4, 4\), but this run "
+            r"has \(1, 16, 8, 4\)",
+        ),
+        ({"latent_shape": (1, 16, 4, 8)}, r"\(1, 16, 4, 4\), but this run has \(1, 16, 4, 8\)"),
+        ({"latent_shape": (2, 16, 4, 4)}, r"\(1, 16, 4, 4\), but this run has \(2, 16, 4, 4\)"),
+        ({"chunk_frames": 1}, r"chunk_frames 2, but this run has 1"),
+        ({"branches": [0]}, r"CFG branches \[0, 1\], but this run has \[0\]"),
+        ({"fingerprint": {"heads": 4}}, r"a model whose heads is 2, but this run has 4"),
+        ({"fingerprint": {"weights": "cd" * 16}}, r"model weights with digest"),
+    ],
+)
 def test_each_compared_field_is_refused_on_its_own(change, match):
     state = make_state(spec_k=INT2, spec_v=INT2, window=1, sink=1)
     same = _as_saved(state)

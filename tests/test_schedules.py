@@ -1,4 +1,5 @@
 """The AR Video Schedule presets against what each reference feeds its model."""
+
 import pytest
 import torch
 from support.pack import load_pack_module
@@ -6,11 +7,14 @@ from support.pack import load_pack_module
 sched = load_pack_module("runtime.schedules")
 
 
-@pytest.mark.parametrize("preset,expected", [
-    ("self_forcing_4step", [1.0, 0.9375, 0.833333, 0.625, 0.0]),     # shift 5 on 1000/750/500/250
-    ("causvid_3step", [1.0, 0.757, 0.522, 0.0]),                     # released checkpoint, no warp
-    ("causvid_warp_4step", [1.0, 0.96, 0.888889, 0.727273, 0.0]),    # shift 8 on 1000/750/500/250
-])
+@pytest.mark.parametrize(
+    "preset,expected",
+    [
+        ("self_forcing_4step", [1.0, 0.9375, 0.833333, 0.625, 0.0]),  # shift 5 on 1000/750/500/250
+        ("causvid_3step", [1.0, 0.757, 0.522, 0.0]),  # released checkpoint, no warp
+        ("causvid_warp_4step", [1.0, 0.96, 0.888889, 0.727273, 0.0]),  # shift 8 on 1000/750/500/250
+    ],
+)
 def test_few_step_presets(preset, expected):
     torch.testing.assert_close(sched.ar_sigmas(preset), torch.tensor(expected), atol=1e-6, rtol=0)
 
@@ -25,10 +29,20 @@ def test_skyreels_df_is_flowunipc_set_timesteps():
 
 
 def test_manual_accepts_sigmas_or_timesteps_and_refuses_nonsense():
-    torch.testing.assert_close(sched.ar_sigmas("manual", manual="1, 0.757, 0.522"), torch.tensor([1.0, 0.757, 0.522, 0.0]))
-    torch.testing.assert_close(sched.ar_sigmas("manual", manual="1000 757 522 0"), torch.tensor([1.0, 0.757, 0.522, 0.0]))
-    for bad, match in (("", "empty"), ("1, x", "'x' is not a number"), ("0.5, 0.7", "strictly decrease"),
-                       ("2000", "above t = 1000"), ("1, -0.1", "finite number >= 0"), ("nan", "finite")):
+    torch.testing.assert_close(
+        sched.ar_sigmas("manual", manual="1, 0.757, 0.522"), torch.tensor([1.0, 0.757, 0.522, 0.0])
+    )
+    torch.testing.assert_close(
+        sched.ar_sigmas("manual", manual="1000 757 522 0"), torch.tensor([1.0, 0.757, 0.522, 0.0])
+    )
+    for bad, match in (
+        ("", "empty"),
+        ("1, x", "'x' is not a number"),
+        ("0.5, 0.7", "strictly decrease"),
+        ("2000", "above t = 1000"),
+        ("1, -0.1", "finite number >= 0"),
+        ("nan", "finite"),
+    ):
         with pytest.raises(ValueError, match=match):
             sched.ar_sigmas("manual", manual=bad)
     with pytest.raises(ValueError, match="preset='warp9'"):
@@ -36,4 +50,6 @@ def test_manual_accepts_sigmas_or_timesteps_and_refuses_nonsense():
 
 
 def test_describe_says_what_the_model_sees():
-    assert sched.describe(sched.ar_sigmas("self_forcing_4step")) == "4 steps; the model sees t = 1000, 937.5, 833.3, 625"
+    assert (
+        sched.describe(sched.ar_sigmas("self_forcing_4step")) == "4 steps; the model sees t = 1000, 937.5, 833.3, 625"
+    )

@@ -1,6 +1,7 @@
 """Benchmarks and tools import the pack's shared helpers (``jensen_testing``), never ``tests/``; the pack's rooms
 never import ``jensen_testing``; and a script's header puts the pack's folder after ComfyUI's on ``sys.path``, so
 ComfyUI's top-level ``nodes`` module wins over the pack's ``nodes`` package."""
+
 from __future__ import annotations
 
 import ast
@@ -29,8 +30,11 @@ def _imported_tops(path: Path) -> set[str]:
 def _sys_path_edits(path: Path) -> list[str]:
     """The source of every ``sys.path.insert`` / ``sys.path.append`` call in ``path``."""
     src = path.read_text()
-    return [ast.get_source_segment(src, n) for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)
-            and ast.unparse(n.func) in ("sys.path.insert", "sys.path.append")]
+    return [
+        ast.get_source_segment(src, n)
+        for n in ast.walk(ast.parse(src))
+        if isinstance(n, ast.Call) and ast.unparse(n.func) in ("sys.path.insert", "sys.path.append")
+    ]
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
@@ -42,8 +46,12 @@ def test_scripts_never_reach_into_tests(path):
 
 
 def test_no_room_of_the_pack_imports_jensen_testing():
-    found = [f"{p.relative_to(ROOT)}" for room in ROOMS for p in (ROOT / room).rglob("*.py")
-             if "jensen_testing" in _imported_tops(p)]
+    found = [
+        f"{p.relative_to(ROOT)}"
+        for room in ROOMS
+        for p in (ROOT / room).rglob("*.py")
+        if "jensen_testing" in _imported_tops(p)
+    ]
     assert found == []
 
 

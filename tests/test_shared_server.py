@@ -1,5 +1,6 @@
 """The session's shared ComfyUI server (tests/conftest.py ``comfy_server``): what a test module adds to its folders
 is removed after the module, and only the modules that need a server of their own start one."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,12 @@ def test_folder_snapshot_removes_what_was_added_and_keeps_what_was_there(tmp_pat
 
     snap = FolderSnapshot(base)
     kept.write_bytes(b"changed")  # changed, not added: stays
-    added = [base / "models" / "diffusion_models" / "tiny.safetensors", base / "output" / "jensen_kv" / "new.latent",
-             base / "output" / "run" / "a" / "b.latent", base / "user" / "default" / "workflows" / "w.json"]
+    added = [
+        base / "models" / "diffusion_models" / "tiny.safetensors",
+        base / "output" / "jensen_kv" / "new.latent",
+        base / "output" / "run" / "a" / "b.latent",
+        base / "user" / "default" / "workflows" / "w.json",
+    ]
     for p in added:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(b"n")
@@ -59,8 +64,13 @@ def test_the_fast_lane_leaves_out_server_and_integration_tests():
     import sys
 
     files = ["tests/integration/test_nodes.py", "tests/web/test_workflows.py"]
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-                        "-m", "not slow", *files], cwd=TESTS.parent, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only", "-m", "not slow", *files],
+        cwd=TESTS.parent,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     ids = [line for line in r.stdout.splitlines() if "::" in line]
     assert ids, r.stdout + r.stderr
     assert not [i for i in ids if i.startswith("tests/integration/")]

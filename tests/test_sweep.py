@@ -1,5 +1,6 @@
 """``benchmarks/sweep.py``: ``--quick`` runs, writes the CSVs and plots (data only), and INT2 shifts more attention;
 the comparison rows it writes hold the numbers of the settings they compare."""
+
 from __future__ import annotations
 
 import csv
@@ -17,10 +18,28 @@ pytestmark = pytest.mark.slow  # runs benchmarks/sweep.py --quick (minutes on 2 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sweep.py"
 COLUMNS = [
-    "scheme", "rotation", "bits", "group_size", "correction", "effective_bits",
-    "median_delta_ps", "q25_delta_ps", "q75_delta_ps", "iqr_delta_ps", "mean_jsd", "output_mse",
-    "wan_latent_psnr_db", "wan_latent_psnr_se_db", "wan_latent_mse", "wan_median_delta_ps", "wan_iqr_delta_ps",
-    "wan_mean_jsd", "wan_output_mse", "method", "qvg_stages", "qvg_centroids",
+    "scheme",
+    "rotation",
+    "bits",
+    "group_size",
+    "correction",
+    "effective_bits",
+    "median_delta_ps",
+    "q25_delta_ps",
+    "q75_delta_ps",
+    "iqr_delta_ps",
+    "mean_jsd",
+    "output_mse",
+    "wan_latent_psnr_db",
+    "wan_latent_psnr_se_db",
+    "wan_latent_mse",
+    "wan_median_delta_ps",
+    "wan_iqr_delta_ps",
+    "wan_mean_jsd",
+    "wan_output_mse",
+    "method",
+    "qvg_stages",
+    "qvg_centroids",
 ]
 COMPARISON_COLUMNS = ["comparison", "setting", "reference", "metric", "value", "reference_value", "lower_is_better"]
 
@@ -35,8 +54,13 @@ def _sweep_module():
 
 def test_quick_sweep_writes_csv_and_plots(tmp_path):
     have_wan = support_comfyui.find_comfyui() is not None
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "elapsed:" in proc.stdout
     assert " wins" not in proc.stdout  # data only: what the numbers say is written in the docs by hand
@@ -99,27 +123,37 @@ def test_comparisons_carry_the_compared_settings_numbers(tmp_path):
         return Row(setting, values)
 
     int2 = Setting(2, 128, "hadamard", "taylor")
-    rows = [row(None, 0.0, 1e-7, 1e-9, 16.0),
-            row(Setting(2, 128, "hadamard", "off"), 0.05, 0.06, 5e-4, 2.1875, 53.0),
-            row(int2, -0.0003, 0.055, 3e-4, 2.1875, 54.0),
-            row(Setting(4, 128, "hadamard", "off"), 0.002, 0.0024, 9e-6, 4.1875, 69.0),
-            row(Setting(2, 32, "none", "off"), 0.08, 0.11, 4e-3, 2.75),
-            row(Setting(2, 64, "none", "taylor", "qvg", 30), 0.001, 0.04, 3e-4, 2.745)]
+    rows = [
+        row(None, 0.0, 1e-7, 1e-9, 16.0),
+        row(Setting(2, 128, "hadamard", "off"), 0.05, 0.06, 5e-4, 2.1875, 53.0),
+        row(int2, -0.0003, 0.055, 3e-4, 2.1875, 54.0),
+        row(Setting(4, 128, "hadamard", "off"), 0.002, 0.0024, 9e-6, 4.1875, 69.0),
+        row(Setting(2, 32, "none", "off"), 0.08, 0.11, 4e-3, 2.75),
+        row(Setting(2, 64, "none", "taylor", "qvg", 30), 0.001, 0.04, 3e-4, 2.745),
+    ]
     got = sweep.comparisons(rows, have_wan=True)
     vs_int4 = {c["metric"]: c for c in got if c["comparison"] == "int2_corrected_vs_int4"}
     assert set(vs_int4) == {"abs_median_delta_ps", "mean_jsd", "output_mse", "wan_latent_psnr_db"}
     assert all(c["setting"] == int2.label() and c["reference"] == "INT4 g128 QuaRot off" for c in vs_int4.values())
-    assert (vs_int4["abs_median_delta_ps"]["value"], vs_int4["abs_median_delta_ps"]["reference_value"]) == (0.0003, 0.002)
+    assert (vs_int4["abs_median_delta_ps"]["value"], vs_int4["abs_median_delta_ps"]["reference_value"]) == (
+        0.0003,
+        0.002,
+    )
     assert (vs_int4["wan_latent_psnr_db"]["value"], vs_int4["wan_latent_psnr_db"]["lower_is_better"]) == (54.0, False)
     assert "wan_latent_psnr_db" not in {c["metric"] for c in sweep.comparisons(rows, have_wan=False)}
     # at QVG's 2.75 bits the RTN g32 row competes: QVG wins every metric here
     best = {c["metric"]: c for c in got if c["comparison"] == "best_int2_at_bits"}
     assert {c["reference"] for c in best.values()} == {"2.75 bits"}
-    assert best["abs_median_delta_ps"]["setting"] == "INT2 g64 QVG K30 taylor" and best["abs_median_delta_ps"]["value"] == 0.001
+    assert (
+        best["abs_median_delta_ps"]["setting"] == "INT2 g64 QVG K30 taylor"
+        and best["abs_median_delta_ps"]["value"] == 0.001
+    )
 
-    modes = [row(Setting(2, 32, "none", "off"), 0.08, 0.11, 4e-3, 2.75, 55.0),
-             row(Setting(2, 32, "none", "taylor"), 0.02, 0.09, 2e-3, 2.75, 56.0),
-             row(Setting(2, 32, "none", "chunk_mean"), -0.035, 0.10, 3e-3, 2.75, 55.5)]
+    modes = [
+        row(Setting(2, 32, "none", "off"), 0.08, 0.11, 4e-3, 2.75, 55.0),
+        row(Setting(2, 32, "none", "taylor"), 0.02, 0.09, 2e-3, 2.75, 56.0),
+        row(Setting(2, 32, "none", "chunk_mean"), -0.035, 0.10, 3e-3, 2.75, 55.5),
+    ]
     kept = {c["metric"]: c for c in sweep.modes_comparisons(modes, have_wan=True)}
     assert kept["abs_median_delta_ps_reduction_kept"]["value"] == pytest.approx((0.08 - 0.035) / (0.08 - 0.02))
     assert (kept["mean_jsd"]["value"], kept["mean_jsd"]["reference_value"]) == (0.10, 0.09)

@@ -50,6 +50,7 @@ modified). The same key check and ComfyUI detection run on it first.
 
 ``convert()`` is the pure part (no ComfyUI needed); ``main(argv)`` is the command line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,9 +102,20 @@ MAX_ZIP_MEMBERS = 200_000
 CAUSAL_AR = {"transformer": {"causal_ar": True}}
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
 #: safetensors dtype names -> torch (for the meta tensors the checks read from a header)
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+_ST_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+}
 
 
 class ConversionError(ValueError):
@@ -137,29 +149,38 @@ def check_zip_members(path: str | os.PathLike) -> None:
         with zipfile.ZipFile(path) as z:
             members = z.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as e:
-        raise ConversionError(f"{path} is a damaged zip ({type(e).__name__}: {str(e)[:200]}); not a torch checkpoint "
-                              "torch.save wrote") from None
+        raise ConversionError(
+            f"{path} is a damaged zip ({type(e).__name__}: {str(e)[:200]}); not a torch checkpoint torch.save wrote"
+        ) from None
     if len(members) > MAX_ZIP_MEMBERS:
-        raise ConversionError(f"{path} holds {len(members)} zip members (at most {MAX_ZIP_MEMBERS}: one per tensor "
-                              "storage); refused before loading")
+        raise ConversionError(
+            f"{path} holds {len(members)} zip members (at most {MAX_ZIP_MEMBERS}: one per tensor "
+            "storage); refused before loading"
+        )
     for m in members:
         if m.compress_type != zipfile.ZIP_STORED:
             raise ConversionError(
                 f"{path}: the member {m.filename!r} is compressed ({m.compress_size} bytes that unpack to "
                 f"{m.file_size}); torch.save never compresses, and unpacking it could take minutes and gigabytes: "
-                "refused before loading (get the checkpoint from its official source)")
+                "refused before loading (get the checkpoint from its official source)"
+            )
         if m.file_size > size or m.header_offset + m.file_size > size:
-            raise ConversionError(f"{path}: the member {m.filename!r} claims {m.file_size} bytes, more than the "
-                                  f"{size}-byte file holds; refused before loading")
+            raise ConversionError(
+                f"{path}: the member {m.filename!r} claims {m.file_size} bytes, more than the "
+                f"{size}-byte file holds; refused before loading"
+            )
         if m.filename.endswith(".pkl") and m.file_size > MAX_PICKLE_BYTES:
             raise ConversionError(
                 f"{path}: the pickle {m.filename!r} is {m.file_size / 2**20:.1f} MiB (at most "
                 f"{MAX_PICKLE_BYTES / 2**20:.0f} MiB: a checkpoint's pickle holds ~200 bytes per tensor, its data "
-                "are separate members); refused before loading")
+                "are separate members); refused before loading"
+            )
     total = sum(m.file_size for m in members)
     if total > size:
-        raise ConversionError(f"{path}: its members claim {total} bytes together, more than the {size}-byte file "
-                              "holds uncompressed; refused before loading")
+        raise ConversionError(
+            f"{path}: its members claim {total} bytes together, more than the {size}-byte file "
+            "holds uncompressed; refused before loading"
+        )
 
 
 def load_checkpoint(path: str | os.PathLike):
@@ -187,8 +208,9 @@ def load_checkpoint(path: str | os.PathLike):
             "Self-Forcing and CausVid checkpoints hold only tensors; get the file from its official source"
         ) from None
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as e:
-        raise ConversionError(f"could not read {path} as a torch checkpoint ({type(e).__name__}: "
-                              f"{str(e).strip()[:200]})") from None
+        raise ConversionError(
+            f"could not read {path} as a torch checkpoint ({type(e).__name__}: {str(e).strip()[:200]})"
+        ) from None
 
 
 def _describe(value) -> str:
@@ -207,8 +229,11 @@ def _listing(obj: dict, limit: int = 20) -> str:
 
 
 def _is_state_dict(obj) -> bool:
-    return isinstance(obj, dict) and len(obj) > 0 and all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    return (
+        isinstance(obj, dict)
+        and len(obj) > 0
+        and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
+    )
 
 
 def select_state_dict(state, key: str | None = None) -> tuple[str | None, dict[str, torch.Tensor]]:
@@ -219,8 +244,10 @@ def select_state_dict(state, key: str | None = None) -> tuple[str | None, dict[s
         if key not in state:
             raise ConversionError(f"--key {key!r} is not in the checkpoint; it has: {_listing(state)}")
         if not _is_state_dict(state[key]):
-            raise ConversionError(f"--key {key!r} is not a state dict of tensors ({_describe(state[key])}); "
-                                  f"the checkpoint has: {_listing(state)}")
+            raise ConversionError(
+                f"--key {key!r} is not a state dict of tensors ({_describe(state[key])}); "
+                f"the checkpoint has: {_listing(state)}"
+            )
         return key, state[key]
     for k in AUTO_KEYS:
         if k in state and _is_state_dict(state[k]):
@@ -244,8 +271,10 @@ def strip_wrappers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             parts = parts[1:]
         new = ".".join(parts)
         if new in out:
-            raise ConversionError(f"{origin[new]!r} and {key!r} both become {new!r} once the wrapper prefixes are "
-                                  "stripped; this is not one model's state dict")
+            raise ConversionError(
+                f"{origin[new]!r} and {key!r} both become {new!r} once the wrapper prefixes are "
+                "stripped; this is not one model's state dict"
+            )
         out[new], origin[new] = value, key
     return out
 
@@ -259,16 +288,31 @@ def wan_t2v_shapes(dim: int, ffn_dim: int, layers: int) -> dict[str, tuple[int, 
     d, patch = dim, WAN_PATCH
     out = WAN_OUT_DIM * patch[0] * patch[1] * patch[2]
     shapes = {
-        "patch_embedding.weight": (d, WAN_LATENT_CHANNELS, *patch), "patch_embedding.bias": (d,),
-        "text_embedding.0.weight": (d, WAN_TEXT_DIM), "text_embedding.0.bias": (d,),
-        "text_embedding.2.weight": (d, d), "text_embedding.2.bias": (d,),
-        "time_embedding.0.weight": (d, WAN_FREQ_DIM), "time_embedding.0.bias": (d,),
-        "time_embedding.2.weight": (d, d), "time_embedding.2.bias": (d,),
-        "time_projection.1.weight": (6 * d, d), "time_projection.1.bias": (6 * d,),
-        "head.head.weight": (out, d), "head.head.bias": (out,), "head.modulation": (1, 2, d),
+        "patch_embedding.weight": (d, WAN_LATENT_CHANNELS, *patch),
+        "patch_embedding.bias": (d,),
+        "text_embedding.0.weight": (d, WAN_TEXT_DIM),
+        "text_embedding.0.bias": (d,),
+        "text_embedding.2.weight": (d, d),
+        "text_embedding.2.bias": (d,),
+        "time_embedding.0.weight": (d, WAN_FREQ_DIM),
+        "time_embedding.0.bias": (d,),
+        "time_embedding.2.weight": (d, d),
+        "time_embedding.2.bias": (d,),
+        "time_projection.1.weight": (6 * d, d),
+        "time_projection.1.bias": (6 * d,),
+        "head.head.weight": (out, d),
+        "head.head.bias": (out,),
+        "head.modulation": (1, 2, d),
     }
-    block = {"norm3.weight": (d,), "norm3.bias": (d,), "ffn.0.weight": (ffn_dim, d), "ffn.0.bias": (ffn_dim,),
-             "ffn.2.weight": (d, ffn_dim), "ffn.2.bias": (d,), "modulation": (1, 6, d)}
+    block = {
+        "norm3.weight": (d,),
+        "norm3.bias": (d,),
+        "ffn.0.weight": (ffn_dim, d),
+        "ffn.0.bias": (ffn_dim,),
+        "ffn.2.weight": (d, ffn_dim),
+        "ffn.2.bias": (d,),
+        "modulation": (1, 6, d),
+    }
     for attn in ("self_attn", "cross_attn"):
         for p in ("q", "k", "v", "o"):
             block[f"{attn}.{p}.weight"], block[f"{attn}.{p}.bias"] = (d, d), (d,)
@@ -296,55 +340,75 @@ def check_wan_t2v(sd: dict[str, torch.Tensor]) -> WanInfo:
         raise ConversionError(f"not a Wan 2.1 diffusion model: {', '.join(missing)} missing (keys start: {sample} ...)")
     foreign = sorted({p for k in sd for p in NON_T2V_PREFIXES if k.startswith(p)})
     if foreign:
-        raise ConversionError(f"a Wan variant that is not text-to-video (it has {', '.join(foreign)} keys: image-to-"
-                              "video, VACE, control or reference input); the Chunked AR sampler supports Wan 2.1 T2V")
+        raise ConversionError(
+            f"a Wan variant that is not text-to-video (it has {', '.join(foreign)} keys: image-to-"
+            "video, VACE, control or reference input); the Chunked AR sampler supports Wan 2.1 T2V"
+        )
     patch = sd["patch_embedding.weight"]
     if patch.ndim != 5 or patch.shape[1] != WAN_LATENT_CHANNELS:
         in_ch = patch.shape[1] if patch.ndim >= 2 else "no"
-        raise ConversionError(f"patch_embedding.weight has shape {_shape(patch)}: {in_ch} input channels "
-                              f"where Wan 2.1 T2V has {WAN_LATENT_CHANNELS} (an image-to-video, control or Fun variant)")
+        raise ConversionError(
+            f"patch_embedding.weight has shape {_shape(patch)}: {in_ch} input channels "
+            f"where Wan 2.1 T2V has {WAN_LATENT_CHANNELS} (an image-to-video, control or Fun variant)"
+        )
     mod = sd["head.modulation"]
     if mod.ndim != 3 or _shape(mod)[:2] != (1, 2) or mod.shape[2] < 1:
-        raise ConversionError(f"head.modulation has shape {_shape(mod)} where a Wan 2.1 model has (1, 2, dim); "
-                              "not a Wan 2.1 diffusion model (or a damaged one)")
+        raise ConversionError(
+            f"head.modulation has shape {_shape(mod)} where a Wan 2.1 model has (1, 2, dim); "
+            "not a Wan 2.1 diffusion model (or a damaged one)"
+        )
     dim = int(mod.shape[2])
     ffn = sd.get("blocks.0.ffn.0.weight")
     ffn_dim = int(ffn.shape[0]) if ffn is not None and ffn.ndim == 2 else 0
     ids = {k.split(".")[1] for k in sd if k.startswith("blocks.") and k.count(".") >= 2}
     bad_ids = sorted(i for i in ids if not (i.isdigit() and i.isascii() and len(i) <= 6))
     if bad_ids:
-        raise ConversionError(f"block numbers must be integers: found blocks.{bad_ids[0][:20]!r} ...; not one Wan's "
-                              "state dict")
+        raise ConversionError(
+            f"block numbers must be integers: found blocks.{bad_ids[0][:20]!r} ...; not one Wan's state dict"
+        )
     numbers = {int(i) for i in ids}
     layers = max(numbers) + 1
-    for what, value, most in (("dim", dim, WAN_MAX_DIM), ("ffn_dim", ffn_dim, WAN_MAX_FFN_DIM),
-                              ("block count", layers, WAN_MAX_LAYERS)):
+    for what, value, most in (
+        ("dim", dim, WAN_MAX_DIM),
+        ("ffn_dim", ffn_dim, WAN_MAX_FFN_DIM),
+        ("block count", layers, WAN_MAX_LAYERS),
+    ):
         if value > most:
-            raise ConversionError(f"{what} {value} is larger than any Wan 2.1 T2V's (the largest, 14B, has dim "
-                                  f"{WAN_MAX_DIM}, ffn_dim {WAN_MAX_FFN_DIM}, {WAN_MAX_LAYERS} blocks); refused")
+            raise ConversionError(
+                f"{what} {value} is larger than any Wan 2.1 T2V's (the largest, 14B, has dim "
+                f"{WAN_MAX_DIM}, ffn_dim {WAN_MAX_FFN_DIM}, {WAN_MAX_LAYERS} blocks); refused"
+            )
     gaps = sorted(set(range(layers)) - numbers)
     if gaps:
-        raise ConversionError(f"an incomplete Wan 2.1 T2V: its blocks are numbered up to {layers - 1}, but "
-                              f"block{'s' if len(gaps) > 1 else ''} {_some(map(str, gaps))} "
-                              f"{'are' if len(gaps) > 1 else 'is'} missing")
+        raise ConversionError(
+            f"an incomplete Wan 2.1 T2V: its blocks are numbered up to {layers - 1}, but "
+            f"block{'s' if len(gaps) > 1 else ''} {_some(map(str, gaps))} "
+            f"{'are' if len(gaps) > 1 else 'is'} missing"
+        )
     expected = wan_t2v_shapes(dim, ffn_dim, layers)
     absent = [k for k in expected if k not in sd]
     if absent:
-        raise ConversionError(f"an incomplete Wan 2.1 T2V (dim {dim}, {layers} blocks): {len(absent)} of its "
-                              f"{len(expected)} keys are missing: {_some(absent)}")
+        raise ConversionError(
+            f"an incomplete Wan 2.1 T2V (dim {dim}, {layers} blocks): {len(absent)} of its "
+            f"{len(expected)} keys are missing: {_some(absent)}"
+        )
     wrong = [f"{k} {_shape(sd[k])} (expected {v})" for k, v in expected.items() if _shape(sd[k]) != v]
     if wrong:
-        raise ConversionError(f"not the shapes of a Wan 2.1 T2V of dim {dim}, ffn_dim {ffn_dim} (head.modulation "
-                              f"(1, 2, {dim}), blocks.0.ffn.0.weight ({ffn_dim}, {dim})): {_some(wrong, 3)}")
+        raise ConversionError(
+            f"not the shapes of a Wan 2.1 T2V of dim {dim}, ffn_dim {ffn_dim} (head.modulation "
+            f"(1, 2, {dim}), blocks.0.ffn.0.weight ({ffn_dim}, {dim})): {_some(wrong, 3)}"
+        )
     extra = {k: v for k, v in sd.items() if k not in expected}
     model = sum(math.prod(v) for v in expected.values())
     allowed = max(1 << 16, int(EXTRA_FRACTION * model))
     extra_numel = sum(v.numel() for v in extra.values())
     if extra_numel > allowed:
         biggest = sorted(extra, key=lambda k: -extra[k].numel())
-        raise ConversionError(f"keys no Wan 2.1 T2V has hold {extra_numel} elements (at most {allowed}: "
-                              f"{EXTRA_FRACTION:.0%} of this model's {model}): "
-                              f"{_some(f'{k} {_shape(extra[k])}' for k in biggest)}")
+        raise ConversionError(
+            f"keys no Wan 2.1 T2V has hold {extra_numel} elements (at most {allowed}: "
+            f"{EXTRA_FRACTION:.0%} of this model's {model}): "
+            f"{_some(f'{k} {_shape(extra[k])}' for k in biggest)}"
+        )
     return WanInfo(dim=dim, layers=layers, ffn_dim=ffn_dim, in_channels=int(patch.shape[1]))
 
 
@@ -380,14 +444,17 @@ def check_storage(sd: dict[str, torch.Tensor]) -> None:
             raise ConversionError(
                 f"{name}: a {_shape(t)} {str(t.dtype).removeprefix('torch.')} tensor (strides {tuple(t.stride())}) "
                 f"over a storage of {storage.nbytes()} bytes: a view that repeats its data (e.g. expand), "
-                f"{need} bytes once written out; refused (a real checkpoint stores every element)")
+                f"{need} bytes once written out; refused (a real checkpoint stores every element)"
+            )
         key = (storage.data_ptr(), storage.nbytes())
         per_storage.setdefault(key, []).append(name)
         used[key] = used.get(key, 0) + need
     for key, names in per_storage.items():
         if used[key] > key[1]:
-            raise ConversionError(f"{_some(names, 4)} share one storage of {key[1]} bytes but hold {used[key]} "
-                                  "bytes between them (the same data under several keys); refused")
+            raise ConversionError(
+                f"{_some(names, 4)} share one storage of {key[1]} bytes but hold {used[key]} "
+                "bytes between them (the same data under several keys); refused"
+            )
 
 
 def output_bytes(sd: dict[str, torch.Tensor], target: torch.dtype) -> int:
@@ -396,8 +463,9 @@ def output_bytes(sd: dict[str, torch.Tensor], target: torch.dtype) -> int:
     return sum(t.numel() * (size if t.is_floating_point() else t.element_size()) for t in sd.values())
 
 
-def convert(state, key: str | None = None, dtype: str | torch.dtype = "bf16",
-            max_output_bytes: int | None = None) -> dict[str, torch.Tensor]:
+def convert(
+    state, key: str | None = None, dtype: str | torch.dtype = "bf16", max_output_bytes: int | None = None
+) -> dict[str, torch.Tensor]:
     """A loaded checkpoint -> a Wan 2.1 T2V state dict with ComfyUI's key names, contiguous, cast to ``dtype``.
 
     Pure torch (no ComfyUI); raises :class:`ConversionError` for anything it cannot convert, before any
@@ -413,8 +481,10 @@ def convert(state, key: str | None = None, dtype: str | torch.dtype = "bf16",
     check_wan_t2v(sd)
     size = output_bytes(sd, target)
     if max_output_bytes is not None and size > max_output_bytes:
-        raise ConversionError(f"the converted weights would take {size} bytes, more than the {max_output_bytes} "
-                              f"allowed ({OUTPUT_FACTOR} x the input file + {OUTPUT_SLACK} bytes); refused")
+        raise ConversionError(
+            f"the converted weights would take {size} bytes, more than the {max_output_bytes} "
+            f"allowed ({OUTPUT_FACTOR} x the input file + {OUTPUT_SLACK} bytes); refused"
+        )
     return {k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
 
 
@@ -431,11 +501,14 @@ def with_causal_config(metadata: dict[str, str] | None) -> dict[str, str]:
         try:
             config = json.loads(out["config"])
         except ValueError as e:
-            raise ConversionError(f"the metadata 'config' is not valid JSON ({e}); ComfyUI could not read it either") \
-                from None
+            raise ConversionError(
+                f"the metadata 'config' is not valid JSON ({e}); ComfyUI could not read it either"
+            ) from None
         if not isinstance(config, dict) or not isinstance(config.get("transformer", {}), dict):
-            raise ConversionError(f"the metadata 'config' is {out['config'][:200]!r}: not a JSON object with an object "
-                                  "'transformer', which is what ComfyUI reads")
+            raise ConversionError(
+                f"the metadata 'config' is {out['config'][:200]!r}: not a JSON object with an object "
+                "'transformer', which is what ComfyUI reads"
+            )
     config = {**config, "transformer": {**config.get("transformer", {}), **CAUSAL_AR["transformer"]}}
     out["config"] = json.dumps(config, sort_keys=True)
     return out
@@ -483,8 +556,11 @@ def meta_state_dict(header: dict) -> dict[str, torch.Tensor]:
         if dtype is None:
             raise ConversionError(f"{name}: safetensors dtype {info.get('dtype')!r} is not one this tool knows")
         shape = info.get("shape")
-        if not isinstance(shape, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**40
-                                                  for x in shape) or len(shape) > 8:
+        if (
+            not isinstance(shape, list)
+            or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**40 for x in shape)
+            or len(shape) > 8
+        ):
             raise ConversionError(f"{name}: the safetensors shape {str(shape)[:100]} is not a list of sizes")
         sd[name] = torch.empty(shape, dtype=dtype, device="meta")
     return sd
@@ -512,8 +588,10 @@ def copy_safetensors_with_metadata(src: Path, out: Path, metadata: dict[str, str
     does); the data offsets are relative to the end of the header, so they stay valid.
     """
     header, data_start = read_safetensors_header(src)
-    header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()},
-              **{k: v for k, v in header.items() if k != "__metadata__"}}
+    header = {
+        "__metadata__": {str(k): str(v) for k, v in metadata.items()},
+        **{k: v for k, v in header.items() if k != "__metadata__"},
+    }
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
 
@@ -563,18 +641,25 @@ def comfyui_detect(sd: dict[str, torch.Tensor], comfy_dir: Path, metadata: dict[
     import comfy.model_detection
 
     meta = {}
-    if metadata is not None and "metadata" in inspect.signature(comfy.model_detection.model_config_from_unet).parameters:
+    if (
+        metadata is not None
+        and "metadata" in inspect.signature(comfy.model_detection.model_config_from_unet).parameters
+    ):
         meta = {"metadata": metadata}
     try:
         unet = comfy.model_detection.detect_unet_config(sd, "", **meta) or {}
         config = comfy.model_detection.model_config_from_unet(dict(sd), "", **meta)
     except Exception as e:  # noqa: BLE001 - ComfyUI's detection indexes keys it assumes present
-        raise ConversionError(f"ComfyUI's model detection failed on the converted weights ({type(e).__name__}: "
-                              f"{str(e)[:200]}); they would not load as Wan 2.1 T2V") from None
+        raise ConversionError(
+            f"ComfyUI's model detection failed on the converted weights ({type(e).__name__}: "
+            f"{str(e)[:200]}); they would not load as Wan 2.1 T2V"
+        ) from None
     what = f"image_model {unet.get('image_model')!r}, model_type {unet.get('model_type')!r}"
     if config is None:
-        raise ConversionError(f"ComfyUI's model detection recognises no model in the converted weights ({what}); "
-                              "it would not load as Wan 2.1 T2V")
+        raise ConversionError(
+            f"ComfyUI's model detection recognises no model in the converted weights ({what}); "
+            "it would not load as Wan 2.1 T2V"
+        )
     unet = getattr(config, "unet_config", unet)
     found = f"{type(config).__name__} (image_model {unet.get('image_model')!r}, model_type {unet.get('model_type')!r})"
     if unet.get("image_model") != "wan2.1" or unet.get("model_type") != "t2v":
@@ -594,24 +679,42 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="convert_checkpoint.py",
         description="Convert a Self-Forcing / CausVid .pt checkpoint to a Wan 2.1 T2V safetensors file for UNETLoader "
-                    "(--causal: flagged for ComfyUI's causal AR model class; a .safetensors input is copied with the "
-                    "flag added).")
-    p.add_argument("input", help="the .pt checkpoint (loaded with weights_only=True), or a .safetensors Wan 2.1 T2V "
-                                 "file to copy with --causal (left unchanged)")
+        "(--causal: flagged for ComfyUI's causal AR model class; a .safetensors input is copied with the "
+        "flag added).",
+    )
+    p.add_argument(
+        "input",
+        help="the .pt checkpoint (loaded with weights_only=True), or a .safetensors Wan 2.1 T2V "
+        "file to copy with --causal (left unchanged)",
+    )
     p.add_argument("output", help="the .safetensors file to write (e.g. ComfyUI/models/diffusion_models/x.safetensors)")
-    p.add_argument("--key", help="the entry holding the weights (default: generator_ema, then generator, then the "
-                                 "file itself when it is a bare state dict); .pt input only")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                   help="dtype of the written weights (default bf16); .pt input only (a .safetensors input keeps its "
-                        "tensors as they are)")
-    p.add_argument("--causal", action="store_true",
-                   help='write the metadata config = {"transformer": {"causal_ar": true}} (merged into an existing '
-                        "config): ComfyUI v0.27+ then loads the file as WAN21_CausalAR (CausalWanModel, for its "
-                        "SamplerARVideo; default shift 5), older ComfyUI as plain WAN21. The pack's Chunked AR "
-                        "sampler runs either. Required for a .safetensors input")
-    p.add_argument("--comfyui", metavar="PATH", help="a ComfyUI checkout whose model detection checks the result "
-                                                     "(default: COMFYUI_PATH, an importable ComfyUI, or a folder above "
-                                                     "this pack; without one only the key check runs)")
+    p.add_argument(
+        "--key",
+        help="the entry holding the weights (default: generator_ema, then generator, then the "
+        "file itself when it is a bare state dict); .pt input only",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="dtype of the written weights (default bf16); .pt input only (a .safetensors input keeps its "
+        "tensors as they are)",
+    )
+    p.add_argument(
+        "--causal",
+        action="store_true",
+        help='write the metadata config = {"transformer": {"causal_ar": true}} (merged into an existing '
+        "config): ComfyUI v0.27+ then loads the file as WAN21_CausalAR (CausalWanModel, for its "
+        "SamplerARVideo; default shift 5), older ComfyUI as plain WAN21. The pack's Chunked AR "
+        "sampler runs either. Required for a .safetensors input",
+    )
+    p.add_argument(
+        "--comfyui",
+        metavar="PATH",
+        help="a ComfyUI checkout whose model detection checks the result "
+        "(default: COMFYUI_PATH, an importable ComfyUI, or a folder above "
+        "this pack; without one only the key check runs)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     return p
 
@@ -622,15 +725,18 @@ def _detection(sd, args, metadata) -> str:
         return "skipped (no ComfyUI found: pass --comfyui PATH or set COMFYUI_PATH); the key check passed"
     found = comfyui_detect(sd, comfy_dir, metadata)
     if args.causal and not found.startswith("WAN21_CausalAR"):
-        found += ("; this ComfyUI has no causal AR model class for the flag (ComfyUI v0.27+ loads the file as "
-                  "WAN21_CausalAR)")
+        found += (
+            "; this ComfyUI has no causal AR model class for the flag (ComfyUI v0.27+ loads the file as WAN21_CausalAR)"
+        )
     return f"{found} [{comfy_dir}]"
 
 
 def _copy_safetensors(args, src: Path, out: Path) -> int:
     if not args.causal:
-        raise ConversionError(f"{src} is already a safetensors file: pass --causal to copy it with the causal AR "
-                              "flag (there is nothing to convert otherwise)")
+        raise ConversionError(
+            f"{src} is already a safetensors file: pass --causal to copy it with the causal AR "
+            "flag (there is nothing to convert otherwise)"
+        )
     if args.key is not None or args.dtype is not None:
         raise ConversionError("--key and --dtype apply to .pt checkpoints; a .safetensors input is copied as it is")
     header, _ = read_safetensors_header(src)
@@ -663,8 +769,13 @@ def main(argv: list[str] | None = None) -> int:
         sd = convert(state, key=used, dtype=dtype, max_output_bytes=OUTPUT_FACTOR * src.stat().st_size + OUTPUT_SLACK)
         info = check_wan_t2v(sd)
         del state
-        metadata = {"format": "pt", "converted_from": src.name, "source_key": used or "(bare state dict)",
-                    "dtype": dtype, "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py"}
+        metadata = {
+            "format": "pt",
+            "converted_from": src.name,
+            "source_key": used or "(bare state dict)",
+            "dtype": dtype,
+            "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py",
+        }
         if args.causal:
             metadata = with_causal_config(metadata)
         detection = _detection(sd, args, metadata)
@@ -674,9 +785,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     size = sum(v.numel() * v.element_size() for v in sd.values())
     shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
-    print(f"wrote {out}: {len(sd)} tensors, {shown} {dtype}, from "
-          f"{repr(used) if used else 'a bare state dict'} of {src.name}"
-          f"{', flagged causal_ar (metadata config)' if args.causal else ''}")
+    print(
+        f"wrote {out}: {len(sd)} tensors, {shown} {dtype}, from "
+        f"{repr(used) if used else 'a bare state dict'} of {src.name}"
+        f"{', flagged causal_ar (metadata config)' if args.causal else ''}"
+    )
     print(f"model: {info}")
     print(f"ComfyUI detection: {detection}")
     return 0

@@ -24,6 +24,7 @@ the two k-means kernels launched as their wrappers launch them, without the wrap
 asserts. The reference draws its initial centroids from torch's global RNG: each seed is set with
 ``torch.manual_seed`` before its call.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,7 +63,9 @@ def load_reference():
 
     first_config(quant_pack._quant_pack_kernel, lambda c: c.kwargs["BLOCK_D"] == 128)
     first_config(smooth._minus_centroid_kernel)
-    first_config(euclid_assign._euclid_assign_kernel, lambda c: (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) == (128, 128))
+    first_config(
+        euclid_assign._euclid_assign_kernel, lambda c: (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) == (128, 128)
+    )
     first_config(accumulate._nstage_accum_kernel)
 
     def _round_half_away(x):  # called from interpreted kernels: plain Python over triton.language
@@ -80,8 +83,9 @@ def load_reference():
         K = centroids.shape[1]
         out = torch.empty((B, N), dtype=torch.int64) if out is None else out
         grid = lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B)  # noqa: E731
-        euclid_assign._euclid_assign_kernel[grid](x, centroids, x_sq, out, B, N, K, D, *x.stride(), *centroids.stride(),
-                                                  *x_sq.stride(), *out.stride())
+        euclid_assign._euclid_assign_kernel[grid](
+            x, centroids, x_sq, out, B, N, K, D, *x.stride(), *centroids.stride(), *x_sq.stride(), *out.stride()
+        )
         return out
 
     def update(x, cluster_ids, num_centroids, *, BLOCK_N=256):
@@ -90,8 +94,17 @@ def load_reference():
         sums = torch.zeros((B, num_centroids, D), dtype=torch.float32)
         counts = torch.zeros((B, num_centroids), dtype=torch.int32)
         centroid_update._centroid_update_chunk_kernel[(triton.cdiv(N, BLOCK_N), B)](
-            x, sorted_idx.to(torch.int32), sorted_ids.to(torch.int32), sums, counts, B, N, D, num_centroids,
-            BLOCK_N=BLOCK_N)
+            x,
+            sorted_idx.to(torch.int32),
+            sorted_ids.to(torch.int32),
+            sums,
+            counts,
+            B,
+            N,
+            D,
+            num_centroids,
+            BLOCK_N=BLOCK_N,
+        )
         return (sums / counts.to(torch.float32).unsqueeze(-1).clamp(min=1.0)).to(x.dtype), counts
 
     kmeans_euclid.euclid_assign_triton = assign
@@ -133,8 +146,10 @@ def main(argv=None) -> int:
     # are then FP32 where a BF16 run on a GPU keeps them in BF16 (ours are BF16)
     xr = x.contiguous()
     H, T, D = x.shape[1:]
-    print(f"input: keys of one demo chunk, {H} heads x {T} tokens x {D}, BF16; S={S}, K={K}, block {B}, INT{bits}, "
-          f"{args.iters} k-means iterations, {args.seeds} seeds; TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}")
+    print(
+        f"input: keys of one demo chunk, {H} heads x {T} tokens x {D}, BF16; S={S}, K={K}, block {B}, INT{bits}, "
+        f"{args.iters} k-means iterations, {args.seeds} seeds; TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}"
+    )
     spec = QuantSpec(method="qvg", bits=bits, group_size=B, qvg_stages=S, qvg_centroids=K, qvg_iters=args.iters)
     spec_rtn = QuantSpec(bits=bits, group_size=B)
     rows: dict[str, list[float]] = {}
@@ -149,11 +164,30 @@ def main(argv=None) -> int:
         for name, asym in (("ref (symmetric, its default)", False), ("ref asymmetric=True", True)):
             torch.manual_seed(seed)
             t0 = time.perf_counter()
-            cl, il, rq, sc, zr = prq.prq_quant(xr, n_stages=S, n_clusters=K, block_size=B, num_bits=bits,
-                                               scale_precision=torch.float8_e4m3fn, max_iters=args.iters,
-                                               PACK_OUTPUT_INT8=True, CLUSTER_ID_INT8=True, asymmetric=asym)
-            x_hat = prq.prq_dequant(cl, il, rq, sc, block_size=B, num_bits=bits, PACK_INPUT_INT8=True,
-                                    CLUSTER_ID_INT8=True, output_dtype=torch.float32, zeros=zr)
+            cl, il, rq, sc, zr = prq.prq_quant(
+                xr,
+                n_stages=S,
+                n_clusters=K,
+                block_size=B,
+                num_bits=bits,
+                scale_precision=torch.float8_e4m3fn,
+                max_iters=args.iters,
+                PACK_OUTPUT_INT8=True,
+                CLUSTER_ID_INT8=True,
+                asymmetric=asym,
+            )
+            x_hat = prq.prq_dequant(
+                cl,
+                il,
+                rq,
+                sc,
+                block_size=B,
+                num_bits=bits,
+                PACK_INPUT_INT8=True,
+                CLUSTER_ID_INT8=True,
+                output_dtype=torch.float32,
+                zeros=zr,
+            )
             t_ref += time.perf_counter() - t0
             record(name, x_hat)
             if not asym:
@@ -171,23 +205,41 @@ def main(argv=None) -> int:
 
         # --- crossed: reference k-means + our residual quantizer
         r = (x - ref_smooth).contiguous()
-        record("ref k-means + our quantizer", ref_smooth + quantize_rotated(r, spec_rtn, torch.float32).dequantize(torch.float32))
+        record(
+            "ref k-means + our quantizer",
+            ref_smooth + quantize_rotated(r, spec_rtn, torch.float32).dequantize(torch.float32),
+        )
         # --- crossed: our k-means + the reference's residual quantizer (symmetric, FP8 scale)
         r = (x - our_smooth).contiguous()
-        rq, sc, _ = prq.quant_pack(r, block_size=B, num_bits=bits, scale_precision=torch.float8_e4m3fn, pack_output_int8=True)
+        rq, sc, _ = prq.quant_pack(
+            r, block_size=B, num_bits=bits, scale_precision=torch.float8_e4m3fn, pack_output_int8=True
+        )
         zero_c = [torch.zeros(1, H, 1, D)]
         zero_i = [torch.zeros(1, H, T, dtype=torch.uint8)]
-        r_hat = prq.prq_dequant(zero_c, zero_i, rq, sc, block_size=B, num_bits=bits, PACK_INPUT_INT8=True,
-                                CLUSTER_ID_INT8=True, output_dtype=torch.float32)
+        r_hat = prq.prq_dequant(
+            zero_c,
+            zero_i,
+            rq,
+            sc,
+            block_size=B,
+            num_bits=bits,
+            PACK_INPUT_INT8=True,
+            CLUSTER_ID_INT8=True,
+            output_dtype=torch.float32,
+        )
         record("our k-means + ref quantizer", our_smooth + r_hat)
         # --- the k-means alone, with the reference's initialisation rule (with replacement, global RNG)
         torch.manual_seed(seed)
         ids, c, _, _ = kmeans_euclid.batch_kmeans_Euclid(xr.reshape(H, T, D), n_clusters=K, max_iters=args.iters)
         energy.setdefault("reference batch_kmeans_Euclid, centroids to BF16", []).append(
-            rel_mse(x, gather(c.to(torch.bfloat16).float(), ids).reshape(x.shape)))
-        ids2, c2, _ = our_kmeans(x16.reshape(H, T, D).float(), K, args.iters, generator=torch.Generator().manual_seed(seed))
+            rel_mse(x, gather(c.to(torch.bfloat16).float(), ids).reshape(x.shape))
+        )
+        ids2, c2, _ = our_kmeans(
+            x16.reshape(H, T, D).float(), K, args.iters, generator=torch.Generator().manual_seed(seed)
+        )
         energy.setdefault("jensen_core kmeans() on the same input", []).append(
-            rel_mse(x, gather(c2.to(torch.bfloat16).float(), ids2).reshape(x.shape)))
+            rel_mse(x, gather(c2.to(torch.bfloat16).float(), ids2).reshape(x.shape))
+        )
 
     def show(title, d):
         print(f"\n{title}")
@@ -195,16 +247,20 @@ def main(argv=None) -> int:
         for name, v in d.items():
             m = statistics.fmean(v)
             sd = statistics.stdev(v) if len(v) > 1 else 0.0
-            print(f"  {name:<42} {m:.5f} +- {sd:.5f}  SQNR {-10 * torch.log10(torch.tensor(m)).item():6.2f} dB"
-                  f"  ({m / base - 1:+.1%} vs first row)")
+            print(
+                f"  {name:<42} {m:.5f} +- {sd:.5f}  SQNR {-10 * torch.log10(torch.tensor(m)).item():6.2f} dB"
+                f"  ({m / base - 1:+.1%} vs first row)"
+            )
 
     show("reconstruction error ||x - x_hat||^2 / ||x||^2 (mean +- sd over seeds)", rows)
     show("smoothing residual ||x - centroid[id]||^2 / ||x||^2 (k-means alone)", energy)
     bits_ours = method_of(spec).effective_bits_for(spec, D, T)
     bits_ref = bits + 8 / B + 8 * S / D + 16 * S * min(K, T) / T
-    print(f"\nstored bits per element at {T} tokens per chunk: ours {bits_ours:.4f} (residual {spec.effective_bits:g} "
-          f"+ ids {8 * S / D:g} + centroids {16 * S * min(K, T) / T:.4f}); reference default {bits_ref:.4f} "
-          f"(no zero-point: {bits} + 8/{B})")
+    print(
+        f"\nstored bits per element at {T} tokens per chunk: ours {bits_ours:.4f} (residual {spec.effective_bits:g} "
+        f"+ ids {8 * S / D:g} + centroids {16 * S * min(K, T) / T:.4f}); reference default {bits_ref:.4f} "
+        f"(no zero-point: {bits} + 8/{B})"
+    )
     print(f"time (interpreted reference vs torch port, not comparable as speed): {t_ref:.1f} s vs {t_ours:.1f} s")
     return 0
 

@@ -22,6 +22,7 @@ writes a resumable checkpoint every ``--save-every`` steps and a log line every 
 steps to ``<out>.log``; the final file holds the EMA weights in half precision.
 Needs ComfyUI importable (COMFYUI_PATH, ../shared/ComfyUI, ...; see jensen_testing/comfyui.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,11 +61,27 @@ def build_model(seed: int) -> torch.nn.Module:
     from comfy.ldm.wan.model import WanModel
 
     torch.manual_seed(seed)
-    dm = WanModel(model_type="t2v", patch_size=(1, 2, 2), text_len=ARCH["text_len"], in_dim=16, dim=ARCH["dim"],
-                  ffn_dim=ARCH["ffn_dim"], freq_dim=256, text_dim=ARCH["text_dim"], out_dim=16,
-                  num_heads=ARCH["num_heads"], num_layers=ARCH["num_layers"], window_size=(-1, -1), qk_norm=True,
-                  cross_attn_norm=True, eps=1e-6, image_model="wan2.1", device="cpu", dtype=torch.float32,
-                  operations=comfy.ops.disable_weight_init)
+    dm = WanModel(
+        model_type="t2v",
+        patch_size=(1, 2, 2),
+        text_len=ARCH["text_len"],
+        in_dim=16,
+        dim=ARCH["dim"],
+        ffn_dim=ARCH["ffn_dim"],
+        freq_dim=256,
+        text_dim=ARCH["text_dim"],
+        out_dim=16,
+        num_heads=ARCH["num_heads"],
+        num_layers=ARCH["num_layers"],
+        window_size=(-1, -1),
+        qk_norm=True,
+        cross_attn_norm=True,
+        eps=1e-6,
+        image_model="wan2.1",
+        device="cpu",
+        dtype=torch.float32,
+        operations=comfy.ops.disable_weight_init,
+    )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in dm.named_parameters():
@@ -106,6 +123,7 @@ def block_causal_plan(chunks: int, window: int, tokens_per_chunk: int) -> list[t
     Attention is computed block by block over only the allowed keys (3.5x less work than a dense
     masked SDPA at 5 chunks, window 3, and the unmasked fused kernel runs).
     """
+
     def sl(c):
         return slice(c * tokens_per_chunk, (c + 1) * tokens_per_chunk)
 
@@ -147,8 +165,9 @@ def install_mask(dm, plan_ref: dict) -> None:
         blk.self_attn.forward = MaskedSelfAttention(blk.self_attn, plan_ref)
 
 
-def teacher_forced_forward(dm, clean: torch.Tensor, noisy: torch.Tensor, sigma_frames: torch.Tensor,
-                           context: torch.Tensor) -> torch.Tensor:
+def teacher_forced_forward(
+    dm, clean: torch.Tensor, noisy: torch.Tensor, sigma_frames: torch.Tensor, context: torch.Tensor
+) -> torch.Tensor:
     """Velocity prediction for ``noisy`` (B, 16, F, H, W) given its clean copy as context.
 
     ``sigma_frames`` (B, F): the noise level of each noisy frame; clean frames get t = 0. RoPE gives
@@ -208,7 +227,9 @@ def save_half(dm, path: Path, meta: dict) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "models" / "tiny_ar" / "jensen-kv-tiny-ar.safetensors")
     ap.add_argument("--steps", type=int, default=2400)
     ap.add_argument("--batch", type=int, default=2)
@@ -222,8 +243,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--save-every", type=int, default=250)
-    ap.add_argument("--ckpt-dir", type=Path, default=ROOT / "out" / "tiny_ar",
-                    help="where the resumable training state goes (not the model folder: ComfyUI would list it)")
+    ap.add_argument(
+        "--ckpt-dir",
+        type=Path,
+        default=ROOT / "out" / "tiny_ar",
+        help="where the resumable training state goes (not the model folder: ComfyUI would list it)",
+    )
     ap.add_argument("--resume", action="store_true", help="continue from <ckpt-dir>/<out stem>.ckpt if it exists")
     ap.add_argument("--benchmark", type=int, default=0, help="only time this many steps and exit")
     args = ap.parse_args(argv)
@@ -240,8 +265,11 @@ def main(argv=None) -> int:
     decay, no_decay = [], []
     for n, p in dm.named_parameters():
         (no_decay if p.dim() < 2 or "norm" in n or n.endswith("modulation") else decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.99),
+    )
     g = torch.Generator().manual_seed(args.seed + 1)
     step, elapsed0 = 0, 0.0
     ckpt = args.ckpt_dir / (args.out.stem + ".ckpt")  # resumable state (optimizer too): never next to the model
@@ -286,21 +314,49 @@ def main(argv=None) -> int:
             print(f"step {step}: loss {loss.item():.4f} {el / step:.2f} s/step", flush=True)
             continue
         if step % args.log_every == 0 or step == total:
-            line = json.dumps({"step": step, "loss": round(loss.item(), 5), "loss_ema": round(running, 5),
-                               "grad_norm": round(float(gn), 4), "lr": lr_at(step - 1), "elapsed_s": round(el, 1)})
+            line = json.dumps(
+                {
+                    "step": step,
+                    "loss": round(loss.item(), 5),
+                    "loss_ema": round(running, 5),
+                    "grad_norm": round(float(gn), 4),
+                    "lr": lr_at(step - 1),
+                    "elapsed_s": round(el, 1),
+                }
+            )
             print(line, flush=True)
             log.write(line + "\n")
             log.flush()
         if step % args.save_every == 0 or step == total:
             tmp = ckpt.with_suffix(".ckpt.tmp")
-            torch.save({"model": dm.state_dict(), "ema": ema.state_dict(), "opt": opt.state_dict(),
-                        "gen": g.get_state(), "step": step, "elapsed": el, "args": vars(args) | {"out": str(args.out)}},
-                       tmp)
+            torch.save(
+                {
+                    "model": dm.state_dict(),
+                    "ema": ema.state_dict(),
+                    "opt": opt.state_dict(),
+                    "gen": g.get_state(),
+                    "step": step,
+                    "elapsed": el,
+                    "args": vars(args) | {"out": str(args.out)},
+                },
+                tmp,
+            )
             tmp.replace(ckpt)
-            save_half(ema, args.out, {"format": "jensen_kv_tiny_ar", "step": step, "steps": args.steps,
-                                      "elapsed_s": round(el, 1), "loss_ema": round(running, 5),
-                                      "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                                      "arch": ARCH, "chunk_frames": CHUNK_FRAMES, "window_chunks": args.window})
+            save_half(
+                ema,
+                args.out,
+                {
+                    "format": "jensen_kv_tiny_ar",
+                    "step": step,
+                    "steps": args.steps,
+                    "elapsed_s": round(el, 1),
+                    "loss_ema": round(running, 5),
+                    "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                    "arch": ARCH,
+                    "chunk_frames": CHUNK_FRAMES,
+                    "window_chunks": args.window,
+                },
+            )
     if log is not None:
         log.close()
     return 0

@@ -4,6 +4,7 @@
 ``patches.py``: what the nodes attach to a MODEL so core's sampler reads the pack's cache, and the
 refusals when a sampler would ignore the pack's settings.
 """
+
 from .patches import (
     CacheWindow,
     UnusedSettingsError,
@@ -15,5 +16,15 @@ from .patches import (
 )
 from .session import CoreARProtocolError, CoreARSession, CoreLayerCache
 
-__all__ = ["CacheWindow", "CoreARProtocolError", "CoreARSession", "CoreLayerCache", "UnusedSettingsError", "attach",
-           "carries_settings", "get_window", "last_report", "set_window"]
+__all__ = [
+    "CacheWindow",
+    "CoreARProtocolError",
+    "CoreARSession",
+    "CoreLayerCache",
+    "UnusedSettingsError",
+    "attach",
+    "carries_settings",
+    "get_window",
+    "last_report",
+    "set_window",
+]

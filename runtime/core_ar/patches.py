@@ -19,6 +19,7 @@ the ModelPatcher, so ComfyUI applies and undoes them with the model's other patc
 The running session is found through a context variable set by the ``SAMPLER_SAMPLE`` wrapper for
 the duration of that one sampling call and reset in ``finally``.
 """
+
 from __future__ import annotations
 
 import contextvars
@@ -126,8 +127,13 @@ class CoreARSelfAttention:
 
     def __call__(self, x, freqs, kv_cache=None, transformer_options=None):
         if not isinstance(kv_cache, CoreLayerCache):
-            return type(self.module).forward(self.module, x, freqs, kv_cache=kv_cache,
-                                             transformer_options={} if transformer_options is None else transformer_options)
+            return type(self.module).forward(
+                self.module,
+                x,
+                freqs,
+                kv_cache=kv_cache,
+                transformer_options={} if transformer_options is None else transformer_options,
+            )
         from ..families.wan import self_attention_via
 
         session = kv_cache.session
@@ -148,8 +154,9 @@ def _calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_optio
     return out
 
 
-def _apply_model_wrapper(executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None,
-                         **kwargs):
+def _apply_model_wrapper(
+    executor, x, t, c_concat=None, c_crossattn=None, control=None, transformer_options=None, **kwargs
+):
     session = _ACTIVE.get()
     if session is None:
         return executor(x, t, c_concat, c_crossattn, control, transformer_options, **kwargs)
@@ -176,8 +183,11 @@ def _check_patched(dm, patcher) -> None:
     backup = getattr(patcher, "object_patches_backup", {}) or {}
     for i, block in enumerate(dm.blocks):
         old = backup.get(SELF_ATTN_KEY.format(i))
-        if old is not None and not getattr(old, "jensen_kv_patch", False) \
-                and getattr(old, "__func__", None) is not type(block.self_attn).forward:
+        if (
+            old is not None
+            and not getattr(old, "jensen_kv_patch", False)
+            and getattr(old, "__func__", None) is not type(block.self_attn).forward
+        ):
             raise UnusedSettingsError(
                 f"block {i}'s self-attention carried {_foreign_name(getattr(old, '__func__', old))}, put on the module by "
                 "another node pack (e.g. a sequence-parallel patch of CausalWanSelfAttention.forward); the Jensen KV "
@@ -203,8 +213,9 @@ def _check_patched(dm, patcher) -> None:
             )
 
 
-def _sampler_sample_wrapper(executor, guider, sigmas, extra_args, callback, noise, latent_image=None,
-                            denoise_mask=None, disable_pbar=False):
+def _sampler_sample_wrapper(
+    executor, guider, sigmas, extra_args, callback, noise, latent_image=None, denoise_mask=None, disable_pbar=False
+):
     sampler = executor.class_obj
     model_options = (extra_args or {}).get("model_options", {})
     patcher = guider.model_patcher
@@ -261,14 +272,31 @@ def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreA
     patch = adapter.geometry.patch  # core's Wan pads the latent to whole patches
     frame_tokens = math.ceil(lat_h / patch[1]) * math.ceil(lat_w / patch[2])
     steps = int(sigmas.shape[-1]) - 1
-    diagnostics = make_diagnostics(model_options, num_layers=adapter.num_layers, heads=adapter.heads, steps=steps,
-                                   window_chunks=window.window_chunks, correction=config.effective_correction,
-                                   strength=config.strength, keys_quantized=config.keys_quantized,
-                                   sink_chunks=window.sink_chunks)
-    session = CoreARSession(config, num_layers=adapter.num_layers, window_chunks=window.window_chunks,
-                            sink_chunks=window.sink_chunks, observer=diagnostics)
-    session.geometry = CoreARGeometry(batch=int(bs), frame_tokens=int(frame_tokens), latent_frames=int(lat_t),
-                                      latent_height=int(lat_h), latent_width=int(lat_w))
+    diagnostics = make_diagnostics(
+        model_options,
+        num_layers=adapter.num_layers,
+        heads=adapter.heads,
+        steps=steps,
+        window_chunks=window.window_chunks,
+        correction=config.effective_correction,
+        strength=config.strength,
+        keys_quantized=config.keys_quantized,
+        sink_chunks=window.sink_chunks,
+    )
+    session = CoreARSession(
+        config,
+        num_layers=adapter.num_layers,
+        window_chunks=window.window_chunks,
+        sink_chunks=window.sink_chunks,
+        observer=diagnostics,
+    )
+    session.geometry = CoreARGeometry(
+        batch=int(bs),
+        frame_tokens=int(frame_tokens),
+        latent_frames=int(lat_t),
+        latent_height=int(lat_h),
+        latent_width=int(lat_w),
+    )
     session.diagnostics = diagnostics
     session.adapter = adapter
     session.block_frames = int(getattr(sampler, "extra_options", {}).get("num_frame_per_block", 1))
@@ -292,18 +320,40 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     generated = g.latent_frames - session.prefix_frames
     planned = None
     if generated >= 1:
-        planned = plan_cache(latent_frames=generated, latent_height=g.latent_height, latent_width=g.latent_width,
-                             chunk_frames=session.block_frames, window_chunks=session.window_chunks,
-                             layers=adapter.num_layers, heads=adapter.heads, head_dim=adapter.head_dim,
-                             spec_k=config.spec_k, spec_v=config.spec_v, cfg_branches=cfg_branches, batch=g.batch,
-                             full_bytes=torch.finfo(session.model_dtype).bits // 8, sink_chunks=session.sink_chunks,
-                             write_last=False, prefix_frames=session.prefix_frames, geometry=adapter.geometry)
+        planned = plan_cache(
+            latent_frames=generated,
+            latent_height=g.latent_height,
+            latent_width=g.latent_width,
+            chunk_frames=session.block_frames,
+            window_chunks=session.window_chunks,
+            layers=adapter.num_layers,
+            heads=adapter.heads,
+            head_dim=adapter.head_dim,
+            spec_k=config.spec_k,
+            spec_v=config.spec_v,
+            cfg_branches=cfg_branches,
+            batch=g.batch,
+            full_bytes=torch.finfo(session.model_dtype).bits // 8,
+            sink_chunks=session.sink_chunks,
+            write_last=False,
+            prefix_frames=session.prefix_frames,
+            geometry=adapter.geometry,
+        )
     chunks = session.commits + (1 if session.pending_start is not None or session.pending else 0)
-    report = build_report(session.run, adapter, config, chunks=chunks, chunk_frames=session.block_frames,
-                          window_chunks=session.window_chunks, sink_chunks=session.sink_chunks, seconds=[],
-                          cfg=1.0 if cfg_branches == 1 else 2.0, tokens_per_frame=g.frame_tokens,
-                          model_dtype=session.model_dtype,
-                          planned_bytes=None if planned is None else planned.quantized_bytes)
+    report = build_report(
+        session.run,
+        adapter,
+        config,
+        chunks=chunks,
+        chunk_frames=session.block_frames,
+        window_chunks=session.window_chunks,
+        sink_chunks=session.sink_chunks,
+        seconds=[],
+        cfg=1.0 if cfg_branches == 1 else 2.0,
+        tokens_per_frame=g.frame_tokens,
+        model_dtype=session.model_dtype,
+        planned_bytes=None if planned is None else planned.quantized_bytes,
+    )
     report["sampler"] = "core sample_ar_video"
     report["prefix_frames"] = session.prefix_frames
     report["model_calls"] = session.calls
@@ -311,14 +361,24 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     # call shows whether it is final; not in cache_bytes / planned_bytes
     report["in_flight_bytes"] = int(session.in_flight_peak_bytes)
     report["planned_in_flight_bytes"] = block_in_flight_bytes(
-        block_tokens=session.block_frames * g.frame_tokens, layers=adapter.num_layers, heads=adapter.heads,
-        head_dim=adapter.head_dim, spec_k=config.spec_k, spec_v=config.spec_v, cfg_branches=cfg_branches,
-        batch=g.batch, full_bytes=torch.finfo(session.model_dtype).bits // 8)
+        block_tokens=session.block_frames * g.frame_tokens,
+        layers=adapter.num_layers,
+        heads=adapter.heads,
+        head_dim=adapter.head_dim,
+        spec_k=config.spec_k,
+        spec_v=config.spec_v,
+        cfg_branches=cfg_branches,
+        batch=g.batch,
+        full_bytes=torch.finfo(session.model_dtype).bits // 8,
+    )
     if session.diagnostics is not None:
         report["diagnostics"] = session.diagnostics.summary()
-    logger.info("jensen_kv: core AR run: cache peak %.2f MiB (BF16 would be %.2f MiB), planned %s MiB",
-                report["cache_mib"], report["bf16_mib"],
-                "?" if planned is None or planned.quantized_bytes is None else f"{planned.quantized_bytes / 2**20:.2f}")
+    logger.info(
+        "jensen_kv: core AR run: cache peak %.2f MiB (BF16 would be %.2f MiB), planned %s MiB",
+        report["cache_mib"],
+        report["bf16_mib"],
+        "?" if planned is None or planned.quantized_bytes is None else f"{planned.quantized_bytes / 2**20:.2f}",
+    )
     return report
 
 
@@ -331,9 +391,11 @@ def attach(model_patcher) -> None:
     """
     import comfy.patcher_extension as pe
 
-    for kind, fn in ((pe.WrappersMP.SAMPLER_SAMPLE, _sampler_sample_wrapper),
-                     (pe.WrappersMP.CALC_COND_BATCH, _calc_cond_batch_wrapper),
-                     (pe.WrappersMP.APPLY_MODEL, _apply_model_wrapper)):
+    for kind, fn in (
+        (pe.WrappersMP.SAMPLER_SAMPLE, _sampler_sample_wrapper),
+        (pe.WrappersMP.CALC_COND_BATCH, _calc_cond_batch_wrapper),
+        (pe.WrappersMP.APPLY_MODEL, _apply_model_wrapper),
+    ):
         model_patcher.remove_wrappers_with_key(kind, WRAPPER_KEY)
         model_patcher.add_wrapper_with_key(kind, WRAPPER_KEY, fn)
     dm = causal_diffusion_model(model_patcher)
@@ -341,8 +403,11 @@ def attach(model_patcher) -> None:
         return
     keys = [INIT_KEY, CROSS_INIT_KEY] + [SELF_ATTN_KEY.format(i) for i in range(len(dm.blocks))]
     ours = (InitKVCaches, InitCrossAttnCaches, CoreARSelfAttention)
-    foreign = [(k, model_patcher.object_patches[k]) for k in keys
-               if k in model_patcher.object_patches and not isinstance(model_patcher.object_patches[k], ours)]
+    foreign = [
+        (k, model_patcher.object_patches[k])
+        for k in keys
+        if k in model_patcher.object_patches and not isinstance(model_patcher.object_patches[k], ours)
+    ]
     if foreign:
         key, patch = foreign[0]
         what = getattr(patch, "__qualname__", None) or type(patch).__qualname__
@@ -362,5 +427,13 @@ def attach(model_patcher) -> None:
             model_patcher.add_object_patch(key, CoreARSelfAttention(i, module))
 
 
-__all__ = ["CacheWindow", "CoreARProtocolError", "UnusedSettingsError", "attach", "carries_settings",
-           "get_window", "last_report", "set_window"]
+__all__ = [
+    "CacheWindow",
+    "CoreARProtocolError",
+    "UnusedSettingsError",
+    "attach",
+    "carries_settings",
+    "get_window",
+    "last_report",
+    "set_window",
+]

@@ -24,6 +24,7 @@ batch or as separate ``apply_model`` calls; both write the same block at the sam
 RoPE positions are core's own (absolute): the pack never recomputes them on this path.
 No ComfyUI import here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -125,17 +126,18 @@ class CoreCrossAttnCache(dict):
 class CoreARSession:
     """Per-run state of one ``sample_ar_video`` call: the pack's caches and core's ``end`` protocol."""
 
-    def __init__(self, config: JensenKVConfig, *, num_layers: int, window_chunks: int = 0, sink_chunks: int = 0,
-                 observer=None):
+    def __init__(
+        self, config: JensenKVConfig, *, num_layers: int, window_chunks: int = 0, sink_chunks: int = 0, observer=None
+    ):
         self.config = config
         self.num_layers = num_layers
         self.window_chunks, self.sink_chunks = int(window_chunks), int(sink_chunks)
         self.run = RunCaches(config, window_chunks, num_layers, observer=observer, sink_chunks=sink_chunks)
         self.layers: list[CoreLayerCache] = []
         self.geometry: CoreARGeometry | None = None
-        self.call_start: int | None = None   # token where the block of the current call starts
+        self.call_start: int | None = None  # token where the block of the current call starts
         self.call_tokens: int | None = None  # tokens of that block (known at the first attention)
-        self.committed_end = 0               # token after the last committed block
+        self.committed_end = 0  # token after the last committed block
         self.pending: dict[tuple[int, int], PendingBlock] = {}
         self.in_flight_peak_bytes = 0
         specs = [sp for sp in (config.spec_k, config.spec_v) if sp is not None]
@@ -159,11 +161,14 @@ class CoreARSession:
     # ------------------------------------------------------------------ core's init_kv_caches
     def init_caches(self, batch: int, max_tokens: int) -> list[CoreLayerCache]:
         if self.layers:
-            raise CoreARProtocolError("init_kv_caches was called twice in one sampling run; the Jensen KV cache "
-                                      "serves one sample_ar_video call at a time")
+            raise CoreARProtocolError(
+                "init_kv_caches was called twice in one sampling run; the Jensen KV cache "
+                "serves one sample_ar_video call at a time"
+            )
         if self.geometry is not None and batch != self.geometry.batch:
-            raise CoreARProtocolError(f"core's AR sampler asked for caches of batch {batch}, but the latent's batch is "
-                                      f"{self.geometry.batch}")
+            raise CoreARProtocolError(
+                f"core's AR sampler asked for caches of batch {batch}, but the latent's batch is {self.geometry.batch}"
+            )
         self.layers = [CoreLayerCache(self, i) for i in range(self.num_layers)]
         return self.layers
 
@@ -175,8 +180,9 @@ class CoreARSession:
     def _end(self) -> int:
         ends = {int(c["end"]) for c in self.layers}
         if len(ends) != 1:
-            raise CoreARProtocolError(f"the layers' cache ends disagree ({sorted(ends)}); core's AR sampler moves every "
-                                      "layer's end together")
+            raise CoreARProtocolError(
+                f"the layers' cache ends disagree ({sorted(ends)}); core's AR sampler moves every layer's end together"
+            )
         return ends.pop()
 
     def begin_call(self) -> None:
@@ -233,14 +239,29 @@ class CoreARSession:
         frame0 = self.pending_start // frame_tokens if frame_tokens else 0
         run.begin(self.chunk, frame0, PHASE_WRITE)
         for (layer, branch), block in sorted(self.pending.items(), key=lambda kv: kv[0]):
-            if block.k is not None and run.observer is not None and (
-                    run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0)):
+            if (
+                block.k is not None
+                and run.observer is not None
+                and (run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0))
+            ):
                 # a write event carries the chunk's keys and values (observers read k, v of writes only)
-                run.observer(AttentionEvent(layer=layer, branch=branch, chunk=self.chunk, frame_offset=frame0,
-                                            phase=PHASE_WRITE, step=0, q=block.k, k=block.k, v=block.v,
-                                            cache=run.caches.get((layer, branch)),
-                                            out=block.v, correction=run.correction,
-                                            strength=run.strength))
+                run.observer(
+                    AttentionEvent(
+                        layer=layer,
+                        branch=branch,
+                        chunk=self.chunk,
+                        frame_offset=frame0,
+                        phase=PHASE_WRITE,
+                        step=0,
+                        q=block.k,
+                        k=block.k,
+                        v=block.v,
+                        cache=run.caches.get((layer, branch)),
+                        out=block.v,
+                        correction=run.correction,
+                        strength=run.strength,
+                    )
+                )
             run.store(layer, branch, block.k, block.v, prepared=block.prepared)
         run._record_peak()
         self.pending.clear()
@@ -265,12 +286,15 @@ class CoreARSession:
         if self.call_tokens is None:
             self.call_tokens = s
         elif s != self.call_tokens:
-            raise CoreARProtocolError(f"layer {layer} got a block of {s} tokens in a call of {self.call_tokens}-token blocks")
+            raise CoreARProtocolError(
+                f"layer {layer} got a block of {s} tokens in a call of {self.call_tokens}-token blocks"
+            )
         cache_dict = self.layers[layer]
         end = int(cache_dict["end"])
         if end not in (self.call_start, self.call_start + s):
-            raise CoreARProtocolError(f"layer {layer}'s cache end is at token {end}; this call writes its block at "
-                                      f"{self.call_start}")
+            raise CoreARProtocolError(
+                f"layer {layer}'s cache end is at token {end}; this call writes its block at {self.call_start}"
+            )
         run = self.run
         run.chunk = self.chunk
         run.frame_offset = self.call_start // self.geometry.frame_tokens if self.geometry else 0

@@ -1,4 +1,5 @@
 """Model families the Chunked AR sampler can drive, chosen by probing the MODEL (one file per family)."""
+
 from __future__ import annotations
 
 from .base import AttentionShape, ModelFamily, Probe, UnsupportedModelError
@@ -50,4 +51,14 @@ def detect(model_patcher) -> ModelFamily:
     )
 
 
-__all__ = ["FAMILIES", "AttentionShape", "ModelFamily", "Probe", "attention_shape", "UnsupportedModelError", "WanFamily", "describe_model", "detect"]
+__all__ = [
+    "FAMILIES",
+    "AttentionShape",
+    "ModelFamily",
+    "Probe",
+    "attention_shape",
+    "UnsupportedModelError",
+    "WanFamily",
+    "describe_model",
+    "detect",
+]

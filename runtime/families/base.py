@@ -22,6 +22,7 @@ these members (tests/test_layout.py checks them).
 
 Adding a family is adding one file in ``runtime/families/`` and its class to ``FAMILIES`` there.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

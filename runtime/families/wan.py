@@ -16,6 +16,7 @@ modules have the parts the patch uses (probed, not assumed from the class name).
 extra latents into the token sequence (reference latents, time-concatenated latents, Bernini's
 ``context_latents``) are refused: their extra tokens have no place in a cache of finished chunks.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -61,8 +62,10 @@ def _probe_attention(dm) -> str | None:
             return f"has no self_attn in block {i}"
         missing = [p for p in ATTN_PARTS if not hasattr(attn, p)]
         if missing:
-            return (f"has a self-attention ({type(attn).__name__}, block {i}) without {missing}, which the Jensen KV "
-                    "patch recomputes q, k, v from")
+            return (
+                f"has a self-attention ({type(attn).__name__}, block {i}) without {missing}, which the Jensen KV "
+                "patch recomputes q, k, v from"
+            )
         if int(attn.num_heads) * int(attn.head_dim) != int(getattr(dm, "dim", attn.num_heads * attn.head_dim)):
             return f"has a self-attention whose heads x head_dim ({attn.num_heads} x {attn.head_dim}) is not the model width"
     for name in ("rope_encode", "forward_orig"):
@@ -97,18 +100,29 @@ class WanFamily(ModelFamily):
         if not (is_base and is_dm):
             return Probe(True, f"pairs {type(base).__name__} with {type(dm).__name__}, which is not a WAN21 + WanModel")
         if getattr(base, "image_to_video", False) or getattr(dm, "model_type", None) != "t2v":
-            return Probe(True, f"is an image-to-video or other variant (model_type {getattr(dm, 'model_type', None)!r})")
+            return Probe(
+                True, f"is an image-to-video or other variant (model_type {getattr(dm, 'model_type', None)!r})"
+            )
         if getattr(dm, "in_dim", None) != 16 or tuple(getattr(dm, "patch_size", ())) != cls.patch:
-            return Probe(True, f"has {getattr(dm, 'in_dim', '?')} input channels / patch {getattr(dm, 'patch_size', '?')} "
-                               "(a control or Fun variant)")
+            return Probe(
+                True,
+                f"has {getattr(dm, 'in_dim', '?')} input channels / patch {getattr(dm, 'patch_size', '?')} "
+                "(a control or Fun variant)",
+            )
         if getattr(dm, "ref_conv", None) is not None:
             return Probe(True, "has a reference-latent input (ref_conv), whose tokens have no place in a chunk cache")
         if type(dm).forward_orig is not WanModel.forward_orig:
-            return Probe(True, f"is a WanModel subclass with its own forward_orig ({type(dm).__name__}: VACE, camera, "
-                               "audio or another variant with extra inputs a chunk cache cannot hold)")
+            return Probe(
+                True,
+                f"is a WanModel subclass with its own forward_orig ({type(dm).__name__}: VACE, camera, "
+                "audio or another variant with extra inputs a chunk cache cannot hold)",
+            )
         if type(base).extra_conds is not comfy.model_base.WAN21.extra_conds:
-            return Probe(True, f"adds conditioning inputs of its own ({type(base).__name__}.extra_conds, e.g. control "
-                               "or reference latents a chunk cache cannot hold)")
+            return Probe(
+                True,
+                f"adds conditioning inputs of its own ({type(base).__name__}.extra_conds, e.g. control "
+                "or reference latents a chunk cache cannot hold)",
+            )
         problem = _probe_attention(dm)
         if problem is not None:
             return Probe(True, f"{problem}; probed {type(dm).__name__}")
@@ -145,8 +159,12 @@ class WanFamily(ModelFamily):
             )
 
     def fingerprint(self) -> dict:
-        return {**super().fingerprint(), "dim": int(getattr(self.dm, "dim", self.heads * self.head_dim)),
-                "ffn_dim": int(getattr(self.dm, "ffn_dim", 0)), "text_dim": int(getattr(self.dm, "text_dim", 0))}
+        return {
+            **super().fingerprint(),
+            "dim": int(getattr(self.dm, "dim", self.heads * self.head_dim)),
+            "ffn_dim": int(getattr(self.dm, "ffn_dim", 0)),
+            "text_dim": int(getattr(self.dm, "text_dim", 0)),
+        }
 
     def weights_digest(self) -> str:
         return weights_digest(self.dm)
@@ -160,8 +178,11 @@ class WanFamily(ModelFamily):
         import comfy.patcher_extension
 
         # the pack's own patches (core's AR path, runtime/core_ar) are replaced for this run, not foreign
-        foreign = [(k, work.object_patches[k]) for k in self.keys
-                   if k in work.object_patches and not getattr(work.object_patches[k], "jensen_kv_patch", False)]
+        foreign = [
+            (k, work.object_patches[k])
+            for k in self.keys
+            if k in work.object_patches and not getattr(work.object_patches[k], "jensen_kv_patch", False)
+        ]
         if foreign:
             key, patch = foreign[0]
             what = getattr(patch, "__qualname__", None) or type(patch).__qualname__
@@ -175,8 +196,9 @@ class WanFamily(ModelFamily):
         for i, key in enumerate(self.keys):
             module = work.get_model_object(f"diffusion_model.blocks.{i}.self_attn")
             work.add_object_patch(key, CachedSelfAttention(run, i, module))
-        work.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY,
-                                  make_rope_offset_wrapper(run))
+        work.add_wrapper_with_key(
+            comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, WRAPPER_KEY, make_rope_offset_wrapper(run)
+        )
 
     def remove(self, work) -> None:
         """Undo this run's object patches on the shared model (ComfyUI keeps it loaded, patched).
@@ -209,10 +231,13 @@ class CachedSelfAttention:
 
     def __call__(self, x: Tensor, freqs: Tensor, transformer_options: dict | None = None, **kwargs) -> Tensor:
         if kwargs.get("kv_cache") is not None:
-            raise ValueError("this Wan model was called with its own kv_cache (ComfyUI's AR video sampler) while "
-                             "patched by the Chunked AR sampler; use one of the two samplers, not both")
-        return self_attention_via(self.module, x, freqs,
-                                  lambda q, k, v: self.run.attend(self.layer, q, k, v, transformer_options))
+            raise ValueError(
+                "this Wan model was called with its own kv_cache (ComfyUI's AR video sampler) while "
+                "patched by the Chunked AR sampler; use one of the two samplers, not both"
+            )
+        return self_attention_via(
+            self.module, x, freqs, lambda q, k, v: self.run.attend(self.layer, q, k, v, transformer_options)
+        )
 
 
 def self_attention_via(m: torch.nn.Module, x: Tensor, freqs: Tensor, attend) -> Tensor:
@@ -243,8 +268,9 @@ def make_rope_offset_wrapper(run):
     """A DIFFUSION_MODEL wrapper: Wan's ``_forward`` with the time axis of RoPE starting at the chunk's frame."""
     import comfy.ldm.common_dit
 
-    def rope_offset_wrapper(executor, x, timestep, context, clip_fea=None, time_dim_concat=None,
-                            transformer_options=None, **kwargs):
+    def rope_offset_wrapper(
+        executor, x, timestep, context, clip_fea=None, time_dim_concat=None, transformer_options=None, **kwargs
+    ):
         dm = executor.class_obj
         extra = {"time_dim_concat": time_dim_concat, **kwargs}
         given = [name for name in EXTRA_LATENT_INPUTS if extra.get(name) is not None]
@@ -255,16 +281,24 @@ def make_rope_offset_wrapper(run):
             )
         transformer_options = {} if transformer_options is None else transformer_options
         if transformer_options.get("ar_state") is not None:
-            raise ValueError("transformer_options carries ComfyUI's own ar_state (its AR video sampler); the Chunked AR "
-                             "sampler keeps its own cache: use one of the two samplers, not both")
+            raise ValueError(
+                "transformer_options carries ComfyUI's own ar_state (its AR video sampler); the Chunked AR "
+                "sampler keeps its own cache: use one of the two samplers, not both"
+            )
         _, _, t, h, w = x.shape
         x = comfy.ldm.common_dit.pad_to_patch_size(x, dm.patch_size)
         opts = {"transformer_options": transformer_options} if _rope_accepts_options(dm) else {}
         # float32 positions: exact integers (bf16 would round frame indices above 256)
         freqs = dm.rope_encode(t, h, w, t_start=run.frame_offset, device=x.device, dtype=torch.float32, **opts)
-        out = dm.forward_orig(x, timestep, context, clip_fea=clip_fea, freqs=freqs,
-                              transformer_options=transformer_options,
-                              **{k: v for k, v in kwargs.items() if k not in EXTRA_LATENT_INPUTS})
+        out = dm.forward_orig(
+            x,
+            timestep,
+            context,
+            clip_fea=clip_fea,
+            freqs=freqs,
+            transformer_options=transformer_options,
+            **{k: v for k, v in kwargs.items() if k not in EXTRA_LATENT_INPUTS},
+        )
         return out[:, :, :t, :h, :w]
 
     return rope_offset_wrapper

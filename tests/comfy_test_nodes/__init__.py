@@ -5,6 +5,7 @@
 - ``JensenKVTestPatchProbe``: reports whether any Wan block's ``self_attn.forward`` is still patched
   on the model ComfyUI holds (after a run, an error or an interrupt).
 """
+
 from __future__ import annotations
 
 import math

@@ -2,6 +2,7 @@
 
 Every test here is marked ``comfyui`` and ``slow``: importing ComfyUI and building its models takes seconds per
 module, so the fast lane (``-m "not slow"``) is the core, routes and static web tests."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The pack behaves like the ComfyUI tools users know: latent previews while sampling, a memory
 request before the run, and no silent replacement of another pack's attention patch."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,18 @@ def _run(loop, model, frames=6, **kw):
 
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", 2)
-    return loop.run_chunked_ar(model, pos, neg, wan_tiny.video_latent(frames), seed=3, cfg=1.0,
-                               sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, chunk_frames=2, **kw)
+    return loop.run_chunked_ar(
+        model,
+        pos,
+        neg,
+        wan_tiny.video_latent(frames),
+        seed=3,
+        cfg=1.0,
+        sampler=comfy.samplers.sampler_object("euler"),
+        sigmas=sigmas,
+        chunk_frames=2,
+        **kw,
+    )
 
 
 def test_latent_previews_arrive_for_every_step_of_every_chunk(loop, tiny, monkeypatch):
@@ -79,9 +90,12 @@ def test_another_packs_attention_patch_is_not_silently_replaced(loop, tiny):
 
     m = tiny.clone()
     m.add_object_patch("diffusion_model.blocks.1.self_attn.forward", other_pack_attention)
-    with pytest.raises(ValueError, match=r"already carries an object patch on diffusion_model\.blocks\.1\.self_attn"
-                                         r"\.forward \(test_another_packs_attention_patch_is_not_silently_replaced"
-                                         r"\.<locals>\.other_pack_attention from test_comfyui_fit\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"already carries an object patch on diffusion_model\.blocks\.1\.self_attn"
+        r"\.forward \(test_another_packs_attention_patch_is_not_silently_replaced"
+        r"\.<locals>\.other_pack_attention from test_comfyui_fit\)",
+    ):
         _run(loop, m, progress=False)
     # nothing was left behind on the model or its clone
     assert "diffusion_model.blocks.0.self_attn.forward" not in m.object_patches

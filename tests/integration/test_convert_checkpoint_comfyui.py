@@ -4,6 +4,7 @@ The checkpoints are built from ComfyUI's own Wan classes (``wan_tiny.state_dict_
 ComfyUI's detection recognises), wrapped as Self-Forcing and CausVid save them, converted by the
 command line, then loaded by ``comfy.sd.load_diffusion_model`` (what UNETLoader calls).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,9 +35,11 @@ def weights(comfy):
 
 def layouts(ema, gen):
     return {
-        "self_forcing": {"generator": with_prefix(gen, lambda k: f"model.{k}"),
-                         "generator_ema": with_prefix(ema, lambda k: f"model.{k}"),
-                         "critic": {"model.head.head.weight": torch.zeros(4, 4)}},
+        "self_forcing": {
+            "generator": with_prefix(gen, lambda k: f"model.{k}"),
+            "generator_ema": with_prefix(ema, lambda k: f"model.{k}"),
+            "critic": {"model.head.head.weight": torch.zeros(4, 4)},
+        },
         "causvid": {"generator": with_prefix(ema, causvid_key)},
         "bare": dict(ema),
     }
@@ -88,10 +91,19 @@ def test_comfyui_detection_refuses_what_it_does_not_see_as_wan_t2v(comfy, weight
     """ComfyUI's own detection runs on the result: a state dict ComfyUI reads as image-to-video is refused."""
     sd = cc.convert({"generator": weights[0]})
     assert cc.comfyui_detect(sd, comfy).startswith("WAN21_T2V")
-    i2v = dict(sd, **{"img_emb.proj.0.bias": torch.zeros(1280), "img_emb.proj.0.weight": torch.zeros(1280),
-                      "img_emb.proj.1.weight": torch.zeros(128, 1280), "img_emb.proj.1.bias": torch.zeros(128),
-                      "img_emb.proj.3.weight": torch.zeros(128, 128), "img_emb.proj.3.bias": torch.zeros(128),
-                      "img_emb.proj.4.weight": torch.zeros(128), "img_emb.proj.4.bias": torch.zeros(128)})
+    i2v = dict(
+        sd,
+        **{
+            "img_emb.proj.0.bias": torch.zeros(1280),
+            "img_emb.proj.0.weight": torch.zeros(1280),
+            "img_emb.proj.1.weight": torch.zeros(128, 1280),
+            "img_emb.proj.1.bias": torch.zeros(128),
+            "img_emb.proj.3.weight": torch.zeros(128, 128),
+            "img_emb.proj.3.bias": torch.zeros(128),
+            "img_emb.proj.4.weight": torch.zeros(128),
+            "img_emb.proj.4.bias": torch.zeros(128),
+        },
+    )
     with pytest.raises(cc.ConversionError, match="model_type 'i2v'.*would not load as Wan 2.1 T2V"):
         cc.comfyui_detect(i2v, comfy)
 

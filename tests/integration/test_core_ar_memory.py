@@ -7,6 +7,7 @@ core's preallocation by at least 16 / 2.75 x (frames core allocates / frames the
 
 Needs v0.27's core AR path: ``core_ar`` (deselected on ComfyUI without it).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,8 +20,9 @@ pytestmark = pytest.mark.core_ar
 
 
 def _load_benchmark():
-    spec = importlib.util.spec_from_file_location("core_ar_memory_bench",
-                                                  support_comfyui.PACK_ROOT / "benchmarks" / "core_ar_memory.py")
+    spec = importlib.util.spec_from_file_location(
+        "core_ar_memory_bench", support_comfyui.PACK_ROOT / "benchmarks" / "core_ar_memory.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
@@ -52,8 +54,16 @@ FRAMES, H, W, BLOCK, LAYERS, HEADS = 5, 4, 6, 1, 2, 1  # 6 tokens a frame, 5 blo
 def test_core_allocation_pack_peak_and_planner_agree(bench, one_thread):
     S = bench.Setting
     settings = [S("off"), S("2", "none"), S("2", "hadamard", window=2, sink=1), S("4", "hadamard")]
-    res = bench.measure(latent_frames=FRAMES, height=H, width=W, block_frames=BLOCK, layers=LAYERS, heads=HEADS,
-                        dtype="bf16", settings=settings)
+    res = bench.measure(
+        latent_frames=FRAMES,
+        height=H,
+        width=W,
+        block_frames=BLOCK,
+        layers=LAYERS,
+        heads=HEADS,
+        dtype="bf16",
+        settings=settings,
+    )
     core, g = res["core"], res["geometry"]
     tokens = bench.tokens_per_frame(H, W)
     assert tokens == 6 and g["frame_tokens"] == tokens
@@ -66,7 +76,9 @@ def test_core_allocation_pack_peak_and_planner_agree(bench, one_thread):
         # the pack's stored peak is the planner's figure, and the block in flight is the formula's
         assert r["cache_bytes"] == r["planned_bytes"] > 0, s.label
         # the block in flight, at the cache's bits: measured = planner = report (full precision: the BF16 formula)
-        assert r["pending_bytes"] == r["in_flight_formula"] == r["reported_in_flight"] == r["planned_in_flight"], s.label
+        assert r["pending_bytes"] == r["in_flight_formula"] == r["reported_in_flight"] == r["planned_in_flight"], (
+            s.label
+        )
         if s.bits == "off":
             assert r["pending_bytes"] == res["in_flight_formula"] == 2 * LAYERS * BLOCK * tokens * HEADS * 128 * 2
         else:

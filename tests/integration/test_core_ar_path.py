@@ -5,6 +5,7 @@ In-process, with a tiny random causal Wan (jensen_testing/causal_wan.py) and cor
 ``comfy.sample.sample_custom``). The reference is core's own run of the same model, noise and sigmas
 without the pack's nodes. The live-server version is tests/integration/test_core_ar_server.py.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -161,8 +162,9 @@ def test_plain_sampler_on_a_model_with_pack_settings_is_refused(nodes, core_ar, 
         m = quantized(nodes, model, "2", mode="taylor")
         lat = torch.zeros(1, 16, 3, 8, 8)
         with pytest.raises(core_ar.UnusedSettingsError, match="Chunked AR Video Sampler.*SamplerARVideo"):
-            comfy.sample.sample(m, torch.zeros_like(lat), 2, 1.0, "euler", "simple", pos, pos, lat, seed=0,
-                                disable_pbar=True)
+            comfy.sample.sample(
+                m, torch.zeros_like(lat), 2, 1.0, "euler", "simple", pos, pos, lat, seed=0, disable_pbar=True
+            )
 
 
 def test_sampler_ar_video_on_a_bidirectional_wan_is_refused(nodes, core_ar, tiny):
@@ -196,17 +198,38 @@ def test_a_patch_put_on_the_module_itself_is_refused_not_dropped(nodes, core_ar,
         del attn.forward
 
 
-
 def test_pack_sampler_refuses_a_conflicting_ar_cache_window(nodes, loop, tiny, euler):
     m = nodes.JensenKVARCacheWindow.execute(quantized(nodes, tiny, "2"), 2, 1).args[0]
     pos = wan_tiny.conditioning(1, 16, 32)
     with pytest.raises(ValueError, match="AR Cache Window .*window 2 chunk.*sink 1.*window_chunks=0"):
-        loop.run_chunked_ar(m, pos, pos, wan_tiny.video_latent(4), seed=0, cfg=1.0, sampler=euler,
-                            sigmas=torch.tensor([1.0, 0.5, 0.0]), chunk_frames=2, window_chunks=0, progress=False)
+        loop.run_chunked_ar(
+            m,
+            pos,
+            pos,
+            wan_tiny.video_latent(4),
+            seed=0,
+            cfg=1.0,
+            sampler=euler,
+            sigmas=torch.tensor([1.0, 0.5, 0.0]),
+            chunk_frames=2,
+            window_chunks=0,
+            progress=False,
+        )
     # the same window on both is fine
-    out = loop.run_chunked_ar(m, pos, pos, wan_tiny.video_latent(4), seed=0, cfg=1.0, sampler=euler,
-                              sigmas=torch.tensor([1.0, 0.5, 0.0]), chunk_frames=1, window_chunks=2, sink_chunks=1,
-                              progress=False)
+    out = loop.run_chunked_ar(
+        m,
+        pos,
+        pos,
+        wan_tiny.video_latent(4),
+        seed=0,
+        cfg=1.0,
+        sampler=euler,
+        sigmas=torch.tensor([1.0, 0.5, 0.0]),
+        chunk_frames=1,
+        window_chunks=2,
+        sink_chunks=1,
+        progress=False,
+    )
     assert out.report["window_chunks"] == 2 and out.report["sink_chunks"] == 1
 
 
@@ -229,8 +252,19 @@ def test_an_interrupt_mid_run_leaves_nothing_behind(nodes, core_ar, causal):
     pos = wan_tiny.conditioning(1, 16, 32)
     noise = comfy.sample.prepare_noise(lat, 9)
     with pytest.raises(comfy.model_management.InterruptProcessingException):
-        comfy.sample.sample_custom(m, noise, 1.0, cw.ar_sampler(1), SIGMAS, pos, pos, lat, callback=interrupt_at_block_2,
-                                   disable_pbar=True, seed=9)
+        comfy.sample.sample_custom(
+            m,
+            noise,
+            1.0,
+            cw.ar_sampler(1),
+            SIGMAS,
+            pos,
+            pos,
+            lat,
+            callback=interrupt_at_block_2,
+            disable_pbar=True,
+            seed=9,
+        )
     assert core_ar.patches._ACTIVE.get() is None
     assert torch.equal(cw.sample_core(m, lat, SIGMAS, num_frame_per_block=1, seed=9), ref)
     core_ref = cw.sample_core(causal, lat, SIGMAS, num_frame_per_block=1, seed=9)

@@ -6,6 +6,7 @@ Window] -> BasicGuider -> SamplerCustomAdvanced with SamplerARVideo and the AR V
 SaveLatent, and KV Cache Report on the sampler's output. The reference is the same prompt without
 the pack's nodes: core's own sampler and cache.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,11 @@ def server(comfy_server):
 
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()},
-              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
-              metadata={"config": json.dumps({"transformer": {"causal_ar": True}})})
+    save_file(
+        {k: v.to(torch.float32) for k, v in sd.items()},
+        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
+        metadata={"config": json.dumps({"transformer": {"causal_ar": True}})},
+    )
     return comfy_server
 
 
@@ -41,37 +44,66 @@ def prompt(*, bits=None, mode="taylor", window=None, diagnostics=False, block=1,
         "2": {"class_type": "ModelSamplingSD3", "inputs": {"model": ["1", 0], "shift": 5.0}},
         "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
         "6": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
-        "7": {"class_type": "EmptyARVideoLatent", "inputs": {"width": 32, "height": 32, "length": frames,
-                                                             "batch_size": 1}},
+        "7": {
+            "class_type": "EmptyARVideoLatent",
+            "inputs": {"width": 32, "height": 32, "length": frames, "batch_size": 1},
+        },
         "8": {"class_type": "SamplerARVideo", "inputs": {"num_frame_per_block": block}},
-        "9": {"class_type": "JensenKVARSchedule", "inputs": {"preset": "self_forcing_4step", "steps": 4,
-                                                             "shift": 5.0, "manual": ""}},
+        "9": {
+            "class_type": "JensenKVARSchedule",
+            "inputs": {"preset": "self_forcing_4step", "steps": 4, "shift": 5.0, "manual": ""},
+        },
         "11": {"class_type": "RandomNoise", "inputs": {"noise_seed": 7}},
-        "13": {"class_type": "SaveLatent", "inputs": {"samples": ["12", 0],
-                                                       "filename_prefix": f"jensen_kv/{uuid.uuid4().hex[:8]}"}},
+        "13": {
+            "class_type": "SaveLatent",
+            "inputs": {"samples": ["12", 0], "filename_prefix": f"jensen_kv/{uuid.uuid4().hex[:8]}"},
+        },
     }
     model = ["2", 0]
     if bits is not None:
-        p["3"] = {"class_type": "JensenKVQuantizeKVCache", "inputs": {
-            "model": model, "key_bits": bits, "value_bits": bits, "group_size": "32", "rotation": "hadamard",
-            "scale_format": "fp8_e4m3", "rotation_seed": 0}}
+        p["3"] = {
+            "class_type": "JensenKVQuantizeKVCache",
+            "inputs": {
+                "model": model,
+                "key_bits": bits,
+                "value_bits": bits,
+                "group_size": "32",
+                "rotation": "hadamard",
+                "scale_format": "fp8_e4m3",
+                "rotation_seed": 0,
+            },
+        }
         p["4"] = {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["3", 0], "mode": mode, "strength": 1.0}}
         model = ["4", 0] if bits != "off" else ["3", 0]
     if window is not None:
-        p["15"] = {"class_type": "JensenKVARCacheWindow", "inputs": {"model": model, "window_chunks": window[0],
-                                                                     "sink_chunks": window[1]}}
+        p["15"] = {
+            "class_type": "JensenKVARCacheWindow",
+            "inputs": {"model": model, "window_chunks": window[0], "sink_chunks": window[1]},
+        }
         model = ["15", 0]
     if diagnostics:
-        p["16"] = {"class_type": "JensenKVDiagnostics", "inputs": {"model": model, "layers": "all", "heads": "all",
-                                                                   "steps": "all", "query_stride": 1}}
+        p["16"] = {
+            "class_type": "JensenKVDiagnostics",
+            "inputs": {"model": model, "layers": "all", "heads": "all", "steps": "all", "query_stride": 1},
+        }
         model = ["16", 0]
     if cfg is None:
         p["10"] = {"class_type": "BasicGuider", "inputs": {"model": model, "conditioning": ["5", 0]}}
     else:
-        p["10"] = {"class_type": "CFGGuider", "inputs": {"model": model, "positive": ["5", 0], "negative": ["6", 0],
-                                                         "cfg": cfg}}
-    p["12"] = {"class_type": "SamplerCustomAdvanced", "inputs": {
-        "noise": ["11", 0], "guider": ["10", 0], "sampler": ["8", 0], "sigmas": ["9", 0], "latent_image": ["7", 0]}}
+        p["10"] = {
+            "class_type": "CFGGuider",
+            "inputs": {"model": model, "positive": ["5", 0], "negative": ["6", 0], "cfg": cfg},
+        }
+    p["12"] = {
+        "class_type": "SamplerCustomAdvanced",
+        "inputs": {
+            "noise": ["11", 0],
+            "guider": ["10", 0],
+            "sampler": ["8", 0],
+            "sigmas": ["9", 0],
+            "latent_image": ["7", 0],
+        },
+    }
     if bits is not None or window is not None or diagnostics:
         p["14"] = {"class_type": "JensenKVCacheReport", "inputs": {"model": model, "samples": ["12", 0]}}
     return p

@@ -17,6 +17,7 @@ core's ``ar_video`` agree when core is given the pack's per-chunk noise.
 
 Needs v0.27's core AR path: ``core_ar`` (deselected on ComfyUI without it).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -79,8 +80,19 @@ def conds():
 
 def run_pack(loop, model, sampler, sig, *, cfg, window=0, seed=7):
     pos, neg = conds()
-    return loop.run_chunked_ar(model, pos, neg, wan_tiny.video_latent(FRAMES), seed=seed, cfg=cfg, sampler=sampler,
-                               sigmas=sig, chunk_frames=CHUNK, window_chunks=window, progress=False)
+    return loop.run_chunked_ar(
+        model,
+        pos,
+        neg,
+        wan_tiny.video_latent(FRAMES),
+        seed=seed,
+        cfg=cfg,
+        sampler=sampler,
+        sigmas=sig,
+        chunk_frames=CHUNK,
+        window_chunks=window,
+        progress=False,
+    )
 
 
 def run_core_ar(model, sig, noise, *, seed=7):
@@ -90,8 +102,9 @@ def run_core_ar(model, sig, noise, *, seed=7):
 
     pos, neg = conds()
     sampler = comfy.samplers.ksampler("ar_video", {"num_frame_per_block": CHUNK})
-    return comfy.sample.sample_custom(model, noise, 1.0, sampler, sig, pos, neg, torch.zeros_like(noise),
-                                      disable_pbar=True, seed=seed)
+    return comfy.sample.sample_custom(
+        model, noise, 1.0, sampler, sig, pos, neg, torch.zeros_like(noise), disable_pbar=True, seed=seed
+    )
 
 
 def quantized(nodes, model):
@@ -167,12 +180,17 @@ def test_one_step_pack_sampler_equals_cores_ar_video_given_the_same_noise(loop, 
     sig = torch.tensor([1.0, 0.0])
     seed = 7
     latent = wan_tiny.video_latent(FRAMES)["samples"]
-    noise = torch.cat([comfy.sample.prepare_noise(latent[:, :, f0:f0 + CHUNK], loop.chunk_seed(seed, c, loop.NOISE_STREAM))
-                       for c, f0 in enumerate(range(0, FRAMES, CHUNK))], dim=2)
+    noise = torch.cat(
+        [
+            comfy.sample.prepare_noise(latent[:, :, f0 : f0 + CHUNK], loop.chunk_seed(seed, c, loop.NOISE_STREAM))
+            for c, f0 in enumerate(range(0, FRAMES, CHUNK))
+        ],
+        dim=2,
+    )
     ours = run_pack(loop, causal, euler, sig, cfg=1.0, seed=seed).samples
     core = run_core_ar(causal, sig, noise, seed=seed)
     assert float(core.abs().mean()) > 0.1
     torch.testing.assert_close(ours, core, atol=1e-5, rtol=1e-5)
     # the cache matters: chunk 1 of a run without earlier chunks would differ
-    alone = run_core_ar(causal, sig, noise[:, :, CHUNK:2 * CHUNK])
-    assert float((alone - core[:, :, CHUNK:2 * CHUNK]).abs().max()) > 1e-3
+    alone = run_core_ar(causal, sig, noise[:, :, CHUNK : 2 * CHUNK])
+    assert float((alone - core[:, :, CHUNK : 2 * CHUNK]).abs().max()) > 1e-3

@@ -5,6 +5,7 @@ it back), zero cost and no trace without the node, shadow copies freed after suc
 the plot node's IMAGE/STRING. Live server: UNETLoader -> Quantize -> Jensen -> Diagnostics -> Chunked AR
 sampler -> Diagnostics Plot -> SaveImage, checked through ``/history`` and ``/view``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,9 +47,18 @@ def _sigmas(model, steps=STEPS):
 
 
 def _inputs(model, euler, *, cfg=1.0, window=0, frames=FRAMES):
-    return dict(positive=wan_tiny.conditioning(1, 13, 32), negative=wan_tiny.conditioning(2, 13, 32),
-                latent=wan_tiny.video_latent(frames), seed=3, cfg=cfg, sampler=euler, sigmas=_sigmas(model),
-                chunk_frames=CHUNK, window_chunks=window, context_noise=0.0)
+    return dict(
+        positive=wan_tiny.conditioning(1, 13, 32),
+        negative=wan_tiny.conditioning(2, 13, 32),
+        latent=wan_tiny.video_latent(frames),
+        seed=3,
+        cfg=cfg,
+        sampler=euler,
+        sigmas=_sigmas(model),
+        chunk_frames=CHUNK,
+        window_chunks=window,
+        context_noise=0.0,
+    )
 
 
 def _quantized(nodes, model, correction="taylor", bits="2", group="16", rotation="hadamard"):
@@ -66,10 +76,18 @@ def test_nodes_are_registered_with_tooltips(nodes, diag_nodes):
     ids = {n.define_schema().node_id for n in listed}
     assert {"JensenKVDiagnostics", "JensenKVDiagnosticsPlot"} <= ids
     for cls, display, inputs, outputs in (
-        (diag_nodes.JensenKVDiagnostics, "KV Cache Diagnostics", ["model", "layers", "heads", "steps", "query_stride"],
-         ["MODEL"]),
-        (diag_nodes.JensenKVDiagnosticsPlot, "KV Cache Diagnostics Plot", ["report", "width", "height"],
-         ["IMAGE", "STRING"]),
+        (
+            diag_nodes.JensenKVDiagnostics,
+            "KV Cache Diagnostics",
+            ["model", "layers", "heads", "steps", "query_stride"],
+            ["MODEL"],
+        ),
+        (
+            diag_nodes.JensenKVDiagnosticsPlot,
+            "KV Cache Diagnostics Plot",
+            ["report", "width", "height"],
+            ["IMAGE", "STRING"],
+        ),
     ):
         s = cls.define_schema()
         s.finalize()
@@ -132,28 +150,33 @@ def test_diagnostics_match_attention_shift_on_recorded_calls(loop, nodes, diag_n
     """The same run, an explicit observer teed with the diagnostics: recompute ΔP_S from what it recorded."""
     rec = Recorder()
     model = _with_diag(diag_nodes, _quantized(nodes, tiny, "taylor"), layers="1", steps="last", stride=2)
-    res = loop.run_chunked_ar(model, **{k: v for k, v in _inputs(tiny, euler).items() if k != "latent"},
-                              latent=wan_tiny.video_latent(FRAMES), observer=rec, progress=False)
+    res = loop.run_chunked_ar(
+        model,
+        **{k: v for k, v in _inputs(tiny, euler).items() if k != "latent"},
+        latent=wan_tiny.video_latent(FRAMES),
+        observer=rec,
+        progress=False,
+    )
     d = res.report["diagnostics"]
     assert d["layers"] == [1] and d["steps"] == [STEPS - 1] and d["calls"] == 3
     quant = importlib.import_module(f"{jk.__name__}.quant")
     diagnostics = importlib.import_module(f"{jk.__name__}.attention_shift")
     deltas = []
-    last_step_calls = [ev for ev in rec.events if ev[0] == 1][STEPS - 1::STEPS]  # the last step of each chunk
+    last_step_calls = [ev for ev in rec.events if ev[0] == 1][STEPS - 1 :: STEPS]  # the last step of each chunk
     assert len(last_step_calls) == 3
     for layer, chunk, q, k, v, entries in last_step_calls:
         k_ref = torch.cat([rec.fp[(layer, c)][0] for c in range(chunk)], dim=-2)
         v_ref = torch.cat([rec.fp[(layer, c)][1] for c in range(chunk)], dim=-2)
         kq = quant.cat_quantized([e.k for e in entries])
         vq = quant.cat_quantized([e.v for e in entries])
-        deltas.append(diagnostics.attention_shift(q, k_ref, v_ref, k, v, kq, vq, correction="taylor",
-                                                  query_stride=2).delta_ps)
+        deltas.append(
+            diagnostics.attention_shift(q, k_ref, v_ref, k, v, kq, vq, correction="taylor", query_stride=2).delta_ps
+        )
     med = float(torch.cat(deltas).double().quantile(0.5))
     assert d["stats"]["taylor"]["median_delta_ps"] == pytest.approx(med, abs=1e-7)
 
 
-def test_no_diagnostics_node_no_cost_and_identical_samples(loop, nodes, diag_nodes, diag_obs, tiny, euler,
-                                                           monkeypatch):
+def test_no_diagnostics_node_no_cost_and_identical_samples(loop, nodes, diag_nodes, diag_obs, tiny, euler, monkeypatch):
     made = []
     real = loop.make_diagnostics
 
@@ -239,31 +262,60 @@ def server(comfy_server):
 
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)  # 1 head x 128, 2 layers: ComfyUI detects it as wan2.1
-    save_file({k: v.to(torch.float32) for k, v in sd.items()},
-              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET))
+    save_file(
+        {k: v.to(torch.float32) for k, v in sd.items()},
+        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
+    )
     return comfy_server
 
 
 def diagnostics_workflow(prefix: str) -> dict:
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        "2": {"class_type": "JensenKVQuantizeKVCache", "inputs": {
-            "model": ["1", 0], "key_bits": "2", "value_bits": "2", "group_size": "32", "rotation": "hadamard",
-            "scale_format": "fp8_e4m3", "rotation_seed": 0}},
+        "2": {
+            "class_type": "JensenKVQuantizeKVCache",
+            "inputs": {
+                "model": ["1", 0],
+                "key_bits": "2",
+                "value_bits": "2",
+                "group_size": "32",
+                "rotation": "hadamard",
+                "scale_format": "fp8_e4m3",
+                "rotation_seed": 0,
+            },
+        },
         "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
-        "11": {"class_type": "JensenKVDiagnostics", "inputs": {"model": ["3", 0], "layers": "all", "heads": "all",
-                                                               "steps": "all", "query_stride": 1}},
+        "11": {
+            "class_type": "JensenKVDiagnostics",
+            "inputs": {"model": ["3", 0], "layers": "all", "heads": "all", "steps": "all", "query_stride": 1},
+        },
         "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
         "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
-        "6": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 64, "height": 64, "length": 21,
-                                                                  "batch_size": 1}},
+        "6": {
+            "class_type": "EmptyHunyuanLatentVideo",
+            "inputs": {"width": 64, "height": 64, "length": 21, "batch_size": 1},
+        },
         "7": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}},
-        "8": {"class_type": "BasicScheduler", "inputs": {"model": ["1", 0], "scheduler": "simple", "steps": 2,
-                                                         "denoise": 1.0}},
-        "9": {"class_type": "JensenKVChunkedARSampler", "inputs": {
-            "model": ["11", 0], "positive": ["4", 0], "negative": ["5", 0], "latent": ["6", 0], "seed": 0,
-            "cfg": 1.0, "sampler": ["7", 0], "sigmas": ["8", 0], "chunk_frames": 1, "window_chunks": 0,
-            "context_noise": 0.0}},
+        "8": {
+            "class_type": "BasicScheduler",
+            "inputs": {"model": ["1", 0], "scheduler": "simple", "steps": 2, "denoise": 1.0},
+        },
+        "9": {
+            "class_type": "JensenKVChunkedARSampler",
+            "inputs": {
+                "model": ["11", 0],
+                "positive": ["4", 0],
+                "negative": ["5", 0],
+                "latent": ["6", 0],
+                "seed": 0,
+                "cfg": 1.0,
+                "sampler": ["7", 0],
+                "sigmas": ["8", 0],
+                "chunk_frames": 1,
+                "window_chunks": 0,
+                "context_noise": 0.0,
+            },
+        },
         "12": {"class_type": "JensenKVDiagnosticsPlot", "inputs": {"report": ["9", 1], "width": 960, "height": 540}},
         "13": {"class_type": "SaveImage", "inputs": {"images": ["12", 0], "filename_prefix": prefix}},
     }
@@ -298,7 +350,9 @@ def test_workflow_with_diagnostics_in_a_live_server(server):
 
     plot = outputs["12"]
     text = plot["text"][0]
-    assert f"median dP_S {none['median_delta_ps']:+.5f}" in text and f"median dP_S {fixed['median_delta_ps']:+.5f}" in text
+    assert (
+        f"median dP_S {none['median_delta_ps']:+.5f}" in text and f"median dP_S {fixed['median_delta_ps']:+.5f}" in text
+    )
     assert re.search(r"mean JSD \d\.\d{3}e[-+]\d\d", text)
     preview = plot["images"][0]
     assert preview["type"] == "temp"

@@ -3,6 +3,7 @@
 These need no ComfyUI (the modules are imported through ``support.pack``), but live next to the
 diagnostics' integration tests.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,22 +25,34 @@ workload = load_pack_module("jensen_core.workload")
 
 
 # ------------------------------------------------------------------------------------------- selections
-@pytest.mark.parametrize("text,count,expected", [
-    ("all", 4, [0, 1, 2, 3]), ("every 8", 30, [0, 8, 16, 24]), ("Every 8th", 9, [0, 8]), ("first", 5, [0]),
-    ("last", 5, [4]), ("0, 4, 8-11", 12, [0, 4, 8, 9, 10, 11]), ("3,1,1", 4, [1, 3]), (" 2 - 3 ", 4, [2, 3]),
-])
+@pytest.mark.parametrize(
+    "text,count,expected",
+    [
+        ("all", 4, [0, 1, 2, 3]),
+        ("every 8", 30, [0, 8, 16, 24]),
+        ("Every 8th", 9, [0, 8]),
+        ("first", 5, [0]),
+        ("last", 5, [4]),
+        ("0, 4, 8-11", 12, [0, 4, 8, 9, 10, 11]),
+        ("3,1,1", 4, [1, 3]),
+        (" 2 - 3 ", 4, [2, 3]),
+    ],
+)
 def test_selections_resolve(text, count, expected):
     assert obs_mod.resolve_selection(text, count, "layers") == expected
 
 
-@pytest.mark.parametrize("text,count,match", [
-    ("every 0", 4, r"every 0.*N >= 1"),
-    ("3-1", 4, r"runs backwards; write it as '1-3'"),
-    ("40", 30, r"index 40, but this run has 30 layers \(0-29\)"),
-    ("0-31", 30, r"index 31"),
-    ("half", 4, r"'half' is not a selection; use 'all', 'every N'"),
-    ("", 4, r"is not a selection"),
-])
+@pytest.mark.parametrize(
+    "text,count,match",
+    [
+        ("every 0", 4, r"every 0.*N >= 1"),
+        ("3-1", 4, r"runs backwards; write it as '1-3'"),
+        ("40", 30, r"index 40, but this run has 30 layers \(0-29\)"),
+        ("0-31", 30, r"index 31"),
+        ("half", 4, r"'half' is not a selection; use 'all', 'every N'"),
+        ("", 4, r"is not a selection"),
+    ],
+)
 def test_bad_selections_name_the_value_and_the_fix(text, count, match):
     with pytest.raises(ValueError, match=match):
         obs_mod.resolve_selection(text, count, "layers")
@@ -63,11 +76,30 @@ def test_request_lives_on_model_options():
     p = FakePatcher()
     p.model_options = {"transformer_options": {}}
     assert obs_mod.get_request(p.model_options) is None
-    assert obs_mod.make_diagnostics(p.model_options, num_layers=2, heads=2, steps=2, window_chunks=0,
-                                    correction="taylor", strength=1.0, keys_quantized=True) is None
+    assert (
+        obs_mod.make_diagnostics(
+            p.model_options,
+            num_layers=2,
+            heads=2,
+            steps=2,
+            window_chunks=0,
+            correction="taylor",
+            strength=1.0,
+            keys_quantized=True,
+        )
+        is None
+    )
     obs_mod.set_request(p, obs_mod.DiagnosticsRequest(layers="1"))
-    made = obs_mod.make_diagnostics(p.model_options, num_layers=2, heads=2, steps=2, window_chunks=0,
-                                    correction="taylor", strength=1.0, keys_quantized=True)
+    made = obs_mod.make_diagnostics(
+        p.model_options,
+        num_layers=2,
+        heads=2,
+        steps=2,
+        window_chunks=0,
+        correction="taylor",
+        strength=1.0,
+        keys_quantized=True,
+    )
     assert made.layers == [1] and made.modes == ["off", "taylor"]
     p.model_options["transformer_options"][obs_mod.REQUEST_KEY] = {"layers": "all"}
     with pytest.raises(TypeError, match="not a DiagnosticsRequest"):
@@ -113,9 +145,21 @@ def test_common_histogram_counts_everything_on_shared_edges():
 
 # ------------------------------------------------------------------------------------------- the observer
 def _event(phase, chunk, step, q, k, v, cache, layer=0, branch=0, correction="taylor"):
-    return events.AttentionEvent(layer=layer, branch=branch, chunk=chunk, frame_offset=chunk, phase=phase, step=step,
-                                 q=q, k=k, v=v, cache=cache, out=torch.zeros_like(q), correction=correction,
-                                 strength=1.0)
+    return events.AttentionEvent(
+        layer=layer,
+        branch=branch,
+        chunk=chunk,
+        frame_offset=chunk,
+        phase=phase,
+        step=step,
+        q=q,
+        k=k,
+        v=v,
+        cache=cache,
+        out=torch.zeros_like(q),
+        correction=correction,
+        strength=1.0,
+    )
 
 
 def _chunks(n, heads=3, tokens=48, d=64, seed=0):
@@ -140,8 +184,9 @@ def _drive(obs, w, spec, window=None, steps=2, layer=0):
 
 def _observer(layers="all", heads="all", steps="all", query_stride=1, n_heads=3, **kw):
     req = obs_mod.DiagnosticsRequest(layers=layers, heads=heads, steps=steps, query_stride=query_stride)
-    args = dict(num_layers=2, heads=n_heads, steps=2, window_chunks=0, correction="taylor", strength=1.0,
-                keys_quantized=True)
+    args = dict(
+        num_layers=2, heads=n_heads, steps=2, window_chunks=0, correction="taylor", strength=1.0, keys_quantized=True
+    )
     args.update(kw)
     return obs_mod.DiagnosticsObserver(req, **args)
 
@@ -164,8 +209,9 @@ def test_observer_equals_attention_shift_on_the_window_and_the_sampled_heads():
             vq = quant.cat_quantized([core.quantize(vs[j], spec) for j in window])[:, hi]
             k_ref = torch.cat([ks[j] for j in window], dim=-2)[:, hi]
             v_ref = torch.cat([vs[j] for j in window], dim=-2)[:, hi]
-            ref = diagnostics.attention_shift(w.q[:, hi], k_ref, v_ref, ks[c][:, hi], vs[c][:, hi], kq, vq,
-                                              correction=mode, query_stride=2)
+            ref = diagnostics.attention_shift(
+                w.q[:, hi], k_ref, v_ref, ks[c][:, hi], vs[c][:, hi], kq, vq, correction=mode, query_stride=2
+            )
             deltas.append(ref.delta_ps)
             jsd.append(ref.jsd)
             elements = w.q[:, hi, ::2].numel()
@@ -193,9 +239,17 @@ def test_observer_gives_chunk_mean_each_cached_chunk_its_own_mean():
     assert obs.modes == ["off", "chunk_mean"]
     kq = quant.cat_quantized([e.k for e in cache.entries])
     vq = quant.cat_quantized([e.v for e in cache.entries])
-    args = (scaled.q, torch.cat(scaled.k_cached, -2), torch.cat(scaled.v_cached, -2), scaled.k_cur, scaled.v_cur, kq, vq)
+    args = (
+        scaled.q,
+        torch.cat(scaled.k_cached, -2),
+        torch.cat(scaled.v_cached, -2),
+        scaled.k_cur,
+        scaled.v_cur,
+        kq,
+        vq,
+    )
     ref = diagnostics.attention_shift(*args, correction="chunk_mean", chunk_tokens=[48, 48, 48])
-    last = obs.acc["chunk_mean"].delta_ps()[-ref.delta_ps.numel():]  # the call that read all three chunks
+    last = obs.acc["chunk_mean"].delta_ps()[-ref.delta_ps.numel() :]  # the call that read all three chunks
     torch.testing.assert_close(last, ref.delta_ps)
     window_mean = diagnostics.attention_shift(*args, correction="per_channel")
     assert (last - window_mean.delta_ps).abs().max() > 1e-3

@@ -13,6 +13,7 @@ UNETLoader on the float16 file, and UNETLoader with ``weight_dtype`` fp8_e4m3fn 
 run must match the float16 run tightly (same weights, same float32 compute on the CPU); the fp8 run
 loosely (its weights are rounded to 3 mantissa bits), and must differ (fp8 was really used).
 """
+
 from __future__ import annotations
 
 import uuid
@@ -61,22 +62,50 @@ def prompt(prefix: str) -> dict:
     p = {
         "c+": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
         "c-": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
-        "lat": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 32, "height": 32, "length": 13,
-                                                                    "batch_size": 1}},
+        "lat": {
+            "class_type": "EmptyHunyuanLatentVideo",
+            "inputs": {"width": 32, "height": 32, "length": 13, "batch_size": 1},
+        },
     }
     for name, loader in LOADERS.items():
         p[f"{name}_load"] = loader
-        p[f"{name}_quant"] = {"class_type": "JensenKVQuantizeKVCache", "inputs": {
-            "model": [f"{name}_load", 0], "key_bits": "2", "value_bits": "2", "group_size": "32",
-            "rotation": "hadamard", "scale_format": "fp8_e4m3", "rotation_seed": 0}}
-        p[f"{name}_jensen"] = {"class_type": "JensenKVBiasCorrection", "inputs": {
-            "model": [f"{name}_quant", 0], "mode": "taylor", "strength": 1.0}}
-        p[f"{name}_sample"] = {"class_type": "JensenKVChunkedARSamplerSimple", "inputs": {
-            "model": [f"{name}_jensen", 0], "positive": ["c+", 0], "negative": ["c-", 0], "latent": ["lat", 0],
-            "seed": 3, "steps": 2, "cfg": 2.0, "sampler_name": "euler", "scheduler": "simple", "chunk_frames": 2,
-            "window_chunks": 0, "context_noise": 0.0}}
-        p[f"{name}_save"] = {"class_type": "SaveLatent", "inputs": {"samples": [f"{name}_sample", 0],
-                                                                   "filename_prefix": f"{prefix}/{name}"}}
+        p[f"{name}_quant"] = {
+            "class_type": "JensenKVQuantizeKVCache",
+            "inputs": {
+                "model": [f"{name}_load", 0],
+                "key_bits": "2",
+                "value_bits": "2",
+                "group_size": "32",
+                "rotation": "hadamard",
+                "scale_format": "fp8_e4m3",
+                "rotation_seed": 0,
+            },
+        }
+        p[f"{name}_jensen"] = {
+            "class_type": "JensenKVBiasCorrection",
+            "inputs": {"model": [f"{name}_quant", 0], "mode": "taylor", "strength": 1.0},
+        }
+        p[f"{name}_sample"] = {
+            "class_type": "JensenKVChunkedARSamplerSimple",
+            "inputs": {
+                "model": [f"{name}_jensen", 0],
+                "positive": ["c+", 0],
+                "negative": ["c-", 0],
+                "latent": ["lat", 0],
+                "seed": 3,
+                "steps": 2,
+                "cfg": 2.0,
+                "sampler_name": "euler",
+                "scheduler": "simple",
+                "chunk_frames": 2,
+                "window_chunks": 0,
+                "context_noise": 0.0,
+            },
+        }
+        p[f"{name}_save"] = {
+            "class_type": "SaveLatent",
+            "inputs": {"samples": [f"{name}_sample", 0], "filename_prefix": f"{prefix}/{name}"},
+        }
     return p
 
 
@@ -97,7 +126,8 @@ def results(server):
     for name in LOADERS:
         saved = entry["outputs"][f"{name}_save"]["latents"][0]
         latents[name] = load_file(str(server.base_dir / "output" / saved["subfolder"] / saved["filename"]))[
-            "latent_tensor"]
+            "latent_tensor"
+        ]
         reports[name] = entry["outputs"][f"{name}_sample"]["jensen_kv_report"][0]
     return latents, reports
 
@@ -132,6 +162,7 @@ def test_fp8_weights_run_and_stay_close(results):
 
 
 def test_no_patch_is_left_on_the_gguf_model(server, results):
-    entry = run(server, {"g": LOADERS["gguf"], "probe": {"class_type": "JensenKVTestPatchProbe",
-                                                         "inputs": {"model": ["g", 0]}}})
+    entry = run(
+        server, {"g": LOADERS["gguf"], "probe": {"class_type": "JensenKVTestPatchProbe", "inputs": {"model": ["g", 0]}}}
+    )
     assert entry["outputs"]["probe"]["text"] == ["unpatched"]

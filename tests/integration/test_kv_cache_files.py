@@ -6,6 +6,7 @@ header, and read a file's header only once until the file changes. Save KV Cache
 through a symlink out of output/, and refuses prefixes that are only dots. Every file is built here;
 ``test_server_hostile_files.py`` shows the same against a live server.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -121,8 +122,14 @@ def test_listing_opens_only_regular_files_inside_the_folder(lk, folders, monkeyp
     real = lk._header_format
     monkeypatch.setattr(lk, "_header_format", lambda p: opened.append(p) or real(p))
     opened = in_child(lambda: (lk.list_cache_files(), opened)[1])
-    assert sorted(opened) == sorted(str(p) for p in (out / "jensen_kv" / "good_00001_.safetensors",
-                                                     inp / "shared.safetensors", out / "not_this.safetensors"))
+    assert sorted(opened) == sorted(
+        str(p)
+        for p in (
+            out / "jensen_kv" / "good_00001_.safetensors",
+            inp / "shared.safetensors",
+            out / "not_this.safetensors",
+        )
+    )
     for p in opened:
         assert stat.S_ISREG(os.lstat(p).st_mode)
 
@@ -179,7 +186,9 @@ def test_the_listing_reads_a_header_only_up_to_its_cap(lk, folders, monkeypatch)
     blob = json.dumps({"__metadata__": {"state": "s" * (1 << 20), "format": FORMAT}}).encode()
     raw_safetensors(out / "long_state.safetensors", blob + b" " * (-len(blob) % 8))
     # metadata that never closes within the header: malformed, not listed
-    raw_safetensors(out / "unclosed.safetensors", b'{"__metadata__":{"format":"' + FORMAT.encode() + b'"' + b" " * 70000)
+    raw_safetensors(
+        out / "unclosed.safetensors", b'{"__metadata__":{"format":"' + FORMAT.encode() + b'"' + b" " * 70000
+    )
     cache_file(out / "fine.safetensors")
     read = []
     real_read = lk._read_upto
@@ -194,8 +203,11 @@ def test_a_cache_file_is_known_by_its_metadata_alone(lk, folders, monkeypatch):
     out, _, _ = folders
     state = json.dumps({"retained": [{"chunk": i, "shape": [1, 16, 3, 60, 104]} for i in range(200)]})
     tensors = {f"cache.{i}.{'k' * 1500}": torch.zeros(1, dtype=torch.uint8) for i in range(3000)}
-    save_file(tensors, str(out / "long_00001_.safetensors"),
-              metadata={"format": FORMAT, "version": "1", "state": state, "sha256": "0" * 64})
+    save_file(
+        tensors,
+        str(out / "long_00001_.safetensors"),
+        metadata={"format": FORMAT, "version": "1", "state": state, "sha256": "0" * 64},
+    )
     header_len = struct.unpack("<Q", (out / "long_00001_.safetensors").read_bytes()[:8])[0]
     assert header_len > 4 << 20
     read = []
@@ -209,9 +221,20 @@ def test_a_cache_file_is_known_by_its_metadata_alone(lk, folders, monkeypatch):
 @pytest.fixture
 def state(pack):
     rs = importlib.import_module("comfyui_jensen_kv.runtime.saved_run")
-    return rs.SavedRun(fingerprint={"family": "wan2.1", "layers": 1, "heads": 1, "head_dim": 8}, spec_k=None,
-                       spec_v=None, chunk_frames=1, window_chunks=0, sink_chunks=0, latent_shape=(1, 16, 2, 2),
-                       next_chunk=0, next_frame=0, branches=[0], active_prompt="", caches={})
+    return rs.SavedRun(
+        fingerprint={"family": "wan2.1", "layers": 1, "heads": 1, "head_dim": 8},
+        spec_k=None,
+        spec_v=None,
+        chunk_frames=1,
+        window_chunks=0,
+        sink_chunks=0,
+        latent_shape=(1, 16, 2, 2),
+        next_chunk=0,
+        next_frame=0,
+        branches=[0],
+        active_prompt="",
+        caches={},
+    )
 
 
 def all_files(folder) -> list[str]:

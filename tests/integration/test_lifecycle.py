@@ -1,4 +1,5 @@
 """Lifecycle of a Chunked AR run: nothing mutated, nothing left patched, caches freed, runs independent."""
+
 from __future__ import annotations
 
 import copy
@@ -21,8 +22,20 @@ def _sigmas(model, steps=STEPS):
 
 def _run(loop, model, euler, *, seed=3, cfg=2.0, frames=FRAMES, chunk=CHUNK, window=0, **kw):
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
-    return loop.run_chunked_ar(model, pos, neg, wan_tiny.video_latent(frames), seed=seed, cfg=cfg, sampler=euler,
-                               sigmas=_sigmas(model), chunk_frames=chunk, window_chunks=window, progress=False, **kw)
+    return loop.run_chunked_ar(
+        model,
+        pos,
+        neg,
+        wan_tiny.video_latent(frames),
+        seed=seed,
+        cfg=cfg,
+        sampler=euler,
+        sigmas=_sigmas(model),
+        chunk_frames=chunk,
+        window_chunks=window,
+        progress=False,
+        **kw,
+    )
 
 
 def _patched(nodes, model):
@@ -71,9 +84,13 @@ class CacheSpy:
 
 
 def _snapshot(model):
-    return (copy.deepcopy(model.model_options), dict(model.object_patches),
-            {k: {kk: list(vv) for kk, vv in v.items()} for k, v in model.wrappers.items()},
-            {k: {kk: list(vv) for kk, vv in v.items()} for k, v in model.callbacks.items()}, dict(model.patches))
+    return (
+        copy.deepcopy(model.model_options),
+        dict(model.object_patches),
+        {k: {kk: list(vv) for kk, vv in v.items()} for k, v in model.wrappers.items()},
+        {k: {kk: list(vv) for kk, vv in v.items()} for k, v in model.callbacks.items()},
+        dict(model.patches),
+    )
 
 
 def test_input_model_is_never_mutated(loop, nodes, tiny, euler):
@@ -136,8 +153,13 @@ def test_interrupt_is_honoured_between_steps_and_cleans_up(loop, nodes, tiny, eu
                 comfy.model_management.interrupt_current_processing()
 
     with pytest.raises(comfy.model_management.InterruptProcessingException):
-        _run(loop, _patched(nodes, tiny), euler, observer=InterruptMidStep(),
-             step_callback=lambda c, s, n: seen.append((c, s)))
+        _run(
+            loop,
+            _patched(nodes, tiny),
+            euler,
+            observer=InterruptMidStep(),
+            step_callback=lambda c, s, n: seen.append((c, s)),
+        )
     if _comfyui_checks_interrupts_in_every_op():
         # newer ComfyUI (v0.27) raises from its next layer op: the step in flight stops there
         assert seen == [(0, 0), (0, 1), (0, 2), (1, 0)]
@@ -196,8 +218,17 @@ def test_progress_counts_chunks_times_steps(loop, tiny, euler):
 
     with record_progress() as progress:
         pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
-        loop.run_chunked_ar(tiny, pos, neg, wan_tiny.video_latent(FRAMES), seed=0, cfg=1.0, sampler=euler,
-                            sigmas=_sigmas(tiny), chunk_frames=CHUNK)
+        loop.run_chunked_ar(
+            tiny,
+            pos,
+            neg,
+            wan_tiny.video_latent(FRAMES),
+            seed=0,
+            cfg=1.0,
+            sampler=euler,
+            sigmas=_sigmas(tiny),
+            chunk_frames=CHUNK,
+        )
     chunks = FRAMES // CHUNK
     assert [(v, t) for v, t, _ in progress.sent] == [(i, chunks * STEPS) for i in range(1, chunks * STEPS + 1)]
     progress.assert_shown_follows_sent()
@@ -215,31 +246,53 @@ def _other_wan(kind):
         cfg.update(model_type="vace", vace_layers=1, vace_in_dim=96)
         mc = comfy.supported_models.WAN21_Vace(cfg)
     mc.set_inference_dtype(torch.float32, None)
-    return comfy.model_patcher.ModelPatcher(mc.get_model({}), load_device=torch.device("cpu"),
-                                            offload_device=torch.device("cpu"))
+    return comfy.model_patcher.ModelPatcher(
+        mc.get_model({}), load_device=torch.device("cpu"), offload_device=torch.device("cpu")
+    )
 
 
 @pytest.mark.parametrize("kind,match", [("i2v", "image-to-video"), ("vace", "WAN21_Vace")])
 def test_other_wan_variants_are_rejected_by_name(loop, comfy, tiny, euler, kind, match):
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     with pytest.raises(ValueError, match=r"supports Wan 2\.1 text-to-video.*Self-Forcing.*" + match):
-        loop.run_chunked_ar(_other_wan(kind), pos, neg, wan_tiny.video_latent(4), seed=0, cfg=1.0, sampler=euler,
-                            sigmas=_sigmas(tiny), chunk_frames=2)
+        loop.run_chunked_ar(
+            _other_wan(kind),
+            pos,
+            neg,
+            wan_tiny.video_latent(4),
+            seed=0,
+            cfg=1.0,
+            sampler=euler,
+            sigmas=_sigmas(tiny),
+            chunk_frames=2,
+        )
 
 
 def test_non_wan_models_are_rejected_by_name(loop, tiny, euler):
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     not_wan = types.SimpleNamespace(model=torch.nn.Linear(2, 2), model_options={"transformer_options": {}})
     with pytest.raises(ValueError, match=r"supports Wan 2\.1 text-to-video.*This MODEL \(Linear\) is not one"):
-        loop.run_chunked_ar(not_wan, pos, neg, wan_tiny.video_latent(4), seed=0, cfg=1.0, sampler=euler,
-                            sigmas=_sigmas(tiny), chunk_frames=2)
+        loop.run_chunked_ar(
+            not_wan,
+            pos,
+            neg,
+            wan_tiny.video_latent(4),
+            seed=0,
+            cfg=1.0,
+            sampler=euler,
+            sigmas=_sigmas(tiny),
+            chunk_frames=2,
+        )
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(chunk=0), "chunk_frames=0 must be at least 1"),
-    (dict(window=-1), "window_chunks=-1 must be 0"),
-    (dict(context_noise=1.5), "context_noise=1.5 must be between 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(chunk=0), "chunk_frames=0 must be at least 1"),
+        (dict(window=-1), "window_chunks=-1 must be 0"),
+        (dict(context_noise=1.5), "context_noise=1.5 must be between 0"),
+    ],
+)
 def test_bad_settings_name_the_value_and_the_fix(loop, tiny, euler, kwargs, match):
     with pytest.raises(ValueError, match=match):
         _run(loop, tiny, euler, **kwargs)

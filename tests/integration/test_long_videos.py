@@ -5,6 +5,7 @@ The central property: 4 chunks in one run give the same latents, bit for bit, as
 A cache file is data: another model, spec, head count, chunk length or latent size is refused with
 the reason, and a truncated or edited file is refused.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -44,13 +45,25 @@ def _run(loop, model, frames, *, cfg=1.0, seed=5, positive=None, euler=None, **k
     import comfy.samplers
 
     pos, neg = _conds()
-    return loop.run_chunked_ar(model, positive or pos, neg, wan_tiny.video_latent(frames), seed=seed, cfg=cfg,
-                               sampler=euler or comfy.samplers.sampler_object("euler"), sigmas=_sigmas(model),
-                               chunk_frames=CHUNK, progress=False, **kw)
+    return loop.run_chunked_ar(
+        model,
+        positive or pos,
+        neg,
+        wan_tiny.video_latent(frames),
+        seed=seed,
+        cfg=cfg,
+        sampler=euler or comfy.samplers.sampler_object("euler"),
+        sigmas=_sigmas(model),
+        chunk_frames=CHUNK,
+        progress=False,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("bits,correction", [(b, c) for b in ("2", "3", "4", "8") for c in ("off", "taylor")]
-                         + [("2", "chunk_mean"), ("off", "off")])  # full precision has no quantized keys to correct
+@pytest.mark.parametrize(
+    "bits,correction",
+    [(b, c) for b in ("2", "3", "4", "8") for c in ("off", "taylor")] + [("2", "chunk_mean"), ("off", "off")],
+)  # full precision has no quantized keys to correct
 def test_continue_later_equals_one_long_run_bit_for_bit(loop, nodes, tiny, rs, tmp_path, bits, correction):
     model = _model(nodes, tiny, bits, correction)
     whole = _run(loop, model, FRAMES, window_chunks=2, sink_chunks=1).samples
@@ -61,7 +74,7 @@ def test_continue_later_equals_one_long_run_bit_for_bit(loop, nodes, tiny, rs, t
     assert (state.next_chunk, state.next_frame) == (2, FRAMES // 2)
     second = _run(loop, model, FRAMES // 2, window_chunks=2, sink_chunks=1, resume=state)
     assert torch.equal(first.samples, whole[:, :, : FRAMES // 2])
-    assert torch.equal(second.samples, whole[:, :, FRAMES // 2:])
+    assert torch.equal(second.samples, whole[:, :, FRAMES // 2 :])
     assert second.report["first_chunk"] == 2 and second.report["resumed"]
     # resuming never changes the loaded state (ComfyUI caches node outputs: a second run must see the same)
     again = _run(loop, model, FRAMES // 2, window_chunks=2, sink_chunks=1, resume=state)
@@ -99,15 +112,33 @@ def test_a_cache_from_elsewhere_is_refused_with_the_reason(loop, nodes, tiny, rs
     with pytest.raises(ValueError, match="a model whose heads is 2, but this run has 4"):
         _run(loop, more_heads, 2, resume=load())
     with pytest.raises(ValueError, match="chunk_frames 2, but this run has 1"):
-        loop.run_chunked_ar(model, *_conds(), wan_tiny.video_latent(2), seed=5, cfg=1.0,
-                            sampler=__import__("comfy.samplers").samplers.sampler_object("euler"),
-                            sigmas=_sigmas(model), chunk_frames=1, resume=load(), progress=False)
+        loop.run_chunked_ar(
+            model,
+            *_conds(),
+            wan_tiny.video_latent(2),
+            seed=5,
+            cfg=1.0,
+            sampler=__import__("comfy.samplers").samplers.sampler_object("euler"),
+            sigmas=_sigmas(model),
+            chunk_frames=1,
+            resume=load(),
+            progress=False,
+        )
     import comfy.samplers
 
     with pytest.raises(ValueError, match=r"latents of \(batch, channels, height, width\) \(1, 16, 8, 8\)"):
-        loop.run_chunked_ar(model, *_conds(), wan_tiny.video_latent(2, height=16, width=16), seed=5, cfg=1.0,
-                            sampler=comfy.samplers.sampler_object("euler"), sigmas=_sigmas(model),
-                            chunk_frames=CHUNK, resume=load(), progress=False)
+        loop.run_chunked_ar(
+            model,
+            *_conds(),
+            wan_tiny.video_latent(2, height=16, width=16),
+            seed=5,
+            cfg=1.0,
+            sampler=comfy.samplers.sampler_object("euler"),
+            sigmas=_sigmas(model),
+            chunk_frames=CHUNK,
+            resume=load(),
+            progress=False,
+        )
     with pytest.raises(ValueError, match="window_chunks, sink_chunks"):
         _run(loop, model, 2, window_chunks=3, resume=load())
 
@@ -206,7 +237,9 @@ def test_prompt_schedule_switches_and_recaches(loop, tiny, euler):
     assert not torch.equal(on.samples[:, :, 4:], only_b.samples[:, :, 4:])
     # the report says where each prompt started and how many chunks were re-cached (sink 1 + window 1)
     assert [(p["label"], p["start_chunk"], p["recached_chunks"]) for p in on.report["prompts"]] == [
-        ("A", 0, 0), ("B", 2, 2)]
+        ("A", 0, 0),
+        ("B", 2, 2),
+    ]
     assert [p["recached_chunks"] for p in off.report["prompts"]] == [0, 0]
 
 
@@ -252,9 +285,20 @@ def test_planner_projects_the_cache_file_size(loop, nodes, tiny, tmp_path):
     path = str(tmp_path / "s.safetensors")
     size = res.state.save(path)
     config = model.model_options["transformer_options"]["jensen_kv"]
-    plan = planner.plan_cache(latent_frames=10, latent_height=8, latent_width=8, chunk_frames=CHUNK, window_chunks=2,
-                              sink_chunks=1, layers=2, heads=2, head_dim=32, spec_k=config.spec_k, spec_v=config.spec_v,
-                              geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY)
+    plan = planner.plan_cache(
+        latent_frames=10,
+        latent_height=8,
+        latent_width=8,
+        chunk_frames=CHUNK,
+        window_chunks=2,
+        sink_chunks=1,
+        layers=2,
+        heads=2,
+        head_dim=32,
+        spec_k=config.spec_k,
+        spec_v=config.spec_v,
+        geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY,
+    )
     assert size == os.path.getsize(path)
     payload = res.state.nbytes + sum(r.latent.numel() * 4 for r in res.state.retained)
     assert plan.state_file_bytes == payload == res.report["state_file_bytes"]
@@ -272,7 +316,7 @@ def test_resume_across_a_prompt_switch_equals_the_one_run_schedule(loop, tiny, r
     first.state.save(path)
     second = _run(loop, tiny, FRAMES // 2, positive=_schedule(ps, switch_at), resume=rs.load_saved_run(path), **kw)
     assert torch.equal(first.samples, whole.samples[:, :, : FRAMES // 2])
-    assert torch.equal(second.samples, whole.samples[:, :, FRAMES // 2:])
+    assert torch.equal(second.samples, whole.samples[:, :, FRAMES // 2 :])
     assert [(p["label"], p["recached_chunks"]) for p in second.report["prompts"]] == [("A", 0), ("B", 2)]
 
 

@@ -1,4 +1,5 @@
 """The four nodes called as ComfyUI calls them (V3 ``execute``), in-process on a tiny Wan."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,12 +10,39 @@ import torch
 from support import wan_tiny
 
 REPORT_KEYS = {
-    "cache_bytes", "bf16_bytes", "cache_mib", "bf16_mib", "effective_bits", "chunks", "chunk_frames", "window_chunks",
-    "seconds_per_chunk", "key_bits", "value_bits", "group_size", "rotation", "correction", "strength", "layers",
-    "heads", "head_dim", "cfg_branches", "tokens_per_frame", "method", "qvg_stages", "qvg_centroids",
+    "cache_bytes",
+    "bf16_bytes",
+    "cache_mib",
+    "bf16_mib",
+    "effective_bits",
+    "chunks",
+    "chunk_frames",
+    "window_chunks",
+    "seconds_per_chunk",
+    "key_bits",
+    "value_bits",
+    "group_size",
+    "rotation",
+    "correction",
+    "strength",
+    "layers",
+    "heads",
+    "head_dim",
+    "cfg_branches",
+    "tokens_per_frame",
+    "method",
+    "qvg_stages",
+    "qvg_centroids",
     # long videos: sink, prefix, continue-later, prompt schedule, ComfyUI memory request
-    "sink_chunks", "first_chunk", "prefix_chunks", "resumed", "prompts", "memory_request", "planned_bytes",
-    "state_file_bytes", "state_file_mib",
+    "sink_chunks",
+    "first_chunk",
+    "prefix_chunks",
+    "resumed",
+    "prompts",
+    "memory_request",
+    "planned_bytes",
+    "state_file_bytes",
+    "state_file_mib",
 }
 
 
@@ -31,18 +59,61 @@ SAMPLER_OUTPUTS = ["LATENT", "JENSEN_KV_REPORT", "JENSEN_KV_CACHE"]
 
 def test_schemas_follow_the_contract(nodes):
     expected = {
-        "JensenKVQuantizeKVCache": ("Quantize KV Cache", ["model", "key_bits", "value_bits", "group_size", "rotation",
-                                                          "scale_format", "rotation_seed", "method", "qvg_stages",
-                                                          "qvg_centroids", "qvg_iters"], ["MODEL"]),
+        "JensenKVQuantizeKVCache": (
+            "Quantize KV Cache",
+            [
+                "model",
+                "key_bits",
+                "value_bits",
+                "group_size",
+                "rotation",
+                "scale_format",
+                "rotation_seed",
+                "method",
+                "qvg_stages",
+                "qvg_centroids",
+                "qvg_iters",
+            ],
+            ["MODEL"],
+        ),
         "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength"], ["MODEL"]),
-        "JensenKVChunkedARSampler": ("Chunked AR Video Sampler",
-                                     ["model", "positive", "negative", "latent", "seed", "cfg", "sampler", "sigmas",
-                                      "chunk_frames", "window_chunks", "context_noise", *NEW_SAMPLER_INPUTS],
-                                     SAMPLER_OUTPUTS),
-        "JensenKVChunkedARSamplerSimple": ("Chunked AR Video Sampler (KSampler)",
-                                           ["model", "positive", "negative", "latent", "seed", "steps", "cfg",
-                                            "sampler_name", "scheduler", "chunk_frames", "window_chunks",
-                                            "context_noise", *NEW_SAMPLER_INPUTS], SAMPLER_OUTPUTS),
+        "JensenKVChunkedARSampler": (
+            "Chunked AR Video Sampler",
+            [
+                "model",
+                "positive",
+                "negative",
+                "latent",
+                "seed",
+                "cfg",
+                "sampler",
+                "sigmas",
+                "chunk_frames",
+                "window_chunks",
+                "context_noise",
+                *NEW_SAMPLER_INPUTS,
+            ],
+            SAMPLER_OUTPUTS,
+        ),
+        "JensenKVChunkedARSamplerSimple": (
+            "Chunked AR Video Sampler (KSampler)",
+            [
+                "model",
+                "positive",
+                "negative",
+                "latent",
+                "seed",
+                "steps",
+                "cfg",
+                "sampler_name",
+                "scheduler",
+                "chunk_frames",
+                "window_chunks",
+                "context_noise",
+                *NEW_SAMPLER_INPUTS,
+            ],
+            SAMPLER_OUTPUTS,
+        ),
     }
     assert {n.define_schema().node_id for n in nodes.NODES} == set(expected)
     for node_cls in nodes.NODES:
@@ -60,13 +131,23 @@ def test_schemas_follow_the_contract(nodes):
     assert q["scale_format"].as_dict()["advanced"] is True and q["rotation_seed"].as_dict()["advanced"] is True
     assert "advanced" not in q["key_bits"].as_dict()
     # added after the existing inputs (saved workflows keep their widget order); QVG knobs are expert knobs
-    assert q["method"].options == ["rtn", "qvg"] and q["method"].default == "rtn" and "advanced" not in q["method"].as_dict()
-    for name, (default, lo, hi) in {"qvg_stages": (1, 1, 8), "qvg_centroids": (256, 1, 256), "qvg_iters": (2, 1, 1000)}.items():
+    assert (
+        q["method"].options == ["rtn", "qvg"]
+        and q["method"].default == "rtn"
+        and "advanced" not in q["method"].as_dict()
+    )
+    for name, (default, lo, hi) in {
+        "qvg_stages": (1, 1, 8),
+        "qvg_centroids": (256, 1, 256),
+        "qvg_iters": (2, 1, 1000),
+    }.items():
         assert (q[name].default, q[name].min, q[name].max) == (default, lo, hi)
         assert q[name].as_dict()["advanced"] is True and q[name].optional
     assert q["method"].optional  # an API-format prompt saved before QVG (no such keys) still validates
     j = {i.id: i for i in _schema(nodes.JensenKVBiasCorrection).inputs}
-    assert j["mode"].options == ["taylor", "chunk_mean", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
+    assert (
+        j["mode"].options == ["taylor", "chunk_mean", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
+    )
     assert (j["strength"].default, j["strength"].min, j["strength"].max, j["strength"].step) == (1.0, 0.0, 4.0, 0.05)
     c = {i.id: i for i in _schema(nodes.JensenKVChunkedARSampler).inputs}
     assert c["chunk_frames"].default == 3 and c["window_chunks"].default == 0 and c["cfg"].default == 1.0
@@ -90,7 +171,12 @@ def test_quantize_returns_a_clone_with_a_frozen_config(nodes, tiny):
 def test_quantize_with_method_qvg_sets_the_k_means_knobs(nodes, tiny):
     out = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "off", "16", "none", "fp8_e4m3", 3, "qvg", 2, 40, 5).args[0]
     cfg = out.model_options["transformer_options"]["jensen_kv"]
-    assert (cfg.spec_k.method, cfg.spec_k.qvg_stages, cfg.spec_k.qvg_centroids, cfg.spec_k.qvg_iters) == ("qvg", 2, 40, 5)
+    assert (cfg.spec_k.method, cfg.spec_k.qvg_stages, cfg.spec_k.qvg_centroids, cfg.spec_k.qvg_iters) == (
+        "qvg",
+        2,
+        40,
+        5,
+    )
     assert cfg.spec_v is None and "QVG" in cfg.describe() and "K=40" in cfg.describe()
     rtn = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "rtn", 2, 40, 5).args[0]
     assert rtn.model_options["transformer_options"]["jensen_kv"].spec_k == cfg.spec_k.__class__(bits=2, group_size=16)
@@ -149,8 +235,13 @@ def test_jensen_without_quantized_keys_says_there_is_nothing_to_correct(nodes, t
 
 def test_jensen_sets_mode_and_strength_on_a_clone(nodes, tiny):
     q = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0).args[0]
-    for mode, core in (("taylor", "taylor"), ("chunk_mean", "chunk_mean"), ("exact", "exact"), ("per_channel", "per_channel"),
-                       ("off", "off")):
+    for mode, core in (
+        ("taylor", "taylor"),
+        ("chunk_mean", "chunk_mean"),
+        ("exact", "exact"),
+        ("per_channel", "per_channel"),
+        ("off", "off"),
+    ):
         out = nodes.JensenKVBiasCorrection.execute(q, mode, 0.5)
         cfg = out.args[0].model_options["transformer_options"]["jensen_kv"]
         assert (cfg.correction, cfg.strength) == (core, 0.5)
@@ -162,9 +253,18 @@ def _sampler_inputs(tiny):
     import comfy.samplers
 
     sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", 2)
-    return dict(positive=wan_tiny.conditioning(1, 13, 32), negative=wan_tiny.conditioning(2, 13, 32),
-                latent=wan_tiny.video_latent(5), seed=4, cfg=1.0, sampler=comfy.samplers.sampler_object("euler"),
-                sigmas=sigmas, chunk_frames=2, window_chunks=0, context_noise=0.0)
+    return dict(
+        positive=wan_tiny.conditioning(1, 13, 32),
+        negative=wan_tiny.conditioning(2, 13, 32),
+        latent=wan_tiny.video_latent(5),
+        seed=4,
+        cfg=1.0,
+        sampler=comfy.samplers.sampler_object("euler"),
+        sigmas=sigmas,
+        chunk_frames=2,
+        window_chunks=0,
+        context_noise=0.0,
+    )
 
 
 def test_sampler_node_outputs_latent_report_and_ui(nodes, tiny):
@@ -196,17 +296,26 @@ def test_ksampler_variant_equals_sampler_with_the_same_sigmas(nodes, tiny):
     inputs = _sampler_inputs(tiny)
     for name in ("sampler", "sigmas", "cfg"):
         inputs.pop(name)
-    simple = nodes.JensenKVChunkedARKSampler.execute(tiny, steps=3, cfg=1.0, sampler_name="euler",
-                                                          scheduler="normal", **inputs).args[0]
+    simple = nodes.JensenKVChunkedARKSampler.execute(
+        tiny, steps=3, cfg=1.0, sampler_name="euler", scheduler="normal", **inputs
+    ).args[0]
     ks = comfy.samplers.KSampler(tiny, steps=3, device=tiny.load_device, sampler="euler", scheduler="normal")
-    full = nodes.JensenKVChunkedARSampler.execute(tiny, cfg=1.0, sampler=comfy.samplers.sampler_object("euler"),
-                                                  sigmas=ks.sigmas, **inputs).args[0]
+    full = nodes.JensenKVChunkedARSampler.execute(
+        tiny, cfg=1.0, sampler=comfy.samplers.sampler_object("euler"), sigmas=ks.sigmas, **inputs
+    ).args[0]
     assert torch.equal(simple["samples"], full["samples"])
 
 
-@pytest.mark.parametrize("key_bits,value_bits,mode", [("2", "2", "exact"), ("3", "2", "per_channel"),
-                                                      ("2", "4", "chunk_mean"), ("off", "4", "taylor"),
-                                                      ("8", "off", "off")])
+@pytest.mark.parametrize(
+    "key_bits,value_bits,mode",
+    [
+        ("2", "2", "exact"),
+        ("3", "2", "per_channel"),
+        ("2", "4", "chunk_mean"),
+        ("off", "4", "taylor"),
+        ("8", "off", "off"),
+    ],
+)
 def test_every_mode_and_side_samples(nodes, tiny, key_bits, value_bits, mode):
     inputs = _sampler_inputs(tiny)
     base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[0]["samples"]
@@ -215,7 +324,8 @@ def test_every_mode_and_side_samples(nodes, tiny, key_bits, value_bits, mode):
     latent, report, _ = nodes.JensenKVChunkedARSampler.execute(m, **inputs).args
     assert torch.isfinite(latent["samples"]).all()
     assert not torch.equal(latent["samples"], base)  # the cache really is quantized
-    assert (report["key_bits"], report["value_bits"]) == tuple(int(b) if b != "off" else "off"
-                                                               for b in (key_bits, value_bits))
+    assert (report["key_bits"], report["value_bits"]) == tuple(
+        int(b) if b != "off" else "off" for b in (key_bits, value_bits)
+    )
     # the correction applies to quantized keys only
     assert report["correction"] == (mode if key_bits != "off" else "off")

@@ -8,6 +8,7 @@
 - newer ComfyUI's Causal Forcing classes (subclasses of WAN21 / WanModel) are accepted when their
   self-attention has what the patch uses, and variants with extra latent inputs are refused.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,11 +32,20 @@ def _chunk_correlations(loop, model, seed, frames=8, chunk=2):
     import comfy.samplers
 
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
-    res = loop.run_chunked_ar(model, pos, neg, wan_tiny.video_latent(frames), seed=seed, cfg=1.0,
-                              sampler=comfy.samplers.sampler_object("lcm"), sigmas=torch.tensor(SF_SIGMAS),
-                              chunk_frames=chunk, progress=False)
+    res = loop.run_chunked_ar(
+        model,
+        pos,
+        neg,
+        wan_tiny.video_latent(frames),
+        seed=seed,
+        cfg=1.0,
+        sampler=comfy.samplers.sampler_object("lcm"),
+        sigmas=torch.tensor(SF_SIGMAS),
+        chunk_frames=chunk,
+        progress=False,
+    )
     x = model.model.latent_format.process_in(res.samples)  # model space: no per-channel offsets shared by chunks
-    chunks = [x[:, :, f:f + chunk].flatten() for f in range(0, frames, chunk)]
+    chunks = [x[:, :, f : f + chunk].flatten() for f in range(0, frames, chunk)]
     r = torch.corrcoef(torch.stack(chunks))
     off = r[~torch.eye(len(chunks), dtype=torch.bool)]
     return off.abs().max().item(), res.samples
@@ -53,9 +63,13 @@ def test_every_chunk_draws_fresh_noise_under_lcm(loop, comfy):
 def test_the_noise_test_catches_shared_per_step_noise(loop, comfy, monkeypatch):
     """Positive control: re-seeding every chunk's sampler identically (the old bug) correlates the chunks."""
     real = loop.chunk_seed
-    monkeypatch.setattr(loop, "chunk_seed",
-                        lambda seed, chunk, stream: real(seed, 0, stream) if stream == loop.SAMPLER_STREAM
-                        else real(seed, chunk, stream))
+    monkeypatch.setattr(
+        loop,
+        "chunk_seed",
+        lambda seed, chunk, stream: (
+            real(seed, 0, stream) if stream == loop.SAMPLER_STREAM else real(seed, chunk, stream)
+        ),
+    )
     worst, _ = _chunk_correlations(loop, _zero_output_model(), seed=11)
     assert worst > 0.5, worst
 
@@ -77,19 +91,31 @@ def test_window_with_sink_matches_block_causal_forward(loop, tiny, euler, window
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_recorder", rec)
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", 2)
-    res = loop.run_chunked_ar(m, pos, neg, wan_tiny.video_latent(10), seed=3, cfg=1.0, sampler=euler, sigmas=sigmas,
-                              chunk_frames=2, window_chunks=window, sink_chunks=sink, progress=False)
+    res = loop.run_chunked_ar(
+        m,
+        pos,
+        neg,
+        wan_tiny.video_latent(10),
+        seed=3,
+        cfg=1.0,
+        sampler=euler,
+        sigmas=sigmas,
+        chunk_frames=2,
+        window_chunks=window,
+        sink_chunks=sink,
+        progress=False,
+    )
     assert res.report["sink_chunks"] == sink
     dm = tiny.model.diffusion_model
     writes, i = [], 0
     for c in range(5):
-        denoise = rec.calls[i:i + 2]
+        denoise = rec.calls[i : i + 2]
         i += 2
         for call in denoise:
             frames = [w["x"] for w in writes] + [call["x"]]
             ts = [torch.zeros_like(call["t"]) for _ in writes] + [call["t"]]
             ref = reference.block_causal_forward(dm, frames, ts, call["context"], window=window, sink=sink)
-            torch.testing.assert_close(call["out"], ref[:, :, 2 * c:], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(call["out"], ref[:, :, 2 * c :], atol=1e-5, rtol=1e-5)
         if c < 4:
             writes.append(rec.calls[i])
             i += 1
@@ -125,8 +151,19 @@ def test_strength_scales_the_correction_inside_a_run(loop, nodes, tiny, euler):
     import comfy.samplers
 
     sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", 2)
-    loop.run_chunked_ar(m, pos, neg, wan_tiny.video_latent(4), seed=1, cfg=1.0, sampler=euler, sigmas=sigmas,
-                        chunk_frames=2, observer=Grab(), progress=False)
+    loop.run_chunked_ar(
+        m,
+        pos,
+        neg,
+        wan_tiny.video_latent(4),
+        seed=1,
+        cfg=1.0,
+        sampler=euler,
+        sigmas=sigmas,
+        chunk_frames=2,
+        observer=Grab(),
+        progress=False,
+    )
     ((e, entries),) = events
     assert e.strength == 0.5
     (entry,) = entries
@@ -136,8 +173,9 @@ def test_strength_scales_the_correction_inside_a_run(loop, nodes, tiny, euler):
     assert bias.abs().max() > 1e-3  # the bias is not negligible here, so 0.5 vs 1.0 is visible
 
     def ref(lam):
-        scores = torch.cat([e.q @ k_hat.transpose(-1, -2) / d**0.5 - lam * bias,
-                            e.q @ e.k.transpose(-1, -2) / d**0.5], dim=-1)
+        scores = torch.cat(
+            [e.q @ k_hat.transpose(-1, -2) / d**0.5 - lam * bias, e.q @ e.k.transpose(-1, -2) / d**0.5], dim=-1
+        )
         return torch.softmax(scores, -1) @ torch.cat([v_hat, e.v], dim=-2)
 
     torch.testing.assert_close(e.out, ref(0.5), atol=2e-5, rtol=1e-4)
@@ -206,8 +244,9 @@ def test_patched_attention_takes_the_kv_cache_keyword_of_causal_blocks(pack, com
     x = torch.randn(1, 16, 64)
     freqs = dm.rope_encode(1, 8, 8, device=x.device, dtype=torch.float32)
     patched = wan.CachedSelfAttention(Run(), 0, attn)
-    torch.testing.assert_close(patched(x, freqs, kv_cache=None, transformer_options={}), attn(x, freqs),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        patched(x, freqs, kv_cache=None, transformer_options={}), attn(x, freqs), atol=1e-5, rtol=1e-5
+    )
     assert calls == [(1, 2, 16, 32)]
     with pytest.raises(ValueError, match="its own kv_cache"):
         patched(x, freqs, kv_cache={"k": torch.zeros(1)}, transformer_options={})
@@ -216,8 +255,18 @@ def test_patched_attention_takes_the_kv_cache_keyword_of_causal_blocks(pack, com
 def test_subclass_without_what_the_patch_uses_is_refused_with_the_finding(loop, comfy, euler):
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     with pytest.raises(ValueError, match=r"without \['norm_k'\].*probed CausalWanModelLike"):
-        loop.run_chunked_ar(_causal_like(drop_attr="norm_k"), pos, neg, wan_tiny.video_latent(4), seed=0, cfg=1.0,
-                            sampler=euler, sigmas=torch.tensor([1.0, 0.0]), chunk_frames=2, progress=False)
+        loop.run_chunked_ar(
+            _causal_like(drop_attr="norm_k"),
+            pos,
+            neg,
+            wan_tiny.video_latent(4),
+            seed=0,
+            cfg=1.0,
+            sampler=euler,
+            sigmas=torch.tensor([1.0, 0.0]),
+            chunk_frames=2,
+            progress=False,
+        )
 
 
 def test_variants_with_extra_latent_inputs_are_refused(loop, comfy, euler, pack):
@@ -225,8 +274,18 @@ def test_variants_with_extra_latent_inputs_are_refused(loop, comfy, euler, pack)
 
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     with pytest.raises(ValueError, match=r"adds conditioning inputs of its own \(WAN21WithContextLatents"):
-        loop.run_chunked_ar(_causal_like(extra_conds=True), pos, neg, wan_tiny.video_latent(4), seed=0, cfg=1.0,
-                            sampler=euler, sigmas=torch.tensor([1.0, 0.0]), chunk_frames=2, progress=False)
+        loop.run_chunked_ar(
+            _causal_like(extra_conds=True),
+            pos,
+            neg,
+            wan_tiny.video_latent(4),
+            seed=0,
+            cfg=1.0,
+            sampler=euler,
+            sigmas=torch.tensor([1.0, 0.0]),
+            chunk_frames=2,
+            progress=False,
+        )
     # newer ComfyUI passes Bernini's context_latents (and reference latents) as model kwargs: refused at run time
     wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan")
 
@@ -240,8 +299,14 @@ def test_variants_with_extra_latent_inputs_are_refused(loop, comfy, euler, pack)
     x = torch.zeros(1, 16, 2, 8, 8)
     for name in ("context_latents", "reference_latent"):
         with pytest.raises(ValueError, match=f"extra latent inputs \\({name}\\)"):
-            wrapper(Executor(), x, torch.zeros(1), torch.zeros(1, 13, 32), transformer_options={},
-                    **{name: [torch.zeros(1, 16, 1, 8, 8)]})
+            wrapper(
+                Executor(),
+                x,
+                torch.zeros(1),
+                torch.zeros(1, 13, 32),
+                transformer_options={},
+                **{name: [torch.zeros(1, 16, 1, 8, 8)]},
+            )
 
 
 def test_a_model_missing_norm_k_only_in_its_last_block_is_refused_before_the_run(pack, comfy):

@@ -4,6 +4,7 @@ The file checks themselves need no ComfyUI (``tests/test_saved_run.py``); here: 
 passes ComfyUI's interrupt check to the loader, so an interrupt stops a load, and a resumed run asks
 ComfyUI for memory for the chunks the state really holds, never for a number the state claims.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,10 +23,19 @@ def _run(loop, model, frames, **kw):
     import comfy.samplers
 
     sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", STEPS)
-    return loop.run_chunked_ar(model, wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32),
-                               wan_tiny.video_latent(frames), seed=5, cfg=1.0,
-                               sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, chunk_frames=CHUNK,
-                               progress=False, **kw)
+    return loop.run_chunked_ar(
+        model,
+        wan_tiny.conditioning(1, 13, 32),
+        wan_tiny.conditioning(2, 13, 32),
+        wan_tiny.video_latent(frames),
+        seed=5,
+        cfg=1.0,
+        sampler=comfy.samplers.sampler_object("euler"),
+        sigmas=sigmas,
+        chunk_frames=CHUNK,
+        progress=False,
+        **kw,
+    )
 
 
 def test_load_kv_cache_stops_on_an_interrupt(nodes, loop, tiny, tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ The session's shared server (``comfy_server`` in tests/conftest.py: ``main.py --
 this pack and the test-only node pack in ``custom_nodes``), with a tiny random Wan checkpoint written for this
 module that ComfyUI's own detection loads as wan2.1 through UNETLoader.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,8 +21,12 @@ pytestmark = [
 ]
 
 UNET = "jensen_kv_tiny_wan.safetensors"
-OUR_NODES = ("JensenKVQuantizeKVCache", "JensenKVBiasCorrection", "JensenKVChunkedARSampler",
-             "JensenKVChunkedARSamplerSimple")
+OUR_NODES = (
+    "JensenKVQuantizeKVCache",
+    "JensenKVBiasCorrection",
+    "JensenKVChunkedARSampler",
+    "JensenKVChunkedARSamplerSimple",
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,37 +37,66 @@ def server(comfy_server):
     # the checkpoint is built in this process from ComfyUI's own Wan classes
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()},
-              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET))
+    save_file(
+        {k: v.to(torch.float32) for k, v in sd.items()},
+        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
+    )
     return comfy_server
 
 
-def workflow(*, seed=0, frames=13, chunk=2, steps=2, cfg=2.0, group="32", window=0, prefix="jensen_kv/run",
-             simple=False) -> dict:
+def workflow(
+    *, seed=0, frames=13, chunk=2, steps=2, cfg=2.0, group="32", window=0, prefix="jensen_kv/run", simple=False
+) -> dict:
     """An API-format prompt: UNETLoader -> Quantize -> Jensen -> Chunked AR sampler -> SaveLatent."""
     p = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        "2": {"class_type": "JensenKVQuantizeKVCache", "inputs": {
-            "model": ["1", 0], "key_bits": "2", "value_bits": "2", "group_size": group, "rotation": "hadamard",
-            "scale_format": "fp8_e4m3", "rotation_seed": 0}},
+        "2": {
+            "class_type": "JensenKVQuantizeKVCache",
+            "inputs": {
+                "model": ["1", 0],
+                "key_bits": "2",
+                "value_bits": "2",
+                "group_size": group,
+                "rotation": "hadamard",
+                "scale_format": "fp8_e4m3",
+                "rotation_seed": 0,
+            },
+        },
         "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
         "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
         "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
-        "6": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 32, "height": 32, "length": frames,
-                                                                  "batch_size": 1}},
+        "6": {
+            "class_type": "EmptyHunyuanLatentVideo",
+            "inputs": {"width": 32, "height": 32, "length": frames, "batch_size": 1},
+        },
         "10": {"class_type": "SaveLatent", "inputs": {"samples": ["9", 0], "filename_prefix": prefix}},
     }
-    common = {"model": ["3", 0], "positive": ["4", 0], "negative": ["5", 0], "latent": ["6", 0], "seed": seed,
-              "cfg": cfg, "chunk_frames": chunk, "window_chunks": window, "context_noise": 0.0}
+    common = {
+        "model": ["3", 0],
+        "positive": ["4", 0],
+        "negative": ["5", 0],
+        "latent": ["6", 0],
+        "seed": seed,
+        "cfg": cfg,
+        "chunk_frames": chunk,
+        "window_chunks": window,
+        "context_noise": 0.0,
+    }
     if simple:
-        p["9"] = {"class_type": "JensenKVChunkedARSamplerSimple", "inputs": {
-            **common, "steps": steps, "sampler_name": "euler", "scheduler": "simple"}}
+        p["9"] = {
+            "class_type": "JensenKVChunkedARSamplerSimple",
+            "inputs": {**common, "steps": steps, "sampler_name": "euler", "scheduler": "simple"},
+        }
     else:
         p["7"] = {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}
-        p["8"] = {"class_type": "BasicScheduler", "inputs": {"model": ["1", 0], "scheduler": "simple", "steps": steps,
-                                                             "denoise": 1.0}}
-        p["9"] = {"class_type": "JensenKVChunkedARSampler", "inputs": {**common, "sampler": ["7", 0],
-                                                                       "sigmas": ["8", 0]}}
+        p["8"] = {
+            "class_type": "BasicScheduler",
+            "inputs": {"model": ["1", 0], "scheduler": "simple", "steps": steps, "denoise": 1.0},
+        }
+        p["9"] = {
+            "class_type": "JensenKVChunkedARSampler",
+            "inputs": {**common, "sampler": ["7", 0], "sigmas": ["8", 0]},
+        }
     return p
 
 
@@ -98,18 +132,37 @@ def test_pack_loads_and_nodes_appear_in_object_info(server):
     assert q["display_name"] == "Quantize KV Cache"
     req = q["input"]["required"]
     assert req["group_size"][0] == ["8", "16", "32", "64", "128", "256"] or req["group_size"][1]["options"] == [
-        "8", "16", "32", "64", "128", "256"]
+        "8",
+        "16",
+        "32",
+        "64",
+        "128",
+        "256",
+    ]
     assert req["scale_format"][1]["advanced"] is True and req["rotation_seed"][1]["advanced"] is True
     assert q["output"] == ["MODEL"]
     s = info["JensenKVChunkedARSampler"]
     assert s["display_name"] == "Chunked AR Video Sampler"
     assert s["output"] == ["LATENT", "JENSEN_KV_REPORT", "JENSEN_KV_CACHE"]
-    assert list(s["input"]["required"]) == ["model", "positive", "negative", "latent", "seed", "cfg", "sampler",
-                                            "sigmas", "chunk_frames", "window_chunks", "context_noise"]
+    assert list(s["input"]["required"]) == [
+        "model",
+        "positive",
+        "negative",
+        "latent",
+        "seed",
+        "cfg",
+        "sampler",
+        "sigmas",
+        "chunk_frames",
+        "window_chunks",
+        "context_noise",
+    ]
     assert list(s["input"]["optional"]) == ["sink_chunks", "prefix", "include_prefix", "kv_cache", "recache_on_switch"]
     assert s["input"]["required"]["sampler"][0] == "SAMPLER" and s["input"]["required"]["sigmas"][0] == "SIGMAS"
     k = info["JensenKVChunkedARSamplerSimple"]["input"]["required"]
-    assert "euler" in (k["sampler_name"][0] if isinstance(k["sampler_name"][0], list) else k["sampler_name"][1]["options"])
+    assert "euler" in (
+        k["sampler_name"][0] if isinstance(k["sampler_name"][0], list) else k["sampler_name"][1]["options"]
+    )
     assert info["JensenKVBiasCorrection"]["display_name"] == "Jensen Bias Correction"
     assert "JensenKVTestConditioning" in info
     for line in server.log_path.read_text().splitlines():
@@ -137,9 +190,20 @@ def test_api_prompt_runs_to_a_latent_file(server, simple):
     report = ui["jensen_kv_report"][0]
     assert "MiB" in ui["text"][0]
     spec = jensen_core.QuantSpec(bits=2, group_size=32, rotation="hadamard")
-    plan = plan_cache(latent_frames=4, latent_height=4, latent_width=4, chunk_frames=2, window_chunks=0, layers=2,
-                      heads=1, head_dim=128, spec_k=spec, spec_v=spec, cfg_branches=2,
-                      geometry=load_pack_module("runtime.families").wan.GEOMETRY)
+    plan = plan_cache(
+        latent_frames=4,
+        latent_height=4,
+        latent_width=4,
+        chunk_frames=2,
+        window_chunks=0,
+        layers=2,
+        heads=1,
+        head_dim=128,
+        spec_k=spec,
+        spec_v=spec,
+        cfg_branches=2,
+        geometry=load_pack_module("runtime.families").wan.GEOMETRY,
+    )
     assert (report["layers"], report["heads"], report["head_dim"], report["cfg_branches"]) == (2, 1, 128, 2)
     assert report["cache_bytes"] == plan.quantized_bytes and report["bf16_bytes"] == plan.bf16_bytes
     assert report["effective_bits"] == pytest.approx(2.75)
@@ -154,8 +218,12 @@ def test_bad_widget_value_is_a_validation_error(server):
     assert status == 400, body
     errors = body["node_errors"]["2"]["errors"]
     # v0.3.64 does not check V3 combos itself: the node's validate_inputs does (newer ComfyUI: value_not_in_list)
-    assert any(e["type"] in ("custom_validation_failed", "value_not_in_list") and "group_size" in e["details"]
-               and "48" in e["details"] for e in errors), errors
+    assert any(
+        e["type"] in ("custom_validation_failed", "value_not_in_list")
+        and "group_size" in e["details"]
+        and "48" in e["details"]
+        for e in errors
+    ), errors
     assert body["error"]["type"] == "prompt_outputs_failed_validation"
 
 

@@ -9,6 +9,7 @@ is built here, after the server started. This module starts its own server rathe
 one: it needs an output/ without any cache file to start from, and a FIFO that a server thread may block on
 must not outlive the module in a server other tests use.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,10 @@ ANSWER_WITHIN_S = 15.0
 
 def safetensors_bytes(metadata: dict | None) -> bytes:
     """A tiny valid safetensors file: one float32 tensor ``x`` of 2 zeros, ``metadata`` first in the header."""
-    header = {**({"__metadata__": metadata} if metadata else {}),
-              "x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
+    header = {
+        **({"__metadata__": metadata} if metadata else {}),
+        "x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+    }
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     return struct.pack("<Q", len(blob)) + blob + b"\0" * 8
@@ -108,8 +111,10 @@ def test_hostile_files_are_not_listed_and_the_server_keeps_answering(server):
             times.append(system_stats_time(server))
             time.sleep(0.05)
     except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        pytest.fail(f"/system_stats did not answer within {ANSWER_WITHIN_S:.0f} s while the cache files were "
-                    f"listed ({type(exc).__name__}: {exc}): the event loop is blocked\n{server.log_tail()}")
+        pytest.fail(
+            f"/system_stats did not answer within {ANSWER_WITHIN_S:.0f} s while the cache files were "
+            f"listed ({type(exc).__name__}: {exc}): the event loop is blocked\n{server.log_tail()}"
+        )
     t.join(130)
     assert "error" not in result, result
     assert options(result["info"]) == ["output/jensen_kv/kv_cache_00001_.safetensors"]
@@ -120,10 +125,16 @@ def test_hostile_files_are_not_listed_and_the_server_keeps_answering(server):
     assert max(times) < ANSWER_WITHIN_S, times
 
     # a prompt naming a hostile file: refused at validation, quickly, and the server still answers
-    for name in ("output/x.safetensors", "input/x.safetensors", "output/outside.safetensors",
-                 "input/linked/secret.safetensors", "input/zero.safetensors"):
-        status, body = server.post("/prompt", {"prompt": {"1": {"class_type": NODE, "inputs": {"cache_file": name}}}},
-                                   timeout=ANSWER_WITHIN_S)
+    for name in (
+        "output/x.safetensors",
+        "input/x.safetensors",
+        "output/outside.safetensors",
+        "input/linked/secret.safetensors",
+        "input/zero.safetensors",
+    ):
+        status, body = server.post(
+            "/prompt", {"prompt": {"1": {"class_type": NODE, "inputs": {"cache_file": name}}}}, timeout=ANSWER_WITHIN_S
+        )
         assert status == 400, (name, body)
         assert system_stats_time(server) < ANSWER_WITHIN_S
 
@@ -135,9 +146,10 @@ def test_a_dot_only_prefix_is_refused_at_validation(server):
     (out / "kv.safetensors").write_bytes(safetensors_bytes({"format": FORMAT}))
     before = sorted(p.name for p in out.iterdir())
     for prefix in ("", ".", ".."):
-        prompt = {"1": {"class_type": NODE, "inputs": {"cache_file": "output/kv.safetensors"}},
-                  "2": {"class_type": "JensenKVSaveKVCache", "inputs": {"kv_cache": ["1", 0],
-                                                                        "filename_prefix": prefix}}}
+        prompt = {
+            "1": {"class_type": NODE, "inputs": {"cache_file": "output/kv.safetensors"}},
+            "2": {"class_type": "JensenKVSaveKVCache", "inputs": {"kv_cache": ["1", 0], "filename_prefix": prefix}},
+        }
         status, body = server.post("/prompt", {"prompt": prompt})
         assert status == 400, (prefix, body)
         errors = body["node_errors"]["2"]["errors"]

@@ -7,6 +7,7 @@ loader's reason, while ``/system_stats`` keeps answering; then a good file loads
 here, after the server started, in the session's shared server (``comfy_server``), which removes them after
 this module.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -31,8 +32,10 @@ def server(comfy_server):
 
 
 def _prompt(name: str) -> dict:
-    return {"1": {"class_type": NODE, "inputs": {"cache_file": name}},
-            "2": {"class_type": "JensenKVSaveKVCache", "inputs": {"kv_cache": ["1", 0], "filename_prefix": "kv"}}}
+    return {
+        "1": {"class_type": NODE, "inputs": {"cache_file": name}},
+        "2": {"class_type": "JensenKVSaveKVCache", "inputs": {"kv_cache": ["1", 0], "filename_prefix": "kv"}},
+    }
 
 
 def _run_while_answering(server, name: str) -> tuple[dict, float]:
@@ -41,8 +44,10 @@ def _run_while_answering(server, name: str) -> tuple[dict, float]:
     assert status == 200 and body["node_errors"] == {}, body
     t0 = time.monotonic()
     result: dict = {}
-    waiter = threading.Thread(target=lambda: result.setdefault(
-        "entry", server.wait_for_prompt(body["prompt_id"], timeout=REFUSED_WITHIN_S)), daemon=True)
+    waiter = threading.Thread(
+        target=lambda: result.setdefault("entry", server.wait_for_prompt(body["prompt_id"], timeout=REFUSED_WITHIN_S)),
+        daemon=True,
+    )
     waiter.start()
     try:
         while waiter.is_alive():
@@ -66,8 +71,11 @@ def _error(entry: dict) -> str:
 def test_hostile_cache_files_are_refused_in_seconds_and_the_server_keeps_answering(server, tmp_path):
     inp = server.base_dir / "input"
     saved_before = set((server.base_dir / "output").glob("kv_*.safetensors"))
-    repeat = craft(tmp_path, lambda st, t: st.update(caches=st["caches"] + [[0, 0]] * (100_000 - len(st["caches"]))),
-                   name="repeat.safetensors")
+    repeat = craft(
+        tmp_path,
+        lambda st, t: st.update(caches=st["caches"] + [[0, 0]] * (100_000 - len(st["caches"]))),
+        name="repeat.safetensors",
+    )
     far = craft(tmp_path, lambda st, t: st.update(next_frame=10**6), name="far.safetensors")
     for path in (repeat, far):
         shutil.copy(path, inp)  # as an upload to input/ would leave it
@@ -76,8 +84,10 @@ def test_hostile_cache_files_are_refused_in_seconds_and_the_server_keeps_answeri
     listed = listed[0] if isinstance(listed[0], list) else listed[1]["options"]
     assert {"input/repeat.safetensors", "input/far.safetensors", "input/good.safetensors"} <= set(listed)
 
-    for name, reason in (("input/repeat.safetensors", "caches lists 100000 entries"),
-                         ("input/far.safetensors", "next_frame=1000000 does not follow the retained chunks")):
+    for name, reason in (
+        ("input/repeat.safetensors", "caches lists 100000 entries"),
+        ("input/far.safetensors", "next_frame=1000000 does not follow the retained chunks"),
+    ):
         entry, seconds = _run_while_answering(server, name)
         assert entry["status"]["status_str"] == "error", entry["status"]
         assert reason in _error(entry), _error(entry)

@@ -4,6 +4,7 @@ Continue-later through real files: prompt 1 makes 4 chunks in one go; prompt 2 m
 saves its KV cache; prompt 3 loads that file and makes 2 more. The latents of 3 equal the last two
 chunks of 1, bit for bit. A cache loaded into a run it does not fit stops with the reason.
 """
+
 from __future__ import annotations
 
 import glob
@@ -27,36 +28,68 @@ def server(comfy_server):
 
     support_comfyui.setup_inprocess_comfyui()
     sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()},
-              str(comfy_server.base_dir / "models" / "diffusion_models" / UNET))
+    save_file(
+        {k: v.to(torch.float32) for k, v in sd.items()},
+        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
+    )
     return comfy_server
 
 
 def _graph(*, frames, prefix, kv_in=None, save_kv=None, chunk=2, schedule=False, preset="self_forcing_4step"):
     p = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        "2": {"class_type": "JensenKVQuantizeKVCache", "inputs": {
-            "model": ["1", 0], "key_bits": "2", "value_bits": "2", "group_size": "32", "rotation": "hadamard",
-            "scale_format": "fp8_e4m3", "rotation_seed": 0}},
+        "2": {
+            "class_type": "JensenKVQuantizeKVCache",
+            "inputs": {
+                "model": ["1", 0],
+                "key_bits": "2",
+                "value_bits": "2",
+                "group_size": "32",
+                "rotation": "hadamard",
+                "scale_format": "fp8_e4m3",
+                "rotation_seed": 0,
+            },
+        },
         "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
         "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
         "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
-        "6": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 32, "height": 32,
-                                                                  "length": (frames - 1) * 4 + 1, "batch_size": 1}},
+        "6": {
+            "class_type": "EmptyHunyuanLatentVideo",
+            "inputs": {"width": 32, "height": 32, "length": (frames - 1) * 4 + 1, "batch_size": 1},
+        },
         "7": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "lcm"}},
-        "8": {"class_type": "JensenKVARSchedule", "inputs": {"preset": preset, "steps": 30, "shift": 8.0,
-                                                             "manual": "1, 0.5"}},
-        "9": {"class_type": "JensenKVChunkedARSampler", "inputs": {
-            "model": ["3", 0], "positive": ["4", 0], "negative": ["5", 0], "latent": ["6", 0], "seed": 3,
-            "cfg": 1.0, "sampler": ["7", 0], "sigmas": ["8", 0], "chunk_frames": chunk, "window_chunks": 1,
-            "context_noise": 0.0, "sink_chunks": 1}},
+        "8": {
+            "class_type": "JensenKVARSchedule",
+            "inputs": {"preset": preset, "steps": 30, "shift": 8.0, "manual": "1, 0.5"},
+        },
+        "9": {
+            "class_type": "JensenKVChunkedARSampler",
+            "inputs": {
+                "model": ["3", 0],
+                "positive": ["4", 0],
+                "negative": ["5", 0],
+                "latent": ["6", 0],
+                "seed": 3,
+                "cfg": 1.0,
+                "sampler": ["7", 0],
+                "sigmas": ["8", 0],
+                "chunk_frames": chunk,
+                "window_chunks": 1,
+                "context_noise": 0.0,
+                "sink_chunks": 1,
+            },
+        },
         "10": {"class_type": "SaveLatent", "inputs": {"samples": ["9", 0], "filename_prefix": prefix}},
     }
     if schedule:
-        p["11"] = {"class_type": "JensenKVPromptSchedule", "inputs": {"conditioning": ["4", 0], "start_chunk": 0,
-                                                                      "label": "calm"}}
-        p["12"] = {"class_type": "JensenKVPromptSchedule", "inputs": {"conditioning": ["5", 0], "start_chunk": 1,
-                                                                      "label": "storm", "schedule": ["11", 0]}}
+        p["11"] = {
+            "class_type": "JensenKVPromptSchedule",
+            "inputs": {"conditioning": ["4", 0], "start_chunk": 0, "label": "calm"},
+        }
+        p["12"] = {
+            "class_type": "JensenKVPromptSchedule",
+            "inputs": {"conditioning": ["5", 0], "start_chunk": 1, "label": "storm", "schedule": ["11", 0]},
+        }
         p["9"]["inputs"]["positive"] = ["12", 0]
     if kv_in is not None:
         p["13"] = {"class_type": "JensenKVLoadKVCache", "inputs": {"cache_file": kv_in}}
@@ -112,6 +145,16 @@ def test_prompt_schedule_and_schedule_presets_run_and_report(server):
     assert report["sink_chunks"] == 1 and report["memory_request"]["bytes"] == report["planned_bytes"]
     sched_text = next(out["text"][0] for nid, out in entry["outputs"].items() if nid == "8")
     assert sched_text == "causvid_3step: 3 steps; the model sees t = 1000, 757, 522"
-    status, body = server.post("/prompt", {"prompt": {**_graph(frames=2, prefix="x"), "8": {
-        "class_type": "JensenKVARSchedule", "inputs": {"preset": "warp9", "steps": 30, "shift": 8.0, "manual": ""}}}})
+    status, body = server.post(
+        "/prompt",
+        {
+            "prompt": {
+                **_graph(frames=2, prefix="x"),
+                "8": {
+                    "class_type": "JensenKVARSchedule",
+                    "inputs": {"preset": "warp9", "steps": 30, "shift": 8.0, "manual": ""},
+                },
+            }
+        },
+    )
     assert status == 400 and "warp9" in str(body)

@@ -7,6 +7,7 @@
 - in a live server: Load Diffusion Model lists the bundled model and the CPU demo workflow runs,
   within a minute on 2 CPU cores.
 """
+
 from __future__ import annotations
 
 import csv
@@ -81,7 +82,9 @@ def _load_rollout():
     import importlib.util
     import sys
 
-    spec = importlib.util.spec_from_file_location("rollout_bench", support_comfyui.PACK_ROOT / "benchmarks" / "rollout.py")
+    spec = importlib.util.spec_from_file_location(
+        "rollout_bench", support_comfyui.PACK_ROOT / "benchmarks" / "rollout.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)

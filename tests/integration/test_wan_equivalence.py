@@ -5,6 +5,7 @@ is recomputed as one forward over [finished chunks, clean, t = 0; current chunk]
 mask and compared. Then INT2 caches: attention mass stolen by quantized keys, and what the Jensen
 correction gives back; and the report's bytes against the planner.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -34,9 +35,21 @@ def _recorded_run(loop, model, euler, *, cfg, window=0, frames=FRAMES, chunk=CHU
     m = model.clone()
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_recorder", rec)
     pos, neg = _conds()
-    result = loop.run_chunked_ar(m, pos, neg, wan_tiny.video_latent(frames), seed=7, cfg=cfg, sampler=euler,
-                                 sigmas=_sigmas(model), chunk_frames=chunk, window_chunks=window,
-                                 context_noise=context_noise, observer=observer, progress=False)
+    result = loop.run_chunked_ar(
+        m,
+        pos,
+        neg,
+        wan_tiny.video_latent(frames),
+        seed=7,
+        cfg=cfg,
+        sampler=euler,
+        sigmas=_sigmas(model),
+        chunk_frames=chunk,
+        window_chunks=window,
+        context_noise=context_noise,
+        observer=observer,
+        progress=False,
+    )
     return rec, result
 
 
@@ -96,7 +109,9 @@ def test_the_reference_would_catch_a_missing_cache_or_wrong_rope(loop, tiny, eul
     prev = [per_chunk[0][1]["x"], per_chunk[1][1]["x"]]
     ts = [torch.zeros_like(call["t"])] * 2 + [call["t"]]
     good = reference.block_causal_forward(dm, prev + [call["x"]], ts, call["context"])[:, :, 4:]
-    no_rope_offset = reference.block_causal_forward(dm, prev + [call["x"]], ts, call["context"], rope_offsets=False)[:, :, 4:]
+    no_rope_offset = reference.block_causal_forward(dm, prev + [call["x"]], ts, call["context"], rope_offsets=False)[
+        :, :, 4:
+    ]
     no_cache = reference.block_causal_forward(dm, [call["x"]], [call["t"]], call["context"])
     assert _max_rel(call["out"], good) < 1e-5
     assert _max_rel(no_rope_offset, good) > 1e-3
@@ -113,7 +128,9 @@ def test_write_pass_at_context_noise_uses_noised_clean_chunk(loop, tiny, euler):
     for c, (_, write) in enumerate(per_chunk[:-1]):
         sl = slice(c * CHUNK, (c + 1) * CHUNK)
         # the context noise of chunk c is its own stream, derived from the seed (7) and the chunk index
-        ctx_noise = comfy.sample.prepare_noise(torch.zeros(1, 16, CHUNK, 8, 8), loop.chunk_seed(7, c, loop.CONTEXT_STREAM))
+        ctx_noise = comfy.sample.prepare_noise(
+            torch.zeros(1, 16, CHUNK, 8, 8), loop.chunk_seed(7, c, loop.CONTEXT_STREAM)
+        )
         assert torch.allclose(write["t"], torch.full_like(write["t"], 250.0))
         clean = latent_format.process_in(result.samples[:, :, sl])
         torch.testing.assert_close(write["x"], 0.25 * ctx_noise + 0.75 * clean, atol=1e-5, rtol=1e-5)
@@ -146,12 +163,22 @@ class MassObserver:
         if e.chunk == 0:
             return
         prev = [self.fp[(e.layer, e.branch, j)] for j in range(e.chunk)]
-        self.events.append(dict(
-            layer=e.layer, chunk=e.chunk, step=e.step, q=e.q.detach().clone(), k_cur=e.k.detach().clone(),
-            v_cur=e.v.detach().clone(), out=e.out.detach().clone(),
-            k_fp=torch.cat([k for k, _ in prev], dim=-2), v_fp=torch.cat([v for _, v in prev], dim=-2),
-            entries=[(en.k, en.v) for en in e.cache.entries], correction=e.correction, strength=e.strength,
-        ))
+        self.events.append(
+            dict(
+                layer=e.layer,
+                chunk=e.chunk,
+                step=e.step,
+                q=e.q.detach().clone(),
+                k_cur=e.k.detach().clone(),
+                v_cur=e.v.detach().clone(),
+                out=e.out.detach().clone(),
+                k_fp=torch.cat([k for k, _ in prev], dim=-2),
+                v_fp=torch.cat([v for _, v in prev], dim=-2),
+                entries=[(en.k, en.v) for en in e.cache.entries],
+                correction=e.correction,
+                strength=e.strength,
+            )
+        )
 
 
 def _shift(ev, k_ref, v_ref):
@@ -162,8 +189,9 @@ def _shift(ev, k_ref, v_ref):
     else:
         ks, vs = torch.cat(ks, dim=-2), torch.cat(vs, dim=-2)
     mode = ev["correction"]
-    return _core("attention_shift").attention_shift(ev["q"], k_ref, v_ref, ev["k_cur"], ev["v_cur"], ks, vs,
-                                                correction=mode, strength=ev["strength"])
+    return _core("attention_shift").attention_shift(
+        ev["q"], k_ref, v_ref, ev["k_cur"], ev["v_cur"], ks, vs, correction=mode, strength=ev["strength"]
+    )
 
 
 def _quantized(nodes_mod, model, correction=None, strength=1.0, key_bits="2", value_bits="2", group="16"):
@@ -215,8 +243,10 @@ def test_attention_mass_against_the_full_precision_run(loop, nodes, tiny, euler,
         k_hat, v_hat = k.dequantize(dtype=torch.float32), v.dequantize(dtype=torch.float32)
         d = ev["q"].shape[-1]
         bias = _core("bias").jensen_bias(ev["q"], k, mode=mode) if corr else 0
-        scores = torch.cat([ev["q"] @ k_hat.transpose(-1, -2) / d**0.5 - bias,
-                            ev["q"] @ ev["k_cur"].transpose(-1, -2) / d**0.5], dim=-1)
+        scores = torch.cat(
+            [ev["q"] @ k_hat.transpose(-1, -2) / d**0.5 - bias, ev["q"] @ ev["k_cur"].transpose(-1, -2) / d**0.5],
+            dim=-1,
+        )
         out_ref = torch.softmax(scores, -1) @ torch.cat([v_hat, ev["v_cur"]], dim=-2)
         torch.testing.assert_close(ev["out"], out_ref, atol=2e-5, rtol=1e-4)
     d_raw = shifts["int2"].delta_ps.mean().item()
@@ -226,9 +256,14 @@ def test_attention_mass_against_the_full_precision_run(loop, nodes, tiny, euler,
     assert shifts["int2_taylor"].mean_jsd < shifts["int2"].mean_jsd
 
 
-@pytest.mark.parametrize("key_bits,value_bits,group,window,cfg", [
-    ("2", "2", "32", 0, 1.0), ("3", "4", "16", 2, 3.0), ("8", "2", "8", 1, 3.0),
-])
+@pytest.mark.parametrize(
+    "key_bits,value_bits,group,window,cfg",
+    [
+        ("2", "2", "32", 0, 1.0),
+        ("3", "4", "16", 2, 3.0),
+        ("8", "2", "8", 1, 3.0),
+    ],
+)
 def test_report_cache_bytes_equal_the_planner(loop, nodes, tiny, euler, key_bits, value_bits, group, window, cfg):
     import importlib
 
@@ -238,9 +273,17 @@ def test_report_cache_bytes_equal_the_planner(loop, nodes, tiny, euler, key_bits
     rep = result.report
     config = model.model_options["transformer_options"]["jensen_kv"]
     plan = planner.plan_cache(
-        latent_frames=FRAMES, latent_height=8, latent_width=8, chunk_frames=CHUNK, window_chunks=window,
-        layers=rep["layers"], heads=rep["heads"], head_dim=rep["head_dim"], spec_k=config.spec_k,
-        spec_v=config.spec_v, cfg_branches=rep["cfg_branches"],
+        latent_frames=FRAMES,
+        latent_height=8,
+        latent_width=8,
+        chunk_frames=CHUNK,
+        window_chunks=window,
+        layers=rep["layers"],
+        heads=rep["heads"],
+        head_dim=rep["head_dim"],
+        spec_k=config.spec_k,
+        spec_v=config.spec_v,
+        cfg_branches=rep["cfg_branches"],
         geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY,
     )
     assert rep["cfg_branches"] == (2 if cfg > 1 else 1)

@@ -6,6 +6,7 @@ bf16 / fp16 weights and computes in them. Here the tiny Wan is built with those 
 (``set_inference_dtype(weights, manual_cast)``) and sampled with INT2 + Jensen: the cache must
 receive plain floating q, k, v in the compute dtype, and the result must stay close to float32.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -33,15 +34,32 @@ def sample(nodes, model):
     q = nodes.JensenKVQuantizeKVCache.execute(model, "2", "2", "16", "hadamard", "fp8_e4m3", 0).args[0]
     j = nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0).args[0]
     out = nodes.JensenKVChunkedARKSampler.execute(
-        j, wan_tiny.conditioning(1, 16, 32), wan_tiny.conditioning(2, 16, 32), wan_tiny.video_latent(4, 4, 4),
-        3, 2, 2.0, "euler", "simple", 2, 0, 0.0)
+        j,
+        wan_tiny.conditioning(1, 16, 32),
+        wan_tiny.conditioning(2, 16, 32),
+        wan_tiny.video_latent(4, 4, 4),
+        3,
+        2,
+        2.0,
+        "euler",
+        "simple",
+        2,
+        0,
+        0.0,
+    )
     return out.args[0]["samples"]
 
 
-@pytest.mark.parametrize("weight_dtype,compute_dtype", [
-    (torch.bfloat16, None), (torch.float16, None), (torch.float8_e4m3fn, torch.bfloat16),
-    (torch.float8_e4m3fn, torch.float16),
-], ids=["bf16", "fp16", "fp8-bf16", "fp8-fp16"])
+@pytest.mark.parametrize(
+    "weight_dtype,compute_dtype",
+    [
+        (torch.bfloat16, None),
+        (torch.float16, None),
+        (torch.float8_e4m3fn, torch.bfloat16),
+        (torch.float8_e4m3fn, torch.float16),
+    ],
+    ids=["bf16", "fp16", "fp8-bf16", "fp8-fp16"],
+)
 def test_low_precision_weights_feed_the_cache_in_the_compute_dtype(nodes, monkeypatch, weight_dtype, compute_dtype):
     run_caches = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.run_caches")
     seen = set()

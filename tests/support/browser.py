@@ -3,6 +3,7 @@
 Playwright cannot download browsers on this kind of machine; it drives the system Chromium
 (``apt-get install -y chromium``) through ``executable_path``.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ def browser_skip_reason() -> str | None:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        return "Playwright is not installed: pip install playwright (browsers come from apt: apt-get install -y chromium)"
+        return (
+            "Playwright is not installed: pip install playwright (browsers come from apt: apt-get install -y chromium)"
+        )
     if which_chromium() is None:
         return "Chromium not found at /usr/bin/chromium: apt-get install -y chromium (Playwright drives the system browser)"
     return None
@@ -61,5 +64,6 @@ def open_comfyui(page, url: str, timeout_ms: int = 90_000) -> None:
     page.goto(url, wait_until="domcontentloaded", timeout=timeout_ms)
     page.wait_for_function(APP_READY_JS, timeout=timeout_ms)
     # extensions finish their setup after the graph exists
-    page.wait_for_function("() => !!document.querySelector('.graph-canvas-container, canvas#graph-canvas, canvas')",
-                           timeout=timeout_ms)
+    page.wait_for_function(
+        "() => !!document.querySelector('.graph-canvas-container, canvas#graph-canvas, canvas')", timeout=timeout_ms
+    )

@@ -20,6 +20,7 @@ running anything, with an error that says so (CI or not).
 :class:`CISkipCollector` per run); ``-p support.ci_skips`` loads it into another pytest run
 (``tests/test_ci_skips.py`` does that with ``pytester``).
 """
+
 from __future__ import annotations
 
 import os
@@ -56,9 +57,11 @@ def core_ar_error(items, comfy_dir) -> str | None:
     if not needing or comfy_dir is None or has_core_ar(comfy_dir):
         return None
     shown = "\n  ".join(needing[:5]) + (f"\n  ... and {len(needing) - 5} more" if len(needing) > 5 else "")
-    return (f"{len(needing)} selected test(s) are marked core_ar (they need ComfyUI's own AR video path, v0.27+), but "
-            f"the ComfyUI they would run against, {comfy_dir}, has no {'/'.join(CORE_AR_FILE)}. Deselect them with "
-            f"-m \"not core_ar\" (never skip them), or point COMFYUI_PATH at a newer ComfyUI:\n  {shown}")
+    return (
+        f"{len(needing)} selected test(s) are marked core_ar (they need ComfyUI's own AR video path, v0.27+), but "
+        f"the ComfyUI they would run against, {comfy_dir}, has no {'/'.join(CORE_AR_FILE)}. Deselect them with "
+        f'-m "not core_ar" (never skip them), or point COMFYUI_PATH at a newer ComfyUI:\n  {shown}'
+    )
 
 
 def ci_enabled(environ=None) -> bool:
@@ -137,12 +140,15 @@ class CISkipCollector:
         if not self.skips or not ci_enabled():
             return
         tr = terminalreporter
-        tr.write_sep("=", f"CI=true: {len(self.skips)} ComfyUI / server / browser test(s) skipped, so the run fails",
-                     red=True)
+        tr.write_sep(
+            "=", f"CI=true: {len(self.skips)} ComfyUI / server / browser test(s) skipped, so the run fails", red=True
+        )
         for s in self.skips:
             tr.write_line(f"SKIPPED {s.nodeid}: {s.reason}")
-        tr.write_line("Install what the reasons name (bash .ci/run does it on a fresh machine); a test that needs a "
-                      "GPU is marked @pytest.mark.cuda.")
+        tr.write_line(
+            "Install what the reasons name (bash .ci/run does it on a fresh machine); a test that needs a "
+            "GPU is marked @pytest.mark.cuda."
+        )
 
 
 PLUGIN_NAME = "jensen_kv_ci_skips"
@@ -152,7 +158,9 @@ def pytest_configure(config):
     if not any(line.split(":")[0].strip() == "cuda" for line in config.getini("markers")):
         config.addinivalue_line("markers", "cuda: needs a CUDA device (skipping it is allowed under CI=true)")
     if not any(line.split(":")[0].strip() == CORE_AR_MARKER for line in config.getini("markers")):
-        config.addinivalue_line("markers", f"{CORE_AR_MARKER}: needs ComfyUI's own AR video path (v0.27+): deselected "
-                                           "on older ComfyUI, never skipped")
+        config.addinivalue_line(
+            "markers",
+            f"{CORE_AR_MARKER}: needs ComfyUI's own AR video path (v0.27+): deselected on older ComfyUI, never skipped",
+        )
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(CISkipCollector(config), PLUGIN_NAME)

@@ -8,6 +8,7 @@ in F32, the rest in F16; ``quantize`` names tensors to store as Q8_0 instead (de
 fly by GGMLOps' Linear layers). The 5-D ``patch_embedding.weight`` is written as it is (what
 ComfyUI-GGUF's ``fix_5d_tensors.py`` adds back to real files).
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,10 @@ def gguf_skip_reason() -> str | None:
     except ImportError:
         return 'the gguf package is not installed: pip install "gguf>=0.13" (it is in the pack\'s test extra)'
     if locate_comfyui_gguf() is None:
-        return ("ComfyUI-GGUF not found: set COMFYUI_GGUF_PATH, put city96/ComfyUI-GGUF at ../shared/ComfyUI-GGUF, or "
-                "install it in ComfyUI's custom_nodes")
+        return (
+            "ComfyUI-GGUF not found: set COMFYUI_GGUF_PATH, put city96/ComfyUI-GGUF at ../shared/ComfyUI-GGUF, or "
+            "install it in ComfyUI's custom_nodes"
+        )
     return None
 
 

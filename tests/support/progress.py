@@ -6,6 +6,7 @@ v0.3.64 every one; newer ComfyUI (v0.27) throttles them, passing on the first, t
 that carries a preview, and others only 100 ms and 0.5 % after the last one it passed on. So tests
 check ``sent`` exactly and ``shown`` as ComfyUI's own rule allows (:meth:`Progress.assert_shown_follows_sent`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ def comfyui_throttles_progress() -> bool:
 
 @dataclass
 class Progress:
-    sent: list = field(default_factory=list)   # (value, total, preview) given to update_absolute
+    sent: list = field(default_factory=list)  # (value, total, preview) given to update_absolute
     shown: list = field(default_factory=list)  # (value, total, preview) that reached the hook
 
     def assert_shown_follows_sent(self) -> None:
@@ -54,7 +55,8 @@ def record_progress():
             return super().update_absolute(value, total, preview)
 
     comfy.utils.set_progress_bar_global_hook(
-        lambda value, total, preview, node_id=None: rec.shown.append((value, total, preview)))
+        lambda value, total, preview, node_id=None: rec.shown.append((value, total, preview))
+    )
     comfy.utils.ProgressBar = RecordingProgressBar
     try:
         yield rec

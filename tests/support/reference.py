@@ -1,5 +1,6 @@
 """The reference attention, shared with the benchmarks: ``support.reference`` is the module
 ``jensen_testing.reference`` itself (one module object, so a patch through either name is seen by both)."""
+
 import sys
 
 import jensen_testing.reference

@@ -4,6 +4,7 @@ The SHA-256 of a cache file has no key, so a crafted file is *re-signed* (:func:
 checks out and only the loader's structure checks stand between it and a run. Shapes: 2 layers x 2
 heads x 32, latents (1, 16, 4, 4), 4 tokens per latent frame (Wan's 2x2 patches). No ComfyUI.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,19 @@ INT4 = QuantSpec(bits=4, group_size=16)
 META = "__jensen_kv_meta__"
 
 
-def make_state(*, spec_k=INT2, spec_v=INT2, chunks=4, chunk_frames=2, window=1, sink=1, branches=(0, 1),
-               frames_of=None, heads_of=None, seed=0):
+def make_state(
+    *,
+    spec_k=INT2,
+    spec_v=INT2,
+    chunks=4,
+    chunk_frames=2,
+    window=1,
+    sink=1,
+    branches=(0, 1),
+    frames_of=None,
+    heads_of=None,
+    seed=0,
+):
     """A state as a Chunked AR run leaves it: chunks 0..chunks-1 written to every (layer, branch) cache, the
     retained latents kept by the same rule (first ``sink`` for good, last ``window``). ``frames_of(c)`` gives a
     chunk's frames (default ``chunk_frames``); ``heads_of(layer, branch, c)`` the heads of one written chunk."""
@@ -50,9 +62,19 @@ def make_state(*, spec_k=INT2, spec_v=INT2, chunks=4, chunk_frames=2, window=1, 
         offset += frames
     return rs.SavedRun(
         fingerprint={"family": "wan", "layers": LAYERS, "heads": HEADS, "head_dim": HEAD_DIM, "weights": "ab" * 16},
-        spec_k=spec_k, spec_v=spec_v, chunk_frames=chunk_frames, window_chunks=window, sink_chunks=sink,
-        latent_shape=LATENT, next_chunk=chunks, next_frame=offset, branches=list(branches), active_prompt="p0",
-        caches=caches, retained=retained, info={"seed": 5},
+        spec_k=spec_k,
+        spec_v=spec_v,
+        chunk_frames=chunk_frames,
+        window_chunks=window,
+        sink_chunks=sink,
+        latent_shape=LATENT,
+        next_chunk=chunks,
+        next_frame=offset,
+        branches=list(branches),
+        active_prompt="p0",
+        caches=caches,
+        retained=retained,
+        info={"seed": 5},
     )
 
 

@@ -1,5 +1,6 @@
 """The one ComfyUI server of a pytest session, shared by the server tests (fixtures in ``tests/conftest.py``:
 ``comfy_server``), and the snapshot that removes what a test module added to its folders."""
+
 from __future__ import annotations
 
 import contextlib

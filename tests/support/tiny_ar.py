@@ -1,5 +1,6 @@
 """The bundled tiny AR model's helpers, shared with the benchmarks: ``support.tiny_ar`` is the module
 ``jensen_testing.tiny_ar`` itself (one module object, so a patch through either name is seen by both)."""
+
 import sys
 
 import jensen_testing.tiny_ar

@@ -11,6 +11,7 @@ front end loads in v0.27's with ``bit_depth`` = 8). :func:`frontend_defaults` na
 itself adds inputs that way (optional, with a default, after the existing ones), so only such inputs may
 be missing from a file.
 """
+
 from __future__ import annotations
 
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
@@ -46,9 +47,11 @@ def frontend_defaults(node: dict, info: dict) -> dict:
         if i >= len(values):
             opts = specs[name][1] if len(specs[name]) > 1 else {}
             if name not in optional or "default" not in opts:
-                raise ValueError(f"{node['type']} #{node['id']}: no widget value for {name}"
-                                 f"{'' if name in optional else ' (a required input)'}"
-                                 f"{'' if 'default' in opts else ' (no default)'}")
+                raise ValueError(
+                    f"{node['type']} #{node['id']}: no widget value for {name}"
+                    f"{'' if name in optional else ' (a required input)'}"
+                    f"{'' if 'default' in opts else ' (no default)'}"
+                )
             out[name] = opts["default"]
         i += 2 if extra else 1
     return out
