@@ -260,6 +260,7 @@ def _tamper(cache, key, fn):
         ("chunk0.k.centroids", lambda t: t.float(), "centroids is"),
         ("chunk0.k.ids", lambda t: t.long(), "ids is"),
         ("chunk0.k.ids", lambda t: torch.full_like(t, 200), "points past its chunk's 8 centroids"),
+        ("chunk0.k.ids", lambda t: torch.full_like(t, 8), "points past its chunk's 8 centroids"),  # one past
         ("chunk0.k.packed", lambda t: t.to(torch.int8), "unexpected dtypes"),
     ],
 )

@@ -54,3 +54,57 @@ def test_qvg_centroid_cost_warning_at_two_bits(centroids, warns):
     assert bool(hits) == warns, plan.warnings
     if warns:
         assert "2.00 bits/element on chunks of 64 tokens" in hits[0] and "lower K" in hits[0]
+
+
+@pytest.mark.parametrize("centroids,every_token", [(64, True), (63, False)])
+def test_qvg_with_as_many_centroids_as_tokens_is_named_as_such(centroids, every_token):
+    """K equal to a chunk's 64 tokens makes every token its own BF16 centroid: that warning, not only the cost one."""
+    spec = QuantSpec(bits=2, group_size=32, method="qvg", qvg_centroids=centroids)
+    plan = plan_cache(
+        latent_frames=4,
+        latent_height=16,
+        latent_width=16,
+        chunk_frames=1,
+        window_chunks=0,
+        layers=1,
+        heads=1,
+        head_dim=64,
+        spec_k=None,
+        spec_v=spec,
+        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+    )
+    hits = [w for w in plan.warnings if "keeps every token as a BF16 centroid" in w]
+    assert bool(hits) == every_token, plan.warnings
+    assert every_token or any("centroids cost" in w for w in plan.warnings)
+
+
+def _plan(**kw):
+    args = dict(
+        latent_frames=4,
+        latent_height=16,
+        latent_width=16,
+        chunk_frames=1,
+        window_chunks=0,
+        layers=1,
+        heads=1,
+        head_dim=64,
+        spec_k=None,
+        spec_v=None,
+        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+    )
+    return plan_cache(**{**args, **kw})
+
+
+@pytest.mark.parametrize("window,sink,warns", [(2, 2, True), (3, 1, True), (2, 1, False), (4, 0, True), (3, 0, False)])
+def test_a_window_plus_sink_that_holds_the_whole_video_is_warned_about(window, sink, warns):
+    """4 chunks: a window of 2 plus a sink of 2 keeps every chunk (as window 0 would); 2 + 1 does evict."""
+    plan = _plan(window_chunks=window, sink_chunks=sink)
+    assert any("is not smaller than the video's 4 chunks" in w for w in plan.warnings) == warns, plan.warnings
+
+
+def test_the_cache_file_size_counts_every_cfg_branch():
+    """A second CFG branch adds as many cache bytes to the saved file as a second layer does."""
+    one = _plan(window_chunks=2, sink_chunks=1)
+    branch = _plan(window_chunks=2, sink_chunks=1, cfg_branches=2).state_file_bytes - one.state_file_bytes
+    layer = _plan(window_chunks=2, sink_chunks=1, layers=2).state_file_bytes - one.state_file_bytes
+    assert branch == layer > 0

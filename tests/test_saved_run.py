@@ -379,6 +379,18 @@ def test_frame_offsets_must_fit_chunks_of_one_to_chunk_frames_frames(tmp_path, i
     refused(craft(tmp_path, edit), match)
 
 
+def test_a_first_retained_chunk_starts_after_the_frames_of_the_chunks_evicted_before_it(tmp_path):
+    # window 1, no sink, at chunk 4: only chunk 3 is retained; chunks 0 to 2 held 1 or 2 frames each
+    def edit(st, tensors):
+        st["retained"][0]["frame_offset"] = 2
+        st["next_frame"] = 4
+
+    refused(
+        craft(tmp_path, edit, make_state(window=1, sink=0)),
+        r"retained\[0\] \(chunk 3\) frame_offset=2 must be from 3 to 6: each chunk holds 1 to chunk_frames=2 frames$",
+    )
+
+
 @pytest.mark.parametrize(
     "edit,match",
     [
@@ -423,6 +435,10 @@ def test_branches_that_list_more_caches_than_the_file_holds_are_refused(tmp_path
                 t.update({"latent.3": t["latent.3"][:, :, :1].repeat(1, 1, 500, 1, 1)}),
             ),
             r"retained\[1\] shape=\[1, 16, 500, 4, 4\] is not a latent of 1 to chunk_frames=2 frames",
+        ),
+        (
+            lambda st, t: st["retained"][1]["shape"].__setitem__(2, 3),  # one frame past chunk_frames
+            r"retained\[1\] shape=\[1, 16, 3, 4, 4\] is not a latent of 1 to chunk_frames=2 frames",
         ),
         (
             lambda st, t: (
@@ -617,6 +633,8 @@ def test_a_safetensors_header_that_lies_is_one_clear_error(tmp_path):
         path = tmp_path / "lie.safetensors"
         path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n :])
         assert "is not a readable safetensors file" in refused(path, r"readable"), what
+    path.write_bytes(data + bytes(16))  # bytes after the last tensor's data, which no digest covers
+    refused(path, rf"its tensors' data end at byte {len(data)}, but the file has {len(data) + 16} bytes")
     path.write_bytes((10**15).to_bytes(8, "little") + data[8:])
     refused(path, r"its header declares 1000000000000000 bytes; a Jensen KV cache file's header is at most")
     path.write_bytes(b"\x01")
@@ -739,6 +757,23 @@ def test_a_chunk_cache_file_over_its_window_or_with_a_wrong_layout_is_refused():
         r"not the layout's \(1, 4, 32, float32\)",
     ):
         ChunkCache(INT2, INT2, sink_chunks=1).load_state_dict(sd)
+
+
+def test_a_cache_record_one_chunk_past_sink_plus_window_is_refused_by_its_own_check():
+    """read_meta's bound is sink + window exactly: one chunk more is named there, not left to a later check."""
+    src = ChunkCache(INT2, INT2, window_chunks=None, sink_chunks=1)
+    for _ in range(3):
+        src.append(torch.randn(1, 2, 8, 32), torch.randn(1, 2, 8, 32))
+    meta = json.loads(src.state_dict()[META].numpy().tobytes())
+
+    def record(window):
+        return torch.frombuffer(bytearray(json.dumps({**meta, "window_chunks": window}).encode()), dtype=torch.uint8)
+
+    assert len(cache_mod.read_meta(record(2)).chunks) == 3  # sink 1 + window 2 holds 3: accepted
+    with pytest.raises(
+        ValueError, match="lists 3 chunks, but a cache with window_chunks=1 and sink_chunks=1 holds at most 2"
+    ):
+        cache_mod.read_meta(record(1))
 
 
 # ------------------------------------------------------------------------------------------------ item 8: each refusal alone

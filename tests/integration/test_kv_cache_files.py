@@ -134,14 +134,18 @@ def test_listing_opens_only_regular_files_inside_the_folder(lk, folders, monkeyp
         assert stat.S_ISREG(os.lstat(p).st_mode)
 
 
-def test_the_header_reader_refuses_what_is_not_a_regular_file(lk, folders):
+def test_the_header_reader_refuses_what_is_not_a_regular_file(lk, folders, monkeypatch):
     """Even when a FIFO is swapped in after the listing's stat, the reader opens it non-blocking and reads
     nothing."""
     out, _, _ = folders
     fifo = str(out / "swapped.safetensors")
     os.mkfifo(fifo)
-    assert in_child(lambda: lk._header_format(fifo)) is None
+    reads = []
+    real_read = lk._read_upto
+    monkeypatch.setattr(lk, "_read_upto", lambda fd, n: reads.append(n) or real_read(fd, n))
+    assert in_child(lambda: (lk._header_format(fifo), reads)) == (None, [])
     assert lk._header_format("/dev/zero") is None
+    assert reads == []  # not a byte read from the FIFO or the device: refused on its fstat
 
 
 def test_each_header_is_read_once_until_the_file_changes(lk, folders, monkeypatch):

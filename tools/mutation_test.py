@@ -1,0 +1,709 @@
+"""Plant small bugs in the pack, one at a time, and check that the test suite catches each.
+
+    python tools/mutation_test.py                 # every mutant, its own tests; prints the kill rate
+    python tools/mutation_test.py --list          # the mutants, without running anything
+    python tools/mutation_test.py --only R1 Q2    # some of them
+    python tools/mutation_test.py --min-kill 0.95 # exit 1 below that kill rate
+
+Each mutant is one textual edit of one source file (a comparison flipped, an index shifted, a check
+dropped), named after the bug a review could plant there, with the test files that should catch it.
+The pack is copied once into a temporary folder (the working tree is never touched); for each
+mutant the edited file is written into the copy, its tests run there with ``pytest -x``, and the
+file is put back. A mutant is *killed* when those tests fail, *survives* when they pass. Before any
+mutant, the same tests run on the unmutated copy and must pass; a mutant whose text is not found,
+or whose edit does not compile, is an error of this script (stale after a refactor), not a kill.
+
+Not run in CI: it takes about 25 minutes on 2 cores (63 mutants, 5 to 50 s each). Tests that need
+ComfyUI find it as the suite does (``COMFYUI_PATH``, then ``../shared/``); the copy is given the path
+this checkout resolves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str  # relative to the pack root
+    find: str  # exact text, found exactly once in the file
+    replace: str
+    tests: tuple[str, ...]  # pytest node ids or files, relative to the pack root
+    bug: str  # what the planted bug would do to a user
+
+
+def M(id, file, find, replace, tests, bug):  # noqa: N802 (a table row)
+    return Mutant(id, file, find, replace, tuple(tests.split()), bug)
+
+
+T_RET = "tests/test_retention.py tests/test_retention_and_warnings.py"
+T_CACHE = "tests/test_cache.py tests/test_retention_and_warnings.py"
+T_STATE = "tests/test_saved_run.py"
+T_COMPAT = "tests/test_saved_run.py::test_each_compared_field_is_refused_on_its_own"
+T_LONG = "tests/integration/test_long_videos.py"
+T_RESUME = (
+    "tests/integration/test_long_videos.py::test_resume_across_a_prompt_switch_equals_the_one_run_schedule "
+    "tests/integration/test_long_videos.py::test_a_second_continuation_reports_its_next_frame_and_equals_one_long_run"
+)
+T_LOADING = "tests/integration/test_saved_run_loading.py"
+T_FILES = "tests/integration/test_kv_cache_files.py"
+T_QVG = "tests/test_qvg.py"
+T_METH = "tests/test_methods.py tests/test_qvg.py"
+T_KERN = "tests/test_kernels.py"
+T_PLAN = "tests/test_retention_and_warnings.py tests/test_retention.py"
+T_CONV = "tests/test_convert_checkpoint.py"
+T_FAM = (
+    "tests/integration/test_reference_fidelity.py::test_a_model_missing_norm_k_only_in_its_last_block_is_refused_before_the_run "
+    "tests/integration/test_reference_fidelity.py::test_a_t2v_subclass_with_its_own_forward_orig_is_refused"
+)
+
+MUTANTS: list[Mutant] = []  # filled by the table at the end of this file
+
+
+def comfyui_path() -> str | None:
+    for c in (
+        os.environ.get("COMFYUI_PATH"),
+        ROOT.parent / "shared" / "ComfyUI-v0.27",
+        ROOT.parent / "shared" / "ComfyUI",
+    ):
+        if c and (Path(c) / "comfy").is_dir():
+            return str(Path(c).resolve())
+    return None
+
+
+def copy_pack(dest: Path) -> Path:
+    skip = shutil.ignore_patterns(
+        ".git", ".ci", "artifacts", "__pycache__", "*.egg-info", ".pytest_cache", ".hypothesis", ".ruff_cache"
+    )
+    shutil.copytree(ROOT, dest, ignore=skip)
+    return dest
+
+
+def run_tests(pack: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, float, str]:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "CI": ""}
+    if (c := comfyui_path()) is not None:
+        env["COMFYUI_PATH"] = c
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--timeout", str(int(timeout)), *tests]
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, cwd=pack, env=env, capture_output=True, text=True, timeout=timeout + 60)
+        out, rc = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired:
+        out, rc = "timed out", 124
+    return rc, time.perf_counter() - t0, out
+
+
+def apply(pack: Path, m: Mutant) -> str:
+    """Write the mutant into the copy; returns the original text (to put back)."""
+    path = pack / m.file
+    text = path.read_text()
+    n = text.count(m.find)
+    if n != 1:
+        raise SystemExit(f"mutant {m.id}: its text occurs {n} times in {m.file} (must be once): update the table")
+    mutated = text.replace(m.find, m.replace)
+    compile(mutated, str(path), "exec")  # a SyntaxError here is a broken mutant, not a kill
+    path.write_text(mutated)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--only", nargs="*", default=None, help="mutant ids to run")
+    ap.add_argument("--min-kill", type=float, default=0.95, help="exit 1 when the kill rate is below this")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests")
+    args = ap.parse_args(argv)
+
+    mutants = [m for m in MUTANTS if args.only is None or m.id in args.only]
+    if args.only and len(mutants) != len(set(args.only)):
+        known = {m.id for m in MUTANTS}
+        raise SystemExit(f"unknown mutant ids: {sorted(set(args.only) - known)}")
+    if args.list:
+        for m in mutants:
+            print(f"{m.id:5s} {m.file:38s} {m.bug}")
+        print(f"{len(mutants)} mutants")
+        return 0
+    for m in mutants:  # every anchor checked before anything runs
+        text = (ROOT / m.file).read_text()
+        if text.count(m.find) != 1:
+            raise SystemExit(f"mutant {m.id}: its text occurs {text.count(m.find)} times in {m.file}: update the table")
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="jensen-kv-mutants-") as tmp:
+        pack = copy_pack(Path(tmp) / "pack")
+        all_tests = tuple(sorted({t for m in mutants for t in m.tests}))
+        print(f"baseline: {len(all_tests)} test files on the unmutated copy ...", flush=True)
+        rc, dt, out = run_tests(pack, all_tests, args.timeout * 3)
+        if rc != 0:
+            print(out[-4000:])
+            raise SystemExit(f"the unmutated pack fails its tests (exit {rc}): fix that first")
+        print(f"baseline passed in {dt:.0f} s", flush=True)
+
+        rows = []
+        for i, m in enumerate(mutants, 1):
+            original = apply(pack, m)
+            try:
+                rc, dt, out = run_tests(pack, m.tests, args.timeout)
+            finally:
+                (pack / m.file).write_text(original)
+            killed = rc != 0
+            rows.append((m, killed, dt))
+            print(
+                f"[{i:2d}/{len(mutants)}] {m.id:5s} {'killed  ' if killed else 'SURVIVED'} {dt:5.0f} s  {m.bug}",
+                flush=True,
+            )
+
+    killed = sum(k for _, k, _ in rows)
+    rate = killed / len(rows) if rows else 1.0
+    print(f"\nkill rate: {killed}/{len(rows)} = {rate:.1%} ({(time.perf_counter() - started) / 60:.0f} min in all)")
+    survivors = [m for m, k, _ in rows if not k]
+    for m in survivors:
+        print(f"  survived: {m.id} {m.file}: {m.bug}")
+    return 0 if rate >= args.min_kill else 1
+
+
+# ------------------------------------------------------------------------------------------------ the mutants
+RET = "jensen_core/retention.py"
+CACHE = "jensen_core/cache.py"
+SR = "runtime/saved_run.py"
+LOOP = "runtime/chunk_loop.py"
+QVGF = "jensen_core/qvg.py"
+METH = "jensen_core/methods.py"
+LAY = "jensen_core/correction_layouts.py"
+LSE = "jensen_core/sdpa_lse.py"
+PLAN = "jensen_core/planner.py"
+CONV = "tools/convert_checkpoint.py"
+WAN = "runtime/families/wan.py"
+LKV = "nodes/load_kv_cache.py"
+
+MUTANTS += [
+    # R: retention (sink + window), the rule and the caches that follow it
+    M(
+        "R1",
+        RET,
+        "list(range(appended - kept, appended))",
+        "list(range(appended - kept - 1, appended - 1))",
+        T_RET,
+        "the window's indices are one chunk too old (window 1, sink 1, 4 chunks: [0, 2])",
+    ),
+    M(
+        "R2",
+        RET,
+        "if sink_held < self.sink_chunks:",
+        "if sink_held <= self.sink_chunks:",
+        T_RET,
+        "the sink takes one chunk more than sink_chunks",
+    ),
+    M(
+        "R3",
+        RET,
+        "len(items) - sink_held > self.window_chunks:",
+        "len(items) - sink_held >= self.window_chunks:",
+        T_RET,
+        "the window keeps one chunk fewer than window_chunks",
+    ),
+    M(
+        "R4",
+        RET,
+        "del items[sink_held]",
+        "del items[0]",
+        T_RET,
+        "eviction drops the sink instead of the window's oldest chunk (keeps [2, 3], not [0, 3])",
+    ),
+    M(
+        "R5",
+        RET,
+        'object.__setattr__(self, "window_chunks", w or None)',
+        'object.__setattr__(self, "window_chunks", w)',
+        T_RET,
+        "window 0 means a window of no chunks, not 'keep every chunk'",
+    ),
+    M(
+        "R6",
+        RET,
+        "return min(self.sink_chunks, _count(appended))",
+        "return self.sink_chunks",
+        T_RET,
+        "the sink is counted full before sink_chunks chunks were appended",
+    ),
+    M(
+        "R7",
+        RET,
+        "held = min(rule.sink_chunks, len(self.items)) if sink_held is None else sink_held",
+        "held = 0 if sink_held is None else sink_held",
+        T_RET,
+        "a resumed timeline forgets its sink and evicts it",
+    ),
+    M(
+        "R8",
+        CACHE,
+        "if self.window_chunks is not None and n - held > self.window_chunks:",
+        "if self.window_chunks is not None and n > self.window_chunks:",
+        "tests/test_cache.py tests/test_saved_run.py",
+        "a cache file with a sink is refused by a cache of its own window",
+    ),
+    M(
+        "R9",
+        CACHE,
+        "if window is not None and n > sink + window:",
+        "if window is not None and n > sink + window + 1:",
+        T_STATE,
+        "read_meta passes a record one chunk past sink + window (a later check refuses it, less clearly)",
+    ),
+    M(
+        "R10",
+        CACHE,
+        "if held != min(sink, n):",
+        "if held > min(sink, n):",
+        "tests/test_cache.py tests/test_saved_run.py",
+        "a cache file whose sink holds fewer chunks than it must is accepted",
+    ),
+    # W: multi-step flows (continue later, prompt switches)
+    M(
+        "W1",
+        LOOP,
+        "self.active = r.resume.active_prompt",
+        "self.active = None",
+        T_RESUME,
+        "a resumed run forgets the prompt its cache was written under: no re-cache on the switch",
+    ),
+    M(
+        "W2",
+        LOOP,
+        "next_frame=s.first_frame + s.plan.frames",
+        "next_frame=s.plan.frames",
+        T_RESUME,
+        "a second continuation reports the frames of this run alone as next_frame",
+    ),
+    M(
+        "W3",
+        LOOP,
+        "next_chunk=s.first_chunk + s.plan.chunks",
+        "next_chunk=s.plan.chunks",
+        T_RESUME,
+        "a continuation's next_chunk restarts from this run's chunks",
+    ),
+    M(
+        "W4",
+        LOOP,
+        "chunk_index, frame0 = self.s.first_chunk + c, self.s.first_frame + f0",
+        "chunk_index, frame0 = c, self.s.first_frame + f0",
+        T_RESUME,
+        "a continuation reuses chunk 0's seeds and prompt schedule position",
+    ),
+    M(
+        "W5",
+        LOOP,
+        "self.write(r.chunk, r.frame_offset, r.latent.to(self.out.device, self.out.dtype), prompt, record=False)",
+        "self.write(r.chunk, r.frame_offset + 1, r.latent.to(self.out.device, self.out.dtype), prompt, record=False)",
+        T_RESUME + " " + T_LONG + "::test_recache_rewrites_every_layer_but_the_first",
+        "a re-cache on a prompt switch writes the retained chunks one frame late (wrong RoPE positions)",
+    ),
+    # S: refusals when a saved run does not fit the run that loads it (check_compatible), each field alone
+    M(
+        "S1",
+        SR,
+        '("value", self.spec_v, spec_v)',
+        '("value", self.spec_v, spec_k)',
+        T_COMPAT,
+        "the value spec is compared with the run's key spec",
+    ),
+    M(
+        "S2",
+        SR,
+        "if (self.window_chunks, self.sink_chunks) != (window_chunks, sink_chunks):",
+        "if self.window_chunks != window_chunks:",
+        T_COMPAT,
+        "another sink is accepted",
+    ),
+    M(
+        "S3",
+        SR,
+        "if tuple(self.latent_shape) != tuple(latent_shape):",
+        "if tuple(self.latent_shape)[:3] != tuple(latent_shape)[:3]:",
+        T_COMPAT,
+        "another latent width is accepted",
+    ),
+    M(
+        "S4",
+        SR,
+        "if tuple(self.latent_shape) != tuple(latent_shape):",
+        "if tuple(self.latent_shape)[::3] != tuple(latent_shape)[::3]:",
+        T_COMPAT,
+        "another latent height (or channel count) is accepted",
+    ),
+    M(
+        "S5",
+        SR,
+        "if self.chunk_frames != chunk_frames:",
+        "if self.chunk_frames < chunk_frames:",
+        T_COMPAT,
+        "shorter chunks than the saved ones are accepted",
+    ),
+    M(
+        "S6",
+        SR,
+        "if sorted(self.branches) != sorted(branches):",
+        "if len(self.branches) < len(branches):",
+        T_COMPAT,
+        "a cfg 1 run accepts a cfg > 1 cache",
+    ),
+    M(
+        "S7",
+        SR,
+        'if self.fingerprint.get("weights") != fingerprint.get("weights"):',
+        'if not fingerprint.get("weights"):',
+        T_COMPAT,
+        "other weights (another checkpoint or LoRA) are accepted",
+    ),
+    M(
+        "S8",
+        SR,
+        'mine = {k: v for k, v in self.fingerprint.items() if k != "weights"}',
+        'mine = {k: v for k, v in self.fingerprint.items() if k not in ("weights", "heads")}',
+        T_COMPAT,
+        "a model of another head count is accepted",
+    ),
+    # H: the hardened cache-file reader and the listing of cache files
+    M(
+        "H1",
+        SR,
+        "if (layer, branch) in caches:",
+        "if (layer, branch) in caches and branch:",
+        T_STATE,
+        "a (layer, 0) pair listed twice is accepted",
+    ),
+    M(
+        "H2",
+        SR,
+        "if next_frame != last.frame_offset + last.frames:",
+        "if next_frame < last.frame_offset + last.frames:",
+        T_STATE,
+        "a next_frame far past the retained chunks is accepted",
+    ),
+    M(
+        "H3",
+        SR,
+        'next_frame = whole(st["next_frame"], "next_frame", 1, MAX_FRAMES)',
+        'next_frame = st["next_frame"]',
+        T_STATE,
+        "a huge or non-integer next_frame is not named as such",
+    ),
+    M(
+        "H4",
+        SR,
+        "tick = check_interrupt or _no_interrupt",
+        "tick = _no_interrupt",
+        "tests/test_saved_run.py " + T_LOADING,
+        "an interrupt is not honoured while a cache file loads",
+    ),
+    M(
+        "H5",
+        SR,
+        'if t is None or list(t.shape) != rec["shape"] or',
+        "if t is None or",
+        T_STATE,
+        "a retained latent of another shape than its record is accepted",
+    ),
+    M(
+        "H6",
+        SR,
+        "or not 1 <= frames <= chunk_frames:",
+        "or not 1 <= frames <= chunk_frames + 1:",
+        T_STATE,
+        "a retained chunk of more than chunk_frames frames is accepted",
+    ),
+    M(
+        "H7",
+        SR,
+        "lo, hi = chunk, chunk * chunk_frames",
+        "lo, hi = 0, chunk * chunk_frames",
+        T_STATE,
+        "a first retained chunk may start before its earlier chunks' frames",
+    ),
+    M(
+        "H8",
+        SR,
+        "if self.size < 8:",
+        "if self.size < 0:",
+        T_STATE,
+        "a file shorter than a safetensors header is not one clear error",
+    ),
+    M(
+        "H9",
+        SR,
+        "if pos != self.size:",
+        "if pos > self.size:",
+        T_STATE,
+        "trailing bytes after the tensors' data are accepted",
+    ),
+    M(
+        "H10",
+        LKV,
+        "if stat.S_ISREG(st.st_mode):\n                yield",
+        "if not stat.S_ISDIR(st.st_mode):\n                yield",
+        T_FILES,
+        "the listing offers FIFOs, devices and sockets",
+    ),
+    M(
+        "H11",
+        LKV,
+        "if os.path.commonpath((base, real)) != base:\n                        continue",
+        "if os.path.commonpath((base, e.path)) != base:\n                        continue",
+        T_FILES,
+        "the listing follows a symlink that leads out of the folder",
+    ),
+    M(
+        "H12",
+        LKV,
+        "if e.is_dir(follow_symlinks=False):",
+        "if e.is_dir():",
+        T_FILES,
+        "the listing enters a symlinked folder",
+    ),
+    M(
+        "H13",
+        LKV,
+        "        if not stat.S_ISREG(st.st_mode):\n            return None\n        raw",
+        "        raw",
+        T_FILES,
+        "the header reader reads from a FIFO or device swapped in after the listing",
+    ),
+    # Q: QVG k-means
+    M(
+        "Q1",
+        QVGF,
+        "return torch.where((counts > 0).unsqueeze(-1), means, old)",
+        "return means",
+        T_QVG,
+        "an empty k-means cluster's centroid becomes 0 instead of keeping its previous one",
+    ),
+    M(
+        "Q2",
+        QVGF,
+        "return torch.where((counts > 0).unsqueeze(-1), means, old)",
+        "return torch.where((counts > 1).unsqueeze(-1), means, old)",
+        T_QVG,
+        "a cluster of one token keeps its old centroid instead of moving to the token",
+    ),
+    M(
+        "Q3",
+        QVGF,
+        "c[sl].transpose(1, 2), alpha=-2.0)",
+        "c[sl].transpose(1, 2), alpha=2.0)",
+        T_QVG,
+        "tokens join their farthest centroid",
+    ),
+    M(
+        "Q4",
+        QVGF,
+        "        c = c.to(CENTROID_DTYPE)\n        residual = residual - _gather_rows(c.to(torch.float32), i)",
+        "        residual = residual - _gather_rows(c, i)\n        c = c.to(CENTROID_DTYPE)",
+        T_QVG,
+        "the residual subtracts the float32 centroids, not the BF16 ones stored",
+    ),
+    M(
+        "Q5",
+        QVGF,
+        "pick = torch.rand(N, T, generator=generator).argsort(-1)[:, :k].to(x.device)",
+        "pick = torch.rand(N, T).argsort(-1)[:, :k].to(x.device)",
+        T_QVG,
+        "k-means starts ignore the spec's seed (runs differ)",
+    ),
+    M(
+        "Q6",
+        QVGF,
+        "ids=torch.cat([p.ids for p in parts], dim=-1),",
+        "ids=torch.cat([p.ids for p in parts], dim=0),",
+        T_QVG,
+        "concatenating chunks stacks their cluster ids on the stage axis",
+    ),
+    # M: method dispatch (RTN / QVG per spec)
+    M(
+        "M1",
+        METH,
+        "name = spec if isinstance(spec, str) else spec.method",
+        'name = spec if isinstance(spec, str) else "rtn"',
+        T_METH,
+        "every spec is dispatched to RTN: a QVG spec quantizes without k-means",
+    ),
+    M(
+        "M2",
+        METH,
+        "if t and int(ids[..., start : start + t].max()) >= k:",
+        "if t and int(ids[..., start : start + t].max()) > k:",
+        T_QVG,
+        "a cluster id one past its chunk's centroids is accepted",
+    ),
+    M(
+        "M3",
+        METH,
+        "        return min(spec.qvg_centroids, tokens)",
+        "        return spec.qvg_centroids",
+        T_QVG,
+        "chunks shorter than K are counted (and checked) as K centroids",
+    ),
+    M(
+        "M4",
+        METH,
+        'extra_parts = (".centroids", ".ids")',
+        'extra_parts = (".centroids",)',
+        T_QVG,
+        "a QVG cache's ids are not a known part of its file",
+    ),
+    # L: correction layouts and their float64 check
+    M(
+        "L1",
+        LAY,
+        "            and torch.allclose(out[..., :D].double(), torch.softmax(s, -1) @ v.double(), atol=tol, rtol=tol)\n",
+        "",
+        T_KERN,
+        "a layout with the right log-sum-exp but a wrong output passes its check",
+    ),
+    M(
+        "L2",
+        LAY,
+        "            and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)\n",
+        "",
+        T_KERN,
+        "a layout with the right output but a wrong log-sum-exp passes its check",
+    ),
+    M(
+        "L3",
+        LAY,
+        "s = (q.double() @ k.double().transpose(-1, -2)) * scale - strength * (",
+        "s = (q.double() @ k.double().transpose(-1, -2)) * scale + strength * (",
+        T_KERN,
+        "the reference of the check has the correction's sign flipped: every layout is refused",
+    ),
+    M(
+        "L4",
+        LSE,
+        "return 1e-4 if dtype in (torch.float32, torch.float64) else 5e-2",
+        "return 5e-2 if dtype in (torch.float32, torch.float64) else 1e-4",
+        "tests/test_kernels.py tests/test_attention.py",
+        "float32 checks are loose and bf16 checks refuse every kernel",
+    ),
+    # P: the planner
+    M(
+        "P1",
+        METH,
+        "if share >= spec.bits:",
+        "if share > spec.bits:",
+        T_PLAN,
+        "no warning when QVG's centroids cost as much as the residual's bits",
+    ),
+    M(
+        "P2",
+        METH,
+        "if spec.qvg_centroids >= chunk_tokens:",
+        "if spec.qvg_centroids > chunk_tokens:",
+        T_PLAN,
+        "K equal to the chunk's tokens is warned about as a cost only, not as every token its own centroid",
+    ),
+    M(
+        "P3",
+        PLAN,
+        "written = prefix_chunks + chunks - (0 if write_last else 1)",
+        "written = prefix_chunks + chunks - (1 if write_last else 0)",
+        T_PLAN,
+        "the planner's peak counts the final write the wrong way round",
+    ),
+    M(
+        "P4",
+        PLAN,
+        "if window_chunks and window_chunks + sink_chunks >= prefix_chunks + chunks:",
+        "if window_chunks and window_chunks >= prefix_chunks + chunks:",
+        T_PLAN,
+        "no 'window not smaller than the video' warning when the sink makes up the difference",
+    ),
+    M(
+        "P5",
+        PLAN,
+        "state_file = None if errors else end_held * layers * cfg_branches * one_chunk + latents",
+        "state_file = None if errors else end_held * layers * one_chunk + latents",
+        T_PLAN,
+        "the projected cache-file size leaves out the uncond branch",
+    ),
+    M(
+        "P6",
+        LOOP,
+        "prefix_frames=len(r.resume.retained) * r.chunk_frames if r.resume is not None else self.first_frame",
+        "prefix_frames=self.first_frame",
+        T_LOADING,
+        "a resumed run plans memory for every frame before it, not the chunks the state holds",
+    ),
+    # C: the checkpoint converter
+    M(
+        "C1",
+        CONV,
+        'LEADING_WRAPPERS = ("model", "module", "diffusion_model")',
+        'LEADING_WRAPPERS = ("model", "module")',
+        T_CONV,
+        "model.diffusion_model. keys keep their diffusion_model. prefix",
+    ),
+    M(
+        "C2",
+        CONV,
+        "while len(parts) > 1 and parts[0] in LEADING_WRAPPERS:",
+        "if len(parts) > 1 and parts[0] in LEADING_WRAPPERS:",
+        T_CONV,
+        "only the first of two leading wrappers is stripped",
+    ),
+    M(
+        "C3",
+        CONV,
+        "if p not in ANYWHERE_WRAPPERS]",
+        'if p != "_fsdp_wrapped_module"]',
+        T_CONV,
+        "torch.compile's _orig_mod and activation checkpointing wrappers stay in the keys",
+    ),
+    M(
+        "C4",
+        CONV,
+        "        if new in out:\n",
+        "        if new in origin.values():\n",
+        T_CONV,
+        "two keys that collide once stripped are silently merged",
+    ),
+    # F: the family probe
+    M(
+        "F1",
+        WAN,
+        "for i, blk in enumerate(blocks):",
+        "for i, blk in enumerate(blocks[:1]):",
+        T_FAM,
+        "the probe reads only the first block's self-attention",
+    ),
+    M(
+        "F2",
+        WAN,
+        "if type(dm).forward_orig is not WanModel.forward_orig:",
+        "if type(dm).forward is not WanModel.forward:",
+        T_FAM,
+        "a t2v subclass overriding forward_orig is accepted",
+    ),
+    M(
+        "F3",
+        WAN,
+        'ATTN_PARTS = ("q", "k", "v", "o", "norm_q", "norm_k", "num_heads", "head_dim")',
+        'ATTN_PARTS = ("q", "k", "v", "o", "norm_q", "num_heads", "head_dim")',
+        T_FAM,
+        "a self-attention without norm_k is accepted",
+    ),
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
