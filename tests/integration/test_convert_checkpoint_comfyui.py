@@ -152,11 +152,12 @@ def assert_same_weights(patcher, ref: dict):
 def test_causal_flag_picks_the_model_class_this_comfyui_has(comfy, weights, tmp_path, capsys, causal):
     """Without --causal: WAN21 T2V on every ComfyUI. With it: WAN21_CausalAR where ComfyUI has core's AR path
     (v0.27+), else (v0.3.64) still plain WAN21 T2V: older ComfyUI ignores the flag."""
+    comfy_dir = comfy  # the fixture's folder: "import comfy.x" below rebinds the name to the package
     import comfy.model_base
     import comfy.supported_models
     from comfy.ldm.wan.model import WanModel
 
-    out, report = convert_bare(comfy, weights[0], tmp_path, capsys, *(["--causal"] if causal else []))
+    out, report = convert_bare(comfy_dir, weights[0], tmp_path, capsys, *(["--causal"] if causal else []))
     patcher = load_like_unetloader(out)
     if causal and has_core_ar():
         from comfy.ldm.wan.ar_model import CausalWanModel
@@ -179,14 +180,15 @@ def test_causal_flag_picks_the_model_class_this_comfyui_has(comfy, weights, tmp_
 def test_causal_copy_of_a_plain_file_loads_as_core_causal_wan(comfy, weights, tmp_path, capsys):
     """v0.27: a plain converted file, copied with --causal (the .safetensors path), loads through UNETLoader's
     loader as WAN21_CausalAR / CausalWanModel with the plain file's weights; only the metadata differs."""
+    comfy_dir = comfy  # the fixture's folder: "import comfy.x" below rebinds the name to the package
     import comfy.model_base
 
     assert has_core_ar(), "this ComfyUI has no comfy.model_base.WAN21_CausalAR (core's AR path, v0.27+)"
     from comfy.ldm.wan.ar_model import CausalWanModel, CausalWanSelfAttention
 
-    plain, _ = convert_bare(comfy, weights[0], tmp_path, capsys)
+    plain, _ = convert_bare(comfy_dir, weights[0], tmp_path, capsys)
     causal = tmp_path / "bare-causal.safetensors"
-    assert cc.main([str(plain), str(causal), "--causal", "--comfyui", str(comfy)]) == 0
+    assert cc.main([str(plain), str(causal), "--causal", "--comfyui", str(comfy_dir)]) == 0
     assert "ComfyUI detection: WAN21_CausalAR_T2V" in capsys.readouterr().out
     p, c = load_like_unetloader(plain), load_like_unetloader(causal)
     assert type(p.model) is comfy.model_base.WAN21 and type(c.model) is comfy.model_base.WAN21_CausalAR
@@ -223,6 +225,7 @@ def test_the_committed_tiny_model_carries_the_causal_flag_and_loads_on_both_path
 
 
 def test_a_causal_copy_of_the_tiny_model_leaves_the_committed_file_alone(comfy, tmp_path, capsys):
+    comfy_dir = comfy  # the fixture's folder: "import comfy.x" below rebinds the name to the package
     import hashlib
 
     import comfy.model_base
@@ -230,7 +233,7 @@ def test_a_causal_copy_of_the_tiny_model_leaves_the_committed_file_alone(comfy, 
     src = _tiny_model_path()
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
     out = tmp_path / "jensen-kv-tiny-ar-causal.safetensors"
-    assert cc.main([str(src), str(out), "--causal", "--comfyui", str(comfy)]) == 0
+    assert cc.main([str(src), str(out), "--causal", "--comfyui", str(comfy_dir)]) == 0
     report = capsys.readouterr().out
     assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
     h_in, d_in = cc.read_safetensors_header(src)
