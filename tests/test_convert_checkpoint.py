@@ -767,8 +767,14 @@ def test_lora_modules_that_match_no_weight_are_refused_with_their_names():
             ),
             "a non-empty 2-D floating tensor",
         ),
+        (
+            lambda sd: sd.update(
+                {"base_model.model._fsdp_wrapped_module.blocks.0.ffn.0.lora_A.weight": torch.randn(3, DIM)}
+            ),
+            "are the same LoRA factor once the wrapper prefixes are stripped",
+        ),
     ],
-    ids=["a_without_b", "b_without_a", "dora", "wrong_in", "rank_mismatch", "nan", "integer"],
+    ids=["a_without_b", "b_without_a", "dora", "wrong_in", "rank_mismatch", "nan", "integer", "collision"],
 )
 def test_a_lora_that_does_not_fit_is_refused(mutate, match):
     lora = fake_lora()

@@ -532,7 +532,13 @@ def read_lora(state) -> Lora:
         if m is None:
             foreign.append(name)
             continue
-        halves.setdefault(strip_key(f"{m.group(1)}.weight"), {})[m.group(2)] = (name, t)
+        half = halves.setdefault(strip_key(f"{m.group(1)}.weight"), {})
+        if m.group(2) in half:
+            raise ConversionError(
+                f"{half[m.group(2)][0]!r} and {name!r} are the same LoRA factor once the wrapper prefixes are "
+                "stripped; this is not one model's LoRA"
+            )
+        half[m.group(2)] = (name, t)
     if foreign:
         raise ConversionError(
             f"{len(foreign)} LoRA key(s) are not PEFT LoRA weights (base_model.model.<module>.lora_A.weight / "
