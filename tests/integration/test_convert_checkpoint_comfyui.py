@@ -126,6 +126,40 @@ def test_an_incomplete_model_is_a_conversion_error_not_a_keyerror(comfy, weights
             cc.comfyui_detect(sd, comfy)
 
 
+def test_a_longlive_base_with_its_lora_merged_loads_as_wan21_t2v(comfy, weights, tmp_path, capsys):
+    """LongLive's layout: ``generator`` with ``model.`` keys, and a PEFT LoRA (``generator_lora``) on every Linear of
+    every block; the merged file loads through UNETLoader's loader with W + B A (alpha = r) in every target."""
+    base = weights[0]
+    g = torch.Generator().manual_seed(3)
+    targets = [k for k in base if k.startswith("blocks.") and base[k].ndim == 2]  # q, k, v, o, ffn.0, ffn.2
+    assert {k.split(".", 2)[2] for k in targets} >= {"self_attn.q.weight", "cross_attn.o.weight", "ffn.2.weight"}
+    lora = {}
+    for k in targets:
+        module = k.removesuffix(".weight")
+        out_f, in_f = base[k].shape
+        lora[f"base_model.model.{module}.lora_A.weight"] = torch.randn(2, in_f, generator=g)
+        lora[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_f, 2, generator=g) / 8
+    src, lora_path, out = tmp_path / "longlive_base.pt", tmp_path / "lora.pt", tmp_path / "longlive.safetensors"
+    torch.save({"generator": with_prefix(base, lambda k: f"model.{k}")}, src)
+    torch.save({"generator_lora": lora}, lora_path)
+    args = [str(src), str(out), "--key", "generator", "--lora", str(lora_path), "--dtype", "fp32"]
+    assert cc.main([*args, "--comfyui", str(comfy)]) == 0
+    report = capsys.readouterr().out
+    assert "ComfyUI detection: WAN21_T2V" in report and f"merged LoRA lora.pt ({len(targets)} modules, rank 2" in report
+    ref = dict(base)
+    for k in targets:
+        m = k.removesuffix(".weight")
+        delta = (
+            lora[f"base_model.model.{m}.lora_B.weight"].double() @ lora[f"base_model.model.{m}.lora_A.weight"].double()
+        )
+        ref[k] = base[k].double() + delta
+    loaded = load_like_unetloader(out).model.diffusion_model.state_dict()
+    assert sorted(loaded) == sorted(base)
+    for k, v in ref.items():
+        torch.testing.assert_close(loaded[k].double(), v.double(), atol=1e-5, rtol=1e-5, msg=k)
+    assert not torch.allclose(loaded[targets[0]].double(), base[targets[0]].double(), atol=1e-3)
+
+
 # ----------------------------------------------------------------------------- --causal: core's AR model class (v0.27+)
 def has_core_ar() -> bool:
     """Whether this ComfyUI has core's causal AR path (v0.27+: WAN21_CausalAR, chosen from the metadata flag)."""
