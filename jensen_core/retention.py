@@ -36,6 +36,45 @@ class Retention:
             raise ValueError(f"sink_chunks={s!r} must be a non-negative integer (0 = no attention sink)")
         object.__setattr__(self, "window_chunks", w or None)
 
+    @classmethod
+    def from_local_attention(cls, local_attn_size: int, sink_size: int, chunk_frames: int) -> Retention:
+        """The rule that keeps what LongLive's / Self-Forcing's ``local_attn_size`` and ``sink_size`` (latent frames)
+        let a block of ``chunk_frames`` frames attend to; ``local_attn_size`` -1 (global attention) keeps every chunk.
+
+        LongLive (NVlabs/LongLive 2462895) sizes the KV cache ``local_attn_size`` frames
+        (``pipeline/causal_inference.py`` 110-118) and its attention ``max_attention_size = local_attn_size *
+        frame_seqlen`` (``wan/modules/causal_model.py`` 88, ``pipeline/causal_inference.py`` 285-295); a block
+        attends to the first ``sink_size`` frames plus the last ``max_attention_size - sink_tokens`` tokens up to
+        and including its own (``causal_model.py`` 321-336), and the rolling cache evicts the oldest frames after
+        the sink (231-257). So ``local_attn_size`` counts the sink and the current block:
+        ``local_attn_size = (sink_chunks + window_chunks + 1) * chunk_frames``, ``sink_size = sink_chunks *
+        chunk_frames``. LongLive 1.0 (``configs/longlive_inference.yaml``: 12, 3, ``num_frame_per_block`` 3) is
+        ``Retention(window_chunks=2, sink_chunks=1)``.
+
+        Refused (ValueError): sizes that are not whole chunks, and a ``local_attn_size`` that leaves no earlier
+        chunk besides the sink (a window of 0 here means no window)."""
+        for name, v in (("local_attn_size", local_attn_size), ("sink_size", sink_size), ("chunk_frames", chunk_frames)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"{name}={v!r} must be an integer number of latent frames")
+        if chunk_frames < 1:
+            raise ValueError(f"chunk_frames={chunk_frames} must be at least 1")
+        if local_attn_size == -1:
+            return cls()
+        for name, v in (("local_attn_size", local_attn_size), ("sink_size", sink_size)):
+            if v < 0 or v % chunk_frames:
+                raise ValueError(
+                    f"{name}={v} latent frames is not a whole number of {chunk_frames}-frame chunks; the cache "
+                    "keeps and evicts whole chunks"
+                )
+        window = (local_attn_size - sink_size) // chunk_frames - 1
+        if window < 1:
+            raise ValueError(
+                f"local_attn_size={local_attn_size} leaves no earlier chunk besides the sink ({sink_size} frames) and "
+                f"the current {chunk_frames}-frame chunk: it must be at least sink_size + 2 x chunk_frames = "
+                f"{sink_size + 2 * chunk_frames}"
+            )
+        return cls(window_chunks=window, sink_chunks=sink_size // chunk_frames)
+
     @property
     def bounded(self) -> bool:
         """Whether chunks are ever evicted (a window is set)."""

@@ -1,4 +1,4 @@
-"""AR Video Schedule: the few-step schedules of Self-Forcing, CausVid and SkyReels-V2 DF as SIGMAS."""
+"""AR Video Schedule: the few-step schedules of Self-Forcing, LongLive, CausVid and SkyReels-V2 DF as SIGMAS."""
 
 from __future__ import annotations
 

@@ -4,6 +4,11 @@ What each reference feeds its model, per chunk:
 
 - **Self-Forcing** (``configs/self_forcing_dmd.yaml``): ``denoising_step_list`` [1000, 750, 500, 250]
   warped with shift 5 (``warp_denoising_step``): t = 1000, 937.5, 833.3, 625.
+- **LongLive 1.0** (NVlabs/LongLive ``configs/longlive_inference.yaml`` 1-11): the same steps and shift as
+  Self-Forcing: ``denoising_step_list`` [1000, 750, 500, 250], ``warp_denoising_step: true``,
+  ``timestep_shift: 5.0``; ``pipeline/causal_inference.py`` 33-37 takes ``timesteps[1000 - t]`` of the
+  scheduler set to 1000 steps from sigma 1 to 0 with shift 5 (``utils/wan_wrapper.py`` 197-200,
+  ``utils/scheduler.py`` 118-133): t = 1000, 937.5, 833.3, 625.
 - **CausVid, 3 steps** (the released ``autoregressive_checkpoint``, ``wan_causal_dmd.yaml``):
   t = 1000, 757, 522, without warp.
 - **CausVid, warp 4 steps** (``wan_causal_dmd_warp_4step_cfg2.yaml``): [1000, 750, 500, 250] warped
@@ -21,9 +26,10 @@ import math
 
 import torch
 
-PRESETS = ("self_forcing_4step", "causvid_3step", "causvid_warp_4step", "skyreels_v2_df", "manual")
+PRESETS = ("self_forcing_4step", "longlive_4step", "causvid_3step", "causvid_warp_4step", "skyreels_v2_df", "manual")
 PRESET_HELP = {
     "self_forcing_4step": "Self-Forcing: t = 1000, 937.5, 833.3, 625 (shift 5 on 1000/750/500/250)",
+    "longlive_4step": "LongLive 1.0: t = 1000, 937.5, 833.3, 625 (shift 5 on 1000/750/500/250, as Self-Forcing)",
     "causvid_3step": "CausVid (released 3-step checkpoint): t = 1000, 757, 522, no warp",
     "causvid_warp_4step": "CausVid warp-4step: t = 1000, 960, 888.9, 727.3 (shift 8 on 1000/750/500/250)",
     "skyreels_v2_df": "SkyReels-V2 DF: FlowUniPC's sigmas for `steps` and `shift` (30 and 8 for T2V)",
@@ -72,7 +78,7 @@ def parse_manual(text: str) -> list[float]:
 
 def ar_sigmas(preset: str, steps: int = 30, shift: float = 8.0, manual: str = "") -> torch.Tensor:
     """The SIGMAS of ``preset`` (see the module docstring), float32, ending in 0."""
-    if preset == "self_forcing_4step":
+    if preset in ("self_forcing_4step", "longlive_4step"):
         values = [warp(t / 1000, 5.0) for t in (1000, 750, 500, 250)] + [0.0]
     elif preset == "causvid_3step":
         values = [1.0, 0.757, 0.522, 0.0]

@@ -639,3 +639,232 @@ def test_a_safetensors_header_with_a_bad_entry_is_a_conversion_error(tmp_path, c
     src.write_bytes(len(header).to_bytes(8, "little") + header)
     assert cc.main([str(src), str(tmp_path / "o.safetensors"), "--causal"]) == 2
     assert "not an object" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- a PEFT LoRA merged in (LongLive)
+#: the nn.Linear modules of each block LongLive's LoRA targets (every Linear of a CausalWanAttentionBlock)
+LORA_MODULES = [f"{a}.{p}" for a in ("self_attn", "cross_attn") for p in "qkvo"] + ["ffn.0", "ffn.2"]
+
+
+def fake_lora(rank: int = 3, seed: int = 7, layers: int = 2, modules=LORA_MODULES) -> dict[str, torch.Tensor]:
+    """A PEFT state dict as LongLive saves it: base_model.model.<module>.lora_A.weight (r, in) / .lora_B.weight
+    (out, r), <module> named in the CausalWanModel (``blocks.0.self_attn.q``); B non-zero (a trained LoRA)."""
+    g = torch.Generator().manual_seed(seed)
+    ref = fake_wan(0, layers=layers)
+    sd = {}
+    for i in range(layers):
+        for m in modules:
+            out_f, in_f = ref[f"blocks.{i}.{m}.weight"].shape
+            sd[f"base_model.model.blocks.{i}.{m}.lora_A.weight"] = torch.randn(rank, in_f, generator=g)
+            sd[f"base_model.model.blocks.{i}.{m}.lora_B.weight"] = torch.randn(out_f, rank, generator=g)
+    return sd
+
+
+def merged_reference(base: dict, lora: dict, alpha: float | None) -> dict:
+    """W + (alpha / r) B A in float64, from the test's own reading of the PEFT keys."""
+    out = {k: v.double() for k, v in base.items()}
+    for k, a in lora.items():
+        if not k.endswith(".lora_A.weight"):
+            continue
+        module = k.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+        b = lora[k.replace("lora_A", "lora_B")]
+        r = a.shape[0]
+        out[f"{module}.weight"] = out[f"{module}.weight"] + ((alpha or r) / r) * (b.double() @ a.double())
+    return out
+
+
+def assert_merged(out: dict, ref: dict, dtype=torch.bfloat16):
+    assert sorted(out) == sorted(ref)
+    for k, v in ref.items():
+        assert out[k].dtype == dtype, k
+        # one rounding to dtype of the float64 value, plus the fp32 merge's error
+        tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-3}[dtype]
+        torch.testing.assert_close(out[k].double(), v, atol=tol * (1 + v.abs().max().item()), rtol=tol, msg=k)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("alpha", [None, 1.5])
+def test_a_lora_is_merged_as_w_plus_alpha_over_r_b_a(dtype, alpha):
+    base, lora = fake_wan(0), fake_lora(rank=3)
+    out = cc.convert(
+        {"generator": prefixed(base, lambda k: f"model.{k}")},
+        dtype=dtype,
+        lora=cc.read_lora({"generator_lora": lora}),
+        lora_alpha=alpha,
+    )
+    ref = merged_reference(base, lora, alpha)
+    assert_merged(out, ref, cc.DTYPES[dtype])
+    q = "blocks.1.self_attn.q.weight"
+    assert not torch.allclose(out[q].double(), base[q].double(), atol=1e-2)  # the LoRA did change the weights
+    assert torch.equal(out["blocks.0.modulation"], base["blocks.0.modulation"].to(cc.DTYPES[dtype]))  # no LoRA there
+
+
+def test_alpha_defaults_to_the_rank_and_scales_the_update():
+    base, lora = fake_wan(0), fake_lora(rank=4)
+    state = {"generator": base}
+    w = "blocks.0.ffn.0.weight"
+    default = cc.convert(state, dtype="fp32", lora=cc.read_lora(lora))[w].double()
+    same = cc.convert(state, dtype="fp32", lora=cc.read_lora(lora), lora_alpha=4.0)[w].double()
+    double = cc.convert(state, dtype="fp32", lora=cc.read_lora(lora), lora_alpha=8.0)[w].double()
+    torch.testing.assert_close(default, same)  # alpha = r: a scale of 1
+    delta = (
+        lora["base_model.model.blocks.0.ffn.0.lora_B.weight"].double()
+        @ lora["base_model.model.blocks.0.ffn.0.lora_A.weight"].double()
+    )
+    torch.testing.assert_close(default - base[w].double(), delta, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(double - base[w].double(), 2 * delta, atol=1e-5, rtol=1e-5)
+
+
+def test_the_generator_lora_and_the_bare_layout_merge_the_same():
+    lora = fake_lora()
+    a, b = cc.read_lora({"generator_lora": lora}), cc.read_lora(lora)
+    assert (a.source_key, b.source_key) == ("generator_lora", None)
+    assert a.pairs.keys() == b.pairs.keys() == {f"blocks.{i}.{m}.weight" for i in range(2) for m in LORA_MODULES}
+    assert a.ranks == b.ranks == [3]
+
+
+def test_lora_modules_that_match_no_weight_are_refused_with_their_names():
+    lora = fake_lora()
+    lora["base_model.model.blocks.7.self_attn.q.lora_A.weight"] = torch.randn(3, DIM)
+    lora["base_model.model.blocks.7.self_attn.q.lora_B.weight"] = torch.randn(DIM, 3)
+    lora["base_model.model.blocks.0.attn2.to_q.lora_A.weight"] = torch.randn(3, DIM)
+    lora["base_model.model.blocks.0.attn2.to_q.lora_B.weight"] = torch.randn(DIM, 3)
+    with pytest.raises(cc.ConversionError, match="2 LoRA module.s. match no weight") as e:
+        cc.convert({"generator": fake_wan(0)}, lora=cc.read_lora(lora))
+    assert "blocks.0.attn2.to_q" in str(e.value) and "blocks.7.self_attn.q" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (
+            lambda sd: sd.pop("base_model.model.blocks.1.ffn.2.lora_B.weight"),
+            r"blocks\.1\.ffn\.2\.lora_A.* \(no lora_B\)",
+        ),
+        (
+            lambda sd: sd.pop("base_model.model.blocks.0.self_attn.k.lora_A.weight"),
+            r"self_attn\.k\.lora_B.* \(no lora_A\)",
+        ),
+        (
+            lambda sd: sd.update({"base_model.model.blocks.0.self_attn.q.lora_magnitude_vector": torch.ones(DIM)}),
+            "lora_magnitude_vector.*not merged",
+        ),
+        (
+            lambda sd: sd.update({"base_model.model.blocks.0.ffn.0.lora_A.weight": torch.randn(3, FFN)}),
+            r"blocks\.0\.ffn\.0: B·A is \(16, 16\), the weight \(16, 8\)",
+        ),
+        (
+            lambda sd: sd.update({"base_model.model.blocks.0.ffn.0.lora_B.weight": torch.randn(FFN, 4)}),
+            "B's 4 columns should be A's 3 rows",
+        ),
+        (
+            lambda sd: sd["base_model.model.blocks.0.ffn.0.lora_B.weight"].__setitem__((0, 0), float("nan")),
+            "ffn.0.lora_B.weight holds non-finite",
+        ),
+        (
+            lambda sd: sd.update(
+                {"base_model.model.blocks.0.ffn.0.lora_A.weight": torch.ones(3, DIM, dtype=torch.int64)}
+            ),
+            "a non-empty 2-D floating tensor",
+        ),
+        (
+            lambda sd: sd.update(
+                {"base_model.model._fsdp_wrapped_module.blocks.0.ffn.0.lora_A.weight": torch.randn(3, DIM)}
+            ),
+            "are the same LoRA factor once the wrapper prefixes are stripped",
+        ),
+    ],
+    ids=["a_without_b", "b_without_a", "dora", "wrong_in", "rank_mismatch", "nan", "integer", "collision"],
+)
+def test_a_lora_that_does_not_fit_is_refused(mutate, match):
+    lora = fake_lora()
+    mutate(lora)
+    with pytest.raises(cc.ConversionError, match=match):
+        cc.convert({"generator": fake_wan(0)}, lora=cc.read_lora(lora))
+
+
+@pytest.mark.parametrize("alpha", [0.0, -256.0, float("nan"), float("inf")])
+def test_a_non_finite_or_non_positive_alpha_is_refused(tmp_path, tmp_path_factory, capsys, alpha):
+    with pytest.raises(cc.ConversionError, match="must be a finite number above 0"):
+        cc.convert({"generator": fake_wan(0)}, lora=cc.read_lora(fake_lora()), lora_alpha=alpha)
+    lora_path = _saved(tmp_path_factory.mktemp("lora") / "lora.pt", fake_lora())
+    status, err = run_cli(
+        tmp_path, capsys, {"generator": fake_wan(0)}, "--lora", str(lora_path), f"--lora-alpha={alpha}"
+    )
+    assert status == 2 and "must be a finite number above 0" in err
+
+
+def test_cli_merges_a_lora_and_records_it_in_the_metadata(tmp_path, capsys):
+    import hashlib
+
+    base, lora = fake_wan(0), fake_lora(rank=3)
+    src, lora_path, out = tmp_path / "longlive_base.pt", tmp_path / "lora.pt", tmp_path / "longlive.safetensors"
+    torch.save({"generator": prefixed(base, lambda k: f"model.{k}")}, src)
+    torch.save({"generator_lora": lora}, lora_path)
+    assert cc.main([str(src), str(out), "--key", "generator", "--lora", str(lora_path), "--dtype", "fp32"]) == 0
+    assert_merged(load_file(str(out)), merged_reference(base, lora, None), torch.float32)
+    meta = st_metadata(out)
+    assert meta["lora_file"] == "lora.pt" and meta["lora_sha256"] == hashlib.sha256(lora_path.read_bytes()).hexdigest()
+    assert meta["lora_rank"] == "3" and meta["lora_alpha"].startswith("3 ") and meta["lora_modules"] == "20"
+    assert meta["lora_source_key"] == "generator_lora" and meta["source_key"] == "generator"
+    assert "merged LoRA lora.pt (20 modules, rank 3" in capsys.readouterr().out
+    # --lora-alpha: recorded, and it scales
+    out2 = tmp_path / "x.safetensors"
+    assert cc.main([str(src), str(out2), "--lora", str(lora_path), "--lora-alpha", "6", "--dtype", "fp32"]) == 0
+    assert st_metadata(out2)["lora_alpha"] == "6"
+    assert_merged(load_file(str(out2)), merged_reference(base, lora, 6.0), torch.float32)
+    # a refused LoRA writes nothing; --lora-alpha alone and --lora on a .safetensors input are errors
+    bad = fake_lora()
+    bad["base_model.model.blocks.9.ffn.0.lora_A.weight"] = torch.randn(3, DIM)
+    bad["base_model.model.blocks.9.ffn.0.lora_B.weight"] = torch.randn(FFN, 3)
+    torch.save(bad, tmp_path / "bad.pt")
+    assert cc.main([str(src), str(tmp_path / "bad.safetensors"), "--lora", str(tmp_path / "bad.pt")]) == 2
+    assert "blocks.9.ffn.0" in capsys.readouterr().err and not (tmp_path / "bad.safetensors").exists()
+    assert cc.main([str(src), str(tmp_path / "y.safetensors"), "--lora-alpha", "2"]) == 2
+    assert "--lora-alpha applies to a --lora" in capsys.readouterr().err
+    assert cc.main([str(out), str(tmp_path / "z.safetensors"), "--causal", "--lora", str(lora_path)]) == 2
+    assert "as do --lora and --lora-alpha" in capsys.readouterr().err
+
+
+def test_the_lora_file_gets_the_same_hostile_file_checks(tmp_path, capsys, monkeypatch):
+    src = _saved(tmp_path / "base.pt", {"generator": fake_wan(0)})
+
+    def cli(lora_path):
+        status = cc.main([str(src), str(tmp_path / "o.safetensors"), "--lora", str(lora_path)])
+        err = capsys.readouterr().err
+        assert status == 2 and not (tmp_path / "o.safetensors").exists()
+        return err
+
+    # an expanded (repeating) factor: a few bytes in the file
+    lora = fake_lora()
+    lora["base_model.model.blocks.0.ffn.0.lora_A.weight"] = torch.zeros(1).expand(3, DIM)
+    err = cli(_saved(tmp_path / "expanded.pt", {"generator_lora": lora}))
+    assert "blocks.0.ffn.0.lora_A.weight" in err and "repeats its data" in err
+    # one storage under two keys
+    lora = fake_lora()
+    shared = torch.randn(3, DIM)
+    lora["base_model.model.blocks.0.self_attn.q.lora_A.weight"] = shared
+    lora["base_model.model.blocks.0.self_attn.k.lora_A.weight"] = shared
+    assert "share one storage" in cli(_saved(tmp_path / "shared.pt", lora))
+    # a pickle that would run code
+    marker = tmp_path / "pwned"
+    err = cli(_saved(tmp_path / "evil.pt", {"generator_lora": fake_lora(), "x": _Payload(marker)}))
+    assert "could run arbitrary code" in err and not marker.exists()
+    # an unknown structure
+    assert "unknown LoRA structure" in cli(_saved(tmp_path / "odd.pt", {"lora": {"a": torch.zeros(1)}, "step": 3}))
+    # a compressed member, refused before torch.load
+    packed = _rezip(_saved(tmp_path / "plain.pt", fake_lora()), tmp_path / "packed.pt", compress=("data.pkl",))
+    monkeypatch.setattr(cc, "load_checkpoint", _loads_only(cc.load_checkpoint, allowed=src))
+    assert "is compressed" in cli(packed)
+
+
+def _loads_only(load, allowed):
+    """load_checkpoint with torch.load refused for every file but ``allowed``: the LoRA's zip check must come first."""
+
+    def wrapped(path):
+        if str(path) != str(allowed):
+            cc.check_zip_members(path)
+            pytest.fail(f"{path} passed the zip check")
+        return load(path)
+
+    return wrapped

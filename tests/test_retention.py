@@ -150,3 +150,72 @@ def test_the_planner_projects_what_the_cache_holds(
     for c in range(written):
         followers.add(c)
     assert followers.items == rule.indices(written)
+
+
+# ----------------------------------------------------------------------------- LongLive's local_attn_size / sink_size
+def longlive_attended_frames(local_attn_size: int, sink_size: int, block: int, blocks: int) -> list[list[int]]:
+    """For each block b < ``blocks``, the earlier latent frames LongLive's self-attention sees while generating it.
+
+    The reference's index arithmetic (NVlabs/LongLive 2462895, ``wan/modules/causal_model.py`` 212-347,
+    ``pipeline/causal_inference.py`` 110-118), one token per frame: a cache of ``local_attn_size`` slots;
+    a block's write rolls the slots after the sink left by the overflow when it does not fit, then writes
+    its frames at ``local_end``; attention reads the first ``sink`` slots and the slots from
+    ``max(sink, local_end - (max_attention_size - sink))`` to ``local_end``, max_attention_size =
+    local_attn_size. The block's own frames are dropped from the result (the pack attends them from the
+    activations, outside the cache), and so are slots not yet written (None: the reference's zero-filled
+    cache, which its attention does read while a sink of more than one block is filling)."""
+    size, sink, max_att = local_attn_size, sink_size, local_attn_size
+    cache: list[int | None] = [None] * size
+    global_end = local_end = 0
+    seen = []
+    for b in range(blocks):
+        start, new = b * block, block
+        end = start + new
+        if end > global_end and new + local_end > size:
+            evicted = new + local_end - size
+            rolled = local_end - evicted - sink
+            cache[sink : sink + rolled] = cache[sink + evicted : sink + evicted + rolled]
+            local_end = local_end + end - global_end - evicted
+        else:
+            local_end = local_end + end - global_end
+        cache[local_end - new : local_end] = list(range(start, end))
+        global_end = end
+        window = cache[:sink] + cache[max(sink, local_end - (max_att - sink)) : local_end]
+        assert set(range(start, end)) <= set(window)  # the block attends to itself
+        seen.append(sorted(f for f in window if f is not None and f < start))
+    return seen
+
+
+@pytest.mark.parametrize(
+    "local,sink,block",
+    [(12, 3, 3), (21, 3, 3), (24, 3, 3), (12, 0, 3), (15, 6, 3), (8, 2, 2), (10, 5, 1)],
+)
+def test_local_attn_size_and_sink_size_map_to_what_longlive_attends(local, sink, block):
+    rule = Retention.from_local_attention(local, sink, block)
+    for n, frames in enumerate(longlive_attended_frames(local, sink, block, blocks=12)):
+        chunks = rule.indices(n)  # n chunks finished before block n
+        assert [c * block + i for c in chunks for i in range(block)] == frames, (n, chunks, frames)
+
+
+def test_longlive_1_0_is_a_window_of_two_chunks_and_a_sink_of_one():
+    """configs/longlive_inference.yaml: local_attn_size 12, sink_size 3, num_frame_per_block 3."""
+    assert Retention.from_local_attention(12, 3, 3) == Retention(window_chunks=2, sink_chunks=1)
+    assert Retention.from_local_attention(12, 3, 3).indices(6) == [0, 4, 5]
+    assert longlive_attended_frames(12, 3, 3, blocks=7)[6] == [0, 1, 2, 12, 13, 14, 15, 16, 17]
+    assert Retention.from_local_attention(-1, 3, 3) == Retention()  # global attention
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((12, 4, 3), "sink_size=4 latent frames is not a whole number of 3-frame chunks"),
+        ((13, 3, 3), "local_attn_size=13"),
+        ((6, 3, 3), "leaves no earlier chunk besides the sink .* at least sink_size \\+ 2 x chunk_frames = 9"),
+        ((12, 3, 0), "chunk_frames=0"),
+        ((12.0, 3, 3), "must be an integer"),
+        ((-3, 0, 3), "local_attn_size=-3"),
+    ],
+)
+def test_local_attention_sizes_that_are_not_whole_chunks_are_refused(args, match):
+    with pytest.raises(ValueError, match=match):
+        Retention.from_local_attention(*args)

@@ -19,6 +19,21 @@ def test_few_step_presets(preset, expected):
     torch.testing.assert_close(sched.ar_sigmas(preset), torch.tensor(expected), atol=1e-6, rtol=0)
 
 
+def test_longlive_is_its_config_warped_as_its_pipeline_does():
+    """LongLive 1.0 (configs/longlive_inference.yaml): denoising_step_list [1000, 750, 500, 250],
+    warp_denoising_step, timestep_shift 5. Its pipeline takes timesteps[1000 - t] of FlowMatchScheduler(shift=5,
+    sigma_min=0, extra_one_step=True).set_timesteps(1000): sigmas linspace(1, 0, 1001)[:-1], shifted."""
+    shift = 5.0
+    sigmas = torch.linspace(1.0, 0.0, 1001, dtype=torch.float64)[:-1]
+    timesteps = torch.cat([1000 * shift * sigmas / (1 + (shift - 1) * sigmas), torch.zeros(1, dtype=torch.float64)])
+    expected = [float(timesteps[1000 - t]) / 1000 for t in (1000, 750, 500, 250)] + [0.0]
+    torch.testing.assert_close(
+        sched.ar_sigmas("longlive_4step").double(), torch.tensor(expected, dtype=torch.float64), atol=1e-6, rtol=0
+    )
+    assert "longlive_4step" in sched.PRESETS and "LongLive" in sched.PRESET_HELP["longlive_4step"]
+    assert sched.describe(sched.ar_sigmas("longlive_4step")) == "4 steps; the model sees t = 1000, 937.5, 833.3, 625"
+
+
 def test_skyreels_df_is_flowunipc_set_timesteps():
     s = sched.ar_sigmas("skyreels_v2_df", steps=30, shift=8.0)
     assert s.numel() == 31 and s[-1] == 0

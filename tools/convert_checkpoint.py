@@ -4,6 +4,7 @@
     python tools/convert_checkpoint.py model.pt causvid.safetensors --key generator --dtype fp16
     python tools/convert_checkpoint.py self_forcing_dmd.pt self_forcing_causal.safetensors --causal
     python tools/convert_checkpoint.py models/tiny_ar/jensen-kv-tiny-ar.safetensors tiny-causal.safetensors --causal
+    python tools/convert_checkpoint.py longlive_base.pt longlive.safetensors --key generator --lora lora.pt
 
 Self-Forcing saves ``{"generator": ..., "generator_ema": ..., "critic": ...}`` and CausVid
 ``{"generator": ...}``: Wan 2.1 state dicts in fp32 whose keys carry the training wrappers'
@@ -43,6 +44,13 @@ load the file as ``WAN21_CausalAR`` (``CausalWanModel``, the model of core's own
 (v0.3.64) ignore it and load plain ``WAN21``. The weights are the same either way, and the pack's
 Chunked AR sampler runs both.
 
+``--lora LORA.pt [--lora-alpha A]`` merges a PEFT LoRA (LongLive 1.0: ``longlive_base.pt``'s ``generator`` plus
+``lora.pt``, rank 256, alpha 256) into the weights: the LoRA file is loaded and checked as the input is (steps 1
+and 4), read by :func:`read_lora` and merged by :func:`merge_lora` after step 5, ``W + (alpha / r) · B · A`` in
+fp32, then cast. Modules that match no weight, an A without its B, shapes that do not fit and a non-finite or
+non-positive alpha are refused with their names; the output's metadata records the LoRA (file name, SHA-256,
+rank, alpha).
+
 A ``.safetensors`` INPUT (a file already in ComfyUI's layout, e.g. the pack's tiny model) is copied
 instead of converted: its tensor bytes unchanged, its metadata kept, ``config`` merged as above
 (``--causal`` is required then, ``--key`` and ``--dtype`` do not apply; the input file is never
@@ -54,6 +62,7 @@ modified). The same key check and ComfyUI detection run on it first.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import inspect
 import json
@@ -101,6 +110,8 @@ MAX_ZIP_MEMBERS = 200_000
 #: what ComfyUI (v0.27+) reads from the safetensors metadata ``config`` to load a Wan as WAN21_CausalAR
 CAUSAL_AR = {"transformer": {"causal_ar": True}}
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")
+#: the entry of a LongLive training checkpoint that holds the generator's LoRA (else the file is the bare PEFT dict)
+LORA_KEY = "generator_lora"
 #: safetensors dtype names -> torch (for the meta tensors the checks read from a header)
 _ST_DTYPES = {
     "F64": torch.float64,
@@ -261,15 +272,21 @@ def select_state_dict(state, key: str | None = None) -> tuple[str | None, dict[s
     )
 
 
+def strip_key(key: str) -> str:
+    """``key`` without training-wrapper path components (leading ``model.`` / ``module.`` / ``diffusion_model.``,
+    FSDP / checkpointing / compile wrappers anywhere)."""
+    parts = [p for p in key.split(".") if p not in ANYWHERE_WRAPPERS]
+    while len(parts) > 1 and parts[0] in LEADING_WRAPPERS:
+        parts = parts[1:]
+    return ".".join(parts)
+
+
 def strip_wrappers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Keys without training-wrapper path components (``model._fsdp_wrapped_module.blocks.0.x`` -> ``blocks.0.x``)."""
     out: dict[str, torch.Tensor] = {}
     origin: dict[str, str] = {}
     for key, value in sd.items():
-        parts = [p for p in key.split(".") if p not in ANYWHERE_WRAPPERS]
-        while len(parts) > 1 and parts[0] in LEADING_WRAPPERS:
-            parts = parts[1:]
-        new = ".".join(parts)
+        new = strip_key(key)
         if new in out:
             raise ConversionError(
                 f"{origin[new]!r} and {key!r} both become {new!r} once the wrapper prefixes are "
@@ -463,14 +480,164 @@ def output_bytes(sd: dict[str, torch.Tensor], target: torch.dtype) -> int:
     return sum(t.numel() * (size if t.is_floating_point() else t.element_size()) for t in sd.values())
 
 
+# ----------------------------------------------------------------------------- a PEFT LoRA merged in (LongLive)
+@dataclass(frozen=True)
+class Lora:
+    """A PEFT LoRA read from a checkpoint: for each target weight (the base model's key, wrappers stripped), its
+    ``(A, B)`` (``lora_A.weight`` (r, in), ``lora_B.weight`` (out, r))."""
+
+    source_key: str | None
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+    @property
+    def ranks(self) -> list[int]:
+        """The distinct ranks of its modules (r = ``lora_A.weight.shape[0]``), ascending."""
+        return sorted({int(a.shape[0]) for a, _ in self.pairs.values()})
+
+
+def read_lora(state) -> Lora:
+    """The LoRA of a loaded checkpoint: ``generator_lora`` (LongLive's training checkpoints) or the bare PEFT state dict.
+
+    LongLive (NVlabs/LongLive 2462895) wraps ``pipeline.generator.model`` (the ``CausalWanModel``) with
+    ``peft.get_peft_model`` (``inference.py`` 107-112, ``utils/lora_utils.py`` 19-69: every ``nn.Linear`` of each
+    ``CausalWanAttentionBlock``) and loads ``lora_checkpoint["generator_lora"]`` or the bare dict with
+    ``peft.set_peft_model_state_dict`` (``inference.py`` 119-124). PEFT's saved keys are
+    ``base_model.model.<module>.lora_A.weight`` / ``.lora_B.weight`` with ``<module>`` a name in that
+    model (``blocks.0.self_attn.q``): its weight is ``<module>.weight`` in the base generator once
+    :func:`strip_key` has dropped the wrapper prefixes (``model.blocks.0.self_attn.q.weight``).
+
+    Refused, naming them: keys of any other form (DoRA magnitudes, LoRA biases, embeddings), an A without
+    its B or a B without its A, tensors that are not 2-D floating, finite, with B's columns = A's rows, and
+    (:func:`check_storage`) tensors that repeat their data."""
+    if not isinstance(state, dict):
+        raise ConversionError(f"the LoRA checkpoint holds a {type(state).__name__}, not a dict of weights")
+    if LORA_KEY in state:
+        if not _is_state_dict(state[LORA_KEY]):
+            raise ConversionError(
+                f"the LoRA's {LORA_KEY!r} is not a state dict of tensors ({_describe(state[LORA_KEY])})"
+            )
+        key, sd = LORA_KEY, state[LORA_KEY]
+    elif _is_state_dict(state):
+        key, sd = None, state
+    else:
+        raise ConversionError(
+            f"unknown LoRA structure: expected a {LORA_KEY!r} entry (LongLive) or a bare PEFT state dict of tensors; "
+            f"found top-level keys: {_listing(state)}"
+        )
+    check_storage(sd)
+    halves: dict[str, dict[str, tuple[str, torch.Tensor]]] = {}
+    foreign = []
+    for name, t in sd.items():
+        m = re.fullmatch(r"base_model\.model\.(.+)\.lora_([AB])\.weight", name)
+        if m is None:
+            foreign.append(name)
+            continue
+        half = halves.setdefault(strip_key(f"{m.group(1)}.weight"), {})
+        if m.group(2) in half:
+            raise ConversionError(
+                f"{half[m.group(2)][0]!r} and {name!r} are the same LoRA factor once the wrapper prefixes are "
+                "stripped; this is not one model's LoRA"
+            )
+        half[m.group(2)] = (name, t)
+    if foreign:
+        raise ConversionError(
+            f"{len(foreign)} LoRA key(s) are not PEFT LoRA weights (base_model.model.<module>.lora_A.weight / "
+            f".lora_B.weight): {_some(foreign)}; refused (DoRA, LoRA biases and embedding LoRAs are not merged)"
+        )
+    unpaired = sorted(
+        f"{h[next(iter(h))][0]} (no lora_{'B' if 'A' in h else 'A'})" for h in halves.values() if len(h) != 2
+    )
+    if unpaired:
+        raise ConversionError(f"LoRA modules with only one of lora_A / lora_B: {_some(unpaired)}; refused")
+    pairs: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for target, h in halves.items():
+        (a_name, a), (b_name, b) = h["A"], h["B"]
+        for n, t in ((a_name, a), (b_name, b)):
+            if t.ndim != 2 or not t.is_floating_point() or t.numel() == 0:
+                raise ConversionError(
+                    f"{n}: a {_shape(t)} {str(t.dtype).removeprefix('torch.')} tensor; a LoRA factor is a non-empty "
+                    "2-D floating tensor"
+                )
+        if b.shape[1] != a.shape[0]:
+            raise ConversionError(
+                f"{a_name} {_shape(a)} and {b_name} {_shape(b)}: A is (r, in) and B (out, r), so B's "
+                f"{b.shape[1]} columns should be A's {a.shape[0]} rows"
+            )
+        for n, t in ((a_name, a), (b_name, b)):
+            if not bool(torch.isfinite(t).all()):
+                raise ConversionError(f"{n} holds non-finite values (inf or nan); refused")
+        pairs[target] = (a, b)
+    return Lora(source_key=key, pairs=pairs)
+
+
+def lora_metadata(path: Path, lora: Lora, alpha: float | None) -> dict[str, str]:
+    """What the output's metadata records of a merged LoRA: its file name and SHA-256, entry, modules, rank, alpha."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(16 * 2**20), b""):
+            digest.update(block)
+    ranks = ",".join(map(str, lora.ranks))
+    return {
+        "lora_file": path.name,
+        "lora_sha256": digest.hexdigest(),
+        "lora_source_key": lora.source_key or "(bare state dict)",
+        "lora_modules": str(len(lora.pairs)),
+        "lora_rank": ranks,
+        "lora_alpha": f"{alpha:g}" if alpha is not None else f"{ranks} (= rank, the default)",
+    }
+
+
+def check_lora_alpha(alpha: float | None) -> None:
+    if alpha is not None and (
+        isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0
+    ):
+        raise ConversionError(f"--lora-alpha {alpha!r} must be a finite number above 0 (LongLive's is 256, = rank)")
+
+
+def merge_lora(sd: dict[str, torch.Tensor], lora: Lora, alpha: float | None = None) -> dict[str, torch.Tensor]:
+    """``sd`` with ``W + (alpha / r) · B · A`` in place of each LoRA target weight ``W``, computed in fp32 (the
+    result stays fp32; :func:`convert` casts it). ``r`` is each module's ``A.shape[0]``; ``alpha`` defaults to
+    ``r`` (a scale of 1, as LongLive's ``adapter`` config has it: rank 256, alpha 256,
+    ``configs/longlive_inference.yaml`` 31-33; ``utils/lora_utils.py`` 59-64 passes them to
+    ``peft.LoraConfig``, whose scale is ``lora_alpha / r``). LoRA modules with no 2-D weight of
+    shape ``(B.shape[0], A.shape[1])`` in ``sd`` are refused, with their names."""
+    check_lora_alpha(alpha)
+    unmatched = sorted(k.removesuffix(".weight") for k in lora.pairs if k not in sd)
+    if unmatched:
+        raise ConversionError(
+            f"{len(unmatched)} LoRA module(s) match no weight of the base model: {_some(unmatched)} "
+            f"(looked for <module>.weight after stripping the wrapper prefixes; the base has e.g. "
+            f"{', '.join(sorted(sd)[:3])}); refused"
+        )
+    wrong = [
+        f"{k.removesuffix('.weight')}: B·A is ({b.shape[0]}, {a.shape[1]}), the weight {_shape(sd[k])}"
+        for k, (a, b) in lora.pairs.items()
+        if sd[k].ndim != 2 or _shape(sd[k]) != (int(b.shape[0]), int(a.shape[1])) or not sd[k].is_floating_point()
+    ]
+    if wrong:
+        raise ConversionError(f"LoRA modules whose B·A is not the shape of their weight: {_some(wrong, 3)}; refused")
+    out = dict(sd)
+    for k, (a, b) in lora.pairs.items():
+        r = int(a.shape[0])
+        scale = (float(alpha) if alpha is not None else r) / r
+        out[k] = torch.addmm(sd[k].float(), b.float(), a.float(), alpha=scale)
+    return out
+
+
 def convert(
-    state, key: str | None = None, dtype: str | torch.dtype = "bf16", max_output_bytes: int | None = None
+    state,
+    key: str | None = None,
+    dtype: str | torch.dtype = "bf16",
+    max_output_bytes: int | None = None,
+    lora: Lora | None = None,
+    lora_alpha: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """A loaded checkpoint -> a Wan 2.1 T2V state dict with ComfyUI's key names, contiguous, cast to ``dtype``.
 
     Pure torch (no ComfyUI); raises :class:`ConversionError` for anything it cannot convert, before any
     tensor is copied: :func:`check_storage`, the key and shape check, and ``max_output_bytes`` (``main``
-    passes :data:`OUTPUT_FACTOR` x the input file + :data:`OUTPUT_SLACK`).
+    passes :data:`OUTPUT_FACTOR` x the input file + :data:`OUTPUT_SLACK`). ``lora`` (:func:`read_lora`) is merged
+    into the checked weights in fp32 (:func:`merge_lora`) before the cast.
     """
     target = DTYPES[dtype] if isinstance(dtype, str) and dtype in DTYPES else dtype
     if target not in DTYPES.values():
@@ -479,12 +646,17 @@ def convert(
     sd = strip_wrappers(sd)
     check_storage(sd)
     check_wan_t2v(sd)
-    size = output_bytes(sd, target)
+    check_lora_alpha(lora_alpha)
+    if lora_alpha is not None and lora is None:
+        raise ConversionError("--lora-alpha applies to a --lora; there is none")
+    size = output_bytes(sd, target)  # a merged LoRA changes no shape
     if max_output_bytes is not None and size > max_output_bytes:
         raise ConversionError(
             f"the converted weights would take {size} bytes, more than the {max_output_bytes} "
             f"allowed ({OUTPUT_FACTOR} x the input file + {OUTPUT_SLACK} bytes); refused"
         )
+    if lora is not None:
+        sd = merge_lora(sd, lora, lora_alpha)
     return {k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
 
 
@@ -715,6 +887,19 @@ def _parser() -> argparse.ArgumentParser:
         "(default: COMFYUI_PATH, an importable ComfyUI, or a folder above "
         "this pack; without one only the key check runs)",
     )
+    p.add_argument(
+        "--lora",
+        metavar="LORA.pt",
+        help="a PEFT LoRA to merge into the weights (LongLive's lora.pt: its 'generator_lora' entry or the bare "
+        "state dict of base_model.model.<module>.lora_A.weight / .lora_B.weight), read with the same checks as "
+        "the input; W + (alpha / r) B A in fp32, then cast to --dtype; .pt input only",
+    )
+    p.add_argument(
+        "--lora-alpha",
+        type=float,
+        metavar="A",
+        help="the LoRA's alpha (default: r, read from lora_A's rows, as LongLive's config has it: rank 256, alpha 256)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     return p
 
@@ -737,8 +922,11 @@ def _copy_safetensors(args, src: Path, out: Path) -> int:
             f"{src} is already a safetensors file: pass --causal to copy it with the causal AR "
             "flag (there is nothing to convert otherwise)"
         )
-    if args.key is not None or args.dtype is not None:
-        raise ConversionError("--key and --dtype apply to .pt checkpoints; a .safetensors input is copied as it is")
+    if args.key is not None or args.dtype is not None or args.lora is not None or args.lora_alpha is not None:
+        raise ConversionError(
+            "--key and --dtype apply to .pt checkpoints, as do --lora and --lora-alpha; a .safetensors input is "
+            "copied as it is"
+        )
     header, _ = read_safetensors_header(src)
     sd = meta_state_dict(header)
     info = check_wan_t2v(sd)
@@ -764,9 +952,20 @@ def main(argv: list[str] | None = None) -> int:
         if src.suffix.lower() in SAFETENSORS_SUFFIXES:
             return _copy_safetensors(args, src, out)
         dtype = args.dtype or "bf16"
+        check_lora_alpha(args.lora_alpha)
+        if args.lora_alpha is not None and args.lora is None:
+            raise ConversionError("--lora-alpha applies to a --lora; there is none")
+        lora = read_lora(load_checkpoint(args.lora)) if args.lora is not None else None
         state = load_checkpoint(src)
         used, _ = select_state_dict(state, args.key)
-        sd = convert(state, key=used, dtype=dtype, max_output_bytes=OUTPUT_FACTOR * src.stat().st_size + OUTPUT_SLACK)
+        sd = convert(
+            state,
+            key=used,
+            dtype=dtype,
+            max_output_bytes=OUTPUT_FACTOR * src.stat().st_size + OUTPUT_SLACK,
+            lora=lora,
+            lora_alpha=args.lora_alpha,
+        )
         info = check_wan_t2v(sd)
         del state
         metadata = {
@@ -776,6 +975,8 @@ def main(argv: list[str] | None = None) -> int:
             "dtype": dtype,
             "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py",
         }
+        if lora is not None:
+            metadata.update(lora_metadata(Path(args.lora), lora, args.lora_alpha))
         if args.causal:
             metadata = with_causal_config(metadata)
         detection = _detection(sd, args, metadata)
@@ -790,6 +991,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{repr(used) if used else 'a bare state dict'} of {src.name}"
         f"{', flagged causal_ar (metadata config)' if args.causal else ''}"
     )
+    if lora is not None:
+        print(
+            f"merged LoRA {metadata['lora_file']} ({metadata['lora_modules']} modules, rank {metadata['lora_rank']}, "
+            f"alpha {metadata['lora_alpha']}) in fp32 before the cast"
+        )
     print(f"model: {info}")
     print(f"ComfyUI detection: {detection}")
     return 0

@@ -126,6 +126,40 @@ def test_an_incomplete_model_is_a_conversion_error_not_a_keyerror(comfy, weights
             cc.comfyui_detect(sd, comfy)
 
 
+def test_a_longlive_base_with_its_lora_merged_loads_as_wan21_t2v(comfy, weights, tmp_path, capsys):
+    """LongLive's layout: ``generator`` with ``model.`` keys, and a PEFT LoRA (``generator_lora``) on every Linear of
+    every block; the merged file loads through UNETLoader's loader with W + B A (alpha = r) in every target."""
+    base = weights[0]
+    g = torch.Generator().manual_seed(3)
+    targets = [k for k in base if k.startswith("blocks.") and base[k].ndim == 2]  # q, k, v, o, ffn.0, ffn.2
+    assert {k.split(".", 2)[2] for k in targets} >= {"self_attn.q.weight", "cross_attn.o.weight", "ffn.2.weight"}
+    lora = {}
+    for k in targets:
+        module = k.removesuffix(".weight")
+        out_f, in_f = base[k].shape
+        lora[f"base_model.model.{module}.lora_A.weight"] = torch.randn(2, in_f, generator=g)
+        lora[f"base_model.model.{module}.lora_B.weight"] = torch.randn(out_f, 2, generator=g) / 8
+    src, lora_path, out = tmp_path / "longlive_base.pt", tmp_path / "lora.pt", tmp_path / "longlive.safetensors"
+    torch.save({"generator": with_prefix(base, lambda k: f"model.{k}")}, src)
+    torch.save({"generator_lora": lora}, lora_path)
+    args = [str(src), str(out), "--key", "generator", "--lora", str(lora_path), "--dtype", "fp32"]
+    assert cc.main([*args, "--comfyui", str(comfy)]) == 0
+    report = capsys.readouterr().out
+    assert "ComfyUI detection: WAN21_T2V" in report and f"merged LoRA lora.pt ({len(targets)} modules, rank 2" in report
+    ref = dict(base)
+    for k in targets:
+        m = k.removesuffix(".weight")
+        delta = (
+            lora[f"base_model.model.{m}.lora_B.weight"].double() @ lora[f"base_model.model.{m}.lora_A.weight"].double()
+        )
+        ref[k] = base[k].double() + delta
+    loaded = load_like_unetloader(out).model.diffusion_model.state_dict()
+    assert sorted(loaded) == sorted(base)
+    for k, v in ref.items():
+        torch.testing.assert_close(loaded[k].double(), v.double(), atol=1e-5, rtol=1e-5, msg=k)
+    assert not torch.allclose(loaded[targets[0]].double(), base[targets[0]].double(), atol=1e-3)
+
+
 # ----------------------------------------------------------------------------- --causal: core's AR model class (v0.27+)
 def has_core_ar() -> bool:
     """Whether this ComfyUI has core's causal AR path (v0.27+: WAN21_CausalAR, chosen from the metadata flag)."""
@@ -152,11 +186,12 @@ def assert_same_weights(patcher, ref: dict):
 def test_causal_flag_picks_the_model_class_this_comfyui_has(comfy, weights, tmp_path, capsys, causal):
     """Without --causal: WAN21 T2V on every ComfyUI. With it: WAN21_CausalAR where ComfyUI has core's AR path
     (v0.27+), else (v0.3.64) still plain WAN21 T2V: older ComfyUI ignores the flag."""
+    comfy_dir = comfy  # the fixture's folder: "import comfy.x" below rebinds the name to the package
     import comfy.model_base
     import comfy.supported_models
     from comfy.ldm.wan.model import WanModel
 
-    out, report = convert_bare(comfy, weights[0], tmp_path, capsys, *(["--causal"] if causal else []))
+    out, report = convert_bare(comfy_dir, weights[0], tmp_path, capsys, *(["--causal"] if causal else []))
     patcher = load_like_unetloader(out)
     if causal and has_core_ar():
         from comfy.ldm.wan.ar_model import CausalWanModel
@@ -179,14 +214,15 @@ def test_causal_flag_picks_the_model_class_this_comfyui_has(comfy, weights, tmp_
 def test_causal_copy_of_a_plain_file_loads_as_core_causal_wan(comfy, weights, tmp_path, capsys):
     """v0.27: a plain converted file, copied with --causal (the .safetensors path), loads through UNETLoader's
     loader as WAN21_CausalAR / CausalWanModel with the plain file's weights; only the metadata differs."""
+    comfy_dir = comfy  # the fixture's folder: "import comfy.x" below rebinds the name to the package
     import comfy.model_base
 
     assert has_core_ar(), "this ComfyUI has no comfy.model_base.WAN21_CausalAR (core's AR path, v0.27+)"
     from comfy.ldm.wan.ar_model import CausalWanModel, CausalWanSelfAttention
 
-    plain, _ = convert_bare(comfy, weights[0], tmp_path, capsys)
+    plain, _ = convert_bare(comfy_dir, weights[0], tmp_path, capsys)
     causal = tmp_path / "bare-causal.safetensors"
-    assert cc.main([str(plain), str(causal), "--causal", "--comfyui", str(comfy)]) == 0
+    assert cc.main([str(plain), str(causal), "--causal", "--comfyui", str(comfy_dir)]) == 0
     assert "ComfyUI detection: WAN21_CausalAR_T2V" in capsys.readouterr().out
     p, c = load_like_unetloader(plain), load_like_unetloader(causal)
     assert type(p.model) is comfy.model_base.WAN21 and type(c.model) is comfy.model_base.WAN21_CausalAR
@@ -223,6 +259,7 @@ def test_the_committed_tiny_model_carries_the_causal_flag_and_loads_on_both_path
 
 
 def test_a_causal_copy_of_the_tiny_model_leaves_the_committed_file_alone(comfy, tmp_path, capsys):
+    comfy_dir = comfy  # the fixture's folder: "import comfy.x" below rebinds the name to the package
     import hashlib
 
     import comfy.model_base
@@ -230,7 +267,7 @@ def test_a_causal_copy_of_the_tiny_model_leaves_the_committed_file_alone(comfy, 
     src = _tiny_model_path()
     digest = hashlib.sha256(src.read_bytes()).hexdigest()
     out = tmp_path / "jensen-kv-tiny-ar-causal.safetensors"
-    assert cc.main([str(src), str(out), "--causal", "--comfyui", str(comfy)]) == 0
+    assert cc.main([str(src), str(out), "--causal", "--comfyui", str(comfy_dir)]) == 0
     report = capsys.readouterr().out
     assert hashlib.sha256(src.read_bytes()).hexdigest() == digest
     h_in, d_in = cc.read_safetensors_header(src)

@@ -210,6 +210,7 @@ def _sampler_widgets(g: Graph, node: dict) -> dict:
 
 
 @pytest.mark.parametrize("name,preset,steps", [("jensen_kv_self_forcing_t2v_int2_jensen", "self_forcing_4step", 4),
+                                               ("jensen_kv_longlive_t2v_int2_jensen", "longlive_4step", 4),
                                                ("jensen_kv_causvid_t2v_int2_jensen", "causvid_3step", 3)])
 def test_few_step_workflows_use_their_reference_schedule(name, preset, steps):
     g = Graph(by_name(name))
@@ -225,8 +226,26 @@ def test_few_step_workflows_use_their_reference_schedule(name, preset, steps):
     assert sched["type"] == "JensenKVARSchedule" and sched["widgets_values"][0] == preset
     assert g.upstream(sampler, "sampler")["widgets_values"] == ["lcm"]
     note = g.note_text()
-    assert {"self_forcing_4step": "t = 1000, 937.5, 833.3, 625", "causvid_3step": "t = 1000, 757, 522"}[preset] in note
+    assert {"self_forcing_4step": "t = 1000, 937.5, 833.3, 625", "longlive_4step": "t = 1000, 937.5, 833.3, 625",
+            "causvid_3step": "t = 1000, 757, 522"}[preset] in note
     assert "convert_checkpoint.py" in note
+
+
+def test_the_longlive_workflow_keeps_what_longlive_attends():
+    """LongLive 1.0 (configs/longlive_inference.yaml): local_attn_size 12, sink_size 3 latent frames, 3 frames per
+    block, 120 latent frames; the sampler's window and sink are what Retention.from_local_attention makes of them,
+    and the base is converted with its LoRA merged."""
+    from jensen_core.retention import Retention
+
+    g = Graph(by_name("jensen_kv_longlive_t2v_int2_jensen"))
+    (sampler,) = g.of_type("JensenKVChunkedARSampler")
+    w = _sampler_widgets(g, sampler)
+    rule = Retention.from_local_attention(12, 3, 3)
+    assert (w["chunk_frames"], w["window_chunks"], w["sink_chunks"]) == (3, rule.window_chunks, rule.sink_chunks)
+    (latent,) = g.of_type("EmptyHunyuanLatentVideo")
+    assert (latent["widgets_values"][2] - 1) // 4 + 1 == 120  # num_output_frames: 120 latent frames
+    note = g.note_text()
+    assert "--key generator --lora lora.pt" in note and "local_attn_size 12 and sink_size 3" in note
 
 
 def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt_and_full_unipc_sigmas():

@@ -14,13 +14,14 @@ TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 SELF_FORCING = "self_forcing_dmd.safetensors"
 CAUSVID = "causvid_autoregressive_3step.safetensors"
 SKYREELS_DF = "Wan2_1-SkyReels-V2-DF-1_3B-540P_fp32.safetensors"
+LONGLIVE = "longlive.safetensors"  # LongLive 1.0's base with its LoRA merged (tools/convert_checkpoint.py --lora)
 TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_ar), listed by Load Diffusion Model
 CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
 
 # folder (under ComfyUI/models) -> files the workflows name
 MODEL_FILES: dict[str, tuple[str, ...]] = {
-    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF),
+    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE),
     "text_encoders": (TEXT_ENCODER,),
     "vae": (VAE,),
 }
@@ -114,6 +115,32 @@ that matches the checkpoint you converted. 832x480, 81 frames, 3 latent frames p
 
 {_COMMON_FILES}
 {_CAUSVID_FILE}
+
+{_PLANNER_TIP}"""
+
+_LONGLIVE_FILE = f"""- models/diffusion_models/{LONGLIVE}
+  LongLive 1.0 (Wan 2.1 T2V 1.3B, chunk-wise causal): NVlabs ships longlive_models/models/longlive_base.pt
+  (the base generator) and lora.pt (a rank-256 LoRA). Convert the base with the LoRA merged in once:
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py longlive_base.pt \\
+        models/diffusion_models/{LONGLIVE} --key generator --lora lora.pt"""
+
+#: LongLive's configs/longlive_inference.yaml: local_attn_size 12, sink_size 3 (latent frames), 3 per block
+LONGLIVE_WINDOW = {"chunk_frames": 3, "window_chunks": 2, "sink_chunks": 1}
+
+NOTE_LONGLIVE = f"""LongLive text-to-video, 30 s, with a 2-bit KV cache + Jensen bias correction
+
+Wan 2.1 T2V 1.3B, chunk-wise autoregressive, as LongLive 1.0's inference config has it: 832x480,
+477 frames = 120 latent frames, 3 latent frames per chunk (40 chunks), cfg 1. Its short window with
+a frame sink: local_attn_size 12 and sink_size 3 latent frames are a cache window of 2 chunks plus an
+attention sink of 1 (the first chunk stays cached for the whole video): local_attn_size = (sink + window
++ 1) x 3 = 12, the current chunk included; sink_size = 1 x 3. The cache never holds more than 3 chunks.
+Schedule: AR Video Schedule, preset longlive_4step: LongLive's denoising steps [1000, 750, 500, 250]
+warped with shift 5 (its timestep_shift), i.e. the model sees t = 1000, 937.5, 833.3, 625 (sigma =
+t / 1000; the last step goes to 0). LCM sampler: predict x0, then re-noise with fresh noise.
+The KV cache of finished chunks is stored in INT2 (group 32, FP8 scales) + Jensen bias correction.
+
+{_COMMON_FILES}
+{_LONGLIVE_FILE}
 
 {_PLANNER_TIP}"""
 
@@ -291,6 +318,18 @@ def _few_step(unet, note, name, schedule, prefix_out, title):
 def _self_forcing() -> dict:
     return _few_step(SELF_FORCING, NOTE_SELF_FORCING, "jensen_kv_self_forcing_t2v_int2_jensen", SF_SCHEDULE,
                      "jensen_kv/self_forcing_int2_jensen", "Self-Forcing schedule (t = 1000, 937.5, 833.3, 625)")
+
+
+def _longlive() -> dict:
+    spec = _few_step(LONGLIVE, NOTE_LONGLIVE, "jensen_kv_longlive_t2v_int2_jensen", {**SF_SCHEDULE, "preset": "longlive_4step"},
+                     "jensen_kv/longlive_int2_jensen", "LongLive schedule (t = 1000, 937.5, 833.3, 625)")
+    for node in spec["nodes"]:
+        if node["key"] == "latent":
+            node["widgets"] = {**node["widgets"], "length": 477}  # num_output_frames 120 (latent)
+        if node["key"] == "sampler":
+            node["widgets"] = {**node["widgets"], **LONGLIVE_WINDOW}
+            node["title"] = "Chunked AR Video Sampler (window 2 + sink 1 = LongLive's 12 / 3 frames)"
+    return spec
 
 
 def _causvid() -> dict:
@@ -616,7 +655,7 @@ def _tiny_cpu_demo() -> dict:
     return {"name": "jensen_kv_tiny_ar_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
 
 
-WORKFLOWS: list[dict] = [_self_forcing(), _causvid(), _skyreels(), _ab(), _story(), _continue(), _extend("self_forcing"),
+WORKFLOWS: list[dict] = [_self_forcing(), _longlive(), _causvid(), _skyreels(), _ab(), _story(), _continue(), _extend("self_forcing"),
                          _extend("skyreels"), _tiny_cpu_demo()]
 
 # JavaScript run in the page: builds one spec with LiteGraph and returns app.graph.serialize().
