@@ -16,6 +16,15 @@ from .chunked_ar_sampler import (
 )
 from .common import CATEGORY, check_combo_values
 
+#: Which settings of this node reproduce which reference (checked in tests/integration/test_nodes.py).
+STEPS_TOOLTIP = (
+    "Denoising steps per chunk. The defaults (lcm, simple, 4 steps) on a model with shift 5 (ModelSamplingSD3 "
+    "shift 5) are Self-Forcing's and LongLive's schedule, t = 1000, 937.5, 833.3, 625; with ComfyUI's Wan "
+    "default shift 8 they are CausVid's warp-4step config, t = 1000, 960, 888.9, 727.3. CausVid's released "
+    "3-step checkpoint (t = 1000, 757, 522, no warp) and SkyReels-V2 DF's FlowUniPC are not reachable here: "
+    "use the plain sampler with AR Video Schedule."
+)
+
 
 def ksampler_sigmas(model, steps: int, sampler_name: str, scheduler: str):
     """The sigmas KSampler would use (including its per-sampler adjustments), on the CPU."""
@@ -46,14 +55,15 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
                     default=4,
                     min=1,
                     max=10000,
-                    tooltip="Denoising steps per chunk (Self-Forcing / CausVid: 4).",
+                    tooltip=STEPS_TOOLTIP,
                 ),
                 cfg_input(),
                 io.Combo.Input(
                     "sampler_name",
                     options=list(comfy.samplers.KSampler.SAMPLERS),
-                    default="euler",
-                    tooltip="ComfyUI sampler used for every chunk.",
+                    default="lcm",
+                    tooltip="ComfyUI sampler used for every chunk; lcm (predict x0, then fresh noise) is what "
+                    "Self-Forcing, LongLive and CausVid do between steps.",
                 ),
                 io.Combo.Input(
                     "scheduler",

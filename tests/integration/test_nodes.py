@@ -306,6 +306,36 @@ def test_ksampler_variant_equals_sampler_with_the_same_sigmas(nodes, tiny):
     assert torch.equal(simple["samples"], full["samples"])
 
 
+def _with_shift(tiny, shift: float):
+    """``tiny`` with the model sampling ModelSamplingSD3 gives a Wan model (flow matching, multiplier 1000)."""
+    import comfy.model_sampling
+
+    class FlowConst(comfy.model_sampling.ModelSamplingDiscreteFlow, comfy.model_sampling.CONST):
+        pass
+
+    class Config:
+        sampling_settings = {"shift": shift, "multiplier": 1000}
+
+    m = tiny.clone()
+    m.add_object_patch("model_sampling", FlowConst(Config()))
+    return m
+
+
+def test_ksampler_variant_defaults_reproduce_self_forcing_and_causvid_warp(nodes, tiny):
+    """lcm + simple + 4 steps: Self-Forcing's (and LongLive's) sigmas at shift 5, CausVid warp-4step's at 8."""
+    import importlib
+
+    sched = importlib.import_module("comfyui_jensen_kv.runtime.schedules")
+    ksampler = importlib.import_module("comfyui_jensen_kv.nodes.chunked_ar_ksampler")
+    d = {i.id: getattr(i, "default", None) for i in _schema(nodes.JensenKVChunkedARKSampler).inputs}
+    assert (d["sampler_name"], d["scheduler"], d["steps"]) == ("lcm", "simple", 4)
+    for shift, preset in ((5.0, "self_forcing_4step"), (5.0, "longlive_4step"), (8.0, "causvid_warp_4step")):
+        got = ksampler.ksampler_sigmas(_with_shift(tiny, shift), d["steps"], d["sampler_name"], d["scheduler"])
+        torch.testing.assert_close(got.float(), sched.ar_sigmas(preset), rtol=0, atol=1e-6)
+    tip = {i.id: i.tooltip for i in _schema(nodes.JensenKVChunkedARKSampler).inputs}["steps"]
+    assert "CausVid: 4" not in tip and "1000, 757, 522" in tip and "shift 5" in tip
+
+
 @pytest.mark.parametrize(
     "key_bits,value_bits,mode",
     [
