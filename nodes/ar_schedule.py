@@ -31,7 +31,8 @@ class JensenKVARSchedule(io.ComfyNode):
                     default=30,
                     min=1,
                     max=1000,
-                    tooltip="Steps per chunk for skyreels_v2_df (SkyReels-V2 uses 30); other presets ignore it.",
+                    tooltip="Steps per chunk for skyreels_v2_df (SkyReels-V2 uses 30; the pack's SkyReels path is an "
+                    "experimental causal variant of SkyReels-V2 DF); other presets ignore it.",
                 ),
                 io.Float.Input(
                     "shift",

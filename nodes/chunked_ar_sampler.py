@@ -9,7 +9,8 @@ from ..runtime.saved_run import SavedRun
 from .common import CATEGORY, UI_REPORT_KEY, JensenKVCache, JensenKVReport, advanced, logger, output_connected
 
 DESCRIPTION = (
-    "Chunk-wise autoregressive sampling for Self-Forcing / CausVid / SkyReels-V2 (Wan 2.1 T2V): each chunk of latent "
+    "Chunk-wise autoregressive sampling for Self-Forcing / CausVid / SkyReels-V2 DF (Wan 2.1 T2V; SkyReels-V2 DF as an "
+    "experimental causal variant: its reference attends bidirectionally without a KV cache): each chunk of latent "
     "frames is denoised with ComfyUI's sampler while attending to a KV cache of the finished chunks, then written to "
     "the cache once. Without Quantize KV Cache upstream the cache is full precision (the A/B baseline). Optional: a "
     "prompt schedule as positive (Prompt Schedule), a prefix clip to extend, a saved KV cache to continue, and a KV "

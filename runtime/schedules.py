@@ -15,7 +15,9 @@ What each reference feeds its model, per chunk:
   with shift 8: t = 1000, 960, 888.9, 727.3.
 - **SkyReels-V2 DF** (``FlowUniPCMultistepScheduler.set_timesteps``): ``steps`` values of
   linspace(0.999, 0, steps + 1) without the last, warped with ``shift`` (8 for T2V), then 0; at 30
-  steps the last non-zero sigma is 0.216.
+  steps the last non-zero sigma is 0.216. The pack runs SkyReels-V2 DF as an experimental causal variant
+  (block-causal, KV cache); the reference's documented runs (``generate_video_df.py`` without
+  ``--causal_attention``) attend bidirectionally, keep no KV cache and re-encode ``overlap_history`` frames.
 
 Every schedule ends with sigma 0 (the last step predicts the clean chunk). No ComfyUI import here.
 """
@@ -32,7 +34,11 @@ PRESET_HELP = {
     "longlive_4step": "LongLive 1.0: t = 1000, 937.5, 833.3, 625 (shift 5 on 1000/750/500/250, as Self-Forcing)",
     "causvid_3step": "CausVid (released 3-step checkpoint): t = 1000, 757, 522, no warp",
     "causvid_warp_4step": "CausVid warp-4step: t = 1000, 960, 888.9, 727.3 (shift 8 on 1000/750/500/250)",
-    "skyreels_v2_df": "SkyReels-V2 DF: FlowUniPC's sigmas for `steps` and `shift` (30 and 8 for T2V)",
+    "skyreels_v2_df": (
+        "SkyReels-V2 DF: FlowUniPC's sigmas for `steps` and `shift` (30 and 8 for T2V); the pack's SkyReels path "
+        "is an experimental causal variant of SkyReels-V2 DF (the reference's documented runs attend "
+        "bidirectionally, keep no KV cache and re-encode overlap_history frames)"
+    ),
     "manual": "your own list: sigmas from 1 down (a trailing 0 is added); values above 1 are timesteps t (divided by 1000)",
 }
 

@@ -184,3 +184,15 @@ def test_the_version_is_read_from_pyproject(tmp_path):
     other = tmp_path / "other.toml"  # another project's file beside the package is not ours
     other.write_text('[project]\nname = "something-else"\nversion = "9.8.7"\n')
     assert read_version(other) != "9.8.7"
+
+
+def test_no_doc_calls_the_dropped_skyreels_fps_embedding_harmless():
+    """SkyReels-V2 adds its fps embedding to every block's modulation (transformer.py:685-692): not harmless."""
+    for path in doc_files():
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        assert "the text-to-video path does not use it" not in text, path
+        assert "the T2V path does not use it" not in text, path
+    ref = " ".join((ROOT / "docs" / "reference-samplers.md").read_text(encoding="utf-8").split())
+    assert "to every block's modulation" in ref and "experimental causal variant" in ref
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "experimental causal variant" in readme and "fps embedding" in readme

@@ -41,6 +41,8 @@ def test_skyreels_df_is_flowunipc_set_timesteps():
     assert float(s[0]) == pytest.approx(8 * 0.999 / (1 + 7 * 0.999))
     assert torch.all(s[1:] < s[:-1])
     assert sched.ar_sigmas("skyreels_v2_df", steps=10, shift=3.0).numel() == 11
+    help_text = sched.PRESET_HELP["skyreels_v2_df"]
+    assert "experimental causal variant" in help_text and "bidirectionally" in help_text
 
 
 def test_manual_accepts_sigmas_or_timesteps_and_refuses_nonsense():

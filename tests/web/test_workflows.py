@@ -261,8 +261,17 @@ def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt_and_full_unipc_si
     assert sched["type"] == "BasicScheduler" and sched["widgets_values"][:2] == ["simple", 30]
     assert g.upstream(sched, "model")["type"] == "ModelSamplingSD3"
     note = g.note_text()
-    for fact in ("causal, sequential mode", "addnoise_condition", "fps embedding", "0.216"):
+    for fact in ("addnoise_condition", "fps embedding", "0.216"):
         assert fact in note, fact
+
+
+@pytest.mark.parametrize("name", ["jensen_kv_skyreels_v2_df_cfg_int2_jensen", "jensen_kv_extend_clip_skyreels_v2_df"])
+def test_skyreels_notes_say_it_is_an_experimental_causal_variant_and_the_fps_drop_changes_the_output(name):
+    note = " ".join(Graph(by_name(name)).note_text().split())
+    for fact in ("experimental causal variant of SkyReels-V2 DF", "attend bidirectionally", "keep no KV cache",
+                 "re-encode overlap_history frames", "to every block's modulation", "output differs"):
+        assert fact in note, fact
+    assert "expected, the T2V path does not use it" not in note
 
 
 def test_long_video_workflows_wire_what_they_promise():

@@ -67,7 +67,8 @@ _CAUSVID_FILE = f"""- models/diffusion_models/{CAUSVID}
 _SKYREELS_FILE = f"""- models/diffusion_models/{SKYREELS_DF}
   from Kijai/WanVideo_comfy (Skyreels/ folder), or Skywork/SkyReels-V2-DF-1.3B-540P converted to one
   .safetensors; ComfyUI detects it as wan2.1. ComfyUI drops DF-1.3B's fps embedding when it loads it
-  (the log says "unet unexpected: ... fps_embedding ..."): expected, the T2V path does not use it."""
+  (the log says "unet unexpected: ... fps_embedding ..."). The reference adds that embedding to every
+  block's modulation (transformer.py:685-692), so this model's output differs from the reference's."""
 
 _PLANNER_TIP = """Before you press Run: the Quantize KV Cache node shows the effective bits and, under
 "Memory planner", the projected peak cache size at BF16 and at the chosen setting (it follows this
@@ -79,11 +80,13 @@ _SCHEDULE_SF = """Schedule: AR Video Schedule, preset self_forcing_4step: Self-F
 t / 1000; the last step goes to 0). LCM sampler: predict x0, then re-noise with fresh noise, as
 Self-Forcing does; every chunk and every step draws its own noise from the seed."""
 
-_SKYREELS_MODE = """What this runs of SkyReels-V2 DF: the causal, sequential mode - block-causal attention with
-causal_block_size = chunk_frames, every chunk fully denoised before the next (ar_step >= steps,
-addnoise_condition 0). That is the only DF mode in which a cache of finished chunks exists, and the
-one the KV-cache results need; the asynchronous mode (several chunks at different noise levels at
-once) is not supported. Units: the sampler's context_noise is a sigma (0..1); the reference's
+_SKYREELS_MODE = """EXPERIMENTAL: this is an experimental causal variant of SkyReels-V2 DF, not the reference's
+documented mode. SkyReels' documented runs (generate_video_df.py without --causal_attention) attend
+bidirectionally, keep no KV cache and re-encode overlap_history frames for long videos. This
+workflow runs block-causal attention with causal_block_size = chunk_frames, every chunk fully
+denoised before the next (ar_step >= steps, addnoise_condition 0), through a KV cache of the
+finished chunks: the only DF mode in which such a cache exists, and the one the KV-cache results
+need; the asynchronous mode (several chunks at different noise levels at once) is not supported. Units: the sampler's context_noise is a sigma (0..1); the reference's
 addnoise_condition is a timestep t (0..1000): addnoise_condition 20 = context_noise 0.02.
 Sampling: KSamplerSelect uni_pc_bh2 (closest to the reference's FlowUniPC, bh2; ComfyUI's runs
 order 3, the reference order 2) with BasicScheduler simple, 30 steps, on ModelSamplingSD3 shift 8:
