@@ -40,9 +40,8 @@ from .sdpa_lse import lse_supported, sdpa_with_lse
 logger = logging.getLogger("jensen_kv")
 
 _FORCE_CONCAT = False  # tests flip this to exercise the single-buffer path
-_LEGACY = (
-    False  # benchmarks flip this: the channel-order dequantization and rotations of the first release, side by side
-)
+# benchmarks flip this: the channel-order dequantization and rotations of the first release, side by side
+_LEGACY = False
 
 
 @dataclass(eq=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
+from ..runtime.config import CHUNK_DEFAULTS
 from ..runtime.core_ar import CacheWindow, attach, set_window
 from .common import CATEGORY, logger
 
@@ -26,14 +27,14 @@ class JensenKVARCacheWindow(io.ComfyNode):
                 ),
                 io.Int.Input(
                     "window_chunks",
-                    default=0,
+                    default=CHUNK_DEFAULTS["window_chunks"],
                     min=0,
                     max=4096,
                     tooltip="Finished chunks (blocks) kept in the cache; 0 keeps every chunk.",
                 ),
                 io.Int.Input(
                     "sink_chunks",
-                    default=0,
+                    default=CHUNK_DEFAULTS["sink_chunks"],
                     min=0,
                     max=4096,
                     tooltip="First chunks kept for good besides the window (attention sink); 0 = none.",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..runtime.chunk_loop import ChunkedARRequest, report_text, run
+from ..runtime.config import CHUNK_DEFAULTS
 from ..runtime.saved_run import SavedRun
 from .common import CATEGORY, UI_REPORT_KEY, JensenKVCache, JensenKVReport, advanced, logger, output_connected
 
@@ -65,14 +66,14 @@ def common_tail_inputs() -> list:
     return [
         io.Int.Input(
             "chunk_frames",
-            default=3,
+            default=CHUNK_DEFAULTS["chunk_frames"],
             min=1,
             max=1024,
             tooltip="Latent frames per chunk (3 for Self-Forcing / CausVid; a latent frame is 4 video frames).",
         ),
         io.Int.Input(
             "window_chunks",
-            default=0,
+            default=CHUNK_DEFAULTS["window_chunks"],
             min=0,
             max=4096,
             tooltip="How many finished chunks stay in the KV cache (sliding window); 0 keeps them all.",
@@ -92,7 +93,7 @@ def common_tail_inputs() -> list:
         ),
         io.Int.Input(
             "sink_chunks",
-            default=0,
+            default=CHUNK_DEFAULTS["sink_chunks"],
             min=0,
             max=4096,
             optional=True,

@@ -32,12 +32,9 @@ def test_the_sink_stays_and_the_window_rolls(window, sink, chunks, kept):
     assert [r.chunk for r in timeline.items] == kept
 
 
-@pytest.mark.parametrize("centroids,warns", [(8, True), (4, False)])
-def test_qvg_centroid_cost_warning_at_two_bits(centroids, warns):
-    """On 64-token chunks, 8 BF16 centroids cost 8 x 16 / 64 = 2 bits per element: as much as the INT2 residual."""
-    spec = QuantSpec(bits=2, group_size=32, method="qvg", qvg_centroids=centroids)
-    # 64 tokens per chunk: 1 latent frame of 8 x 8 tokens (16 x 16 latent pixels)
-    plan = plan_cache(
+def _plan_64_token_chunks(spec_k=None, spec_v=None):
+    """4 chunks of 64 tokens (1 latent frame of 8 x 8 tokens: 16 x 16 latent pixels), one head of 64 channels."""
+    return plan_cache(
         latent_frames=4,
         latent_height=16,
         latent_width=16,
@@ -46,10 +43,17 @@ def test_qvg_centroid_cost_warning_at_two_bits(centroids, warns):
         layers=1,
         heads=1,
         head_dim=64,
-        spec_k=spec,
-        spec_v=None,
+        spec_k=spec_k,
+        spec_v=spec_v,
         geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
     )
+
+
+@pytest.mark.parametrize("centroids,warns", [(8, True), (4, False)])
+def test_qvg_centroid_cost_warning_at_two_bits(centroids, warns):
+    """On 64-token chunks, 8 BF16 centroids cost 8 x 16 / 64 = 2 bits per element: as much as the INT2 residual."""
+    spec = QuantSpec(bits=2, group_size=32, method="qvg", qvg_centroids=centroids)
+    plan = _plan_64_token_chunks(spec_k=spec)
     hits = [w for w in plan.warnings if "centroids cost" in w]
     assert bool(hits) == warns, plan.warnings
     if warns:
@@ -60,19 +64,7 @@ def test_qvg_centroid_cost_warning_at_two_bits(centroids, warns):
 def test_qvg_with_as_many_centroids_as_tokens_is_named_as_such(centroids, every_token):
     """K equal to a chunk's 64 tokens makes every token its own BF16 centroid: that warning, not only the cost one."""
     spec = QuantSpec(bits=2, group_size=32, method="qvg", qvg_centroids=centroids)
-    plan = plan_cache(
-        latent_frames=4,
-        latent_height=16,
-        latent_width=16,
-        chunk_frames=1,
-        window_chunks=0,
-        layers=1,
-        heads=1,
-        head_dim=64,
-        spec_k=None,
-        spec_v=spec,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
-    )
+    plan = _plan_64_token_chunks(spec_v=spec)
     hits = [w for w in plan.warnings if "keeps every token as a BF16 centroid" in w]
     assert bool(hits) == every_token, plan.warnings
     assert every_token or any("centroids cost" in w for w in plan.warnings)
