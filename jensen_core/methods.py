@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .qvg import CENTROID_DTYPE, QVGTensor, cat_qvg, quantize_qvg
 from .rtn import QuantizedTensor, cat_rtn, quantize_rotated
-from .spec import CENTROID_BYTES, CLUSTER_ID_BYTES, METHODS, QuantSpec
+from .spec import CENTROID_BYTES, CLUSTER_ID_BYTES, METHODS, QVG_AUTO_CENTROIDS, QuantSpec, qvg_auto_centroids
 from .stored import StoredTensor
 
 
@@ -99,6 +99,10 @@ class QuantMethod:
         """The method's knobs in a run report (None where the method has none)."""
         return {"qvg_stages": None, "qvg_centroids": None}
 
+    def report_chunk_fields(self, spec: QuantSpec | None, chunk_tokens: int) -> dict:
+        """What a run report adds about the method on chunks of ``chunk_tokens`` tokens (QVG: the K used)."""
+        return {}
+
     def report_kind(self, report: dict, kind: str) -> str:
         """The quantization part of a report's text (``kind`` is "K INT2/V INT4" and the like)."""
         return kind
@@ -168,7 +172,15 @@ class _QVG(QuantMethod):
         return t.residual
 
     def centroids_per_chunk(self, spec, tokens):
+        """``min(K, tokens)``; with auto K (``qvg_centroids=0``) K is :func:`~jensen_core.spec.qvg_auto_centroids` of the chunk."""
+        if spec.qvg_centroids == QVG_AUTO_CENTROIDS:
+            return min(qvg_auto_centroids(tokens, spec.qvg_stages), tokens)
         return min(spec.qvg_centroids, tokens)
+
+    @staticmethod
+    def k_text(spec: QuantSpec) -> str:
+        """K as a description shows it: the number, or "auto" (picked per chunk)."""
+        return "auto" if spec.qvg_centroids == QVG_AUTO_CENTROIDS else str(spec.qvg_centroids)
 
     def chunk_extra_bytes(self, spec, tokens, head_dim):
         """Per stage one uint8 cluster id per token and ``min(K, tokens)`` BF16 centroids of ``head_dim`` channels."""
@@ -196,6 +208,13 @@ class _QVG(QuantMethod):
             if chunk_tokens is not None:
                 exact = self.effective_bits_for(spec, head_dim, chunk_tokens)
                 out.update(effective_bits=exact, exact=True, centroid_bits=exact - out["effective_bits"])
+        # K per stage and chunk (what auto picks for these chunks), or None when auto and the chunk is unknown
+        out["auto_centroids"] = spec.qvg_centroids == QVG_AUTO_CENTROIDS
+        out["centroids"] = (
+            self.centroids_per_chunk(spec, chunk_tokens)
+            if chunk_tokens is not None
+            else (None if out["auto_centroids"] else spec.qvg_centroids)
+        )
         if not out["exact"]:
             out["note"] = (
                 "without "
@@ -208,10 +227,11 @@ class _QVG(QuantMethod):
         return out
 
     def plan_warnings(self, spec, side, chunk_tokens):
-        share = spec.qvg_stages * self.centroids_per_chunk(spec, chunk_tokens) * 8 * CENTROID_BYTES / chunk_tokens
-        if spec.qvg_centroids >= chunk_tokens:
+        k = self.centroids_per_chunk(spec, chunk_tokens)
+        share = spec.qvg_stages * k * 8 * CENTROID_BYTES / chunk_tokens
+        if k >= chunk_tokens:
             return [
-                f"{side} cache: QVG with K={spec.qvg_centroids} centroids on chunks of {chunk_tokens} tokens "
+                f"{side} cache: QVG with K={k} centroids on chunks of {chunk_tokens} tokens "
                 "keeps every token as a BF16 centroid (more than a BF16 cache); lower K"
             ]
         if share >= spec.bits:
@@ -225,16 +245,24 @@ class _QVG(QuantMethod):
         return f"QVG + INT{spec.bits} residual ({spec.effective_bits:g} bits + centroids and ids)"
 
     def scheme(self, spec):
-        return ("QVG+QuaRot" if spec.rotation == "hadamard" else "QVG") + f" S{spec.qvg_stages} K{spec.qvg_centroids}"
+        return ("QVG+QuaRot" if spec.rotation == "hadamard" else "QVG") + f" S{spec.qvg_stages} K{self.k_text(spec)}"
 
     def knobs_text(self, spec):
-        return f"k-means S={spec.qvg_stages} K={spec.qvg_centroids} iters<={spec.qvg_iters}"
+        return f"k-means S={spec.qvg_stages} K={self.k_text(spec)} iters<={spec.qvg_iters}"
 
     def report_fields(self, spec):
         return {"qvg_stages": spec.qvg_stages, "qvg_centroids": spec.qvg_centroids}
 
+    def report_chunk_fields(self, spec, chunk_tokens):
+        """The K a run's chunks of ``chunk_tokens`` tokens get (auto picks it from the tokens)."""
+        return {"qvg_centroids_used": self.centroids_per_chunk(spec, chunk_tokens), "qvg_chunk_tokens": chunk_tokens}
+
     def report_kind(self, report, kind):
-        return f"QVG S={report['qvg_stages']} K={report['qvg_centroids']}, {kind} residual"
+        k = report["qvg_centroids"]
+        used = report.get("qvg_centroids_used")
+        if k == QVG_AUTO_CENTROIDS:
+            k = f"auto ({used} on {report.get('qvg_chunk_tokens')}-token chunks)" if used is not None else "auto"
+        return f"QVG S={report['qvg_stages']} K={k}, {kind} residual"
 
     def part_record(self, t):
         return {"segments": [list(s) for s in t.segments]}
@@ -260,7 +288,7 @@ class _QVG(QuantMethod):
         segments = tuple((t, k) for t, k in segments)
         if sum(t for t, _ in segments) != shape[-2] or any(k != self.centroids_per_chunk(spec, t) for t, k in segments):
             raise ValueError(
-                f"cache file entry {prefix}: segments {segments} do not fit {shape[-2]} tokens with K={spec.qvg_centroids}"
+                f"cache file entry {prefix}: segments {segments} do not fit {shape[-2]} tokens with K={self.k_text(spec)}"
             )
         return segments
 

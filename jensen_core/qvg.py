@@ -44,7 +44,7 @@ from torch import Tensor
 
 from .hadamard import unrotate
 from .rtn import QuantizedTensor, cat_rtn, check_cat_compatible, quantize_rotated
-from .spec import QuantSpec
+from .spec import QuantSpec, qvg_auto_centroids
 from .stored import StoredTensor
 
 #: k-means stops early once fewer than this fraction of the tokens change cluster (the reference's rule)
@@ -260,7 +260,7 @@ def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
     """QVG of a float32 tensor ``(..., tokens, head_dim)`` already in the codes' space (rotated if any).
 
     Per (leading index) row: ``spec.qvg_stages`` rounds of :func:`kmeans` with
-    ``spec.qvg_centroids`` centroids and at most ``spec.qvg_iters`` iterations (one generator seeded
+    ``spec.qvg_centroids`` centroids (0, auto: :func:`~jensen_core.spec.qvg_auto_centroids` of the tokens) and at most ``spec.qvg_iters`` iterations (one generator seeded
     with ``spec.seed`` for the whole tensor), each subtracting the BF16-rounded centroids; then
     :func:`~jensen_core.rtn.quantize_rotated` of the residual.
     """
@@ -270,8 +270,9 @@ def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
     gen = torch.Generator().manual_seed(spec.seed)
     residual = rows
     cents, ids = [], []
+    k_picked = spec.qvg_centroids or qvg_auto_centroids(T, spec.qvg_stages)  # 0: auto, from the chunk's tokens
     for _ in range(spec.qvg_stages):
-        i, c, _ = kmeans(residual, spec.qvg_centroids, spec.qvg_iters, generator=gen)
+        i, c, _ = kmeans(residual, k_picked, spec.qvg_iters, generator=gen)
         c = c.to(CENTROID_DTYPE)
         residual = residual - _gather_rows(c.to(torch.float32), i)
         cents.append(c)

@@ -13,6 +13,11 @@ METHOD_KNOBS: dict[str, tuple[str, ...]] = {"rtn": (), "qvg": ("qvg_stages", "qv
 METHODS = tuple(METHOD_KNOBS)
 QVG_MAX_STAGES = 8
 QVG_MAX_CENTROIDS = 256  # cluster ids are stored one uint8 per token and stage
+#: ``qvg_centroids=0`` (the default): K is picked per chunk from its tokens (:func:`qvg_auto_centroids`)
+QVG_AUTO_CENTROIDS = 0
+#: auto K's centroid budget is QVG's own: 256 centroids (S = 1) per MAGI-1 chunk of 12,150 tokens, the
+#: setting of the paper's ~2.52-bit QVG rows (16 * 256 / 12,150 = 0.337 bits per element on centroids)
+QVG_AUTO_REF = (256, 12150)
 QVG_MAX_ITERS = 1000
 #: bytes of one stored centroid channel (QVG keeps its centroids in the cache dtype; BF16 here)
 CENTROID_BYTES = 2
@@ -52,7 +57,9 @@ class QuantSpec:
     ``head_dim`` channels, at most ``qvg_iters`` Lloyd iterations each, seeded by ``seed``), each
     subtracting the assigned centroid; the final residual is quantized as above. The centroids
     (BF16) and the cluster ids (uint8) are stored per chunk, so the bits per element depend on the
-    chunk's tokens: ``jensen_core.methods.method_of(spec).effective_bits_for``. ``method="rtn"`` is plain RTN.
+    chunk's tokens: ``jensen_core.methods.method_of(spec).effective_bits_for``. ``qvg_centroids=0``
+    (the default, "auto") picks K per chunk from its tokens (:func:`qvg_auto_centroids`).
+    ``method="rtn"`` is plain RTN.
     """
 
     bits: int = 2
@@ -63,7 +70,7 @@ class QuantSpec:
     seed: int = 0
     method: str = "rtn"
     qvg_stages: int = 1
-    qvg_centroids: int = 256
+    qvg_centroids: int = QVG_AUTO_CENTROIDS
     qvg_iters: int = 2
 
     def __post_init__(self) -> None:
@@ -87,12 +94,13 @@ class QuantSpec:
             raise ValueError(f"method={self.method!r} is not supported; use one of {METHODS}")
         for name, lo, hi in (
             ("qvg_stages", 1, QVG_MAX_STAGES),
-            ("qvg_centroids", 1, QVG_MAX_CENTROIDS),
+            ("qvg_centroids", QVG_AUTO_CENTROIDS, QVG_MAX_CENTROIDS),
             ("qvg_iters", 1, QVG_MAX_ITERS),
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-                raise ValueError(f"{name}={v!r} must be a whole number from {lo} to {hi}")
+                auto = " (0 = auto: picked from the chunk's tokens)" if name == "qvg_centroids" else ""
+                raise ValueError(f"{name}={v!r} must be a whole number from {lo} to {hi}{auto}")
         for other, knobs in METHOD_KNOBS.items():
             changed = [
                 f"{f}={getattr(self, f)!r}" for f in knobs if other != self.method and getattr(self, f) != _DEFAULTS[f]
@@ -154,7 +162,25 @@ class QuantSpec:
         unknown = sorted(set(d) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"unknown QuantSpec field(s) {unknown}; known: {sorted(cls.__dataclass_fields__)}")
+        if d.get("method", "rtn") != "qvg" and d.get("qvg_centroids") == _OLD_DEFAULT_CENTROIDS:
+            d = {**d, "qvg_centroids": QVG_AUTO_CENTROIDS}  # an RTN spec written when K's default was 256
         return cls(**d)
 
 
+def qvg_auto_centroids(tokens: int, stages: int = 1) -> int:
+    """Auto K: QVG's centroid budget scaled to a chunk of ``tokens`` tokens, ``floor(256 * tokens / (12,150 * stages))``.
+
+    The ``stages`` tables together cost what QVG's one table of 256 centroids costs on its
+    12,150-token MAGI-1 chunks (0.337 bits per element), at least 1 and at most 256 centroids per stage:
+    98 on a Wan 480p chunk of 3 latent frames (4,680 tokens), 32 on one-frame chunks (1,560), 4 on the
+    tiny model's 192-token chunks.
+    """
+    if tokens < 1 or stages < 1:
+        raise ValueError(f"qvg_auto_centroids needs tokens >= 1 and stages >= 1, got tokens={tokens}, stages={stages}")
+    k, t = QVG_AUTO_REF
+    return max(1, min(QVG_MAX_CENTROIDS, k * tokens // (t * stages)))
+
+
+#: qvg_centroids' default before auto K; an RTN spec saved then carries it (QuantSpec.from_dict reads it as 0)
+_OLD_DEFAULT_CENTROIDS = 256
 _DEFAULTS = {f: QuantSpec.__dataclass_fields__[f].default for knobs in METHOD_KNOBS.values() for f in knobs}

@@ -157,8 +157,11 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                         default=QVG_CENTROIDS_RANGE[0],
                         min=QVG_CENTROIDS_RANGE[1],
                         max=QVG_CENTROIDS_RANGE[2],
-                        tooltip="QVG only: centroids K per stage, chunk and head (256 as in QVG). Each costs "
-                        "head_dim BF16 values per chunk: 16*K/tokens-per-chunk bits per element.",
+                        tooltip="QVG only: centroids K per stage, chunk and head. Each costs head_dim BF16 values "
+                        "per chunk: 16*K/tokens-per-chunk bits per element. 0 = auto: QVG's own centroid budget "
+                        "(256 per 12,150-token chunk, 0.34 bits/element) scaled to the chunk, K = 256*T/(12150*S): "
+                        "picks 98 on Wan 480p chunks of 3 latent frames (4,680 tokens), 32 on one-frame chunks "
+                        "(1,560), 4 on the tiny demo model's (192). The planner and the run report show the K used.",
                     )
                 ),
                 advanced(

@@ -87,7 +87,10 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "head_dim": (1, 4096, "channels per attention head, e.g. head_dim=128 for Wan"),
     "group_size": (1, 4096, "one of 8, 16, 32, 64, 128, 256"),
     "qvg_stages": (*QVG_STAGES_RANGE[1:], "QVG's k-means stages S, e.g. qvg_stages=1"),
-    "qvg_centroids": (*QVG_CENTROIDS_RANGE[1:], "QVG's centroids per stage and chunk K, e.g. qvg_centroids=256"),
+    "qvg_centroids": (
+        *QVG_CENTROIDS_RANGE[1:],
+        "QVG's centroids per stage and chunk K, 0 = auto (from the tokens per chunk), e.g. qvg_centroids=0",
+    ),
     "qvg_iters": (*QVG_ITERS_RANGE[1:], "QVG's k-means iterations, e.g. qvg_iters=2"),
     "chunk_tokens": (1, 10**8, "tokens per cached chunk (latent frames per chunk x tokens per latent frame)"),
 }

@@ -27,7 +27,7 @@ CORRECTION_CHOICES = MODES  # ("taylor", "chunk_mean", "exact", "per_channel", "
 METHOD_CHOICES = METHODS
 # (default, min, max) of QVG's k-means knobs, as QuantSpec validates them
 QVG_STAGES_RANGE = (QuantSpec.__dataclass_fields__["qvg_stages"].default, 1, QVG_MAX_STAGES)
-QVG_CENTROIDS_RANGE = (QuantSpec.__dataclass_fields__["qvg_centroids"].default, 1, QVG_MAX_CENTROIDS)
+QVG_CENTROIDS_RANGE = (QuantSpec.__dataclass_fields__["qvg_centroids"].default, 0, QVG_MAX_CENTROIDS)  # 0 = auto
 QVG_ITERS_RANGE = (QuantSpec.__dataclass_fields__["qvg_iters"].default, 1, QVG_MAX_ITERS)
 STRENGTH_MAX = 4.0
 #: Quantize KV Cache's widget defaults (the node and the web planner both start here)

@@ -68,6 +68,7 @@ def build_report(
         "rotation": spec.rotation if spec else "none",
         "method": spec.method if spec else "rtn",
         **(method_of(spec) if spec else RTN).report_fields(spec),
+        **(method_of(spec).report_chunk_fields(spec, chunk_frames * tokens_per_frame) if spec else {}),
         "correction": config.effective_correction,
         "strength": float(config.strength),
         "layers": adapter.num_layers,

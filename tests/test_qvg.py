@@ -30,14 +30,15 @@ def test_spec_defaults_stay_rtn_and_validate_the_qvg_fields():
     assert (QuantSpec().method, QuantSpec().qvg_stages, QuantSpec().qvg_centroids, QuantSpec().qvg_iters) == (
         "rtn",
         1,
-        256,
+        0,  # auto K
         2,
     )
     for kw, words in (
         (dict(method="vq"), "method='vq' is not supported; use one of ('rtn', 'qvg')"),
         (dict(method="qvg", qvg_stages=0), "qvg_stages=0 must be a whole number from 1 to 8"),
-        (dict(method="qvg", qvg_centroids=257), "qvg_centroids=257 must be a whole number from 1 to 256"),
+        (dict(method="qvg", qvg_centroids=257), "qvg_centroids=257 must be a whole number from 0 to 256 (0 = auto"),
         (dict(method="qvg", qvg_iters=True), "qvg_iters=True must be a whole number"),
+        (dict(method="qvg", qvg_centroids=-1), "qvg_centroids=-1 must be a whole number from 0 to 256"),
         (dict(qvg_centroids=64), "qvg_centroids=64 only apply to method='qvg'"),
     ):
         with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
@@ -65,7 +66,7 @@ def test_spec_dict_round_trip_and_old_dicts_load_as_rtn():
 def test_effective_bits_count_residual_ids_and_centroids():
     # QVG's default S=1, B=64, K=256 on a MAGI-1 chunk (6 latent frames x 45 x 45 tokens at 720x720):
     # 2 + 24/64 (this pack's asymmetric residual: FP8 step + BF16 zero) + 8/128 (ids) + 16*256/12150
-    s = QuantSpec(method="qvg", bits=2, group_size=64)
+    s = QuantSpec(method="qvg", bits=2, group_size=64, qvg_centroids=256)
     assert s.effective_bits == 2.375  # the residual's part, as for RTN
     assert method_of(s).effective_bits_for(s, 128, 12150) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 12150)
     assert method_of(s).effective_bits_for(s, 128, 100) == pytest.approx(
@@ -165,7 +166,7 @@ def test_nbytes_is_what_is_stored_and_what_the_spec_predicts():
 
 def test_fewer_tokens_than_centroids_reconstructs_from_the_centroids():
     x = torch.randn(1, 2, 3, 32, generator=torch.Generator().manual_seed(5)) * 4
-    qt = quantize(x, QuantSpec(method="qvg", bits=2, group_size=8))
+    qt = quantize(x, QuantSpec(method="qvg", bits=2, group_size=8, qvg_centroids=256))
     # every token is its own BF16 centroid; the residual is only the BF16 rounding
     torch.testing.assert_close(qt.dequantize(torch.float32), x, atol=0.05, rtol=0.01)
     assert float(qt.step_sizes().max()) < 0.05

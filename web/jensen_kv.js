@@ -409,7 +409,9 @@ function render(node, options, state, req) {
   // centroids depend on them); the bare spec answer stands in until the plan arrives
   const spec = plan?.spec ?? node.jensenKv.spec;
   if (spec) {
-    const qvg = (s) => (s.method === "qvg" ? ` QVG${s.exact ? "" : "+"}` : "");
+    // QVG: the K per chunk (what auto picks for the chosen resolution and chunk length) once the plan knows the chunk
+    const qvgK = (s) => (s.centroids == null ? (s.auto_centroids ? " K auto" : "") : ` K=${s.centroids}${s.auto_centroids ? " (auto)" : ""}`);
+    const qvg = (s) => (s.method === "qvg" ? ` QVG${qvgK(s)}${s.exact ? "" : "+"}` : "");
     const side = (s) => (s.quantized ? `${num(s.effective_bits, 3)} bits${qvg(s)}` : "BF16");
     ui.bits.textContent = `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
     ui.bits.title = [BITS_TITLE, ...new Set([spec.key.note, spec.value.note].filter(Boolean))].join("\n");
@@ -492,7 +494,9 @@ function showReport(node, report) {
   const quant = report.key_bits === "off" && report.value_bits === "off"
     ? "full precision"
     : `K ${bits(report.key_bits)} / V ${bits(report.value_bits)}, g${report.group_size}, ${report.rotation}`
-      + (report.method === "qvg" ? `, QVG S=${report.qvg_stages} K=${report.qvg_centroids}` : "");
+      + (report.method === "qvg"
+        ? `, QVG S=${report.qvg_stages} K=${report.qvg_centroids || `auto (${report.qvg_centroids_used ?? "?"})`}`
+        : "");
   const corr = report.correction && report.correction !== "off" ? `, Jensen ${report.correction} ×${num(report.strength, 2)}` : "";
   const lines = [
     `KV cache ${bytesText(report.cache_bytes)} (BF16 ${bytesText(report.bf16_bytes)}) · ${num(report.effective_bits, 3)} bits`,

@@ -138,7 +138,7 @@ def test_schemas_follow_the_contract(nodes):
     )
     for name, (default, lo, hi) in {
         "qvg_stages": (1, 1, 8),
-        "qvg_centroids": (256, 1, 256),
+        "qvg_centroids": (0, 0, 256),  # 0 = auto
         "qvg_iters": (2, 1, 1000),
     }.items():
         assert (q[name].default, q[name].min, q[name].max) == (default, lo, hi)
@@ -182,8 +182,8 @@ def test_quantize_with_method_qvg_sets_the_k_means_knobs(nodes, tiny):
     assert rtn.model_options["transformer_options"]["jensen_kv"].spec_k == cfg.spec_k.__class__(bits=2, group_size=16)
     with pytest.raises(ValueError, match="method='vq' is not supported; use one of rtn, qvg"):
         nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "vq")
-    with pytest.raises(ValueError, match="qvg_centroids=0 must be a whole number from 1 to 256"):
-        nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "qvg", 1, 0)
+    with pytest.raises(ValueError, match="qvg_centroids=-1 must be a whole number from 0 to 256"):
+        nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "qvg", 1, -1)
     assert "method: 'vq'" in nodes.JensenKVQuantizeKVCache.validate_inputs(method="vq")
 
 
@@ -211,6 +211,27 @@ def test_sampler_runs_a_qvg_cache_and_reports_its_exact_bytes(nodes, tiny):
     diag = nodes.JensenKVChunkedARSampler.execute(d, **inputs).args[1]["diagnostics"]
     assert diag["calls"] > 0 and "QVG+QuaRot S1 K8" in diag["cache"]
     assert diag["stats"]["taylor"]["mean_jsd"] > 0
+
+
+def test_sampler_reports_the_k_auto_picked(nodes, tiny):
+    """qvg_centroids 0 (auto, the default): the cache, the report and its text use the K picked from the chunk's tokens."""
+    import importlib
+
+    spec_mod = importlib.import_module("comfyui_jensen_kv.jensen_core.spec")
+    planner = importlib.import_module("comfyui_jensen_kv.jensen_core.planner")
+    inputs = _sampler_inputs(tiny)
+    m = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0, "qvg").args[0]
+    config = m.model_options["transformer_options"]["jensen_kv"]
+    assert config.spec_k.qvg_centroids == 0 and "K=auto" in config.describe()
+    out = nodes.JensenKVChunkedARSampler.execute(m, **inputs)
+    report = out.args[1]
+    tpf, f = report["tokens_per_frame"], report["chunk_frames"]
+    k = spec_mod.qvg_auto_centroids(f * tpf)
+    assert (report["qvg_centroids"], report["qvg_centroids_used"], report["qvg_chunk_tokens"]) == (0, k, f * tpf)
+    assert f"K=auto ({k} on {f * tpf}-token chunks)" in out.ui["text"][0]
+    layers, bh, d = report["layers"], report["heads"], report["head_dim"]
+    exact = layers * sum(planner.chunk_bytes(config.spec_k, config.spec_v, bh, n * tpf, d) for n in (2, 2, 1))
+    assert report["cache_bytes"] == exact
 
 
 def test_quantize_rejects_a_group_size_that_does_not_divide_head_dim(nodes, tiny):

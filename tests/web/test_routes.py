@@ -58,7 +58,7 @@ def test_spec_head_dim_check_names_the_fix():
 
 def test_spec_qvg_is_exact_with_head_dim_and_chunk_tokens_and_says_what_it_leaves_out():
     q = {"method": "qvg", "group_size": "64", "qvg_centroids": "256", "qvg_stages": "1", "value_bits": "off"}
-    spec = QuantSpec(bits=2, group_size=64, rotation="hadamard", method="qvg")
+    spec = QuantSpec(bits=2, group_size=64, rotation="hadamard", method="qvg", qvg_centroids=256)
     bare = routes.spec_summary(q)["key"]
     assert bare["method"] == "qvg" and bare["exact"] is False and bare["effective_bits"] == spec.effective_bits
     assert "head_dim and chunk_tokens" in bare["note"] and "centroids" in bare["note"]
@@ -80,7 +80,7 @@ def test_spec_rtn_ignores_the_qvg_widgets_the_node_always_sends():
 # ------------------------------------------------------------------------------------------- plan
 def test_plan_qvg_counts_centroids_per_chunk_exactly_and_its_spec_is_exact():
     out = routes.plan_summary({"method": "qvg", "group_size": "64", "qvg_centroids": "256"})
-    spec = QuantSpec(2, 64, "hadamard", method="qvg")
+    spec = QuantSpec(2, 64, "hadamard", method="qvg", qvg_centroids=256)
     ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
                      layers=30, heads=12, head_dim=128, spec_k=spec, spec_v=spec, geometry=WAN)
     assert out["quantized_bytes"] == ref.quantized_bytes
@@ -201,7 +201,7 @@ def test_plan_projection_equals_bytes_a_real_cache_holds():
         ({"window_chunks": "-1"}, "window_chunks", ["0 = all"]),
         ({"chunk_frame": "3"}, "chunk_frame", ["not a known parameter", "chunk_frames"]),
         ({"method": "vq"}, "method", ["method='vq' is not supported", "rtn, qvg"]),
-        ({"method": "qvg", "qvg_centroids": "300"}, "qvg_centroids", ["out of range 1..256", "qvg_centroids=256"]),
+        ({"method": "qvg", "qvg_centroids": "300"}, "qvg_centroids", ["out of range 0..256", "0 = auto"]),
         ({"method": "qvg", "qvg_stages": "x"}, "qvg_stages", ["is not an integer"]),
         ({"chunk_tokens": "5"}, "chunk_tokens", ["not a known parameter"]),
     ],
