@@ -2,6 +2,7 @@
 
     python benchmarks/qvg.py                  # CPU, fp32, 5 interleaved rounds
     python benchmarks/qvg.py --device cuda    # the same code on a GPU
+    python benchmarks/qvg.py --auto-k         # what auto K picks, and the bits, on Wan and tiny-model chunks (no timing)
 
 Write: quantizing one finished chunk's keys and values (12 heads x 1,560 tokens x 128 each), as
 ``ChunkCache.append`` does. Attend: one ``ChunkCache.attend`` of the current chunk over 4 cached
@@ -66,8 +67,42 @@ def ratios(times: dict, base: str) -> dict:
     return {n: statistics.median(a / b for a, b in zip(t, times[base])) for n, t in times.items()}
 
 
+#: (label, tokens per chunk) of the chunks auto K's table shows
+AUTO_K_CHUNKS = (
+    ("tiny AR model (3 latent frames of 8 x 8)", 192),
+    ("Wan 480p, 1 latent frame (52 x 30)", 1560),
+    ("Wan 480p, 3 latent frames (Self-Forcing)", 4680),
+    ("Wan 720p, 3 latent frames (80 x 45 x 3)", 10800),
+    ("MAGI-1 720 x 720, 6 latent frames (QVG's 2.52-bit rows)", 12150),
+)
+
+
+def auto_k_table() -> list[str]:
+    """Markdown: K auto picks per chunk size and the stored bits of INT2 QVG at g32 / g64 / g128 (K and V alike)."""
+    from jensen_core.methods import method_of
+
+    lines = [
+        "| chunk | tokens T | auto K | centroid bits | INT2 g32 | INT2 g64 | INT2 g128 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, t in AUTO_K_CHUNKS:
+        bits = []
+        for g in (32, 64, 128):
+            spec = QuantSpec(bits=2, group_size=g, method="qvg")
+            bits.append(method_of(spec).effective_bits_for(spec, 128, t))
+        spec = QuantSpec(bits=2, group_size=64, method="qvg")
+        b = method_of(spec).bits_breakdown(spec, 128, t)
+        lines.append(
+            f"| {label} | {t:,} | {b['centroids']} | {b['centroid_bits']:.3f} | "
+            + " | ".join(f"{x:.3f}" for x in bits)
+            + " |"
+        )
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--auto-k", action="store_true", help="print what auto K picks per chunk size, and the bits")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--heads", type=int, default=12)
@@ -75,6 +110,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cached-chunks", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     args = ap.parse_args(argv)
+    if args.auto_k:
+        print("\n".join(auto_k_table()))
+        return 0
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

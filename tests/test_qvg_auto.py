@@ -110,3 +110,19 @@ def test_the_planner_counts_auto_k_to_the_byte(chunks, window, chunk_frames, tok
         peak = max(peak, cache.nbytes)
     assert plan.quantized_bytes == peak
     assert all(e.k.segments == ((tokens, min(qvg_auto_centroids(tokens, stages), tokens)),) for e in cache.entries)
+
+
+def test_the_auto_k_table_in_the_docs_is_what_the_benchmark_prints():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("qvg_bench_auto_k", root / "benchmarks" / "qvg.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    table = mod.auto_k_table()
+    assert "| Wan 480p, 3 latent frames (Self-Forcing) | 4,680 | 98 | 0.335 | 3.148 | 2.773 | 2.585 |" in table
+    docs = (root / "docs" / "qvg.md").read_text()
+    assert "\n".join(table) in docs
