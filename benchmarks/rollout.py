@@ -30,11 +30,12 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,33 +46,66 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appe
 
 from jensen_testing import comfyui as support_comfyui  # noqa: E402
 
+#: the correction modes a setting string may name after " + "
+CORRECTIONS = ("taylor", "chunk_mean", "exact", "per_channel")
+_SETTING = re.compile(
+    r"^INT(?P<bits>[2348]) g(?P<group>\d+) "
+    r"(?:(?P<qvg>QVG(?: K(?P<k>\d+))?)(?P<qrot>\+QuaRot)?|(?P<rot>RTN|QuaRot))"
+    r"(?: \+ (?P<corr>" + "|".join(CORRECTIONS) + r")(?: x(?P<lam>\d+(?:\.\d+)?))?)?"
+    r"(?P<extra>(?: [a-z_]+=\S+)*)$"
+)
+SETTING_GRAMMAR = (
+    "'full precision' or 'INT<bits> g<group> <scheme>[ + <correction>[ x<strength>]][ key=value ...]' with scheme "
+    "RTN, QuaRot, QVG (auto K), QVG K<k>, QVG+QuaRot or QVG K<k>+QuaRot and correction one of "
+    + ", ".join(CORRECTIONS)
+    + "; e.g. 'INT2 g32 QuaRot + taylor', 'INT2 g64 QVG+QuaRot + taylor x1.5'"
+)
+
 
 @dataclass(frozen=True)
 class Config:
+    """One rollout setting; :func:`parse_setting` reads it from its name (the spec string), :attr:`name` writes it."""
+
     bits: int | None  # None: full precision (the reference)
     group: int = 32
     rotation: str = "hadamard"
     correction: str = "off"
     strength: float = 1.0
-    centroids: int = 0  # > 0: QVG (k-means smoothing, one stage of this many centroids, before RTN of the residual)
+    qvg: bool = False  # QVG: k-means smoothing (one stage) before RTN of the residual
+    centroids: int = 0  # QVG's K; 0 = auto (picked from the chunk's tokens: 4 on the tiny model's 192-token chunks)
+    #: ``key=value`` options after the setting (e.g. precision-by-age tiers): each needs a handler in OPTIONS
+    options: tuple[tuple[str, str], ...] = ()
 
     @property
     def name(self) -> str:
         if self.bits is None:
             return "full precision"
         rot = "QuaRot" if self.rotation == "hadamard" else "RTN"
-        if self.centroids:
-            rot = f"QVG K{self.centroids}" + ("+QuaRot" if self.rotation == "hadamard" else "")
+        if self.qvg:
+            rot = "QVG" + (f" K{self.centroids}" if self.centroids else "") + ("+QuaRot" if rot == "QuaRot" else "")
         corr = (
             ""
             if self.correction == "off"
             else f" + {self.correction}" + (f" x{self.strength:g}" if self.strength != 1.0 else "")
         )
-        return f"INT{self.bits} g{self.group} {rot}{corr}"
+        opts = "".join(f" {k}={v}" for k, v in self.options)
+        return f"INT{self.bits} g{self.group} {rot}{corr}{opts}"
+
+    @property
+    def uncorrected(self) -> Config:
+        """The same setting without the correction (the other side of a correction pair)."""
+        return replace(self, correction="off", strength=1.0)
 
     def spec(self, core):
-        extra = {"method": "qvg", "qvg_centroids": self.centroids} if self.centroids else {}
+        extra = {"method": "qvg", "qvg_centroids": self.centroids} if self.qvg else {}
         return core.QuantSpec(bits=self.bits, group_size=self.group, rotation=self.rotation, **extra)
+
+    def k_used(self, core, chunk_tokens: int = 192) -> int:
+        """QVG's K on the tiny model's chunks (what auto picks there), 0 without QVG."""
+        if not self.qvg or self.bits is None:
+            return 0
+        spec = self.spec(core)
+        return core.method_of(spec).centroids_per_chunk(spec, chunk_tokens)
 
     def effective_bits(self, core, chunk_tokens: int = 192, head_dim: int = 128) -> float:
         """Stored bits per cached element; QVG's centroids and ids counted on the tiny model's 192-token chunks."""
@@ -81,25 +115,108 @@ class Config:
         return core.method_of(spec).effective_bits_for(spec, head_dim, chunk_tokens)
 
 
-def grid(quick: bool, modes: bool = False) -> list[Config]:
+def parse_setting(text: str) -> Config:
+    """A setting from its spec string (the :attr:`Config.name` form); a ValueError names what does not parse."""
+    t = " ".join(str(text).split())
+    if t.lower() in ("full precision", "fp32", "full"):
+        return Config(None)
+    m = _SETTING.match(t)
+    if not m:
+        raise ValueError(f"setting {text!r} does not parse; write {SETTING_GRAMMAR}")
+    opts = tuple(tuple(o.split("=", 1)) for o in m["extra"].split())
+    unknown = [k for k, _ in opts if k not in OPTIONS]
+    if unknown:
+        raise ValueError(
+            f"setting {text!r}: option(s) {unknown} have no handler; known: {sorted(OPTIONS) or 'none yet'} "
+            "(add one to OPTIONS in benchmarks/rollout.py)"
+        )
+    return Config(
+        int(m["bits"]),
+        int(m["group"]),
+        "hadamard" if (m["qrot"] or m["rot"] == "QuaRot") else "none",
+        m["corr"] or "off",
+        float(m["lam"]) if m["lam"] else 1.0,
+        qvg=bool(m["qvg"]),
+        centroids=int(m["k"] or 0),
+        options=opts,
+    )
+
+
+#: ``key=value`` setting options -> a function (node module, model, value) -> patched model, applied after
+#: Quantize KV Cache and before the correction. Precision-by-age tiers plug in here (one entry), then their
+#: settings and pairs are one line each in HEADLINE and HEADLINE_PAIRS.
+OPTIONS: dict = {}
+
+#: the default run's settings: every headline pair below, 8 seeds x 32 chunks in about 40 minutes on 2 cores
+#: (15 rollouts per seed with the reference; the old 34-setting grid took 3227 s for 4 seeds)
+HEADLINE = (
+    "INT2 g32 RTN",
+    "INT2 g32 RTN + taylor",
+    "INT2 g128 RTN",
+    "INT2 g128 RTN + taylor",
+    "INT2 g32 QuaRot",
+    "INT2 g32 QuaRot + taylor",
+    "INT2 g128 QuaRot",
+    "INT2 g128 QuaRot + taylor",
+    "INT2 g64 QVG+QuaRot",
+    "INT2 g64 QVG+QuaRot + taylor",
+    "INT3 g128 QuaRot",
+    "INT3 g128 QuaRot + taylor",
+    "INT4 g128 QuaRot",
+    "INT4 g128 QuaRot + taylor",
+)
+#: paired differences (a - b, seed by seed) besides every "+ correction" against the same setting without it;
+#: precision-by-age tiers add theirs here: ("<setting> tiers=...", "<the same setting, uniform>")
+HEADLINE_PAIRS: tuple[tuple[str, str], ...] = (
+    ("INT2 g64 QVG+QuaRot + taylor", "INT2 g32 QuaRot + taylor"),  # QVG against QuaRot at ~2.75 bits
+    ("INT2 g32 QuaRot", "INT2 g32 RTN"),  # the rotation alone
+)
+#: seconds one 32-chunk rollout took in the old default run: 3227 s / (4 seeds x ~44 setting-equivalents)
+SECONDS_PER_ROLLOUT = 3227 / (4 * 44)
+#: the per-seed metrics (one value per setting and seed) and the ones the paired table shows
+METRICS = (
+    "latent_psnr",
+    "rgb_psnr",
+    "ssim",
+    "latent_psnr_first_chunk",
+    "latent_psnr_last_chunk",
+    "median_delta_ps",
+    "mean_jsd",
+)
+PAIRED_METRICS = ("latent_psnr", "latent_psnr_last_chunk", "rgb_psnr", "ssim")
+PER_SEED_FIELDS = (
+    "setting",
+    "seed",
+    "noise_seed",
+    "prompt",
+    "video_seed",
+    "effective_bits",
+    "qvg_k",
+    *METRICS,
+    "seconds",
+)
+PAIRED_FIELDS = ("a", "b", "kind", "metric", "mean_diff", "se", "n")
+
+
+def grid(quick: bool, modes: bool = False, full: bool = False) -> list[Config]:
     if modes:  # the correction modes side by side at INT2 (chunk_mean against taylor), and QVG
         # at the bits of RTN g32 (QVG g64 K4: 2.77 bits on 192-token chunks) and g64 (QVG g128 K2: 2.42)
         return [
             Config(2, g, r, c) for r in ("none", "hadamard") for g in (32, 128) for c in ("off", "taylor", "chunk_mean")
         ] + [
-            Config(2, g, "hadamard", c, centroids=k)
+            Config(2, g, "hadamard", c, qvg=True, centroids=k)
             for g, k in ((64, 4), (128, 2))
             for c in ("off", "taylor", "chunk_mean")
         ]
     if quick:
         return [
-            Config(2, 32, "hadamard", "off"),
-            Config(2, 32, "hadamard", "taylor"),
-            Config(4, 32, "hadamard", "off"),
-            Config(2, 128, "none", "taylor"),
+            parse_setting(s)
+            for s in ("INT2 g32 QuaRot", "INT2 g32 QuaRot + taylor", "INT4 g32 QuaRot", "INT2 g128 RTN + taylor")
         ]
-    # the exact correction only at INT2, where the bias it removes beyond Taylor's is largest (it costs
-    # about 3x a Taylor run here, and at 3 and 4 bits the two agree to the noise of the rollouts)
+    if not full:
+        return [parse_setting(s) for s in HEADLINE]
+    # the old default (--full): the exact correction only at INT2, where the bias it removes beyond Taylor's is
+    # largest (it costs about 3x a Taylor run here, and at 3 and 4 bits the two agree to the noise of the rollouts)
     out = [
         Config(b, g, r, c)
         for b in (2, 3, 4)
@@ -111,10 +228,93 @@ def grid(quick: bool, modes: bool = False) -> list[Config]:
     return out
 
 
+def pairs_for(configs: list[Config], extra: tuple[tuple[str, str], ...] = HEADLINE_PAIRS) -> list[tuple[str, str, str]]:
+    """(a, b, kind) of the paired differences the run can report: each corrected setting against the same one
+    uncorrected ("correction"), then the ``extra`` pairs both of whose settings ran ("tier" when a names options)."""
+    names = {c.name for c in configs}
+    out = [
+        (c.name, c.uncorrected.name, "correction")
+        for c in configs
+        if c.correction != "off" and c.uncorrected.name in names
+    ]
+    for a, b in extra:
+        a, b = parse_setting(a).name, parse_setting(b).name
+        if a in names and b in names and (a, b) not in {(x, y) for x, y, _ in out}:
+            out.append((a, b, "tier" if parse_setting(a).options else "setting"))
+    return out
+
+
+def paired_stats(a: list[float], b: list[float]) -> tuple[float, float, int]:
+    """Mean of the paired differences a_i - b_i, its standard error sd / sqrt(n) (sample sd, n - 1), and n.
+
+    Pairs with a non-finite side are left out; the SE is nan below 2 pairs (and the mean below 1)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_stats needs one value per seed on both sides, got {len(a)} and {len(b)}")
+    d = [x - y for x, y in zip(a, b) if math.isfinite(x) and math.isfinite(y)]
+    n = len(d)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    mean = statistics.fmean(d)
+    return mean, (statistics.stdev(d) / math.sqrt(n) if n > 1 else float("nan")), n
+
+
+def paired_table(per_seed: list[dict], pairs: list[tuple[str, str, str]], metrics=PAIRED_METRICS) -> list[dict]:
+    """Rows of :data:`PAIRED_FIELDS` from per-seed rows (:data:`PER_SEED_FIELDS`), matched by seed."""
+    by: dict[tuple[str, int], dict] = {(r["setting"], int(r["seed"])): r for r in per_seed}
+    out = []
+    for a, b, kind in pairs:
+        seeds = sorted(s for (name, s) in by if name == a and (b, s) in by)
+        for metric in metrics:
+            mean, se, n = paired_stats(
+                [float(by[a, s][metric]) for s in seeds], [float(by[b, s][metric]) for s in seeds]
+            )
+            out.append({"a": a, "b": b, "kind": kind, "metric": metric, "mean_diff": mean, "se": se, "n": n})
+    return out
+
+
+def write_csv(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(fields))
+        w.writeheader()
+        w.writerows({k: r[k] for k in fields} for r in rows)
+
+
+def read_per_seed(path: Path) -> list[dict]:
+    """The per-seed CSV back, checking its columns (so a paired table can be recomputed from a stored run)."""
+    with open(path, newline="") as f:
+        r = csv.DictReader(f)
+        if tuple(r.fieldnames or ()) != PER_SEED_FIELDS:
+            raise ValueError(f"{path}: columns {r.fieldnames} are not the per-seed schema {list(PER_SEED_FIELDS)}")
+        return list(r)
+
+
+def paired_markdown(rows: list[dict]) -> list[str]:
+    """The paired table as markdown: one line per pair, mean difference ± SE per metric."""
+    metrics = list(dict.fromkeys(r["metric"] for r in rows))
+    head = {"latent_psnr": "Δ latent PSNR (dB)", "latent_psnr_last_chunk": "Δ last chunk (dB)",
+            "rgb_psnr": "Δ RGB PSNR (dB)", "ssim": "Δ SSIM"}  # fmt: skip
+    lines = [
+        "| a − b (paired by seed) | kind | n | " + " | ".join(head.get(m, "Δ " + m) for m in metrics) + " |",
+        "|---|---|---|" + "---|" * len(metrics),
+    ]
+    by = {}
+    for r in rows:
+        by.setdefault((r["a"], r["b"], r["kind"]), {})[r["metric"]] = r
+    for (a, b, kind), ms in by.items():
+        n = next(iter(ms.values()))["n"]
+        cells = []
+        for m in metrics:
+            r = ms[m]
+            digits = 4 if m == "ssim" else 2
+            cells.append(f"{r['mean_diff']:+.{digits}f} ± {r['se']:.{digits}f}")
+        lines.append(f"| {a} − {b} | {kind} | {n} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="1 seed, 4 chunks, 4 configurations")
-    p.add_argument("--seeds", type=int, default=4)
+    p.add_argument("--seeds", type=int, default=8, help="held-out videos (the paired table wants >= 8)")
     p.add_argument("--chunks", type=int, default=32, help="generated chunks per rollout")
     p.add_argument("--prefix", type=int, default=2, help="ground-truth chunks written into the cache first")
     p.add_argument("--steps", type=int, default=None, help="denoising steps per chunk (default: the demo's)")
@@ -126,7 +326,24 @@ def parse_args(argv=None):
         action="store_true",
         help="INT2 RTN / QuaRot / QVG, off / taylor / chunk_mean: writes rollout_modes_*.csv, no plots",
     )
+    p.add_argument("--full", action="store_true", help="the old 34-setting grid (about 2 hours at 8 seeds)")
+    p.add_argument(
+        "--settings",
+        action="append",
+        default=None,
+        help="run these settings instead of a grid (repeatable, or ';'-separated spec strings like "
+        "'INT2 g32 QuaRot + taylor')",
+    )
+    p.add_argument("--stem", default=None, help="output file prefix (default: rollout, or rollout_modes)")
+    p.add_argument(
+        "--paired-from",
+        type=Path,
+        default=None,
+        help="recompute the paired-difference table from a per-seed CSV of an earlier run, run nothing",
+    )
     a = p.parse_args(argv)
+    if a.settings:
+        a.settings = [parse_setting(t) for arg in a.settings for t in arg.split(";") if t.strip()]
     if a.quick:
         a.seeds, a.chunks = 1, 4
     if a.modes:
@@ -134,8 +351,21 @@ def parse_args(argv=None):
     return a
 
 
+def paired_from(path: Path, out: Path | None) -> int:
+    """Print (and with ``out`` write) the paired table of a stored per-seed CSV."""
+    rows = read_per_seed(path)
+    order = list(dict.fromkeys(r["setting"] for r in rows))
+    table = paired_table(rows, pairs_for([parse_setting(n) for n in order]))
+    print("\n".join(paired_markdown(table)))
+    if out is not None:
+        write_csv(out, PAIRED_FIELDS, table)
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.paired_from is not None:
+        return paired_from(args.paired_from, None)
     support_comfyui.setup_inprocess_comfyui()
     import importlib
 
@@ -153,14 +383,23 @@ def main(argv=None) -> int:
     sigmas = tiny_ar.sigmas(model, args.steps or tiny_ar.STEPS)
     sampler = comfy.samplers.sampler_object(tiny_ar.SAMPLER)
     F = tiny_ar.CHUNK_FRAMES
-    configs = grid(args.quick, args.modes)
-    stem = "rollout_modes" if args.modes else "rollout"
+    configs = args.settings or grid(args.quick, args.modes, args.full)
+    stem = args.stem or ("rollout_modes" if args.modes else "rollout")
+    cost = sum(3 if c.correction == "exact" else 1 for c in configs) + 1  # + the full-precision reference
+    print(
+        f"{len(configs)} settings x {args.seeds} seeds x {args.chunks} chunks: about "
+        f"{cost * args.seeds * args.chunks / 32 * SECONDS_PER_ROLLOUT / 60:.0f} min on 2 quiet cores "
+        f"({SECONDS_PER_ROLLOUT:.1f} s per 32-chunk rollout, the old default run's rate)",
+        flush=True,
+    )
 
     def patched(cfg: Config):
-        qvg = ("qvg", 1, cfg.centroids) if cfg.centroids else ()
+        qvg = ("qvg", 1, cfg.centroids) if cfg.qvg else ()
         m = nodes.JensenKVQuantizeKVCache.execute(
             model, str(cfg.bits), str(cfg.bits), str(cfg.group), cfg.rotation, "fp8_e4m3", 0, *qvg
         ).args[0]
+        for key, value in cfg.options:
+            m = OPTIONS[key](nodes, m, value)
         if cfg.correction != "off":
             m = nodes.JensenKVBiasCorrection.execute(m, cfg.correction, cfg.strength).args[0]
         return nodes.JensenKVDiagnostics.execute(m, "all", "all", DIAG_STEPS, 4).args[0]
@@ -191,6 +430,7 @@ def main(argv=None) -> int:
     per_chunk: dict[str, list[list[tuple[float, float, float]]]] = {c.name: [] for c in configs}
     diag: dict[str, list[tuple[float, float]]] = {c.name: [] for c in configs}
     physics: list[list[float]] = []
+    per_seed: list[dict] = []
     for i, (prompt, vseed) in enumerate(videos):
         seed = 100 + i
         ref, _ = rollout(model, prompt, vseed, seed)
@@ -204,7 +444,9 @@ def main(argv=None) -> int:
         ref_rgb = tv.to_rgb(ref)
         peak = float(ref.max() - ref.min())
         for cfg in configs:
+            t0 = time.perf_counter()
             x, report = rollout(patched(cfg), prompt, vseed, seed)
+            took = time.perf_counter() - t0
             rgb = tv.to_rgb(x)
             rows = []
             for c in range(args.chunks):
@@ -220,6 +462,24 @@ def main(argv=None) -> int:
             st = report["diagnostics"]["stats"]
             mode = cfg.correction
             diag[cfg.name].append((st[mode]["median_delta_ps"], st[mode]["mean_jsd"]))
+            row = {
+                "setting": cfg.name,
+                "seed": i,
+                "noise_seed": seed,
+                "prompt": prompt,
+                "video_seed": vseed,
+                "effective_bits": cfg.effective_bits(core),
+                "qvg_k": cfg.k_used(core),
+                "latent_psnr": statistics.fmean(r[0] for r in rows),
+                "rgb_psnr": statistics.fmean(r[1] for r in rows),
+                "ssim": statistics.fmean(r[2] for r in rows),
+                "latent_psnr_first_chunk": rows[0][0],
+                "latent_psnr_last_chunk": rows[-1][0],
+                "median_delta_ps": st[mode]["median_delta_ps"],
+                "mean_jsd": st[mode]["mean_jsd"],
+                "seconds": round(took, 2),
+            }
+            per_seed.append(row)
         print(f"seed {i + 1}/{len(videos)} (prompt {prompt}) done at {time.perf_counter() - t_start:.0f} s", flush=True)
 
     # ------------------------------------------------------------------ summary
@@ -245,7 +505,7 @@ def main(argv=None) -> int:
             "rotation": cfg.rotation,
             "correction": cfg.correction,
             "strength": cfg.strength,
-            "centroids": cfg.centroids,
+            "centroids": cfg.k_used(core),
             "effective_bits": cfg.effective_bits(core),
         }
         for key, vals in (
@@ -262,6 +522,10 @@ def main(argv=None) -> int:
     phys = {c: mean_se([p[c - 1] for p in physics]) for c in (1, 8, 16, 32) if c <= args.chunks}
 
     args.out.mkdir(parents=True, exist_ok=True)
+    write_csv(args.out / f"{stem}_per_seed.csv", PER_SEED_FIELDS, per_seed)
+    pairs = pairs_for(configs)
+    paired = paired_table(per_seed, pairs)
+    write_csv(args.out / f"{stem}_paired.csv", PAIRED_FIELDS, paired)
     with open(args.out / f"{stem}_summary.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(summary[0]))
         w.writeheader()
@@ -322,6 +586,12 @@ def main(argv=None) -> int:
     print("\nfull-precision rollouts against the ground-truth continuation (object-position error, latent px):")
     for c, (m, se) in phys.items():
         print(f"  after {c:2d} chunk(s): {m:.2f} ± {se:.2f} px")
+    if paired:
+        print(
+            f"\npaired differences over {len(videos)} seeds (a - b per seed, then mean ± SE = sd / sqrt(n); "
+            "both sides of a pair share the seed's video and noise):"
+        )
+        print("\n".join(paired_markdown(paired)))
     verdict(summary)
     if not args.no_plots:
         plots(summary, per_chunk, configs, args.out)
@@ -344,7 +614,7 @@ def verdict(summary: list[dict]) -> None:
     gains = []
     for r in summary:
         if r["correction"] != "off" and r["strength"] == 1.0:
-            off = by.get(Config(r["bits"], r["group"], r["rotation"], centroids=r.get("centroids", 0)).name)
+            off = by.get(parse_setting(r["config"]).uncorrected.name)
             if off:
                 gains.append(
                     (

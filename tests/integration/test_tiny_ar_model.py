@@ -76,6 +76,13 @@ def test_rollout_benchmark_quick_mode(tmp_path, comfy):
         assert 0 < float(r["latent_psnr"]) < 200 and 0 < float(r["ssim"]) <= 1
     per_chunk = list(csv.DictReader(open(tmp_path / "rollout_per_chunk.csv")))
     assert len(per_chunk) == 4 * len(rows)
+    # one row per setting and seed, in the stored schema; the summary's mean is the mean of those rows
+    per_seed = rollout.read_per_seed(tmp_path / "rollout_per_seed.csv")
+    assert [r["setting"] for r in per_seed] == [r["config"] for r in rows] and {r["seed"] for r in per_seed} == {"0"}
+    for s, r in zip(per_seed, rows):
+        assert float(s["latent_psnr"]) == pytest.approx(float(r["latent_psnr"]))
+    paired = list(csv.DictReader(open(tmp_path / "rollout_paired.csv")))
+    assert {(p["a"], p["b"], p["n"]) for p in paired} == {("INT2 g32 QuaRot + taylor", "INT2 g32 QuaRot", "1")}
 
 
 def _load_rollout():
