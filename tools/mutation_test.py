@@ -607,8 +607,8 @@ MUTANTS += [
     M(
         "P2",
         METH,
-        "if spec.qvg_centroids >= chunk_tokens:",
-        "if spec.qvg_centroids > chunk_tokens:",
+        "if k >= chunk_tokens:",
+        "if k > chunk_tokens:",
         T_PLAN,
         "K equal to the chunk's tokens is warned about as a cost only, not as every token its own centroid",
     ),

@@ -306,6 +306,26 @@ def test_planner_follows_bits_group_size_and_window(ui):
     assert not our_errors(ui.errors), our_errors(ui.errors)
 
 
+def test_planner_shows_the_k_qvg_auto_picks_for_the_chosen_chunks(ui):
+    """method qvg with K auto (0, the default): the bits line names the K picked for the run's chunks, exactly."""
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.focus(QUANT)
+    ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
+    ui.set_widget(QUANT, "group_size", "64")
+    ui.set_widget(QUANT, "method", "qvg")
+    # Self-Forcing 480p: 3 latent frames of 52 x 30 tokens = 4,680 tokens per chunk -> K = 98, 2.773 bits
+    r = ui.wait_planner("el.querySelector('[data-jkv=bits]').textContent.includes('K=98 (auto)')")
+    assert r["bits_text"].startswith("K 2.773 bits QVG K=98 (auto) · V 2.773 bits QVG K=98 (auto)"), r["bits_text"]
+    ui.set_widget("JensenKVChunkedARSampler", "chunk_frames", 1)  # 1,560 tokens per chunk -> K = 32
+    r = ui.wait_planner("el.querySelector('[data-jkv=bits]').textContent.includes('K=32 (auto)')")
+    assert r["bits_text"].startswith("K 2.766 bits QVG K=32 (auto)"), r["bits_text"]
+    ui.set_widget(QUANT, "qvg_centroids", 256)  # an explicit K is shown as given
+    r = ui.wait_planner("el.querySelector('[data-jkv=bits]').textContent.includes('K=256')")
+    assert "(auto)" not in r["bits_text"], r["bits_text"]
+    ui.shot("06c_planner_qvg_auto_k")
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
 def test_planner_counts_both_cfg_branches_for_skyreels(ui):
     ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_skyreels_v2_df_cfg_int2_jensen.json").read_text()))
     ui.focus(QUANT)
