@@ -1,7 +1,10 @@
 """The paper's Table 1 and Fig. 5 on the pack's trained tiny AR model: quantized caches over long rollouts.
 
-    python benchmarks/rollout.py            # 4 seeds x 32 chunks, 34 configurations (54 min on one core)
+    python benchmarks/rollout.py            # 8 seeds x 32 chunks, the 14 HEADLINE settings (about 40 min, 2 cores)
+    python benchmarks/rollout.py --full --seeds 4   # the old default: 34 settings (54 min on one core)
     python benchmarks/rollout.py --quick    # 1 seed x 4 chunks, 4 configurations (about a minute)
+    python benchmarks/rollout.py --settings "INT2 g32 QuaRot; INT2 g32 QuaRot + taylor"   # any settings
+    python benchmarks/rollout.py --paired-from docs/results/rollout_per_seed.csv   # the paired table again
     python benchmarks/rollout.py --modes    # correction modes and QVG side by side at INT2 (rollout_modes_*.csv)
 
 Every rollout continues a held-out ground-truth video: its first ``--prefix`` chunks are written into
@@ -21,8 +24,12 @@ the model's dtype on the CPU):
   data's physics) after 8, 16 and 32 chunks.
 
 Writes ``<out>/rollout_summary.csv`` (one row per configuration, means and standard errors over
-seeds), ``<out>/rollout_per_chunk.csv``, ``<out>/rollout_drift.png`` (PSNR against chunk index) and
-``<out>/rollout_fig5.png`` (PSNR against effective bits), and prints the README table.
+seeds), ``<out>/rollout_per_seed.csv`` (one row per configuration and seed: :data:`PER_SEED_FIELDS`),
+``<out>/rollout_paired.csv`` (paired differences a - b over the seeds both ran: mean, SE = sd / sqrt(n),
+n; every "+ correction" setting against the same one without, and :data:`HEADLINE_PAIRS`),
+``<out>/rollout_per_chunk.csv``, ``<out>/rollout_drift.png`` (PSNR against chunk index) and
+``<out>/rollout_fig5.png`` (PSNR against effective bits), and prints the README table and the paired one.
+Settings are spec strings (:func:`parse_setting`, the form of :attr:`Config.name`).
 """
 
 from __future__ import annotations
