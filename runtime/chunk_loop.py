@@ -352,8 +352,10 @@ class _Setup:
     def _planned_bytes(self, r: ChunkedARRequest) -> int:
         """The planner's peak cache bytes for this run (ComfyUI is asked for that much room)."""
         adapter, li = self.adapter, self.latent_image
+        # the planner counts chunks of chunk_frames; a shorter first chunk is counted as a full one (an upper bound)
+        pad = r.chunk_frames - r.first_chunk_frames if r.first_chunk_frames and r.resume is None else 0
         planned = plan_cache(
-            latent_frames=self.plan.frames,
+            latent_frames=self.plan.frames + (0 if self.prefix_latent is not None else pad),
             latent_height=li.shape[3],
             latent_width=li.shape[4],
             chunk_frames=r.chunk_frames,
@@ -371,7 +373,9 @@ class _Setup:
             geometry=adapter.geometry,
             # what is in the cache before the first generated chunk, as frames: a loaded state's chunks as it holds
             # them (never its claimed next_frame), a prefix clip's frames
-            prefix_frames=len(r.resume.retained) * r.chunk_frames if r.resume is not None else self.first_frame,
+            prefix_frames=len(r.resume.retained) * r.chunk_frames
+            if r.resume is not None
+            else self.first_frame + (pad if self.prefix_latent is not None else 0),
         )
         return planned.quantized_bytes or 0
 

@@ -161,6 +161,9 @@ def test_independent_first_frame_layout_matches_block_causal_forward(loop, tiny,
     assert [w["x"].shape[2] for w in writes] == [1, 2]
     assert shapes.seen == {0: [], 1: [TOKENS_PER_FRAME], 2: [TOKENS_PER_FRAME, 2 * TOKENS_PER_FRAME]}
     assert res.report["cache_bytes"] == 3 * PER_FRAME_BYTES <= res.report["planned_bytes"]  # the plan is a bound
+    # blocks of 1, 2, 1: three chunks where chunks of 2 make two; the plan still bounds what the run holds
+    res = _run(loop, tiny, 4, sigmas, euler, chunk_frames=2, first_chunk_frames=1, progress=False)
+    assert res.report["chunks"] == 3 and res.report["cache_bytes"] == 3 * PER_FRAME_BYTES <= res.report["planned_bytes"]
 
 
 def test_independent_first_frame_continues_and_extends_as_one_long_run(loop, tiny, euler):
