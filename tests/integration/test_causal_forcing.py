@@ -236,3 +236,17 @@ def test_schedule_and_sampler_nodes_carry_the_first_chunk_options(loop, nodes, t
     schema = {i.id: i for i in nodes.JensenKVChunkedARSampler.define_schema().inputs}
     assert schema["first_chunk_sigmas"].optional and schema["first_chunk_frames"].optional
     assert schema["first_chunk_frames"].default == 0 and schema["first_chunk_frames"].as_dict()["advanced"] is True
+
+
+def test_quantized_framewise_run_with_diagnostics_and_a_longer_first_schedule(loop, nodes, tiny, lcm, sched):
+    """INT2 + Jensen on frame-wise chunks (16 tokens each), KV Cache Diagnostics over every step: the first frame's
+    4 steps are all sampled though the other frames take 1."""
+    m = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0).args[0]
+    m = nodes.JensenKVBiasCorrection.execute(m, "taylor", 1.0).args[0]
+    m = nodes.JensenKVDiagnostics.execute(m, "all", "all", "all", 1).args[0]
+    sigmas = sched.ar_sigmas("causal_forcing_framewise_1step")
+    first = sched.first_chunk_sigmas("causal_forcing_framewise_1step")
+    res = _run(loop, m, 4, sigmas, lcm, chunk_frames=1, first_chunk_sigmas=first, progress=False)
+    assert torch.isfinite(res.samples).all() and res.report["chunks"] == 4
+    diag = res.report["diagnostics"]
+    assert diag["steps"] == [0, 1, 2, 3] and diag["calls"] > 0
