@@ -1,10 +1,11 @@
-"""AR Video Schedule: the few-step schedules of Self-Forcing, LongLive, CausVid and SkyReels-V2 DF as SIGMAS."""
+"""AR Video Schedule: the few-step schedules of Self-Forcing, LongLive, CausVid, Causal Forcing and SkyReels-V2 DF as
+SIGMAS."""
 
 from __future__ import annotations
 
 from comfy_api.latest import io, ui
 
-from ..runtime.schedules import PRESET_HELP, PRESETS, ar_sigmas, describe
+from ..runtime.schedules import PRESET_HELP, PRESETS, ar_sigmas, describe, first_chunk_sigmas
 from .common import CATEGORY, check_combo_values, logger
 
 
@@ -61,5 +62,8 @@ class JensenKVARSchedule(io.ComfyNode):
     def execute(cls, preset, steps=30, shift=8.0, manual="") -> io.NodeOutput:
         sigmas = ar_sigmas(preset, steps=int(steps), shift=float(shift), manual=manual)
         text = f"{preset}: {describe(sigmas)}"
+        first = first_chunk_sigmas(preset)
+        if first is not None:
+            text += f"; the reference's first frame: {describe(first)} (wire that to the sampler's first_chunk_sigmas)"
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(sigmas, ui=ui.PreviewText(text))

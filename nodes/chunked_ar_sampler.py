@@ -134,6 +134,31 @@ def common_tail_inputs() -> list:
     # inputs added after v0.1 are optional, so API prompts and workflows saved before them still run
 
 
+def first_chunk_inputs() -> list:
+    """The first chunk's own schedule and length (Causal Forcing++, an independent first frame); optional."""
+    return [
+        io.Sigmas.Input(
+            "first_chunk_sigmas",
+            optional=True,
+            tooltip="Optional: the schedule of the video's first chunk (the first one after a prefix), e.g. AR Video "
+            "Schedule causal_forcing_framewise_4step for Causal Forcing++ 2-step / 1-step, whose first frame takes 4 "
+            "steps. Unconnected: sigmas for every chunk. A continued kv_cache run uses sigmas.",
+        ),
+        advanced(
+            io.Int.Input(
+                "first_chunk_frames",
+                default=0,
+                min=0,
+                max=1024,
+                optional=True,
+                tooltip="Latent frames of the video's first chunk (a prefix's first chunk when extending a clip); 0 "
+                "= chunk_frames. 1 is Self-Forcing's / Causal Forcing's independent_first_frame (blocks of 1, k, k, "
+                "...); at most chunk_frames. A continued kv_cache run already has its first chunk.",
+            )
+        ),
+    ]
+
+
 def outputs() -> list:
     return [
         io.Latent.Output(
@@ -174,6 +199,8 @@ def sample_node(
     include_prefix=True,
     kv_cache=None,
     recache_on_switch=True,
+    first_chunk_sigmas=None,
+    first_chunk_frames=0,
 ) -> io.NodeOutput:
     if kv_cache is not None and not isinstance(kv_cache, SavedRun):
         raise ValueError(
@@ -199,6 +226,8 @@ def sample_node(
             resume=kv_cache,
             keep_state=keep_state,
             recache_on_switch=recache_on_switch,
+            first_chunk_sigmas=first_chunk_sigmas,
+            first_chunk_frames=first_chunk_frames,
         )
     )
     out = latent.copy()
@@ -228,6 +257,7 @@ class JensenKVChunkedARSampler(io.ComfyNode):
                     "Self-Forcing / CausVid schedule); reused for every chunk.",
                 ),
                 *common_tail_inputs(),
+                *first_chunk_inputs(),
             ],
             outputs=outputs(),
             hidden=hidden_inputs(),
@@ -252,6 +282,8 @@ class JensenKVChunkedARSampler(io.ComfyNode):
         include_prefix=True,
         kv_cache=None,
         recache_on_switch=True,
+        first_chunk_sigmas=None,
+        first_chunk_frames=0,
     ) -> io.NodeOutput:
         return sample_node(
             cls,
@@ -271,4 +303,6 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             include_prefix,
             kv_cache,
             recache_on_switch,
+            first_chunk_sigmas,
+            first_chunk_frames,
         )

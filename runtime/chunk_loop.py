@@ -66,23 +66,37 @@ def chunk_seed(seed: int, chunk: int, stream: int) -> int:
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """How a video of ``frames`` latent frames splits into chunks of ``chunk_frames``."""
+    """How a video of ``frames`` latent frames splits into chunks of ``chunk_frames``.
+
+    ``first_chunk_frames`` (0: ``chunk_frames``) gives the first chunk its own length, as references with an
+    independent first frame do (Self-Forcing's / Causal Forcing's ``independent_first_frame``: blocks of
+    1, k, k, ...; LongLive's I2V configs)."""
 
     frames: int
     chunk_frames: int
+    first_chunk_frames: int = 0
 
     def __post_init__(self) -> None:
         if self.chunk_frames < 1:
             raise ValueError(f"chunk_frames={self.chunk_frames} must be at least 1 latent frame")
+        if self.first_chunk_frames < 0:
+            raise ValueError(
+                f"first_chunk_frames={self.first_chunk_frames} must be 0 (as chunk_frames) or a number of latent frames"
+            )
         if self.frames < 1:
             raise ValueError(f"the latent has {self.frames} frames; it needs at least one")
 
     @property
+    def first(self) -> int:
+        return min(self.first_chunk_frames or self.chunk_frames, self.frames)
+
+    @property
     def chunks(self) -> int:
-        return math.ceil(self.frames / self.chunk_frames)
+        return 1 + math.ceil((self.frames - self.first) / self.chunk_frames)
 
     def bounds(self) -> list[tuple[int, int]]:
-        return [(s, min(s + self.chunk_frames, self.frames)) for s in range(0, self.frames, self.chunk_frames)]
+        rest = range(self.first, self.frames, self.chunk_frames)
+        return [(0, self.first)] + [(s, min(s + self.chunk_frames, self.frames)) for s in rest]
 
 
 @dataclass
@@ -111,6 +125,10 @@ class ChunkedARRequest:
     ``keep_state``: also write the last chunk and return the state to continue from.
     ``recache_on_switch``: re-write the retained chunks when the prompt changes.
     ``observer``: sees every attention call (see :mod:`runtime.observer`).
+    ``first_chunk_sigmas``: the schedule of the first chunk this run denoises when it starts a video or
+    extends a prefix (Causal Forcing++'s ``denoising_step_list_first_chunk``; a continued run's first
+    chunk is not the video's, and uses ``sigmas``). ``first_chunk_frames``: the video's first chunk has
+    this many latent frames (0: ``chunk_frames``; Self-Forcing's ``independent_first_frame`` is 1).
     ``step_callback(chunk, step, steps)`` runs after every denoising step (tests, UIs);
     ``progress`` / ``preview`` drive ComfyUI's progress bar and latent previews.
 
@@ -138,6 +156,8 @@ class ChunkedARRequest:
     step_callback: Callable[[int, int, int], None] | None = None
     progress: bool = True
     preview: bool = True
+    first_chunk_sigmas: torch.Tensor | None = None
+    first_chunk_frames: int = 0
 
     def __post_init__(self) -> None:
         latent, sigmas = self.latent, self.sigmas
@@ -154,6 +174,31 @@ class ChunkedARRequest:
             )
         if not torch.isfinite(sigmas).all():
             raise ValueError(f"SIGMAS contains NaN or Inf values: {sigmas.tolist()}")
+        first = self.first_chunk_sigmas
+        if first is not None and (
+            not isinstance(first, torch.Tensor)
+            or first.ndim != 1
+            or first.numel() < 2
+            or not torch.isfinite(first).all()
+        ):
+            raise ValueError(
+                "first_chunk_sigmas must be a 1-D schedule of finite values with at least 2 values (one step), got "
+                f"{first.tolist() if isinstance(first, torch.Tensor) else type(first).__name__}; leave it unconnected "
+                "to use sigmas for every chunk"
+            )
+        if isinstance(self.first_chunk_frames, bool) or not isinstance(self.first_chunk_frames, int):
+            raise ValueError(f"first_chunk_frames={self.first_chunk_frames!r} must be an integer (0: chunk_frames)")
+        if self.first_chunk_frames < 0:
+            raise ValueError(
+                f"first_chunk_frames={self.first_chunk_frames} must be 0 (as chunk_frames) or a number of latent "
+                "frames (1 for an independent first frame)"
+            )
+        if self.first_chunk_frames > self.chunk_frames:
+            raise ValueError(
+                f"first_chunk_frames={self.first_chunk_frames} is longer than chunk_frames={self.chunk_frames}: a first "
+                "chunk may only be shorter (the references' independent first frame is 1 frame), since the planner and "
+                "the window assume no chunk is longer than chunk_frames; lower first_chunk_frames or raise chunk_frames"
+            )
         if self.window_chunks < 0:
             raise ValueError(
                 f"window_chunks={self.window_chunks} must be 0 (keep every chunk) or a positive number of chunks"
@@ -170,6 +215,13 @@ class ChunkedARRequest:
     @property
     def samples(self) -> torch.Tensor:
         return self.latent["samples"]
+
+    def sigmas_of(self, c: int) -> torch.Tensor:
+        """The schedule of this run's ``c``-th chunk: ``first_chunk_sigmas`` for the first one of a run that
+        starts the video or extends a prefix, else ``sigmas``."""
+        if c == 0 and self.first_chunk_sigmas is not None and self.resume is None:
+            return self.first_chunk_sigmas
+        return self.sigmas
 
     @property
     def branches(self) -> list[int]:
@@ -261,7 +313,11 @@ class _Setup:
             schedule,
             latent_image,
             prefix_latent,
-            ChunkPlan(latent_image.shape[2], r.chunk_frames),
+            ChunkPlan(
+                latent_image.shape[2],
+                r.chunk_frames,
+                r.first_chunk_frames if r.resume is None and r.prefix is None else 0,
+            ),
             {**adapter.fingerprint(), "weights": adapter.weights_digest()},
         )
         setup._start_point(r)
@@ -290,14 +346,16 @@ class _Setup:
             self.first_chunk, self.first_frame = r.resume.next_chunk, r.resume.next_frame
             self.active = r.resume.active_prompt
         elif self.prefix_latent is not None:
-            self.prefix_bounds = ChunkPlan(self.prefix_latent.shape[2], r.chunk_frames).bounds()
+            self.prefix_bounds = ChunkPlan(self.prefix_latent.shape[2], r.chunk_frames, r.first_chunk_frames).bounds()
             self.first_chunk, self.first_frame = len(self.prefix_bounds), int(self.prefix_latent.shape[2])
 
     def _planned_bytes(self, r: ChunkedARRequest) -> int:
         """The planner's peak cache bytes for this run (ComfyUI is asked for that much room)."""
         adapter, li = self.adapter, self.latent_image
+        # the planner counts chunks of chunk_frames; a shorter first chunk is counted as a full one (an upper bound)
+        pad = r.chunk_frames - r.first_chunk_frames if r.first_chunk_frames and r.resume is None else 0
         planned = plan_cache(
-            latent_frames=self.plan.frames,
+            latent_frames=self.plan.frames + (0 if self.prefix_latent is not None else pad),
             latent_height=li.shape[3],
             latent_width=li.shape[4],
             chunk_frames=r.chunk_frames,
@@ -315,7 +373,9 @@ class _Setup:
             geometry=adapter.geometry,
             # what is in the cache before the first generated chunk, as frames: a loaded state's chunks as it holds
             # them (never its claimed next_frame), a prefix clip's frames
-            prefix_frames=len(r.resume.retained) * r.chunk_frames if r.resume is not None else self.first_frame,
+            prefix_frames=len(r.resume.retained) * r.chunk_frames
+            if r.resume is not None
+            else self.first_frame + (pad if self.prefix_latent is not None else 0),
         )
         return planned.quantized_bytes or 0
 
@@ -386,7 +446,8 @@ class _Job:
 
         self.r, self.s = r, setup
         adapter, config, model = setup.adapter, setup.config, r.model
-        self.steps = r.sigmas.numel() - 1
+        self.chunk_steps = [r.sigmas_of(c).numel() - 1 for c in range(setup.plan.chunks)]
+        self.steps = max(self.chunk_steps)
         sigma_max = float(model.get_model_object("model_sampling").sigma_max)
         self.ctx_sigma = float(r.context_noise) * sigma_max
         self.write_sigmas = torch.tensor([self.ctx_sigma, 0.0], dtype=torch.float32)
@@ -435,7 +496,7 @@ class _Job:
             {"start_chunk": p.start_chunk, "label": p.label, "recached_chunks": 0} for p in setup.schedule.prompts
         ]
         self.previewer = _previewer(model, r.preview and r.progress)
-        self.pbar = comfy.utils.ProgressBar(setup.plan.chunks * self.steps) if r.progress else None
+        self.pbar = comfy.utils.ProgressBar(sum(self.chunk_steps)) if r.progress else None
         self.memory_request = None
         self.state: SavedRun | None = None
         self.bytes_after_write: list[int] = []
@@ -476,7 +537,7 @@ class _Job:
             noise,
             r.cfg,
             r.sampler,
-            r.sigmas,
+            r.sigmas_of(c),
             prompt,
             r.negative,
             latent_image[:, :, f0:f1],
@@ -499,7 +560,7 @@ class _Job:
 
     def _on_step(self, c: int, chunk_index: int):
         """The sampler callback of chunk ``c``: step count, progress bar and preview, step_callback, interrupt."""
-        steps, total_steps = self.steps, self.s.plan.chunks * self.steps
+        steps, total_steps, done = self.chunk_steps[c], sum(self.chunk_steps), sum(self.chunk_steps[:c])
 
         def on_step(step, x0, x, total):
             self.run.step = step + 1
@@ -510,7 +571,7 @@ class _Job:
                         preview_bytes = self.previewer.decode_latent_to_preview_image("JPEG", x0)
                     except Exception:  # noqa: BLE001 - never fail a run for a preview
                         logger.debug("jensen_kv: preview failed", exc_info=True)
-                self.pbar.update_absolute(c * steps + step + 1, total_steps, preview_bytes)
+                self.pbar.update_absolute(done + step + 1, total_steps, preview_bytes)
             if self.r.step_callback is not None:
                 self.r.step_callback(chunk_index, step, steps)
             _interrupt_check()

@@ -18,6 +18,14 @@ What each reference feeds its model, per chunk:
   steps the last non-zero sigma is 0.216. The pack runs SkyReels-V2 DF as an experimental causal variant
   (block-causal, KV cache); the reference's documented runs (``generate_video_df.py`` without
   ``--causal_attention``) attend bidirectionally, keep no KV cache and re-encode ``overlap_history`` frames.
+- **Causal Forcing, frame-wise** (thu-ml/Causal-Forcing; ``num_frame_per_block: 1``, ``timestep_shift: 5.0``,
+  ``warp_denoising_step: true``; ``pipeline/causal_inference.py`` 28-32 takes ``timesteps[1000 - t]`` of the
+  scheduler of ``utils/wan_wrapper.py`` 136-139, as LongLive does):
+  4 steps (``configs/causal_forcing_dmd_framewise.yaml`` 7-15): [1000, 750, 500, 250] -> t = 1000, 937.5, 833.3,
+  625; 2 steps (``causal_forcing_dmd_framewise_2step.yaml`` 7-9): [1000, 500] -> t = 1000, 833.3; 1 step
+  (``causal_forcing_dmd_framewise_1step.yaml`` 7-8): [1000] -> t = 1000. The 2- and 1-step configs give the
+  first block its own 4-step list (``denoising_step_list_first_chunk``, 2step 10-14, 1step 9-13; chosen for
+  ``block_index == 0`` at ``pipeline/causal_inference.py`` 222-228): :func:`first_chunk_sigmas`.
 
 Every schedule ends with sigma 0 (the last step predicts the clean chunk). No ComfyUI import here.
 """
@@ -28,7 +36,17 @@ import math
 
 import torch
 
-PRESETS = ("self_forcing_4step", "longlive_4step", "causvid_3step", "causvid_warp_4step", "skyreels_v2_df", "manual")
+PRESETS = (
+    "self_forcing_4step",
+    "longlive_4step",
+    "causvid_3step",
+    "causvid_warp_4step",
+    "skyreels_v2_df",
+    "causal_forcing_framewise_4step",
+    "causal_forcing_framewise_2step",
+    "causal_forcing_framewise_1step",
+    "manual",
+)
 PRESET_HELP = {
     "self_forcing_4step": "Self-Forcing: t = 1000, 937.5, 833.3, 625 (shift 5 on 1000/750/500/250)",
     "longlive_4step": "LongLive 1.0: t = 1000, 937.5, 833.3, 625 (shift 5 on 1000/750/500/250, as Self-Forcing)",
@@ -38,6 +56,15 @@ PRESET_HELP = {
         "SkyReels-V2 DF: FlowUniPC's sigmas for `steps` and `shift` (30 and 8 for T2V); the pack's SkyReels path "
         "is an experimental causal variant of SkyReels-V2 DF (the reference's documented runs attend "
         "bidirectionally, keep no KV cache and re-encode overlap_history frames)"
+    ),
+    "causal_forcing_framewise_4step": "Causal Forcing frame-wise (chunk_frames 1): t = 1000, 937.5, 833.3, 625",
+    "causal_forcing_framewise_2step": (
+        "Causal Forcing++ frame-wise 2-step (chunk_frames 1): t = 1000, 833.3; its first frame takes 4 steps "
+        "(t = 1000, 937.5, 833.3, 625): give the sampler's first_chunk_sigmas a causal_forcing_framewise_4step schedule"
+    ),
+    "causal_forcing_framewise_1step": (
+        "Causal Forcing++ frame-wise 1-step (chunk_frames 1): t = 1000; its first frame takes 4 steps "
+        "(t = 1000, 937.5, 833.3, 625): give the sampler's first_chunk_sigmas a causal_forcing_framewise_4step schedule"
     ),
     "manual": "your own list: sigmas from 1 down (a trailing 0 is added); values above 1 are timesteps t (divided by 1000)",
 }
@@ -82,10 +109,25 @@ def parse_manual(text: str) -> list[float]:
     return values
 
 
+#: the reference's ``denoising_step_list`` (before its shift-5 warp) of the presets that warp with shift 5
+_SHIFT5_STEPS = {
+    "self_forcing_4step": (1000, 750, 500, 250),
+    "longlive_4step": (1000, 750, 500, 250),
+    "causal_forcing_framewise_4step": (1000, 750, 500, 250),
+    "causal_forcing_framewise_2step": (1000, 500),
+    "causal_forcing_framewise_1step": (1000,),
+}
+#: presets whose reference gives the first block its own schedule (``denoising_step_list_first_chunk``)
+FIRST_CHUNK_PRESET = {
+    "causal_forcing_framewise_2step": "causal_forcing_framewise_4step",
+    "causal_forcing_framewise_1step": "causal_forcing_framewise_4step",
+}
+
+
 def ar_sigmas(preset: str, steps: int = 30, shift: float = 8.0, manual: str = "") -> torch.Tensor:
     """The SIGMAS of ``preset`` (see the module docstring), float32, ending in 0."""
-    if preset in ("self_forcing_4step", "longlive_4step"):
-        values = [warp(t / 1000, 5.0) for t in (1000, 750, 500, 250)] + [0.0]
+    if preset in _SHIFT5_STEPS:
+        values = [warp(t / 1000, 5.0) for t in _SHIFT5_STEPS[preset]] + [0.0]
     elif preset == "causvid_3step":
         values = [1.0, 0.757, 0.522, 0.0]
     elif preset == "causvid_warp_4step":
@@ -103,6 +145,13 @@ def ar_sigmas(preset: str, steps: int = 30, shift: float = 8.0, manual: str = ""
     return torch.tensor(values, dtype=torch.float32)
 
 
+def first_chunk_sigmas(preset: str) -> torch.Tensor | None:
+    """The first block's own SIGMAS where ``preset``'s reference has one (Causal Forcing++ 2/1-step: 4 steps), else None."""
+    first = FIRST_CHUNK_PRESET.get(preset)
+    return None if first is None else ar_sigmas(first)
+
+
 def describe(sigmas: torch.Tensor) -> str:
     ts = ", ".join(f"{1000 * float(s):.1f}".rstrip("0").rstrip(".") for s in sigmas[:-1])
-    return f"{sigmas.numel() - 1} steps; the model sees t = {ts}"
+    steps = sigmas.numel() - 1
+    return f"{steps} step{'s' if steps != 1 else ''}; the model sees t = {ts}"

@@ -70,3 +70,47 @@ def test_describe_says_what_the_model_sees():
     assert (
         sched.describe(sched.ar_sigmas("self_forcing_4step")) == "4 steps; the model sees t = 1000, 937.5, 833.3, 625"
     )
+
+
+def _causal_forcing_warp(steps):
+    """thu-ml/Causal-Forcing as its pipeline computes it: FlowMatchScheduler(shift=5, sigma_min=0, extra_one_step=True)
+    .set_timesteps(1000) (utils/wan_wrapper.py:136-139, utils/scheduler.py:118-133, float32 as there), then
+    ``timesteps[1000 - t]`` of the timesteps with a trailing 0 (pipeline/causal_inference.py:28-32)."""
+    shift = 5.0
+    sigmas = torch.linspace(1.0, 0.0, 1001)[:-1]
+    sigmas = shift * sigmas / (1 + (shift - 1) * sigmas)
+    timesteps = torch.cat((sigmas * 1000, torch.tensor([0], dtype=torch.float32)))
+    return timesteps[1000 - torch.tensor(steps, dtype=torch.long)] / 1000
+
+
+@pytest.mark.parametrize(
+    "preset,steps,first_steps",
+    [
+        # configs/causal_forcing_dmd_framewise.yaml:7-15 (num_frame_per_block 1 at :47): one list for every block
+        ("causal_forcing_framewise_4step", [1000, 750, 500, 250], None),
+        # configs/causal_forcing_dmd_framewise_2step.yaml:7-14: denoising_step_list, denoising_step_list_first_chunk
+        ("causal_forcing_framewise_2step", [1000, 500], [1000, 750, 500, 250]),
+        # configs/causal_forcing_dmd_framewise_1step.yaml:7-13
+        ("causal_forcing_framewise_1step", [1000], [1000, 750, 500, 250]),
+    ],
+)
+def test_causal_forcing_framewise_presets_are_its_configs_warped_as_its_pipeline_does(preset, steps, first_steps):
+    expected = torch.cat([_causal_forcing_warp(steps), torch.zeros(1)])
+    torch.testing.assert_close(sched.ar_sigmas(preset), expected, atol=1e-6, rtol=0)
+    first = sched.first_chunk_sigmas(preset)
+    if first_steps is None:
+        assert first is None
+    else:  # the first block's own list, chosen for block_index == 0 (pipeline/causal_inference.py:222-228)
+        torch.testing.assert_close(
+            first, torch.cat([_causal_forcing_warp(first_steps), torch.zeros(1)]), atol=1e-6, rtol=0
+        )
+        assert "first_chunk_sigmas" in sched.PRESET_HELP[preset]
+    assert preset in sched.PRESETS and "chunk_frames 1" in sched.PRESET_HELP[preset]
+
+
+def test_causal_forcing_framewise_schedules_in_words():
+    assert (
+        sched.describe(sched.ar_sigmas("causal_forcing_framewise_2step")) == "2 steps; the model sees t = 1000, 833.3"
+    )
+    assert sched.describe(sched.ar_sigmas("causal_forcing_framewise_1step")) == "1 step; the model sees t = 1000"
+    assert all(sched.first_chunk_sigmas(p) is None for p in ("self_forcing_4step", "causvid_3step", "manual"))

@@ -92,6 +92,8 @@ def test_schemas_follow_the_contract(nodes):
                 "window_chunks",
                 "context_noise",
                 *NEW_SAMPLER_INPUTS,
+                "first_chunk_sigmas",
+                "first_chunk_frames",
             ],
             SAMPLER_OUTPUTS,
         ),
