@@ -148,7 +148,9 @@ def cached_attention(
     (None or 0: nothing). Krea's ``kv_cache_attention_bias`` is ``log(bias)`` on every cached key
     but the window's first frame (:func:`jensen_core.bias.attention_bias_offsets`). A constant over a
     run of keys is an offset of their log-sum-exp before the merge, so it composes with every
-    correction and layout in the same pass and costs nothing; the current chunk never gets one.
+    correction and layout in the same pass, with no bias matrix and no extra channel (a chunk split
+    into runs takes one kernel call per run; the one-buffer path folds the offsets into one more
+    channel); the current chunk never gets one.
     """
     correction = check_mode(correction)
     entries = list(cache_entries)

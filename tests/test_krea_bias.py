@@ -160,3 +160,27 @@ def test_bad_offsets_are_clear_errors():
         cached_attention(q, kc, vc, entries, key_log_offsets=[((5, 0.0),), None, None])
     with pytest.raises(ValueError, match="finite log-offset"):
         cached_attention(q, kc, vc, entries, key_log_offsets=[((18, float("-inf")),), None, None])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (CPU-only machine)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_cuda_layout_takes_the_offsets(monkeypatch, dtype):
+    """pad, split and flex (FlexAttention's score_mod on a slice of W) each give scope's biased attention."""
+    from jensen_core import correction_layouts as cl
+
+    entries, q, kc, vc = _setup()
+    dev = torch.device("cuda")
+    moved = [CacheEntry(*(quantize(t.dequantize().to(dev), e.k.spec) for t in (e.k, e.v))) for e in entries]
+    back = [CacheEntry(*(quantize(t.dequantize(), e.k.spec) for t in (e.k, e.v))) for e in entries]
+    ref = _krea_reference(back, q, kc, vc, "taylor", 1.0, 0.3)
+    G = D // G_SIZE
+    layouts = [lay for lay in cl.candidate_layouts(dev, dtype, D, G) if cl._layout_ok(lay, dev, dtype, D, G)]
+    assert layouts
+    for layout in layouts:
+        monkeypatch.setattr(attention, "taylor_layout", lambda *a, layout=layout, **k: layout)
+        out = cached_attention(
+            *(t.to(dev, dtype) for t in (q, kc, vc)), moved, "taylor", key_log_offsets=_offsets(moved, 0.3)
+        )
+        err = float((out.double().cpu() - ref).abs().max())
+        assert err < 3e-2, f"{layout}: max error {err}"
