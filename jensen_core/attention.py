@@ -124,6 +124,7 @@ def cached_attention(
     cache_entries: Sequence[CacheEntry],
     correction: str = "taylor",
     strength: float = 1.0,
+    key_log_offsets: Sequence[float | Sequence[tuple[int, float]] | None] | None = None,
 ) -> Tensor:
     """Attention of the current chunk's queries over the cached chunks and the current chunk.
 
@@ -141,10 +142,20 @@ def cached_attention(
     Where the SDPA kernel reports its log-sum-exp (CPU, CUDA), the cached chunks are streamed one
     at a time and the partial results merged, so the transient memory is about one chunk's K/V
     rather than the whole window; elsewhere one buffer holds the window.
+
+    ``key_log_offsets`` (optional, one item per cached chunk): a constant added to the scores of that
+    chunk's keys - a float for all of them, or ``(tokens, offset)`` pieces covering its keys in order
+    (None or 0: nothing). Krea's ``kv_cache_attention_bias`` is ``log(bias)`` on every cached key
+    but the window's first frame (:func:`jensen_core.bias.attention_bias_offsets`). A constant over a
+    run of keys is an offset of their log-sum-exp before the merge, so it composes with every
+    correction and layout in the same pass, with no bias matrix and no extra channel (a chunk split
+    into runs takes one kernel call per run; the one-buffer path folds the offsets into one more
+    channel); the current chunk never gets one.
     """
     correction = check_mode(correction)
     entries = list(cache_entries)
     _check_inputs(q, k_cur, v_cur, entries, strength)
+    pieces = _offset_pieces(key_log_offsets, entries)
     if not entries:
         return F.scaled_dot_product_attention(q, k_cur, v_cur)
 
@@ -156,7 +167,7 @@ def cached_attention(
     strength = float(strength)
     if correction == "exact":
         qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
-        out = _exact_attention(qr, kcr, vcr, entries, strength)
+        out = _exact_attention(qr, kcr, vcr, entries, strength, pieces)
         return unrotate(out, vseed) if vseed is not None else out
     G = D // entries[0].k.spec.group_size if correction != "off" else 0
     streamed = not _FORCE_CONCAT and lse_supported(q.device, q.dtype, D)
@@ -165,10 +176,49 @@ def cached_attention(
         layout = taylor_layout(q.device, q.dtype, D, G, (q.shape[1], q.shape[2], entries[0].tokens))
         streamed = layout is not None
     if streamed:
-        return _streamed(q, k_cur, v_cur, entries, correction, strength, layout, kseed, vseed)
+        return _streamed(q, k_cur, v_cur, entries, correction, strength, layout, kseed, vseed, pieces)
     qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
-    out = _concatenated(qr, kcr, vcr, entries, correction, strength, G)
+    out = _concatenated(qr, kcr, vcr, entries, correction, strength, G, pieces)
     return unrotate(out, vseed) if vseed is not None else out
+
+
+#: per cached chunk, ``(start, end, log-offset)`` runs of its keys (None: no offsets anywhere)
+Pieces = list[list[tuple[int, int, float]]] | None
+
+
+def _offset_pieces(offsets, entries: list[CacheEntry]) -> Pieces:
+    """``key_log_offsets`` checked against the chunks and turned into runs of keys; None when every offset is 0."""
+    if offsets is None:
+        return None
+    offsets = list(offsets)
+    if len(offsets) != len(entries):
+        raise ValueError(
+            f"key_log_offsets has {len(offsets)} items but the cache holds {len(entries)} chunks; give one per chunk"
+        )
+    out, any_offset = [], False
+    for i, (spec, e) in enumerate(zip(offsets, entries)):
+        t = e.tokens
+        if spec is None:
+            spec = ((t, 0.0),)
+        elif isinstance(spec, (int, float)) and not isinstance(spec, bool):
+            spec = ((t, float(spec)),)
+        runs, start = [], 0
+        for piece in spec:
+            n, off = piece
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0 or not math.isfinite(float(off)):
+                raise ValueError(
+                    f"key_log_offsets[{i}] has the piece {piece!r}; a piece is (tokens >= 0, finite log-offset)"
+                )
+            if n:
+                runs.append((start, start + n, float(off)))
+                any_offset |= float(off) != 0.0
+            start += n
+        if start != t:
+            raise ValueError(
+                f"key_log_offsets[{i}] covers {start} keys but cached chunk {i} holds {t}; its pieces must add up to {t}"
+            )
+        out.append(runs)
+    return out if any_offset else None
 
 
 def _rotated(
@@ -258,8 +308,12 @@ def _streamed(
     layout: Layout | None,
     kseed: int | None,
     vseed: int | None,
+    pieces: Pieces = None,
 ) -> Tensor:
     """One kernel call per cached chunk and one for the current chunk, merged by log-sum-exp.
+
+    With ``pieces``, a chunk whose keys carry different log-offsets is attended as one call per run of
+    keys (views of its dequantized buffer), each run's log-sum-exp shifted by its offset before the merge.
 
     The cached chunks are attended in their codes' space (rotated query; channels in the order the
     codes unpack fastest, the query reordered to match - one matmul or one copy); their merged output
@@ -292,7 +346,8 @@ def _streamed(
     vw = layout.value_width(D) if layout is not None else D
     acc = lse = None
     bufs: dict[int, tuple[Tensor, Tensor]] = {}
-    for e, w, off in zip(entries, weights, offsets):
+    runs_of = pieces if pieces is not None else [[(0, e.tokens, 0.0)] for e in entries]
+    for e, w, off, runs in zip(entries, weights, offsets, runs_of):
         t = e.tokens
         if t not in bufs:  # chunks usually share one size: the buffers are reused
             kb, vb = q.new_empty(B, H, t, kw), q.new_empty(B, H, t, vw)
@@ -304,16 +359,21 @@ def _streamed(
         kb, vb = bufs[t]
         _fill(kb[..., :D], e.k, kil is not None)
         _fill(vb[..., :D], e.v, vil is not None)
-        if layout is None:
-            out, out_lse = sdpa_with_lse(qin, kb, vb, scale)
-        else:
-            if layout.kind != "flex":
-                kb[..., D : D + w.shape[-1]] = w
-            out, out_lse = layout_attend(layout, qin, kb, vb, nu, w, strength, scale)
-        if off is not None:  # a bias constant over the chunk's keys: an offset of its log-sum-exp
-            out_lse = out_lse - off
-        acc, lse = _merge(acc, lse, out, out_lse, D)
-        del out
+        if layout is not None and layout.kind != "flex":
+            kb[..., D : D + w.shape[-1]] = w
+        for a, b, log_offset in runs:
+            ka, va = (kb, vb) if (a, b) == (0, t) else (kb[:, :, a:b], vb[:, :, a:b])
+            if layout is None:
+                out, out_lse = sdpa_with_lse(qin, ka, va, scale)
+            else:
+                wa = w if (a, b) == (0, t) else w[..., a:b, :]
+                out, out_lse = layout_attend(layout, qin, ka, va, nu, wa, strength, scale)
+            if off is not None:  # a bias constant over the chunk's keys: an offset of its log-sum-exp
+                out_lse = out_lse - off
+            if log_offset:  # a constant added to these keys' scores (Krea's attention bias)
+                out_lse = out_lse + log_offset
+            acc, lse = _merge(acc, lse, out, out_lse, D)
+            del out
     bufs.clear()
     del qin, kb, vb
     if _LEGACY:  # the current chunk rotated into the codes' space, everything un-rotated at the end
@@ -337,16 +397,25 @@ def _merge(acc: Tensor | None, lse: Tensor | None, out: Tensor, out_lse: Tensor,
 
 
 def _concatenated(
-    qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], correction: str, strength: float, G: int
+    qr: Tensor,
+    kcr: Tensor,
+    vcr: Tensor,
+    entries: list[CacheEntry],
+    correction: str,
+    strength: float,
+    G: int,
+    pieces: Pieces = None,
 ) -> Tensor:
     """One SDPA call over a buffer holding the whole window (where no kernel reports its LSE).
 
     Every correction is folded in as G appended channels (q' = [q, -sqrt(d) lambda nu], k' = [k_hat, W]
     for cached keys, [k, 0] for current keys), with W shared over each chunk's keys for the
-    chunk-constant modes; q, k and v padded to one width so that the fused kernel runs.
+    chunk-constant modes; q, k and v padded to one width so that the fused kernel runs. Key
+    log-offsets (``pieces``) take one more channel: sqrt(d) in the query, the offset in the keys.
     """
     D = qr.shape[-1]
-    Dp = D if G == 0 else round_up(D + G, 8)
+    O = 1 if pieces is not None else 0  # noqa: E741 - the offset channel
+    Dp = D if G + O == 0 else round_up(D + G + O, 8)
     B, H = qr.shape[:2]
     n_cached = sum(e.tokens for e in entries)
     N = n_cached + kcr.shape[-2]
@@ -355,6 +424,11 @@ def _concatenated(
     if G:
         qbuf = layout_query(Layout("pad", Dp), qr, query_group_norms(qr, D // G), strength)
         ws = _taylor_weights(entries, D) if correction == "taylor" else _constant_weights(entries, correction, D)
+    elif O:
+        qbuf = qr.new_zeros(B, H, qr.shape[-2], Dp)
+        qbuf[..., :D] = qr
+    if O:
+        qbuf[..., D + G] = math.sqrt(D)
     kbuf = qr.new_empty(B, H, N, Dp)
     vbuf = qr.new_empty(B, H, N, Dp)
     s = 0
@@ -371,12 +445,20 @@ def _concatenated(
         vbuf[..., D:] = 0
         kbuf[:, :, n_cached:, D:] = 0
         kbuf[:, :, :n_cached, D + G :] = 0
+    if O:
+        s = 0
+        for e, runs in zip(entries, pieces):
+            for a, b, log_offset in runs:
+                kbuf[:, :, s + a : s + b, D + G] = log_offset
+            s += e.tokens
     out = F.scaled_dot_product_attention(qbuf, kbuf, vbuf, scale=1.0 / math.sqrt(D))
     return out[..., :D] if Dp > D else out
 
 
-def _exact_attention(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], strength: float) -> Tensor:
-    """Materialised attention with the exact bias (Eq. 12), one (batch, head) at a time."""
+def _exact_attention(
+    qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], strength: float, pieces: Pieces = None
+) -> Tensor:
+    """Materialised attention with the exact bias (Eq. 12) and any key log-offsets, one (batch, head) at a time."""
     B, H, M, D = qr.shape
     g = entries[0].k.spec.group_size
     dtype = qr.dtype
@@ -390,12 +472,18 @@ def _exact_attention(qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEn
     )
     steps = torch.cat([e.k.step_sizes() for e in entries], dim=-2)
     n_cached = k_hat.shape[-2]
+    key_offsets = torch.zeros(n_cached, dtype=torch.float32, device=qr.device)
+    s0 = 0
+    for e, runs in zip(entries, pieces or []):
+        for a, b, log_offset in runs:
+            key_offsets[s0 + a : s0 + b] = log_offset
+        s0 += e.tokens
     out = torch.empty(B, H, M, D, dtype=dtype, device=qr.device)
     scale = 1.0 / math.sqrt(D)
     for b in range(B):
         for h in range(H):
             qf = qr[b, h].float()
-            s_cached = (qf @ k_hat[b, h].T) * scale - strength * _exact_bias(qf, steps[b, h], D, g)
+            s_cached = (qf @ k_hat[b, h].T) * scale - strength * _exact_bias(qf, steps[b, h], D, g) + key_offsets
             s_cur = (qf @ kcr[b, h].float().T) * scale
             p = torch.softmax(torch.cat([s_cached, s_cur], dim=-1), dim=-1)
             out[b, h] = (p[:, :n_cached] @ v_hat[b, h] + p[:, n_cached:] @ vcr[b, h].float()).to(dtype)

@@ -19,6 +19,11 @@ from .quant import StoredTensor
 MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
 #: the name "off" had before it was shared with the UI; still read wherever a mode is read
 OLD_NAMES = {"none": "off"}
+#: Krea Realtime 14B's ``kv_cache_attention_bias`` (daydreamlive/scope ``krea_realtime_video/pipeline.py``
+#: ``DEFAULT_KV_CACHE_ATTENTION_BIAS = 0.3``); 1.0 turns it off
+KREA_ATTENTION_BIAS = 0.3
+#: the range scope's API accepts for ``kv_cache_attention_bias`` (``server/schema.py``: ge=0.01, le=1.0)
+ATTENTION_BIAS_RANGE = (0.01, 1.0)
 _TABLE_MAX_VALUES = 1024  # distinct step sizes up to which the exact bias uses a lookup table
 _QUERY_BLOCK = 256
 
@@ -171,3 +176,41 @@ def jensen_bias(
     if mode == "chunk_mean":
         w = chunk_mean_weights(w, spans)
     return nu @ w.transpose(-1, -2)
+
+
+def check_attention_bias(bias: float) -> float:
+    """``bias`` as a float in :data:`ATTENTION_BIAS_RANGE`; else a ValueError naming it and the range."""
+    lo, hi = ATTENTION_BIAS_RANGE
+    ok = not isinstance(bias, bool) and isinstance(bias, (int, float)) and math.isfinite(bias)
+    if not ok or not lo <= bias <= hi:
+        raise ValueError(
+            f"kv_cache_attention_bias={bias!r} must be a number from {lo:g} to {hi:g} (1.0 = off; Krea's default is "
+            f"{KREA_ATTENTION_BIAS:g})"
+        )
+    return float(bias)
+
+
+def attention_bias_offsets(
+    entry_tokens: Sequence[int], bias: float, exempt_tokens: int
+) -> list[tuple[tuple[int, float], ...]] | None:
+    """Krea's ``kv_cache_attention_bias`` as log-offsets of the cached chunks' keys, for :func:`cached_attention`.
+
+    Krea adds ``log(bias)`` to the score of every key in its attended window except the window's first
+    frame and the current block (scope ``causal_model.py``: ``score_mod`` adds ``log_scale`` where
+    ``frame_seqlen <= kv_idx < cache_current_block_start``). Here the current chunk is never among the
+    cached chunks, so only the first ``exempt_tokens`` cached keys (one frame's tokens) are exempt.
+    Per cached chunk (``entry_tokens``, in window order): ``(tokens, log-offset)`` pieces covering its keys.
+    ``None`` when ``bias`` is 1 (nothing to add).
+    """
+    bias = check_attention_bias(bias)
+    if bias == 1.0:
+        return None
+    log_b = math.log(bias)
+    left = max(0, int(exempt_tokens))
+    out = []
+    for t in entry_tokens:
+        free = min(left, t)
+        left -= free
+        pieces = ((free, 0.0),) if free else ()
+        out.append(pieces + (((t - free, log_b),) if t > free else ()))
+    return out

@@ -208,14 +208,22 @@ class ChunkCache:
 
     # ----------------------------------------------------------------- reading
     def attend(
-        self, q: Tensor, k_cur: Tensor, v_cur: Tensor, correction: str = "taylor", strength: float = 1.0
+        self,
+        q: Tensor,
+        k_cur: Tensor,
+        v_cur: Tensor,
+        correction: str = "taylor",
+        strength: float = 1.0,
+        key_log_offsets=None,
     ) -> Tensor:
         """Attention of the current chunk over the cached chunks and itself (see :func:`cached_attention`)."""
         if self._layout is not None and q.device != self._layout[4]:
             raise ValueError(
                 f"query lives on {q.device} but the cache on {self._layout[4]}; move it to {self._layout[4]}"
             )
-        return cached_attention(q, k_cur, v_cur, self._entries, correction=correction, strength=strength)
+        return cached_attention(
+            q, k_cur, v_cur, self._entries, correction=correction, strength=strength, key_log_offsets=key_log_offsets
+        )
 
     # ----------------------------------------------------------------- persistence
     def _meta(self) -> dict:

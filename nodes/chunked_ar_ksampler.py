@@ -101,6 +101,9 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
         include_prefix=True,
         kv_cache=None,
         recache_on_switch=True,
+        recompute_frames=0,
+        kv_cache_attention_bias=1.0,
+        vae=None,
     ) -> io.NodeOutput:
         sigmas = ksampler_sigmas(model, steps, sampler_name, scheduler)
         sampler = comfy.samplers.sampler_object(sampler_name)
@@ -122,4 +125,7 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
             include_prefix,
             kv_cache,
             recache_on_switch,
+            recompute_frames=recompute_frames,
+            kv_cache_attention_bias=kv_cache_attention_bias,
+            vae=vae,
         )

@@ -130,6 +130,7 @@ def common_tail_inputs() -> list:
                 "prompt. Off keeps the entries written under the old prompt.",
             )
         ),
+        *krea_inputs(),
     ]
     # inputs added after v0.1 are optional, so API prompts and workflows saved before them still run
 
@@ -155,6 +156,33 @@ def first_chunk_inputs() -> list:
                 "= chunk_frames. 1 is Self-Forcing's / Causal Forcing's independent_first_frame (blocks of 1, k, k, "
                 "...); at most chunk_frames. A continued kv_cache run already has its first chunk.",
             )
+def krea_inputs() -> list:
+    """Krea Realtime 14B's cache settings (docs/checkpoints.md#krea-realtime-14b)."""
+    return [
+        io.Int.Input(
+            "recompute_frames",
+            default=0,
+            min=0,
+            max=64,
+            optional=True,
+            tooltip="Krea's kv_cache_num_frames (Krea: 3): before each chunk, rebuild the cache from the last N "
+            "latent frames at t=0 instead of caching each chunk. 0 = off. Needs window and sink 0.",
+        ),
+        io.Float.Input(
+            "kv_cache_attention_bias",
+            default=1.0,
+            min=0.01,
+            max=1.0,
+            step=0.01,
+            optional=True,
+            tooltip="Krea's attention bias (Krea: 0.3): adds log(bias) to the scores of every cached key but "
+            "the first cached frame's, so past frames weigh less. 1.0 = off.",
+        ),
+        io.Vae.Input(
+            "vae",
+            optional=True,
+            tooltip="With recompute_frames: re-encode the first context frame from decoded pixels, as Krea "
+            "does. Without it the latent frame is used as it is.",
         ),
     ]
 
@@ -201,6 +229,9 @@ def sample_node(
     recache_on_switch=True,
     first_chunk_sigmas=None,
     first_chunk_frames=0,
+    recompute_frames=0,
+    kv_cache_attention_bias=1.0,
+    vae=None,
 ) -> io.NodeOutput:
     if kv_cache is not None and not isinstance(kv_cache, SavedRun):
         raise ValueError(
@@ -228,6 +259,9 @@ def sample_node(
             recache_on_switch=recache_on_switch,
             first_chunk_sigmas=first_chunk_sigmas,
             first_chunk_frames=first_chunk_frames,
+            recompute_frames=recompute_frames,
+            attention_bias=kv_cache_attention_bias,
+            vae=vae if recompute_frames else None,
         )
     )
     out = latent.copy()
@@ -284,6 +318,9 @@ class JensenKVChunkedARSampler(io.ComfyNode):
         recache_on_switch=True,
         first_chunk_sigmas=None,
         first_chunk_frames=0,
+        recompute_frames=0,
+        kv_cache_attention_bias=1.0,
+        vae=None,
     ) -> io.NodeOutput:
         return sample_node(
             cls,
@@ -305,4 +342,7 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             recache_on_switch,
             first_chunk_sigmas,
             first_chunk_frames,
+            recompute_frames=recompute_frames,
+            kv_cache_attention_bias=kv_cache_attention_bias,
+            vae=vae,
         )

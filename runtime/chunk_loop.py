@@ -16,6 +16,10 @@ Around the loop: a prefix clip is written into the cache first (``prefix``), a s
 adopted (``resume``), a prompt schedule switches the positive prompt by chunk and re-caches the
 retained chunks under the new prompt (LongLive's re-cache), ComfyUI is asked to make room for the
 planned cache, and previews of each chunk go to the UI as KSampler's do.
+
+Krea Realtime 14B's settings (``recompute_frames``, ``attention_bias``, ``vae``): before every chunk the
+cache is rebuilt from the last ``recompute_frames`` latent frames (:meth:`_Job.krea_recompute`), and
+while denoising ``log(bias)`` is added to the scores of every cached key but the first frame's.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 import torch
 
+from ..jensen_core.bias import check_attention_bias
 from ..jensen_core.planner import plan_cache
 from ..jensen_core.retention import Retained, Retention
 from .config import JensenKVConfig, get_config, get_window
@@ -124,6 +129,11 @@ class ChunkedARRequest:
     ``resume``: a :class:`SavedRun` from an earlier run to continue (never modified).
     ``keep_state``: also write the last chunk and return the state to continue from.
     ``recache_on_switch``: re-write the retained chunks when the prompt changes.
+    ``recompute_frames`` (Krea's ``kv_cache_num_frames``; 0 = off): before each chunk the cache is rebuilt
+    from the last N latent frames (:meth:`_Job.krea_recompute`) instead of written after each chunk;
+    ``vae`` (optional) re-encodes the first of them from decoded pixels, as Krea does.
+    ``attention_bias`` (Krea's ``kv_cache_attention_bias``; 1.0 = off): ``log(bias)`` added to the scores of
+    every cached key but the first cached frame's while denoising (never while writing, as in Krea).
     ``observer``: sees every attention call (see :mod:`runtime.observer`).
     ``first_chunk_sigmas``: the schedule of the first chunk this run denoises when it starts a video or
     extends a prefix (Causal Forcing++'s ``denoising_step_list_first_chunk``; a continued run's first
@@ -152,6 +162,9 @@ class ChunkedARRequest:
     resume: SavedRun | None = None
     keep_state: bool = False
     recache_on_switch: bool = True
+    recompute_frames: int = 0
+    attention_bias: float = 1.0
+    vae: Any = None
     observer: Any = None
     step_callback: Callable[[int, int, int], None] | None = None
     progress: bool = True
@@ -211,6 +224,34 @@ class ChunkedARRequest:
             raise ValueError(f"context_noise={self.context_noise} must be between 0 (clean context) and 1 (pure noise)")
         if not math.isfinite(self.cfg) or self.cfg < 0:
             raise ValueError(f"cfg={self.cfg} must be a non-negative number")
+        check_attention_bias(self.attention_bias)
+        self._check_recompute()
+
+    def _check_recompute(self) -> None:
+        """What Krea's per-chunk cache recompute cannot be combined with (it rebuilds the cache itself)."""
+        n = self.recompute_frames
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"recompute_frames={n!r} must be 0 (off) or a number of latent frames (Krea uses 3)")
+        if n == 0:
+            if self.vae is not None:
+                raise ValueError("a VAE is used only with recompute_frames > 0 (it re-encodes the first context frame)")
+            return
+        clash = [
+            what
+            for what, bad in (
+                (f"window_chunks={self.window_chunks}", self.window_chunks != 0),
+                (f"sink_chunks={self.sink_chunks}", self.sink_chunks != 0),
+                ("a kv_cache to continue", self.resume is not None),
+                ("the kv_cache output", self.keep_state),
+            )
+            if bad
+        ]
+        if clash:
+            raise ValueError(
+                f"recompute_frames={n} rebuilds the cache from the last {n} latent frames before every chunk, so it "
+                f"cannot be combined with {', '.join(clash)}: set window_chunks and sink_chunks to 0 and leave the "
+                "kv_cache input and output unconnected (or set recompute_frames to 0)"
+            )
 
     @property
     def samples(self) -> torch.Tensor:
@@ -359,7 +400,8 @@ class _Setup:
             latent_height=li.shape[3],
             latent_width=li.shape[4],
             chunk_frames=r.chunk_frames,
-            window_chunks=r.window_chunks,
+            # Krea's recompute holds the last recompute_frames frames, written in pieces of chunk_frames
+            window_chunks=-(-r.recompute_frames // r.chunk_frames) if r.recompute_frames else r.window_chunks,
             layers=adapter.num_layers,
             heads=adapter.heads,
             head_dim=adapter.head_dim,
@@ -471,6 +513,11 @@ class _Job:
                 "a loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a "
                 "cache"
             )
+        if self.diagnostics is not None and r.recompute_frames:
+            raise ValueError(
+                "KV Cache Diagnostics follows chunks written once; recompute_frames rebuilds the cache before every "
+                "chunk. Remove KV Cache Diagnostics or set recompute_frames to 0"
+            )
         self.run = RunCaches(
             config,
             r.window_chunks,
@@ -478,6 +525,8 @@ class _Job:
             observer=combine_observers(r.observer, self.diagnostics),
             sink_chunks=r.sink_chunks,
         )
+        self.run.attention_bias = float(r.attention_bias)
+        self.run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape))
         # the clean latents of the chunks the caches hold, under the caches' rule
         self.timeline: Retained[RetainedChunk] = Retained(Retention(r.window_chunks, r.sink_chunks))
         if r.resume is not None:
@@ -510,6 +559,8 @@ class _Job:
     def prefill(self) -> None:
         """The prefix clip becomes the first chunks of the cache."""
         schedule, prefix_latent = self.s.schedule, self.s.prefix_latent
+        if self.r.recompute_frames:  # Krea's recompute reads the prefix frames before every chunk instead
+            return
         for i, (f0, f1) in enumerate(self.s.prefix_bounds):
             self.write(i, f0, prefix_latent[:, :, f0:f1].to(self.out.dtype), schedule.at(i))
             self.active = schedule.fingerprint_at(i)
@@ -524,10 +575,11 @@ class _Job:
         t0 = time.perf_counter()
         prompt = schedule.at(chunk_index)
         now = schedule.fingerprint_at(chunk_index)
+        rope_frame = self.krea_recompute(chunk_index, frame0, prompt, now) if r.recompute_frames else frame0
         if self.active is not None and now != self.active and r.recache_on_switch:
             self.recache(prompt, schedule.index_at(chunk_index))
         self.active = now
-        self.run.begin(chunk_index, frame0, PHASE_DENOISE)
+        self.run.begin(chunk_index, rope_frame, PHASE_DENOISE)
         latent_image = self.s.latent_image
         noise = comfy.sample.prepare_noise(
             latent_image[:, :, f0:f1], chunk_seed(r.seed, chunk_index, NOISE_STREAM), self.batch_inds
@@ -547,7 +599,7 @@ class _Job:
         )
         self.out[:, :, f0:f1] = chunk.to(self.out.dtype)
         self.denoise_seconds.append(time.perf_counter() - t0)
-        if c < self.s.plan.chunks - 1 or r.keep_state:
+        if (c < self.s.plan.chunks - 1 or r.keep_state) and not r.recompute_frames:
             self.write(chunk_index, frame0, self.out[:, :, f0:f1], prompt)
         self.seconds.append(time.perf_counter() - t0)
         logger.debug(
@@ -625,6 +677,60 @@ class _Job:
             len(kept),
         )
         return len(kept)
+
+    def krea_recompute(self, chunk_index: int, frame0: int, prompt, now) -> int:
+        """Krea's per-block cache recompute; returns the RoPE frame of the chunk to denoise.
+
+        Mirrors daydreamlive/scope 68b0f95 ``krea_realtime_video/blocks/recompute_kv_cache.py`` (before each
+        block but the first) with ``get_context_frames``: the context is the last ``recompute_frames`` (K)
+        latent frames, whose first is replaced - by the very first frame while the block before starts within
+        K frames of the video's start (``current_start - block < K``), else by the frame K back re-encoded by
+        the VAE from its last decoded pixel frame (Krea keeps ``1 + (K - 1) x 4`` decoded frames and encodes the
+        oldest, ``use_cache=False``). The cache is emptied and the context written at t = 0 (the pack's
+        context_noise) with RoPE frames 0..K-1, block-causally in pieces of ``chunk_frames`` (Krea's
+        ``_prepare_blockwise_causal_attn_mask`` over the context, ``local_attn_size=-1``), with no attention
+        bias (Krea: "no bias to faithfully store context frames"); the chunk is then denoised at RoPE frame
+        K (Krea's ``start_frame = min(current_start_frame, K)``) and never written itself. Differences: with
+        fewer than K frames so far the pack uses the frames there are (Krea pads its buffer with zero
+        latents; never with its defaults, K = 3 = the block); the VAE decodes the frame with two latent frames
+        before it, not with its causal cache over the whole stream; without a VAE the latent frame itself is
+        used. The prompt is the chunk's own, so a prompt switch needs no separate re-cache.
+        """
+        K, F = self.r.recompute_frames, self.r.chunk_frames
+        self.active = now  # every chunk is re-cached under its own prompt
+        self.run.start_rewrite()
+        if frame0 == 0:
+            return 0
+        history = self.out[:, :, : frame0 - self.s.first_frame]
+        if self.s.prefix_latent is not None:
+            history = torch.cat([self.s.prefix_latent.to(self.out.dtype), history], dim=2)
+        if frame0 <= K:
+            context = history
+        else:
+            rest = history[:, :, frame0 - K + 1 :]
+            if frame0 - F < K:
+                first = history[:, :, :1]
+            else:
+                first = self._reencoded(history, frame0 - K)
+            context = torch.cat([first.to(history), rest], dim=2)
+        n = context.shape[2]
+        for p, a in enumerate(range(0, n, F)):
+            # distinct negative ids (each piece its own context-noise stream): no chunks of the video, never recorded
+            self.write(-1 - chunk_index * K - p, a, context[:, :, a : a + F], prompt, record=False)
+        return n
+
+    def _reencoded(self, history: torch.Tensor, frame: int) -> torch.Tensor:
+        """Latent ``frame`` as Krea re-encodes it: its last decoded pixel frame through the VAE alone (one latent
+        frame, an image's); without a VAE, the latent frame as it is."""
+        vae = self.r.vae
+        if vae is None:
+            return history[:, :, frame : frame + 1]
+        out = []
+        for b in range(history.shape[0]):
+            pixels = vae.decode(history[b : b + 1, :, max(0, frame - 2) : frame + 1])
+            pixels = pixels.reshape(-1, *pixels.shape[-3:])  # (frames, H, W, C), as VAEDecode returns them
+            out.append(vae.encode(pixels[-1:, :, :, :3]).to(history.device))
+        return torch.cat(out, dim=0)
 
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..jensen_core import ChunkCache
+from ..jensen_core.bias import attention_bias_offsets
 from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 
@@ -39,6 +40,10 @@ class RunCaches:
         self.chunk = 0
         self.frame_offset = 0
         self.step = 0
+        # Krea's kv_cache_attention_bias (1.0 = off): log(bias) on every cached key but the window's first frame
+        # (``tokens_per_frame`` tokens), while denoising only
+        self.attention_bias = 1.0
+        self.tokens_per_frame = 0
         self.peak_bytes = 0
         self.peak_bf16_bytes = 0
         self.active = True
@@ -125,6 +130,12 @@ class RunCaches:
         per = batch // n
         return [(label, slice(i * per, (i + 1) * per)) for i, label in enumerate(labels)]
 
+    def _offsets(self, cache: ChunkCache):
+        """Krea's attention bias as log-offsets of the cached keys (None when off or not denoising)."""
+        if self.attention_bias == 1.0 or self.phase != PHASE_DENOISE:
+            return None
+        return attention_bias_offsets([e.tokens for e in cache.entries], self.attention_bias, self.tokens_per_frame)
+
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, transformer_options: dict | None) -> Tensor:
         """Attention of the current chunk for every CFG slot; in the write phase also caches k, v."""
         if not self.active:
@@ -143,7 +154,9 @@ class RunCaches:
             if cache is None or cache.num_chunks == 0:
                 out = F.scaled_dot_product_attention(qb, kb, vb)
             else:
-                out = cache.attend(qb, kb, vb, correction=self.correction, strength=self.strength)
+                out = cache.attend(
+                    qb, kb, vb, correction=self.correction, strength=self.strength, key_log_offsets=self._offsets(cache)
+                )
             if self.observer is not None and (
                 self._wants is None or self._wants(layer, self.chunk, self.phase, self.step)
             ):

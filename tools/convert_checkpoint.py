@@ -54,7 +54,12 @@ rank, alpha).
 A ``.safetensors`` INPUT (a file already in ComfyUI's layout, e.g. the pack's tiny model) is copied
 instead of converted: its tensor bytes unchanged, its metadata kept, ``config`` merged as above
 (``--causal`` is required then, ``--key`` and ``--dtype`` do not apply; the input file is never
-modified). The same key check and ComfyUI detection run on it first.
+modified). The same key check and ComfyUI detection run on it first. A single-file checkpoint whose keys
+carry training-wrapper prefixes - Krea Realtime 14B's ``krea-realtime-video-14b.safetensors``, which scope
+loads after dropping a ``model.`` in front of every key (``wan2_1/components/generator.py``) - has them
+stripped the same way (:func:`check_prefixes` names them first): only the header's key names are rewritten,
+the tensor bytes are copied unchanged, and ``--causal`` is optional. A prefix that is no known wrapper is
+refused with a listing of every prefix found.
 
 ``convert()`` is the pure part (no ComfyUI needed); ``main(argv)`` is the command line.
 """
@@ -87,6 +92,20 @@ AUTO_KEYS = ("generator_ema", "generator")
 LEADING_WRAPPERS = ("model", "module", "diffusion_model")
 #: wrapper path components dropped wherever they occur (FSDP, activation checkpointing, torch.compile)
 ANYWHERE_WRAPPERS = ("_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod")
+#: the top-level modules of a Wan diffusion model (what a key starts with once the wrappers are gone)
+WAN_ROOTS = (
+    "patch_embedding",
+    "text_embedding",
+    "time_embedding",
+    "time_projection",
+    "blocks",
+    "head",
+    "img_emb",
+    "vace_blocks",
+    "vace_patch_embedding",
+    "ref_conv",
+    "control_adapter",
+)
 #: key prefixes of Wan variants that are not plain text-to-video (image embedding, VACE, control, reference)
 NON_T2V_PREFIXES = ("img_emb.", "vace_blocks.", "vace_patch_embedding.", "control_adapter.", "ref_conv.")
 WAN_LATENT_CHANNELS = 16
@@ -294,6 +313,40 @@ def strip_wrappers(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             )
         out[new], origin[new] = value, key
     return out
+
+
+def key_prefixes(keys) -> dict[str, list[str]]:
+    """The path in front of each key's Wan module (``"model."``, ``""`` for none), with the keys under it.
+
+    Keys that name no Wan module at all (buffers, foreign entries) are left out: the key check counts them.
+    """
+    out: dict[str, list[str]] = {}
+    for key in keys:
+        parts = key.split(".")
+        at = next((i for i, p in enumerate(parts[:-1]) if p in WAN_ROOTS), None)
+        if at is not None:
+            out.setdefault("".join(p + "." for p in parts[:at]), []).append(key)
+    return out
+
+
+def check_prefixes(keys) -> list[str]:
+    """The wrapper prefixes the keys carry (``[""]`` for ComfyUI's own layout); ConversionError listing every
+    prefix found when one of them is not made of the known wrappers (:data:`LEADING_WRAPPERS`,
+    :data:`ANYWHERE_WRAPPERS`)."""
+    found = key_prefixes(keys)
+    known = set(LEADING_WRAPPERS) | set(ANYWHERE_WRAPPERS)
+    unknown = [p for p in found if any(c not in known for c in p.split(".")[:-1])]
+    if unknown:
+        listing = "; ".join(
+            f"{p or '(none)'!r}: {len(ks)} keys, e.g. {ks[0]}" for p, ks in sorted(found.items(), key=lambda x: x[0])
+        )
+        raise ConversionError(
+            f"unknown key prefix{'es' if len(unknown) > 1 else ''} {', '.join(repr(p) for p in sorted(unknown))} in "
+            f"front of the Wan modules. Prefixes found: {listing}. Known wrappers: "
+            f"{', '.join(p + '.' for p in (*LEADING_WRAPPERS, *ANYWHERE_WRAPPERS))}; convert the file with the "
+            "tool that trained it, or rename its keys"
+        )
+    return sorted(found)
 
 
 def _shape(t) -> tuple[int, ...]:
@@ -753,16 +806,20 @@ def _write_atomic(out: Path, write) -> None:
         raise
 
 
-def copy_safetensors_with_metadata(src: Path, out: Path, metadata: dict[str, str]) -> None:
+def copy_safetensors_with_metadata(
+    src: Path, out: Path, metadata: dict[str, str], rename: dict[str, str] | None = None
+) -> None:
     """``src`` to ``out`` (atomically) with ``metadata`` as its ``__metadata__``; tensor bytes copied unchanged.
 
     Only the JSON header is rewritten (padded with spaces to 8 bytes, as the safetensors library
-    does); the data offsets are relative to the end of the header, so they stay valid.
+    does); the data offsets are relative to the end of the header, so they stay valid. ``rename``
+    maps old tensor names to new ones (the rest keep theirs).
     """
     header, data_start = read_safetensors_header(src)
+    rename = rename or {}
     header = {
         "__metadata__": {str(k): str(v) for k, v in metadata.items()},
-        **{k: v for k, v in header.items() if k != "__metadata__"},
+        **{rename.get(k, k): v for k, v in header.items() if k != "__metadata__"},
     }
     blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
     blob += b" " * (-len(blob) % 8)
@@ -917,23 +974,40 @@ def _detection(sd, args, metadata) -> str:
 
 
 def _copy_safetensors(args, src: Path, out: Path) -> int:
-    if not args.causal:
-        raise ConversionError(
-            f"{src} is already a safetensors file: pass --causal to copy it with the causal AR "
-            "flag (there is nothing to convert otherwise)"
-        )
     if args.key is not None or args.dtype is not None or args.lora is not None or args.lora_alpha is not None:
         raise ConversionError(
             "--key and --dtype apply to .pt checkpoints, as do --lora and --lora-alpha; a .safetensors input is "
             "copied as it is"
         )
     header, _ = read_safetensors_header(src)
-    sd = meta_state_dict(header)
+    names = [k for k in header if k != "__metadata__"]
+    prefixes = [p for p in check_prefixes(names) if p]
+    if not args.causal and not prefixes:
+        raise ConversionError(
+            f"{src} is already a safetensors file in ComfyUI's layout: pass --causal to copy it with the causal AR "
+            "flag (there is nothing to convert otherwise)"
+        )
+    try:
+        sd = strip_wrappers(meta_state_dict(header))
+    except ConversionError as e:
+        raise ConversionError(f"{e} (prefixes found: {', '.join(prefixes)})") from None
     info = check_wan_t2v(sd)
-    metadata = with_causal_config(header.get("__metadata__"))
+    metadata = dict(header.get("__metadata__") or {})
+    if prefixes:
+        metadata.update(
+            {
+                "converted_from": src.name,
+                "stripped_prefixes": ",".join(prefixes),
+                "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py",
+            }
+        )
+    if args.causal:
+        metadata = with_causal_config(metadata)
     detection = _detection(sd, args, metadata)
-    copy_safetensors_with_metadata(src, out, metadata)
-    print(f"wrote {out}: {len(sd)} tensors copied unchanged from {src.name}, metadata config {metadata['config']}")
+    copy_safetensors_with_metadata(src, out, metadata, {k: strip_key(k) for k in names})
+    flag = f", metadata config {metadata['config']}" if args.causal else ""
+    stripped = f", key prefixes {', '.join(repr(p) for p in prefixes)} stripped" if prefixes else ""
+    print(f"wrote {out}: {len(sd)} tensors copied unchanged from {src.name}{stripped}{flag}")
     print(f"model: {info}")
     print(f"ComfyUI detection: {detection}")
     return 0

@@ -15,13 +15,14 @@ SELF_FORCING = "self_forcing_dmd.safetensors"
 CAUSVID = "causvid_autoregressive_3step.safetensors"
 SKYREELS_DF = "Wan2_1-SkyReels-V2-DF-1_3B-540P_fp32.safetensors"
 LONGLIVE = "longlive.safetensors"  # LongLive 1.0's base with its LoRA merged (tools/convert_checkpoint.py --lora)
+KREA = "krea_realtime_video_14b.safetensors"  # Krea Realtime 14B's single file, prefixes stripped by the converter
 TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_ar), listed by Load Diffusion Model
 CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
 
 # folder (under ComfyUI/models) -> files the workflows name
 MODEL_FILES: dict[str, tuple[str, ...]] = {
-    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE),
+    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE, KREA),
     "text_encoders": (TEXT_ENCODER,),
     "vae": (VAE,),
 }
@@ -144,6 +145,37 @@ The KV cache of finished chunks is stored in INT2 (group 32, FP8 scales) + Jense
 
 {_COMMON_FILES}
 {_LONGLIVE_FILE}
+
+{_PLANNER_TIP}"""
+
+_KREA_FILE = f"""- models/diffusion_models/{KREA}
+  Krea Realtime 14B (Wan 2.1 T2V 14B, Self-Forcing-trained): daydreamlive/krea-realtime-video ships
+  krea-realtime-video-14b.safetensors, whose keys may carry a training prefix (model.). Convert it once
+  (only the key names change; the tensor bytes are copied as they are):
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py krea-realtime-video-14b.safetensors \\
+        models/diffusion_models/{KREA}"""
+
+#: Krea's settings (daydreamlive/scope krea_realtime_video: model.yaml, pipeline.py, schema.py)
+KREA_SAMPLER = {"chunk_frames": 3, "window_chunks": 0, "sink_chunks": 0, "recompute_frames": 3,
+                "kv_cache_attention_bias": 0.3}
+
+NOTE_KREA = f"""Krea Realtime 14B text-to-video with Krea's cache settings + a 2-bit KV cache + Jensen bias correction
+
+Wan 2.1 T2V 14B trained with Self-Forcing, as Krea runs it (daydreamlive/scope krea_realtime_video):
+576x320 (its default), 81 frames = 21 latent frames, 3 latent frames per block (num_frame_per_block 3,
+7 chunks), cfg 1. Before every chunk the sampler rebuilds the cache from the last 3 latent frames
+(recompute_frames = kv_cache_num_frames 3) at t = 0, at RoPE frames 0-2, the chunk at 3-5 (Krea's
+local_attn_size 6 = 3 cached + 3 current). The first of the 3 is re-encoded from decoded pixels
+through the VAE wired into the sampler, as Krea does (without a VAE the latent frame is used as it is).
+kv_cache_attention_bias 0.3 (Krea's default) adds log(0.3) to the scores of the cached keys except the
+first cached frame, so the past weighs less (less drift and repetition).
+Schedule: AR Video Schedule, preset manual "1000, 750, 500, 250": Krea passes these timesteps
+unwarped (sigma = t / 1000); LCM sampler: predict x0, then re-noise with fresh noise, as Krea does.
+The cache (3 frames) is stored in INT2 (group 32, FP8 scales) with the Jensen correction; the attention
+bias and the correction are applied in the same pass. See docs/checkpoints.md for what differs from Krea.
+
+{_COMMON_FILES}
+{_KREA_FILE}
 
 {_PLANNER_TIP}"""
 
@@ -332,6 +364,20 @@ def _longlive() -> dict:
         if node["key"] == "sampler":
             node["widgets"] = {**node["widgets"], **LONGLIVE_WINDOW}
             node["title"] = "Chunked AR Video Sampler (window 2 + sink 1 = LongLive's 12 / 3 frames)"
+    return spec
+
+
+def _krea() -> dict:
+    spec = _few_step(KREA, NOTE_KREA, "jensen_kv_krea_realtime_14b_t2v_int2_jensen",
+                     {**SF_SCHEDULE, "preset": "manual", "manual": "1000, 750, 500, 250"},
+                     "jensen_kv/krea_realtime_int2_jensen", "Krea schedule (t = 1000, 750, 500, 250, unwarped)")
+    for node in spec["nodes"]:
+        if node["key"] == "latent":
+            node["widgets"] = {**node["widgets"], "width": 576, "height": 320}
+        if node["key"] == "sampler":
+            node["widgets"] = {**node["widgets"], **KREA_SAMPLER}
+            node["title"] = "Chunked AR Video Sampler (Krea: recompute 3 frames, attention bias 0.3)"
+    spec["links"].append(("vae", "VAE", "sampler", "vae"))
     return spec
 
 
@@ -659,7 +705,7 @@ def _tiny_cpu_demo() -> dict:
 
 
 WORKFLOWS: list[dict] = [_self_forcing(), _longlive(), _causvid(), _skyreels(), _ab(), _story(), _continue(), _extend("self_forcing"),
-                         _extend("skyreels"), _tiny_cpu_demo()]
+                         _extend("skyreels"), _tiny_cpu_demo(), _krea()]
 
 # JavaScript run in the page: builds one spec with LiteGraph and returns app.graph.serialize().
 BUILD_JS = r"""

@@ -1,0 +1,242 @@
+"""Krea Realtime's per-block cache recompute and attention bias in the chunk loop, against a reference from scope.
+
+The reference is written here from daydreamlive/scope 68b0f95 ``krea_realtime_video``:
+``blocks/recompute_kv_cache.py`` (``get_context_frames``: the first latent frame while
+``current_start - block < K``, else the oldest of the last ``1 + (K - 1) x 4`` decoded frames re-encoded
+alone, then the last K - 1 latent frames; the cache rebuilt at t = 0 with the block-causal mask of
+``_prepare_blockwise_causal_attn_mask`` over the context, RoPE from frame 0), ``blocks/denoise.py``
+(the block at RoPE frame ``min(current_start, K)``) and ``modules/causal_model.py`` (``score_mod``:
+``log(bias)`` on keys ``frame_seqlen <= kv_idx < cache_current_block_start``). Every model call of a run
+(tiny Wan, fp32, CPU) is recomputed as one full forward over [context at t = 0, current block] with that
+mask and that bias, and compared.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from support import wan_tiny
+
+STEPS = 2
+TPF = 16  # tokens per latent frame of the tiny latent (8 x 8 latent pixels, 2 x 2 patches)
+COND_TOKENS = 13
+
+
+class FakeVAE:
+    """A VAE stand-in with Wan's time layout: latent frame 0 -> 1 pixel frame, every later one -> 4.
+
+    Pixel frame j shows latent frame ceil(j / 4) (so decoding a window or the whole video gives the same
+    frame), and ``encode`` of one image is a fixed, different function of it (so a re-encoded frame is
+    not the latent frame it came from). Records its calls.
+    """
+
+    def __init__(self):
+        self.calls = []
+
+    def decode(self, latent):
+        T = latent.shape[2]
+        idx = torch.tensor([(j + 3) // 4 for j in range(1 + 4 * (T - 1))])
+        self.calls.append(("decode", T))
+        return latent[:, :3, idx].permute(0, 2, 3, 4, 1)  # (B, pixel frames, H, W, 3)
+
+    def encode(self, pixels):
+        self.calls.append(("encode", pixels.shape[0]))
+        img = pixels[:, :, :, :3].permute(3, 0, 1, 2)  # (3, 1, H, W)
+        lat = torch.cat([img * (0.5 + 0.1 * i) + 0.2 for i in range(6)])[:16]
+        return lat.unsqueeze(0)  # (1, 16, 1, H, W)
+
+
+def scope_context(samples, n, K, block, vae):
+    """``get_context_frames`` of scope for the block starting at latent frame ``n`` (samples: the video so far)."""
+    latents = samples[:, :, :n]
+    if n <= K:  # scope's buffer then holds every frame after the first (the rest is its zero padding)
+        return latents
+    rest = latents[:, :, n - (K - 1) :] if K > 1 else latents[:, :, :0]
+    if n - block < K:
+        first = latents[:, :, :1]
+    elif vae is None:
+        first = latents[:, :, n - K : n - K + 1]
+    else:
+        decoded = vae.decode(latents)  # the stream decoded so far
+        buffer = decoded[:, -(1 + (K - 1) * 4) :]  # decoded_frame_buffer
+        first = vae.encode(buffer[0, :1])
+    return torch.cat([first, rest], dim=2)
+
+
+def krea_forward(dm, context, x, t, text, block, bias, *, block_rope=None, exempt=TPF):
+    """scope's two passes as one forward: the context at t = 0 under the block-causal mask, then the block over
+    [context, itself] with log(bias) on context keys past the first frame. RoPE frames: the context from 0, the
+    block right after it (``block_rope`` puts it elsewhere: a negative control)."""
+    n, T = context.shape[2], context.shape[2] + x.shape[2]
+    B, H, W = x.shape[0], x.shape[3], x.shape[4]
+    frames = torch.cat([context, x], dim=2)
+    ts = torch.cat([torch.zeros(B, n), t.reshape(B, 1).expand(B, x.shape[2])], dim=1)
+    L = T * TPF
+    ends = torch.zeros(L, dtype=torch.long)
+    for start in range(0, n * TPF, block * TPF):  # get_block_mask over the context frames
+        ends[start : start + block * TPF] = min(start + block * TPF, n * TPF)
+    ends[n * TPF :] = L  # the block attends the whole cache and itself
+    qi, kj = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    allowed = kj < ends[qi]
+    add = torch.zeros(L, L)
+    add[n * TPF :, exempt : n * TPF] = math.log(bias)  # score_mod, in the block's pass only
+    mask = add.masked_fill(~allowed, float("-inf"))
+    freqs = dm.rope_encode(T, H, W, t_start=0, device=x.device, dtype=torch.float32)
+    if block_rope is not None:
+        at = dm.rope_encode(x.shape[2], H, W, t_start=block_rope, device=x.device, dtype=torch.float32)
+        freqs = torch.cat([freqs[:, : n * TPF], at], dim=1)
+
+    def override(func, q, k, v, *args, **kwargs):
+        if q.shape[1] == L and k.shape[1] == L and q.ndim == 3:
+            heads = kwargs["heads"] if "heads" in kwargs else args[0]
+            b, m, dim = q.shape
+            d = dim // heads
+            qh, kh, vh = (a.view(b, m, heads, d).transpose(1, 2) for a in (q, k, v))
+            return F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask).transpose(1, 2).reshape(b, m, dim)
+        return func(q, k, v, *args, **kwargs)
+
+    with torch.no_grad():
+        out = dm.forward_orig(
+            frames, ts, text, freqs=freqs, transformer_options={"optimized_attention_override": override}
+        )
+    return out[:, :, n:]
+
+
+def _run(loop, model, euler, *, K, block, frames, bias, vae, cfg=1.0, **extra):
+    import comfy.patcher_extension
+    import comfy.samplers
+    from support import reference
+
+    rec = reference.DiffusionModelRecorder()
+    m = model.clone()
+    m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_recorder", rec)
+    sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", STEPS)
+    result = loop.run_chunked_ar(
+        m,
+        wan_tiny.conditioning(1, COND_TOKENS, 32),
+        wan_tiny.conditioning(2, COND_TOKENS, 32),
+        wan_tiny.video_latent(frames),
+        seed=3,
+        cfg=cfg,
+        sampler=euler,
+        sigmas=sigmas,
+        chunk_frames=block,
+        recompute_frames=K,
+        attention_bias=bias,
+        vae=vae,
+        progress=False,
+        **extra,
+    )
+    return rec.calls, result
+
+
+def _per_chunk(calls, K, block, frames):
+    """scope's order: no recompute before the first block; before every later one ceil(context / block) writes."""
+    out, i = [], 0
+    for n in range(0, frames, block):
+        ctx = min(n, K)
+        writes = calls[i : i + math.ceil(ctx / block)]
+        i += len(writes)
+        out.append((n, writes, calls[i : i + STEPS]))
+        i += STEPS
+    assert i == len(calls), f"expected {i} model calls, recorded {len(calls)}"
+    return out
+
+
+@pytest.mark.parametrize(
+    "K,block,bias,with_vae", [(2, 2, 0.3, True), (3, 2, 0.5, True), (2, 2, 0.3, False)], ids=["K2", "K3", "no-vae"]
+)
+def test_every_call_matches_scopes_recompute_and_bias(loop, tiny, euler, K, block, bias, with_vae):
+    frames = 8
+    vae = FakeVAE() if with_vae else None
+    calls, result = _run(loop, tiny, euler, K=K, block=block, frames=frames, bias=bias, vae=vae)
+    dm, samples = tiny.model.diffusion_model, result.samples
+    ref_vae = FakeVAE() if with_vae else None
+    reencoded = 0
+    for n, writes, denoise in _per_chunk(calls, K, block, frames):
+        context = tiny.model.process_latent_in(scope_context(samples, n, K, block, ref_vae))  # as the model sees it
+        reencoded += n > K and n - block >= K
+        # the writes hold exactly scope's context frames, in pieces of one block, at t = 0
+        if n:
+            torch.testing.assert_close(torch.cat([w["x"] for w in writes], dim=2), context, rtol=0, atol=1e-6)
+            assert all(float(w["t"].abs().max()) == 0 for w in writes)
+        for call in denoise:
+            ref = krea_forward(dm, context, call["x"], call["t"], call["context"], block, bias)
+            torch.testing.assert_close(call["out"], ref, atol=2e-5, rtol=2e-5)
+    assert reencoded >= 1  # the re-encoded first frame was exercised
+    if with_vae:
+        assert ("encode", 1) in vae.calls
+
+
+def test_the_reference_catches_a_dropped_bias_absolute_rope_and_a_kept_first_frame(loop, tiny, euler):
+    """Negative controls: each departure from scope moves the output of a late block well past the tolerance."""
+    K = block = 2
+    vae = FakeVAE()
+    calls, result = _run(loop, tiny, euler, K=K, block=block, frames=6, bias=0.3, vae=vae)
+    dm, samples = tiny.model.diffusion_model, result.samples
+    n, _, denoise = _per_chunk(calls, K, block, 6)[-1]
+    call = denoise[0]
+    ctx = tiny.model.process_latent_in(scope_context(samples, n, K, block, FakeVAE()))
+    args = (dm, ctx, call["x"], call["t"], call["context"], block)
+    good = krea_forward(*args, 0.3)
+    torch.testing.assert_close(call["out"], good, atol=2e-5, rtol=2e-5)
+    wrong = {
+        "no bias": krea_forward(*args, 1.0),
+        "bias on the first frame": krea_forward(*args, 0.3, exempt=0),
+        "the block at its absolute RoPE frame": krea_forward(*args, 0.3, block_rope=n),
+        "first frame not re-encoded": krea_forward(
+            dm, tiny.model.process_latent_in(samples[:, :, n - K : n]), *args[2:], 0.3
+        ),
+    }
+    for what, ref in wrong.items():
+        assert float((ref - good).abs().max()) > 1e-3, what
+
+
+def test_recompute_refuses_what_it_cannot_combine(loop, tiny, euler):
+    with pytest.raises(ValueError, match="window_chunks=1"):
+        _run(loop, tiny, euler, K=2, block=2, frames=4, bias=1.0, vae=None, window_chunks=1)
+    with pytest.raises(ValueError, match="kv_cache output"):
+        _run(loop, tiny, euler, K=2, block=2, frames=4, bias=1.0, vae=None, keep_state=True)
+    with pytest.raises(ValueError, match="kv_cache_attention_bias=0"):
+        _run(loop, tiny, euler, K=2, block=2, frames=4, bias=0.0, vae=None)
+    with pytest.raises(ValueError, match="VAE is used only with recompute_frames"):
+        _run(loop, tiny, euler, K=0, block=2, frames=4, bias=1.0, vae=FakeVAE())
+
+
+def test_bias_without_recompute_spares_the_first_cached_frame_and_cfg_branches(loop, tiny, euler):
+    """The bias alone (the pack's own cache): the block attends [cached chunks, itself] with log(bias) on every
+    cached key but the first frame's, in both CFG branches; the writes stay unbiased."""
+    import comfy.patcher_extension
+    import comfy.samplers
+    from support import reference
+
+    rec = reference.DiffusionModelRecorder()
+    m = tiny.clone()
+    m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_recorder", rec)
+    sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", STEPS)
+    loop.run_chunked_ar(
+        m,
+        wan_tiny.conditioning(1, COND_TOKENS, 32),
+        wan_tiny.conditioning(2, COND_TOKENS, 32),
+        wan_tiny.video_latent(6),
+        seed=3,
+        cfg=3.0,
+        sampler=euler,
+        sigmas=sigmas,
+        chunk_frames=2,
+        attention_bias=0.4,
+        progress=False,
+    )
+    dm = tiny.model.diffusion_model
+    calls = rec.calls  # chunk 0: 2 steps, write; chunk 1: 2 steps, write; chunk 2: 2 steps
+    writes = [calls[2], calls[5]]
+    call = calls[6]
+    assert call["x"].shape[0] == 2  # cond and uncond batched
+    ctx = torch.cat([w["x"] for w in writes], dim=2)
+    # the pack's write attends block-causally at absolute RoPE frames; the reference's context pass does the same
+    ref = krea_forward(dm, ctx, call["x"], call["t"], call["context"], 2, 0.4)
+    torch.testing.assert_close(call["out"], ref, atol=2e-5, rtol=2e-5)
+    assert float((krea_forward(dm, ctx, call["x"], call["t"], call["context"], 2, 1.0) - ref).abs().max()) > 1e-3
