@@ -156,6 +156,10 @@ def first_chunk_inputs() -> list:
                 "= chunk_frames. 1 is Self-Forcing's / Causal Forcing's independent_first_frame (blocks of 1, k, k, "
                 "...); at most chunk_frames. A continued kv_cache run already has its first chunk.",
             )
+        ),
+    ]
+
+
 def krea_inputs() -> list:
     """Krea Realtime 14B's cache settings (docs/checkpoints.md#krea-realtime-14b)."""
     return [
