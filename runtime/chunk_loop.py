@@ -243,6 +243,10 @@ class ChunkedARRequest:
                 (f"sink_chunks={self.sink_chunks}", self.sink_chunks != 0),
                 ("a kv_cache to continue", self.resume is not None),
                 ("the kv_cache output", self.keep_state),
+                (
+                    f"first_chunk_frames={self.first_chunk_frames}",
+                    self.first_chunk_frames not in (0, self.chunk_frames),
+                ),
             )
             if bad
         ]
@@ -250,7 +254,7 @@ class ChunkedARRequest:
             raise ValueError(
                 f"recompute_frames={n} rebuilds the cache from the last {n} latent frames before every chunk, so it "
                 f"cannot be combined with {', '.join(clash)}: set window_chunks and sink_chunks to 0 and leave the "
-                "kv_cache input and output unconnected (or set recompute_frames to 0)"
+                "kv_cache input and output unconnected, first_chunk_frames at 0 (or set recompute_frames to 0)"
             )
 
     @property
