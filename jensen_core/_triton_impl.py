@@ -52,7 +52,7 @@ def attend_chunk_kernel(
     D: tl.constexpr, DP: tl.constexpr,
     KBITS: tl.constexpr, KGS: tl.constexpr, KSF: tl.constexpr, KZF: tl.constexpr,
     VBITS: tl.constexpr, VGS: tl.constexpr, VSF: tl.constexpr, VZF: tl.constexpr,
-    CORR: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CORR: tl.constexpr, F32_DOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -65,7 +65,7 @@ def attend_chunk_kernel(
     q = tl.load(Q + b * sq_b + h * sq_h + offs_m[:, None] * sq_m + cols[None, :], mask=qmask, other=0.0)
     qf = q.to(tl.float32)
     qsq = qf * qf  # sum over a group's channels of q_c^2 is nu_g: the bias is a dot with delta^2 per channel
-    if IEEE:
+    if F32_DOTS:
         qd = qf
         qsqd = qsq
     else:
@@ -88,14 +88,14 @@ def attend_chunk_kernel(
         n2 = offs_n[:, None]
         c2 = cols[None, :]
         k, kstep = _dequant(kp, ks, kz, n2 * skp_t, n2 * sks_t, n2 * skz_t, c2, mask, KBITS, KGS, KSF, KZF)
-        if IEEE:
+        if F32_DOTS:
             s = tl.dot(qd, tl.trans(k), input_precision="ieee")
         else:
             s = tl.dot(qd, tl.trans(k.to(q.dtype)))
         s = s * scale
         if CORR == 1:  # Taylor, per score: lambda * sum_g nu_g delta_g^2 / (24 d)
             dsq = kstep * kstep
-            if IEEE:
+            if F32_DOTS:
                 s -= tl.dot(qsqd, tl.trans(dsq), input_precision="ieee") * corr
             else:
                 s -= tl.dot(qsqd, tl.trans(dsq.to(q.dtype))) * corr
@@ -110,7 +110,7 @@ def attend_chunk_kernel(
             v = tl.load(vp + n2 * svp_t + c2, mask=mask, other=0.0).to(tl.float32)
         else:
             v, _ = _dequant(vp, vs, vz, n2 * svp_t, n2 * svs_t, n2 * svz_t, c2, mask, VBITS, VGS, VSF, VZF)
-        if IEEE:
+        if F32_DOTS:
             pv = tl.dot(p, v, input_precision="ieee")
         else:
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype))

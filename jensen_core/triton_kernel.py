@@ -81,7 +81,7 @@ def available(device: torch.device | str | None = None) -> bool:
     dev = torch.device(device)
     if dev.type == "cpu":
         return interpreter()
-    return dev.type == "cuda" and not interpreter()
+    return dev.type == "cuda" and not interpreter() and torch.cuda.is_available()
 
 
 def unsupported_reason(k: object, v: object) -> str | None:
@@ -198,6 +198,9 @@ def triton_attend_chunk(
     bm = block_m or (16 if q.device.type == "cpu" else 64)
     bn = block_n or (32 if q.device.type == "cpu" else 64)
     grid = (-(-M // bm), B * H)
+    # float32 queries: exact float32 dots; else in q's half dtype, as flash attention does (the interpreter's
+    # bfloat16 dot is wrong - 1e10 off in triton 3.8 - so under the interpreter bfloat16 runs float32 dots)
+    f32_dots = q.dtype == torch.float32 or (q.dtype == torch.bfloat16 and interpreter())
     _load_impl().attend_chunk_kernel[grid](
         q, *kparts, *vparts, out, lse,
         *q.stride()[:3], *kstrides, *vstrides, *out.stride()[:3],
@@ -205,8 +208,67 @@ def triton_attend_chunk(
         D=D, DP=DP,
         KBITS=kconsts[0], KGS=kconsts[1], KSF=kconsts[2], KZF=kconsts[3],
         VBITS=vconsts[0], VGS=vconsts[1], VSF=vconsts[2], VZF=vconsts[3],
-        CORR=_CORR_CODE[correction], IEEE=q.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn,
+        CORR=_CORR_CODE[correction], F32_DOTS=f32_dots, BLOCK_M=bm, BLOCK_N=bn,
     )  # fmt: skip
     if not codes_space and isinstance(v, QuantizedTensor) and v.spec.rotation == "hadamard":
         out = unrotate(out, v.spec.seed)
     return out, lse
+
+
+# ------------------------------------------------------------------------------ the layout choice's hooks
+#: the bit widths the layout check runs the kernel at (the pack's INT2 and INT4 caches)
+CHECK_BITS = (2, 4)
+
+
+def _check_problem(device, dtype, D: int, G: int, bits: int, M: int = 5, N: int = 11, H: int = 2, seed: int = 0):
+    """A tiny quantized problem: ``q`` in ``dtype``, RTN keys and values with groups of ``D // G``."""
+    from .quant import quantize
+    from .spec import QuantSpec
+
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, H, M, D, generator=gen)
+    k = torch.randn(1, H, N, D, generator=gen) * 2
+    v = torch.randn(1, H, N, D, generator=gen)
+    spec = QuantSpec(bits=bits, group_size=D // G)
+    return q.to(device=device, dtype=dtype), quantize(k.to(device), spec), quantize(v.to(device), spec)
+
+
+def layout_check(device: torch.device, dtype: torch.dtype, head_dim: int, G: int) -> bool:
+    """The fused kernel's Taylor-corrected output and log-sum-exp against float64, at INT2 and INT4 (tiny problems).
+
+    The reference: ``softmax(q k_hat^T / sqrt(d) - lambda nu W^T) v_hat`` with ``k_hat``, ``v_hat``
+    dequantized in float64 and ``nu``, ``W`` as :func:`jensen_core.bias.jensen_bias` defines them.
+    """
+    from .bias import query_group_norms, taylor_weights
+    from .sdpa_lse import check_tolerance
+
+    g = head_dim // G if G else 0
+    if g < 8 or g * G != head_dim or g & (g - 1) or head_dim < 16 or not available(device):
+        return False
+    strength, scale = 0.7, 1.0 / math.sqrt(head_dim)
+    tol = check_tolerance(dtype)
+    for bits in CHECK_BITS:
+        q, k, v = _check_problem(device, dtype, head_dim, G, bits)
+        out, lse = triton_attend_chunk(q, k, v, "taylor", strength, scale)
+        qd, kd, vd = q.double(), k.dequantize(torch.float64), v.dequantize(torch.float64)
+        b = query_group_norms(qd, g).double() @ taylor_weights(k.step_sizes().double(), head_dim).transpose(-1, -2)
+        s = (qd @ kd.transpose(-1, -2)) * scale - strength * b
+        if not (
+            out.shape == q.shape
+            and lse.shape == q.shape[:-1]
+            and torch.allclose(lse.double(), torch.logsumexp(s, -1), atol=tol, rtol=tol)
+            and torch.allclose(out.double(), torch.softmax(s, -1) @ vd, atol=tol, rtol=tol)
+        ):
+            return False
+    return True
+
+
+def timing_call(device: torch.device, dtype: torch.dtype, head_dim: int, G: int, shape: tuple[int, int, int]):
+    """A call of the kernel on one INT2 cached chunk of the first call's shape (heads, queries, tokens), for timing.
+
+    It includes the dequantization (in registers): the other layouts are timed on keys and values
+    already dequantized into their buffer.
+    """
+    H, M, T = shape
+    q, k, v = _check_problem(device, dtype, head_dim, G, 2, min(M, 2048), min(T, 2048), min(H, 16), seed=1)
+    return lambda: triton_attend_chunk(q, k, v, "taylor", 1.0, codes_space=True)
