@@ -208,6 +208,37 @@ def test_codes_space_leaves_rotations_to_the_caller():
     torch.testing.assert_close(lse_c, lse)
 
 
+def test_no_dequantized_transient_is_allocated():
+    """Every tensor created during a call (the interpreter's byte copies of the arguments included) is smaller than
+    one side of the chunk dequantized to BF16: the kernel writes its output and LSE only. 8 queries, 64 keys."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Allocations(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.sizes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self.sizes.append((str(func), t.numel() * t.element_size()))
+            return out
+
+    q, kq, vq = _problem(bits=2, rotation="hadamard", M=8, N=64)
+    chunk_side_bf16 = kq.numel * 2
+    for codes_space in (True, False):
+        tk.triton_attend_chunk(q, kq, vq, "taylor", codes_space=codes_space)  # builds the rotation matrices once
+        with Allocations() as seen:
+            tk.triton_attend_chunk(q, kq, vq, "taylor", codes_space=codes_space)
+        assert seen.sizes and max(n for _, n in seen.sizes) <= chunk_side_bf16 // 4, [
+            x for x in seen.sizes if x[1] > 4096
+        ]
+    with Allocations() as seen:  # positive control: dequantizing the keys first shows up
+        tk.triton_attend_chunk(q, kq, kq.dequantize().to(torch.bfloat16), "taylor")
+    assert max(n for _, n in seen.sizes) >= chunk_side_bf16
+
+
 # ------------------------------------------------------------------------------------- the attention path
 def _entries(rotation, chunks=3, T=24, D=64, v_bits=2, seed=0):
     gen = torch.Generator().manual_seed(seed)
