@@ -36,6 +36,7 @@ from .hadamard import rotate, unrotate
 from .packing import from_interleaved, to_interleaved
 from .quant import StoredTensor
 from .sdpa_lse import lse_supported, sdpa_with_lse
+from .triton_kernel import triton_attend_chunk, unsupported_reason
 
 logger = logging.getLogger("jensen_kv")
 
@@ -326,7 +327,12 @@ def _streamed(
     B, H = q.shape[:2]
     scale = 1.0 / math.sqrt(D)
     k0, v0 = entries[0].k, entries[0].v
-    kil, vil = _interleave(k0), _interleave(v0)
+    fused = layout is not None and layout.kind == "triton"
+    runs_of = pieces if pieces is not None else [[(0, e.tokens, 0.0)] for e in entries]
+    # QVG keys, or a chunk split into runs of different offsets (Krea's spared first frame): a padded buffer instead
+    if fused and (unsupported_reason(k0, v0) or any(len(runs) > 1 for runs in runs_of)):
+        layout, fused = Layout("pad", round_up(D + k0.head_dim // k0.spec.group_size, 8)), False
+    kil, vil = (None, None) if fused else (_interleave(k0), _interleave(v0))  # the fused kernel reads channel order
     if _LEGACY:
         qr = rotate(q, kseed) if kseed is not None else q
         qk = qr
@@ -338,16 +344,21 @@ def _streamed(
         if correction in ("chunk_mean", "per_channel")
         else [None] * len(entries)
     )
-    weights = _taylor_weights(entries, D) if layout is not None else [None] * len(entries)
+    weights = _taylor_weights(entries, D) if layout is not None and not fused else [None] * len(entries)
     qin = layout_query(layout, qk, nu, strength) if layout is not None else qk
     if qin is not qk and not _LEGACY:
         del qk
     kw = layout.width if layout is not None else D
     vw = layout.value_width(D) if layout is not None else D
-    acc = lse = None
+    acc = lse = kb = vb = None
     bufs: dict[int, tuple[Tensor, Tensor]] = {}
-    runs_of = pieces if pieces is not None else [[(0, e.tokens, 0.0)] for e in entries]
     for e, w, off, runs in zip(entries, weights, offsets, runs_of):
+        if fused:  # straight from the packed codes, Taylor-corrected in registers: no buffer
+            out, out_lse = triton_attend_chunk(qin, e.k, e.v, "taylor", strength, scale, codes_space=True)
+            if runs[0][2]:  # one run over the whole chunk: Krea's bias is an offset of its log-sum-exp
+                out_lse = out_lse + runs[0][2]
+            acc, lse = _merge(acc, lse, out, out_lse, D)
+            continue
         t = e.tokens
         if t not in bufs:  # chunks usually share one size: the buffers are reused
             kb, vb = q.new_empty(B, H, t, kw), q.new_empty(B, H, t, vw)

@@ -9,6 +9,10 @@ layouts, chosen once per (device type, dtype, head_dim, G) at first use:
           attention), so the output needs no padding;
 ``flex``  FlexAttention (CUDA) with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra
           channels, the head_dim the kernel is built for (what the paper runs).
+``triton`` (CUDA) the fused Triton kernel of :mod:`jensen_core.triton_kernel`: reads the packed codes,
+          dequantizes and corrects in registers, no buffer at all; checked like the others (its own
+          float64 check on quantized keys, :func:`jensen_core.triton_kernel.layout_check`). Its speed is
+          unmeasured (no GPU yet); where timed, it is timed with its dequantization, the others without.
 
 What the kernels want (read from their sources): the CPU flash kernel needs q, k, v of one width
 (else SDPA falls back to its ~2.7x slower math path), and in reduced precision on AMX it packs its
@@ -44,7 +48,7 @@ def round_up(n: int, multiple: int) -> int:
 class Layout:
     """How the rank-G Taylor bias reaches the kernel (see the module docstring)."""
 
-    kind: str  # "pad", "split" or "flex"
+    kind: str  # "pad", "split", "flex" or "triton"
     width: int  # width of q and k in the kernel (head_dim for "flex")
 
     def value_width(self, head_dim: int) -> int:
@@ -53,14 +57,16 @@ class Layout:
     def describe(self, head_dim: int) -> str:
         if self.kind == "flex":
             return f"FlexAttention score_mod at width {head_dim}"
+        if self.kind == "triton":
+            return f"fused Triton kernel over the packed codes at width {head_dim}"
         if self.kind == "split":
             return f"q,k width {self.width}, v width {head_dim}"
         return f"q,k,v padded to {self.width}"
 
 
 def layout_query(layout: Layout, q: Tensor, nu: Tensor, strength: float) -> Tensor:
-    """The query the kernel gets: ``[q, -sqrt(d) lambda nu, 0...]`` (``pad``/``split``) or ``q`` itself (``flex``)."""
-    if layout.kind == "flex":
+    """The query the kernel gets: ``[q, -sqrt(d) lambda nu, 0...]`` (``pad``/``split``) or ``q`` itself (``flex``, ``triton``)."""
+    if layout.kind in ("flex", "triton"):
         return q
     D, G = q.shape[-1], nu.shape[-1]
     out = q.new_empty(*q.shape[:-1], layout.width)
@@ -79,6 +85,8 @@ def layout_attend(
     ``D:D+G`` (``pad``/``split``; plain keys for ``flex``), ``v`` of :meth:`Layout.value_width`;
     ``nu`` (B, H, M, G) and ``w`` (B, H, T, G) float32, used by ``flex`` only.
     """
+    if layout.kind == "triton":
+        raise ValueError("the triton layout reads packed codes: use jensen_core.triton_kernel.triton_attend_chunk")
     if layout.kind == "flex":
         out, lse = _flex_fn()(q, k, v, nu * strength, w, scale)
         return out, lse.to(torch.float32)
@@ -131,7 +139,15 @@ def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G
         out.append(Layout("split", w8))
         if _flex_available(device):
             out.append(Layout("flex", head_dim))
+        out += _triton_candidates(device, head_dim)
     return out
+
+
+def _triton_candidates(device: torch.device, head_dim: int) -> list[Layout]:
+    """The fused Triton kernel, where triton imports and the device is CUDA (never on a CPU)."""
+    from . import triton_kernel
+
+    return [Layout("triton", head_dim)] if device.type == "cuda" and triton_kernel.available(device) else []
 
 
 def _problem(device, dtype, B, H, M, T, D, G, seed=0):
@@ -159,6 +175,10 @@ def _inputs(layout: Layout, q, k, v, nu, w, strength):
 def _layout_ok(layout: Layout, device: torch.device, dtype: torch.dtype, D: int, G: int) -> bool:
     """The layout's corrected attention against softmax(q k^T / sqrt(d) - lambda nu W^T) v in float64."""
     try:
+        if layout.kind == "triton":  # it reads packed codes: its own check on quantized keys and values
+            from .triton_kernel import layout_check
+
+            return layout_check(device, dtype, D, G)
         q, k, v, nu, w = _problem(device, dtype, 1, 2, 5, 11, D, G)
         strength, scale = 0.7, 1.0 / math.sqrt(D)
         out, lse = layout_attend(layout, *_inputs(layout, q, k, v, nu, w, strength), nu, w, strength, scale)
@@ -189,6 +209,11 @@ def _fastest(layouts: list[Layout], device, dtype, D, G, shape, rounds: int = 3,
     q, k, v, nu, w = _problem(device, dtype, 1, min(H, 16), min(M, 2048), min(T, 2048), D, G, seed=1)
     calls = []
     for layout in layouts:
+        if layout.kind == "triton":  # from packed codes (its dequantization timed too)
+            from .triton_kernel import timing_call
+
+            calls.append(timing_call(device, dtype, D, G, shape))
+            continue
         args = _inputs(layout, q, k, v, nu, w, 1.0)
         calls.append(lambda layout=layout, args=args: layout_attend(layout, *args, nu, w, 1.0, 1.0 / math.sqrt(D)))
     for c in calls:  # warm-up (and FlexAttention's compilation)

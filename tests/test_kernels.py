@@ -152,7 +152,8 @@ def test_cuda_layouts_each_equal_the_reference(dtype, fresh_choices):
     reference through the whole fast path; the chunk-constant modes need none of them."""
     dev = torch.device("cuda")
     cands = layouts.candidate_layouts(dev, dtype, 128, 4)
-    assert [lay.kind for lay in cands] == ["pad", "split", "flex"]
+    kinds = [lay.kind for lay in cands]  # the fused Triton kernel joins them where triton imports
+    assert kinds in (["pad", "split", "flex"], ["pad", "split", "flex", "triton"]), kinds
     entries, q, kc, vc = _entries("hadamard", T=300, dtype=dtype)
     ref = {m: _reference(entries, q.float(), kc.float(), vc.float(), m, 0.9) for m in ("taylor", "chunk_mean")}
     moved = [CacheEntry(e.k.to(dev), e.v.to(dev)) for e in entries]
