@@ -45,6 +45,10 @@ logger = logging.getLogger("jensen_kv")
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF
 #: independent noise streams of one chunk
 NOISE_STREAM, SAMPLER_STREAM, CONTEXT_STREAM = 0, 1, 2
+#: how a prompt switch re-caches the retained chunks (``ChunkedARRequest.recache_mode``)
+RECACHE_MODES = ("causal", "longlive")
+#: what ``context_noise`` does to a cache write (``ChunkedARRequest.context_noise_mode``)
+CONTEXT_NOISE_MODES = ("relabel", "skyreels")
 
 
 def chunk_seed(seed: int, chunk: int, stream: int) -> int:
@@ -109,7 +113,12 @@ class ChunkedARRequest:
     (generation continues after it; ``include_prefix`` puts them in front of the output).
     ``resume``: a :class:`SavedRun` from an earlier run to continue (never modified).
     ``keep_state``: also write the last chunk and return the state to continue from.
-    ``recache_on_switch``: re-write the retained chunks when the prompt changes.
+    ``recache_on_switch``: re-write the retained chunks when the prompt changes; ``recache_mode`` how:
+    ``"causal"`` re-writes every retained chunk (sink included) one chunk per forward, each attending to the
+    ones re-written before it; ``"longlive"`` does what LongLive's ``_recache_after_switch`` does (see
+    :meth:`_Job.recache_longlive`). ``context_noise_mode``: ``"relabel"`` (Self-Forcing, CausVid, LongLive)
+    writes the clean chunk and only tells the model t = context_noise x 1000; ``"skyreels"`` (SkyReels-V2 DF's
+    ``addnoise_condition``) writes it noised to that level, with fresh noise at every denoising step.
     ``observer``: sees every attention call (see :mod:`runtime.observer`).
     ``step_callback(chunk, step, steps)`` runs after every denoising step (tests, UIs);
     ``progress`` / ``preview`` drive ComfyUI's progress bar and latent previews.
@@ -134,6 +143,8 @@ class ChunkedARRequest:
     resume: SavedRun | None = None
     keep_state: bool = False
     recache_on_switch: bool = True
+    recache_mode: str = "causal"
+    context_noise_mode: str = "relabel"
     observer: Any = None
     step_callback: Callable[[int, int, int], None] | None = None
     progress: bool = True
@@ -166,6 +177,12 @@ class ChunkedARRequest:
             raise ValueError(f"context_noise={self.context_noise} must be between 0 (clean context) and 1 (pure noise)")
         if not math.isfinite(self.cfg) or self.cfg < 0:
             raise ValueError(f"cfg={self.cfg} must be a non-negative number")
+        if self.recache_mode not in RECACHE_MODES:
+            raise ValueError(f"recache_mode={self.recache_mode!r} is not known; use one of {', '.join(RECACHE_MODES)}")
+        if self.context_noise_mode not in CONTEXT_NOISE_MODES:
+            raise ValueError(
+                f"context_noise_mode={self.context_noise_mode!r} is not known; use one of {', '.join(CONTEXT_NOISE_MODES)}"
+            )
 
     @property
     def samples(self) -> torch.Tensor:
@@ -390,7 +407,8 @@ class _Job:
         sigma_max = float(model.get_model_object("model_sampling").sigma_max)
         self.ctx_sigma = float(r.context_noise) * sigma_max
         self.write_sigmas = torch.tensor([self.ctx_sigma, 0.0], dtype=torch.float32)
-        self.write_sampler = comfy.samplers.KSAMPLER(_write_once)
+        relabel = r.context_noise_mode == "relabel"
+        self.write_sampler = comfy.samplers.KSAMPLER(_write_relabelled if relabel else _write_once)
         self.batch_inds = r.latent.get("batch_index")
         self.active = setup.active
         self.diagnostics = make_diagnostics(
@@ -419,6 +437,7 @@ class _Job:
         )
         # the clean latents of the chunks the caches hold, under the caches' rule
         self.timeline: Retained[RetainedChunk] = Retained(Retention(r.window_chunks, r.sink_chunks))
+        self.evicted: RetainedChunk | None = None  # the chunk the window dropped last (LongLive re-caches it too)
         if r.resume is not None:
             device = model.load_device
             self.run.adopt({k: c.copy().to(device) for k, c in r.resume.caches.items()}, r.resume.branches)
@@ -464,7 +483,10 @@ class _Job:
         prompt = schedule.at(chunk_index)
         now = schedule.fingerprint_at(chunk_index)
         if self.active is not None and now != self.active and r.recache_on_switch:
-            self.recache(prompt, schedule.index_at(chunk_index))
+            if r.recache_mode == "longlive":
+                self.recache_longlive(prompt, schedule.index_at(chunk_index), frame0)
+            else:
+                self.recache(prompt, schedule.index_at(chunk_index))
         self.active = now
         self.run.begin(chunk_index, frame0, PHASE_DENOISE)
         latent_image = self.s.latent_image
@@ -519,15 +541,27 @@ class _Job:
 
     def write(self, chunk_index: int, frame_offset: int, clean, prompt, record: bool = True) -> None:
         """One cache-writing forward of ``clean`` (LATENT frames of one chunk) under ``prompt``."""
+        _interrupt_check()
+        self.run.begin(chunk_index, frame_offset, PHASE_WRITE)
+        self._write_forward(chunk_index, clean, prompt)
+        self.run.end_write()
+        self.bytes_after_write.append(sum(c.nbytes for c in self.run.caches.values()))
+        if record:
+            before = list(self.timeline.items)
+            self.timeline.add(RetainedChunk(chunk_index, frame_offset, clean.detach().to("cpu").clone()))
+            gone = [c for c in before if all(c is not k for k in self.timeline.items)]
+            if gone:
+                self.evicted = gone[-1]
+
+    def _write_forward(self, chunk_index: int, clean, prompt) -> None:
+        """The model call of a write: ``clean`` at the context-noise level, as ``context_noise_mode`` says."""
         import comfy.sample
 
         r = self.r
-        _interrupt_check()
-        self.run.begin(chunk_index, frame_offset, PHASE_WRITE)
-        if self.ctx_sigma > 0:
+        if self.ctx_sigma > 0 and r.context_noise_mode == "skyreels":
             ctx = comfy.sample.prepare_noise(clean, chunk_seed(r.seed, chunk_index, CONTEXT_STREAM), self.batch_inds)
         else:
-            ctx = torch.zeros_like(clean)
+            ctx = torch.zeros_like(clean)  # relabel: the model sees the clean latent (see _write_relabelled)
         comfy.sample.sample_custom(
             self.work,
             ctx,
@@ -540,10 +574,6 @@ class _Job:
             disable_pbar=True,
             seed=chunk_seed(r.seed, chunk_index, SAMPLER_STREAM),
         )
-        self.run.end_write()
-        self.bytes_after_write.append(sum(c.nbytes for c in self.run.caches.values()))
-        if record:
-            self.timeline.add(RetainedChunk(chunk_index, frame_offset, clean.detach().to("cpu").clone()))
 
     def recache(self, prompt, index: int) -> int:
         """Re-write every retained chunk under ``prompt`` (LongLive's re-cache); returns how many."""
@@ -564,6 +594,63 @@ class _Job:
             len(kept),
         )
         return len(kept)
+
+    def recache_longlive(self, prompt, index: int, frame0: int) -> int:
+        """LongLive's re-cache (``_recache_after_switch``, NVlabs/LongLive 2462895
+        ``pipeline/interactive_causal_inference.py`` 34-96, ``global_sink: true``); returns how many chunks.
+
+        LongLive recomputes its last ``min(local_attn_size, current_start)`` frames in one forward at
+        t = context_noise (54-90). Its ``local_attn_size`` is the pack's ``(sink + window + 1) x chunk_frames``
+        (:meth:`Retention.from_local_attention`). In that forward (``wan/modules/causal_model.py`` 205-348)
+        every recomputed frame attends, with no mask (``attention(...)``, 337-348), to the sink and to every
+        recomputed frame that lands in the cache. When the recomputed frames start after frame 0
+        (``is_recompute``, 230) the sink keeps the old prompt's K/V (``write_start_index = max(...,
+        sink_tokens)``, 295) and the frames that would land on it are left out, so they change nothing: what
+        is recomputed is the window plus the chunk the next write evicts (LongLive's cache holds it until then,
+        the pack's has dropped it). Otherwise (the switch within the first ``local_attn_size`` frames, or no
+        window) everything is recomputed, the sink included. Each recomputed chunk is stored (and quantized) as
+        its own entry, as a write stores it; ComfyUI keeps no cross-attention cache to reset (46-48, 93-96).
+        """
+        kept = list(self.timeline.items)
+        if not kept:
+            return 0
+        rule, sink = self.timeline.rule, self.timeline.sink_held
+        local_attn_frames = None if rule.window_chunks is None else self.r.chunk_frames * (rule.capacity + 1)
+        keep_sink = local_attn_frames is not None and frame0 > local_attn_frames
+        window, e = kept[sink:], self.evicted
+        if e is not None and window and e.frame_offset + e.frames == window[0].frame_offset:
+            window = [e, *window]
+        chunks = window if keep_sink else kept[:sink] + window
+        groups: list[list[RetainedChunk]] = []
+        for c in chunks:  # consecutive chunks go into one forward (a saved state does not keep the evicted chunk)
+            if groups and groups[-1][-1].frame_offset + groups[-1][-1].frames == c.frame_offset:
+                groups[-1].append(c)
+            else:
+                groups.append([c])
+        if keep_sink:
+            self.run.keep_sink()
+        else:
+            self.run.start_rewrite()
+            if self.diagnostics is not None:
+                self.diagnostics.on_rewrite()
+        for group in groups:
+            _interrupt_check()
+            self.run.begin_joint([(c.chunk, c.frame_offset, c.frames) for c in group])
+            clean = torch.cat([c.latent for c in group], dim=2).to(self.out.device, self.out.dtype)
+            self._write_forward(group[0].chunk, clean, prompt)
+            self.run.end_write()
+            self.bytes_after_write.append(sum(c.nbytes for c in self.run.caches.values()))
+        n = sum(len(g) for g in groups)
+        self.prompts_report[index]["recached_chunks"] += n
+        logger.info(
+            "jensen_kv: prompt %r from chunk %d: LongLive re-cache of %d chunk(s) in %d forward(s), sink %s",
+            self.s.schedule.prompts[index].label,
+            self.s.schedule.prompts[index].start_chunk,
+            n,
+            len(groups),
+            "kept" if keep_sink else "re-cached",
+        )
+        return n
 
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""
@@ -632,6 +719,16 @@ class _Job:
             state=state,
             cache_bytes_after_write=self.bytes_after_write,
         )
+
+
+def _write_relabelled(model, x, sigmas, extra_args=None, callback=None, disable=None):
+    """The cache-writing forward of Self-Forcing, CausVid and LongLive: the clean latent (the sampler's
+    ``latent_image``, never the noised ``x``) labelled with the timestep of ``sigmas[0]``; returns x."""
+    extra_args = {} if extra_args is None else extra_args
+    clean = model.latent_image
+    with torch.no_grad():
+        model(clean, sigmas[0] * clean.new_ones([clean.shape[0]]), **extra_args)
+    return x
 
 
 def _write_once(model, x, sigmas, extra_args=None, callback=None, disable=None):
