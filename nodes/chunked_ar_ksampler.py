@@ -101,6 +101,8 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
         include_prefix=True,
         kv_cache=None,
         recache_on_switch=True,
+        recache_mode="causal",
+        context_noise_mode="relabel",
     ) -> io.NodeOutput:
         sigmas = ksampler_sigmas(model, steps, sampler_name, scheduler)
         sampler = comfy.samplers.sampler_object(sampler_name)
@@ -122,4 +124,6 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
             include_prefix,
             kv_cache,
             recache_on_switch,
+            recache_mode,
+            context_noise_mode,
         )

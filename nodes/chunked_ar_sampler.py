@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..runtime.chunk_loop import ChunkedARRequest, report_text, run
+from ..runtime.chunk_loop import CONTEXT_NOISE_MODES, RECACHE_MODES, ChunkedARRequest, report_text, run
 from ..runtime.config import CHUNK_DEFAULTS
 from ..runtime.saved_run import SavedRun
 from .common import CATEGORY, UI_REPORT_KEY, JensenKVCache, JensenKVReport, advanced, logger, output_connected
@@ -130,6 +130,31 @@ def common_tail_inputs() -> list:
                 "prompt. Off keeps the entries written under the old prompt.",
             )
         ),
+        advanced(
+            io.Combo.Input(
+                "recache_mode",
+                options=list(RECACHE_MODES),
+                default="causal",
+                optional=True,
+                tooltip="How recache_on_switch rewrites the cache. causal: every retained chunk, the sink "
+                "included, one chunk per forward, each attending to the ones before it. longlive: as LongLive "
+                "does it - the sink keeps the old prompt's K/V and the window plus the chunk about to be evicted "
+                "are recomputed in one forward, attending to each other without the block mask (within the first "
+                "(sink + window + 1) chunks the sink is recomputed too, as in LongLive). See docs/long-videos.md.",
+            )
+        ),
+        advanced(
+            io.Combo.Input(
+                "context_noise_mode",
+                options=list(CONTEXT_NOISE_MODES),
+                default="relabel",
+                optional=True,
+                tooltip="What context_noise does to the cache write. relabel (Self-Forcing, CausVid, LongLive): "
+                "the model sees the clean chunk with its timestep set to context_noise x 1000. skyreels "
+                "(SkyReels-V2 DF's addnoise_condition): the cached chunks are noised to that level, with fresh "
+                "noise at every denoising step. No effect at context_noise 0.",
+            )
+        ),
     ]
     # inputs added after v0.1 are optional, so API prompts and workflows saved before them still run
 
@@ -174,6 +199,8 @@ def sample_node(
     include_prefix=True,
     kv_cache=None,
     recache_on_switch=True,
+    recache_mode="causal",
+    context_noise_mode="relabel",
 ) -> io.NodeOutput:
     if kv_cache is not None and not isinstance(kv_cache, SavedRun):
         raise ValueError(
@@ -199,6 +226,8 @@ def sample_node(
             resume=kv_cache,
             keep_state=keep_state,
             recache_on_switch=recache_on_switch,
+            recache_mode=recache_mode,
+            context_noise_mode=context_noise_mode,
         )
     )
     out = latent.copy()
@@ -252,6 +281,8 @@ class JensenKVChunkedARSampler(io.ComfyNode):
         include_prefix=True,
         kv_cache=None,
         recache_on_switch=True,
+        recache_mode="causal",
+        context_noise_mode="relabel",
     ) -> io.NodeOutput:
         return sample_node(
             cls,
@@ -271,4 +302,6 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             include_prefix,
             kv_cache,
             recache_on_switch,
+            recache_mode,
+            context_noise_mode,
         )

@@ -53,7 +53,15 @@ def _schema(node_cls):
 
 
 #: added after v0.1, all optional and after the old inputs (saved workflows and API prompts keep working)
-NEW_SAMPLER_INPUTS = ["sink_chunks", "prefix", "include_prefix", "kv_cache", "recache_on_switch"]
+NEW_SAMPLER_INPUTS = [
+    "sink_chunks",
+    "prefix",
+    "include_prefix",
+    "kv_cache",
+    "recache_on_switch",
+    "recache_mode",
+    "context_noise_mode",
+]
 SAMPLER_OUTPUTS = ["LATENT", "JENSEN_KV_REPORT", "JENSEN_KV_CACHE"]
 
 

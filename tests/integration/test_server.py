@@ -157,7 +157,15 @@ def test_pack_loads_and_nodes_appear_in_object_info(server):
         "window_chunks",
         "context_noise",
     ]
-    assert list(s["input"]["optional"]) == ["sink_chunks", "prefix", "include_prefix", "kv_cache", "recache_on_switch"]
+    assert list(s["input"]["optional"]) == [
+        "sink_chunks",
+        "prefix",
+        "include_prefix",
+        "kv_cache",
+        "recache_on_switch",
+        "recache_mode",
+        "context_noise_mode",
+    ]
     assert s["input"]["required"]["sampler"][0] == "SAMPLER" and s["input"]["required"]["sigmas"][0] == "SIGMAS"
     k = info["JensenKVChunkedARSamplerSimple"]["input"]["required"]
     assert "euler" in (
