@@ -43,8 +43,9 @@ from .shift_observer import combine_observers, make_diagnostics
 logger = logging.getLogger("jensen_kv")
 
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF
-#: independent noise streams of one chunk
-NOISE_STREAM, SAMPLER_STREAM, CONTEXT_STREAM = 0, 1, 2
+#: independent noise streams of one chunk (REDRAW_STREAM: the context noise SkyReels' mode redraws every step)
+NOISE_STREAM, SAMPLER_STREAM, CONTEXT_STREAM, REDRAW_STREAM = 0, 1, 2, 3
+SKYREELS_WRAPPER_KEY = "jensen_kv_skyreels_context"
 #: how a prompt switch re-caches the retained chunks (``ChunkedARRequest.recache_mode``)
 RECACHE_MODES = ("causal", "longlive")
 #: what ``context_noise`` does to a cache write (``ChunkedARRequest.context_noise_mode``)
@@ -428,6 +429,12 @@ class _Job:
                 "a loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a "
                 "cache"
             )
+        if self.diagnostics is not None and r.context_noise_mode == "skyreels" and r.context_noise > 0:
+            raise ValueError(
+                "KV Cache Diagnostics compares the cache with a full-precision copy of each written chunk, but "
+                "context_noise_mode='skyreels' re-writes the cache with fresh noise at every step: remove KV Cache "
+                "Diagnostics, or use context_noise_mode='relabel' (or context_noise 0)"
+            )
         self.run = RunCaches(
             config,
             r.window_chunks,
@@ -458,10 +465,20 @@ class _Job:
         self.memory_request = None
         self.state: SavedRun | None = None
         self.bytes_after_write: list[int] = []
+        # SkyReels' context noise: the cached chunks are re-noised and re-written before every denoising call
+        self.redraw = r.context_noise_mode == "skyreels" and self.ctx_sigma > 0
+        self.redraw_noise: torch.Generator | None = None  # per chunk, seeded from the chunk (reproducible)
+        self.redraws = 0
 
     # ------------------------------------------------------------------ steps
     def start(self) -> None:
         """Patch the clone and ask ComfyUI for room for the planned cache."""
+        if self.redraw:  # outside the family's wrappers (added first), so its model calls go through them
+            import comfy.patcher_extension
+
+            self.work.add_wrapper_with_key(
+                comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, SKYREELS_WRAPPER_KEY, self._redraw_context
+            )
         self.s.adapter.install(self.work, self.run)
         self.memory_request = _request_memory(self.work, self.s.planned_bytes)
 
@@ -489,6 +506,8 @@ class _Job:
                 self.recache(prompt, schedule.index_at(chunk_index))
         self.active = now
         self.run.begin(chunk_index, frame0, PHASE_DENOISE)
+        if self.redraw:
+            self.redraw_noise = torch.Generator().manual_seed(chunk_seed(r.seed, chunk_index, REDRAW_STREAM))
         latent_image = self.s.latent_image
         noise = comfy.sample.prepare_noise(
             latent_image[:, :, f0:f1], chunk_seed(r.seed, chunk_index, NOISE_STREAM), self.batch_inds
@@ -652,6 +671,37 @@ class _Job:
         )
         return n
 
+    def _redraw_context(
+        self, executor, x, timestep, context, clip_fea=None, time_dim_concat=None, transformer_options=None, **kwargs
+    ):
+        """SkyReels-V2 DF's ``addnoise_condition`` (``diffusion_forcing_pipeline.py`` 314-325 / 591-603): before
+        every denoising call the context frames are noised anew, ``x * (1 - f) + randn * f`` with fresh noise, at
+        t = f x 1000. Here the context is the cache, so every retained chunk is re-written that way (one chunk per
+        forward, causally, under the chunk's prompt; the same noise for the cond and uncond slots)."""
+        run = self.run
+        if run.phase != PHASE_DENOISE or not self.timeline.items:
+            return executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+        chunk, frame0, step = run.chunk, run.frame_offset, run.step
+        labels = (transformer_options or {}).get("cond_or_uncond") or [0]
+        slots, branches = len(labels), set(labels)  # ComfyUI may run cond and uncond in separate calls
+        ms = self.work.get_model_object("model_sampling")
+        t_ctx = ms.timestep(torch.full_like(timestep, self.ctx_sigma, dtype=torch.float32)).to(timestep.dtype)
+        run.start_rewrite(branches)
+        if self.diagnostics is not None:
+            self.diagnostics.on_rewrite()
+        for kept in self.timeline.items:
+            clean = self.work.model.process_latent_in(kept.latent).to(x.device, torch.float32)
+            noise = torch.randn(clean.shape, generator=self.redraw_noise).to(x.device)
+            noised = (clean * (1.0 - self.ctx_sigma) + noise * self.ctx_sigma).to(x.dtype)
+            run.begin(kept.chunk, kept.frame_offset, PHASE_WRITE)
+            batch = noised.repeat(slots, 1, 1, 1, 1)
+            executor(batch, t_ctx, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+            run.end_write(branches)
+        self.redraws += 1
+        run.begin(chunk, frame0, PHASE_DENOISE)
+        run.step = step
+        return executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""
         r, s = self.r, self.s
@@ -675,6 +725,10 @@ class _Job:
     def close(self) -> None:
         """Unpatch the clone and free the cache and the diagnostics (in ``finally``)."""
         self.s.adapter.remove(self.work)
+        if self.redraw:
+            import comfy.patcher_extension
+
+            self.work.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, SKYREELS_WRAPPER_KEY)
         self.run.free()
         if self.diagnostics is not None:
             self.diagnostics.free()

@@ -58,11 +58,13 @@ class RunCaches:
         self.begin(spans[-1][0], spans[0][1], PHASE_WRITE)
         self.joint = list(spans)
 
-    def end_write(self) -> None:
-        """After a write pass: check every layer got the chunk for every branch, and record the peak size."""
+    def end_write(self, branches: set[int] | None = None) -> None:
+        """After a write pass: check every layer got the chunk for every branch (only ``branches`` when given: a
+        model call that holds some CFG branches), and record the peak size."""
         now = {key for key, c in self._written.items() if c == self.chunk}
-        branches = {b for _, b in now} or {0}
-        expected = {(layer, b) for layer in range(self.num_layers) for b in branches | self.branches_written}
+        if branches is None:
+            branches = ({b for _, b in now} or {0}) | self.branches_written
+        expected = {(layer, b) for layer in range(self.num_layers) for b in branches}
         missing = sorted(expected - now)
         if missing:
             raise RuntimeError(
@@ -89,11 +91,12 @@ class RunCaches:
         self.branches_written.update(branches)
         self._record_peak()
 
-    def start_rewrite(self) -> None:
-        """Empty every cache before re-writing the retained chunks (a prompt switch re-caches them)."""
-        for cache in self.caches.values():
-            cache.clear()
-        self._written.clear()
+    def start_rewrite(self, branches: set[int] | None = None) -> None:
+        """Empty every cache (of ``branches`` only, when given) before re-writing the retained chunks."""
+        for (_, branch), cache in self.caches.items():
+            if branches is None or branch in branches:
+                cache.clear()
+        self._written = {k: c for k, c in self._written.items() if branches is not None and k[1] not in branches}
 
     def _record_peak(self) -> None:
         total = sum(c.nbytes for c in self.caches.values())
