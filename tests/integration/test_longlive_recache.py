@@ -161,7 +161,7 @@ def _schedule(ps, switch_at):
     return ps.add_to_schedule(ps.add_to_schedule(None, a, 0, "A"), b, switch_at, "B")
 
 
-def _recorded_run(loop, tiny, euler, switch_at, **kw):
+def _recorded_run(loop, tiny, euler, switch_at, observer=None, **kw):
     import comfy.patcher_extension
     import comfy.samplers
 
@@ -172,7 +172,10 @@ def _recorded_run(loop, tiny, euler, switch_at, **kw):
     seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def watch(e):  # the pack's cache as the first step of the switch chunk reads it
-        if e.phase == "denoise" and e.chunk == switch_at and e.step == 0 and e.layer not in seen:
+        if observer is not None:
+            observer(e)
+        full = e.cache is not None and e.cache.entries and isinstance(e.cache.entries[0].k, torch.Tensor)
+        if full and e.phase == "denoise" and e.chunk == switch_at and e.step == 0 and e.layer not in seen:
             seen[e.layer] = (
                 torch.cat([en.k for en in e.cache.entries], dim=2),
                 torch.cat([en.v for en in e.cache.entries], dim=2),
@@ -238,3 +241,76 @@ def test_causal_recache_differs_from_longlive(loop, tiny, euler):
     longlive = _recorded_run(loop, tiny, euler, switch_at, recache_mode="longlive")[0]
     assert torch.equal(res.samples[:, :, : switch_at * CHUNK], longlive.samples[:, :, : switch_at * CHUNK])
     assert not torch.equal(res.samples, longlive.samples)
+
+
+def test_recomputed_chunks_are_quantized_as_writes_are(loop, nodes, tiny, euler, jk):
+    """With a 2-bit cache each recomputed chunk is stored as quantize(its K/V) - the same as any write."""
+    model = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0).args[0]
+    config = model.model_options["transformer_options"]["jensen_kv"]
+    written: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    cached: dict[int, list] = {}
+    switch_at = 5
+
+    def watch(e):
+        if e.phase == "write":  # the last write of each chunk: the re-cache's for the recomputed ones
+            written[(e.layer, e.chunk)] = (e.k.detach().clone(), e.v.detach().clone())
+        elif e.chunk == switch_at and e.step == 0 and e.layer not in cached:
+            cached[e.layer] = list(e.cache.entries)
+
+    res, calls, _ = _recorded_run(loop, model, euler, switch_at, recache_mode="longlive", observer=watch)
+    assert calls[3 * switch_at]["x"].shape[2] == 3 * CHUNK  # the window and the evicted chunk, one forward
+    for layer in range(2):
+        entries = cached[layer]
+        assert len(entries) == SINK + WINDOW  # sink (prompt A, chunk 0) + window (chunks 3, 4, prompt B)
+        for entry, chunk in zip(entries, [0, switch_at - 2, switch_at - 1]):
+            k, v = written[(layer, chunk)]
+            assert torch.equal(entry.k.dequantize(), jk.quantize(k, config.spec_k).dequantize())
+            assert torch.equal(entry.v.dequantize(), jk.quantize(v, config.spec_v).dequantize())
+    assert res.report["prompts"][1]["recached_chunks"] == 3
+
+
+def _small_run(loop, model, frames, switch_at, **kw):
+    import comfy.samplers
+
+    ps = importlib.import_module("comfyui_jensen_kv.runtime.prompt_schedule")
+    return loop.run_chunked_ar(
+        model,
+        _schedule(ps, switch_at),
+        wan_tiny.conditioning(2, 13, 32),
+        wan_tiny.video_latent(frames),
+        seed=5,
+        cfg=1.0,
+        sampler=comfy.samplers.sampler_object("euler"),
+        sigmas=comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", 2),
+        chunk_frames=CHUNK,
+        window_chunks=1,
+        sink_chunks=1,
+        recache_mode="longlive",
+        progress=False,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("switch_at", [2, 3])  # at the first chunk after loading, or after one more chunk
+def test_a_continued_run_re_caches_as_the_one_run_does(loop, tiny, tmp_path, switch_at):
+    """2 chunks, save, load, 2 more: bit for bit the one run (LongLive's re-cache included) whenever the one run's
+    re-cache needs no chunk the window dropped before the save."""
+    rs = importlib.import_module("comfyui_jensen_kv.runtime.saved_run")
+    whole = _small_run(loop, tiny, 4 * CHUNK, switch_at)
+    first = _small_run(loop, tiny, 2 * CHUNK, switch_at, keep_state=True)
+    first.state.save(str(tmp_path / "s.safetensors"))
+    second = _small_run(loop, tiny, 2 * CHUNK, switch_at, resume=rs.load_saved_run(str(tmp_path / "s.safetensors")))
+    assert torch.equal(torch.cat([first.samples, second.samples], dim=2), whole.samples)
+    assert second.report["prompts"][1]["recached_chunks"] == whole.report["prompts"][1]["recached_chunks"] == switch_at
+
+
+def test_a_state_saved_with_a_full_window_re_caches_without_the_dropped_chunk(loop, tiny):
+    """A saved state keeps the window, not the chunk it dropped last: a switch at the first chunk after loading
+    recomputes sink and window without it (documented in docs/long-videos.md), where the one run has it."""
+    whole = _small_run(loop, tiny, 4 * CHUNK, 3)
+    first = _small_run(loop, tiny, 3 * CHUNK, 3, keep_state=True)
+    assert [c.chunk for c in first.state.retained] == [0, 2]  # chunk 1 was evicted before the save
+    second = _small_run(loop, tiny, CHUNK, 3, resume=first.state)
+    assert whole.report["prompts"][1]["recached_chunks"] == 3 and second.report["prompts"][1]["recached_chunks"] == 2
+    assert torch.equal(first.samples, whole.samples[:, :, : 3 * CHUNK])
+    assert not torch.equal(second.samples, whole.samples[:, :, 3 * CHUNK :])
