@@ -88,7 +88,7 @@ def common_tail_inputs() -> list:
                 tooltip="Noise level of the pass that writes a finished chunk to the cache, in sigma "
                 "(Wan flow matching: sigma = t / 1000; SkyReels-V2's addnoise_condition is in t, "
                 "so addnoise_condition 20 is 0.02 here). 0 = clean context, as Self-Forcing and "
-                "CausVid do.",
+                "CausVid do; above 0, context_noise_mode says what it does.",
             )
         ),
         io.Int.Input(
@@ -126,7 +126,7 @@ def common_tail_inputs() -> list:
                 default=True,
                 optional=True,
                 tooltip="When the prompt schedule switches prompts, rewrite the cached chunks under the "
-                "new prompt (LongLive's re-cache), since every layer after the first sees the "
+                "new prompt (recache_mode says how), since every layer after the first sees the "
                 "prompt. Off keeps the entries written under the old prompt.",
             )
         ),

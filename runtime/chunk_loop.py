@@ -2,19 +2,20 @@
 
 For every chunk: denoise it with the given SAMPLER and SIGMAS (its self-attention reads the KV cache
 of the finished chunks, never writes), then write it to the cache with one extra forward of the
-clean chunk at the context-noise level (that forward also attends to the cache, as block-causal
-attention would). The last chunk is written only when the run hands its cache on (``keep_state``).
+clean chunk labelled with the context-noise timestep (or noised to it: ``context_noise_mode``; that
+forward also attends to the cache, as block-causal attention would). The last chunk is written only
+when the run hands its cache on (``keep_state``).
 
 Noise: every chunk has its own streams, derived from the seed and the chunk's absolute index
 (:func:`chunk_seed`): the chunk's initial noise, the sampler's per-step noise (LCM, ancestral and
 SDE samplers re-noise at every step, as Self-Forcing and CausVid draw fresh noise for every step of
-every block), and the context noise of its cache write. So runs are reproducible, no two chunks
+every block), and the context noise of its cache write (and of SkyReels' per-step redraws). So runs are reproducible, no two chunks
 share noise, and a chunk's noise does not depend on how long the video is or where a run started -
 continuing a saved cache gives the same chunks as one long run.
 
 Around the loop: a prefix clip is written into the cache first (``prefix``), a saved run state is
 adopted (``resume``), a prompt schedule switches the positive prompt by chunk and re-caches the
-retained chunks under the new prompt (LongLive's re-cache), ComfyUI is asked to make room for the
+retained chunks under the new prompt (``recache_mode``: causal, or LongLive's), ComfyUI is asked to make room for the
 planned cache, and previews of each chunk go to the UI as KSampler's do.
 """
 
