@@ -314,3 +314,14 @@ def test_a_state_saved_with_a_full_window_re_caches_without_the_dropped_chunk(lo
     assert whole.report["prompts"][1]["recached_chunks"] == 3 and second.report["prompts"][1]["recached_chunks"] == 2
     assert torch.equal(first.samples, whole.samples[:, :, : 3 * CHUNK])
     assert not torch.equal(second.samples, whole.samples[:, :, 3 * CHUNK :])
+
+
+@pytest.mark.parametrize("switch_at", [5, 4])  # sink kept / sink re-cached
+def test_diagnostics_follow_the_longlive_recache(loop, nodes, tiny, euler, switch_at):
+    """KV Cache Diagnostics keeps a full-precision copy of every cached chunk; after the joint re-cache it still
+    matches the cache chunk by chunk (it raises 'lost track' otherwise) and covers the chunks after the switch."""
+    model = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0).args[0]
+    model = nodes.JensenKVDiagnostics.execute(model, "all", "all", "all", 1).args[0]
+    res, _, _ = _recorded_run(loop, model, euler, switch_at, recache_mode="longlive")
+    assert res.report["prompts"][1]["recached_chunks"] == (3 if switch_at == 5 else 4)
+    assert "diagnostics" in res.report
