@@ -37,7 +37,7 @@ def spied(tiny, monkeypatch):
     return tiny, spy
 
 
-def _run(loop, model, euler, **kw):
+def _run(loop, model, euler, cfg=1.0, **kw):
     import comfy.samplers
 
     return loop.run_chunked_ar(
@@ -46,7 +46,7 @@ def _run(loop, model, euler, **kw):
         wan_tiny.conditioning(2, 13, 32),
         wan_tiny.video_latent(CHUNKS * CHUNK),
         seed=4,
-        cfg=1.0,
+        cfg=cfg,
         sampler=euler,
         sigmas=comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", STEPS),
         chunk_frames=CHUNK,
@@ -133,3 +133,19 @@ def test_context_noise_zero_is_the_same_in_both_modes(loop, tiny, euler):
     a = loop.run_chunked_ar(tiny, pos, neg, lat, sigmas=sig, context_noise_mode="relabel", **kw)
     b = loop.run_chunked_ar(tiny, pos, neg, lat, sigmas=sig, context_noise_mode="skyreels", **kw)
     assert torch.equal(a.samples, b.samples)
+
+
+def test_skyreels_mode_with_cfg_and_a_continued_run(loop, tiny, euler):
+    """Both CFG branches are redrawn (one batched call, the same noise in both slots), and a run continued from
+    its state equals the one run: the redraws are seeded by the chunk, not by where the run started."""
+    kw = dict(cfg=2.0, context_noise_mode="skyreels", window_chunks=1, sink_chunks=1)
+    whole = _run(loop, tiny, euler, **kw)
+    assert whole.report["cache_bytes"] > 0
+    import comfy.samplers
+
+    common = dict(seed=4, sampler=euler, chunk_frames=CHUNK, context_noise=F, progress=False, **kw)
+    sig = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", STEPS)
+    pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
+    first = loop.run_chunked_ar(tiny, pos, neg, wan_tiny.video_latent(2 * CHUNK), sigmas=sig, keep_state=True, **common)
+    second = loop.run_chunked_ar(tiny, pos, neg, wan_tiny.video_latent(CHUNK), sigmas=sig, resume=first.state, **common)
+    assert torch.equal(torch.cat([first.samples, second.samples], dim=2), whole.samples)
