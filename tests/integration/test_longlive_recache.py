@@ -325,3 +325,34 @@ def test_diagnostics_follow_the_longlive_recache(loop, nodes, tiny, euler, switc
     res, _, _ = _recorded_run(loop, model, euler, switch_at, recache_mode="longlive")
     assert res.report["prompts"][1]["recached_chunks"] == (3 if switch_at == 5 else 4)
     assert "diagnostics" in res.report
+
+
+def test_both_sampler_nodes_pass_the_modes_on(nodes, tiny, monkeypatch):
+    mod = importlib.import_module("comfyui_jensen_kv.nodes.chunked_ar_sampler")
+    seen, real = [], mod.run
+    monkeypatch.setattr(mod, "run", lambda request: (seen.append(request), real(request))[1])
+    import comfy.samplers
+
+    common = dict(
+        positive=wan_tiny.conditioning(1, 13, 32),
+        negative=wan_tiny.conditioning(2, 13, 32),
+        latent=wan_tiny.video_latent(4),
+        seed=4,
+        cfg=1.0,
+        chunk_frames=2,
+        window_chunks=0,
+        context_noise=0.1,
+        recache_mode="longlive",
+        context_noise_mode="skyreels",
+    )
+    sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", 2)
+    nodes.JensenKVChunkedARSampler.execute(
+        tiny, sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, **common
+    )
+    nodes.JensenKVChunkedARKSampler.execute(tiny, steps=2, sampler_name="euler", scheduler="simple", **common)
+    assert [(r.recache_mode, r.context_noise_mode) for r in seen] == [("longlive", "skyreels")] * 2
+    defaults = {k: v for k, v in common.items() if k not in ("recache_mode", "context_noise_mode")}
+    nodes.JensenKVChunkedARSampler.execute(
+        tiny, sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, **defaults
+    )
+    assert (seen[-1].recache_mode, seen[-1].context_noise_mode) == ("causal", "relabel")
