@@ -161,7 +161,7 @@ def _schedule(ps, switch_at):
     return ps.add_to_schedule(ps.add_to_schedule(None, a, 0, "A"), b, switch_at, "B")
 
 
-def _recorded_run(loop, tiny, euler, switch_at, observer=None, **kw):
+def _recorded_run(loop, tiny, euler, switch_at, observer=None, cfg=1.0, **kw):
     import comfy.patcher_extension
     import comfy.samplers
 
@@ -188,7 +188,7 @@ def _recorded_run(loop, tiny, euler, switch_at, observer=None, **kw):
         wan_tiny.conditioning(2, 13, 32),
         wan_tiny.video_latent(CHUNKS * CHUNK),
         seed=3,
-        cfg=1.0,
+        cfg=cfg,
         sampler=euler,
         sigmas=sigmas,
         chunk_frames=CHUNK,
@@ -356,3 +356,17 @@ def test_both_sampler_nodes_pass_the_modes_on(nodes, tiny, monkeypatch):
         tiny, sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, **defaults
     )
     assert (seen[-1].recache_mode, seen[-1].context_noise_mode) == ("causal", "relabel")
+
+
+def test_longlive_recache_with_both_cfg_branches(loop, tiny, euler):
+    """cfg > 1: the joint forward re-caches the cond and the uncond cache (each its own chunk entries)."""
+    entries = {}
+
+    def watch(e):
+        if e.phase == "denoise" and e.chunk == 5 and e.step == 0:
+            entries[(e.layer, e.branch)] = len(e.cache.entries)
+
+    res, calls, _ = _recorded_run(loop, tiny, euler, 5, recache_mode="longlive", observer=watch, cfg=2.0)
+    assert sorted(calls[15]["cond_or_uncond"]) == [0, 1] and calls[15]["x"].shape[2] == 3 * CHUNK
+    assert entries == {(layer, b): SINK + WINDOW for layer in range(2) for b in (0, 1)}
+    assert res.report["prompts"][1]["recached_chunks"] == 3
