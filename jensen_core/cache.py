@@ -122,6 +122,15 @@ class ChunkCache:
         self._sink_held = 0
         self._layout = None
 
+    def keep_sink(self) -> int:
+        """Drop every chunk but the attention sink (LongLive's re-cache keeps the sink); returns how many stay."""
+        held = self._sink_held
+        while len(self._entries) > held:
+            self._entries.pop()
+        if not self._entries:
+            self._layout = None
+        return held
+
     # ----------------------------------------------------------------- writing
     def _validate_chunk(self, k: Tensor, v: Tensor) -> None:
         for name, t in (("k", k), ("v", v)):

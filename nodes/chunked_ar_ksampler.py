@@ -104,6 +104,8 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
         recompute_frames=0,
         kv_cache_attention_bias=1.0,
         vae=None,
+        recache_mode="causal",
+        context_noise_mode="relabel",
     ) -> io.NodeOutput:
         sigmas = ksampler_sigmas(model, steps, sampler_name, scheduler)
         sampler = comfy.samplers.sampler_object(sampler_name)
@@ -128,4 +130,6 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
             recompute_frames=recompute_frames,
             kv_cache_attention_bias=kv_cache_attention_bias,
             vae=vae,
+            recache_mode=recache_mode,
+            context_noise_mode=context_noise_mode,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..runtime.chunk_loop import ChunkedARRequest, report_text, run
+from ..runtime.chunk_loop import CONTEXT_NOISE_MODES, RECACHE_MODES, ChunkedARRequest, report_text, run
 from ..runtime.config import CHUNK_DEFAULTS
 from ..runtime.saved_run import SavedRun
 from .common import CATEGORY, UI_REPORT_KEY, JensenKVCache, JensenKVReport, advanced, logger, output_connected
@@ -88,7 +88,7 @@ def common_tail_inputs() -> list:
                 tooltip="Noise level of the pass that writes a finished chunk to the cache, in sigma "
                 "(Wan flow matching: sigma = t / 1000; SkyReels-V2's addnoise_condition is in t, "
                 "so addnoise_condition 20 is 0.02 here). 0 = clean context, as Self-Forcing and "
-                "CausVid do.",
+                "CausVid do; above 0, context_noise_mode says what it does.",
             )
         ),
         io.Int.Input(
@@ -126,11 +126,36 @@ def common_tail_inputs() -> list:
                 default=True,
                 optional=True,
                 tooltip="When the prompt schedule switches prompts, rewrite the cached chunks under the "
-                "new prompt (LongLive's re-cache), since every layer after the first sees the "
+                "new prompt (recache_mode says how), since every layer after the first sees the "
                 "prompt. Off keeps the entries written under the old prompt.",
             )
         ),
         *krea_inputs(),
+        advanced(
+            io.Combo.Input(
+                "recache_mode",
+                options=list(RECACHE_MODES),
+                default="causal",
+                optional=True,
+                tooltip="How recache_on_switch rewrites the cache. causal: every retained chunk, the sink "
+                "included, one chunk per forward, each attending to the ones before it. longlive: as LongLive "
+                "does it - the sink keeps the old prompt's K/V and the window plus the chunk about to be evicted "
+                "are recomputed in one forward, attending to each other without the block mask (within the first "
+                "(sink + window + 1) chunks the sink is recomputed too, as in LongLive). See docs/long-videos.md.",
+            )
+        ),
+        advanced(
+            io.Combo.Input(
+                "context_noise_mode",
+                options=list(CONTEXT_NOISE_MODES),
+                default="relabel",
+                optional=True,
+                tooltip="What context_noise does to the cache write. relabel (Self-Forcing, CausVid, LongLive): "
+                "the model sees the clean chunk with its timestep set to context_noise x 1000. skyreels "
+                "(SkyReels-V2 DF's addnoise_condition): the cached chunks are noised to that level, with fresh "
+                "noise at every denoising step. No effect at context_noise 0.",
+            )
+        ),
     ]
     # inputs added after v0.1 are optional, so API prompts and workflows saved before them still run
 
@@ -236,6 +261,8 @@ def sample_node(
     recompute_frames=0,
     kv_cache_attention_bias=1.0,
     vae=None,
+    recache_mode="causal",
+    context_noise_mode="relabel",
 ) -> io.NodeOutput:
     if kv_cache is not None and not isinstance(kv_cache, SavedRun):
         raise ValueError(
@@ -266,6 +293,8 @@ def sample_node(
             recompute_frames=recompute_frames,
             attention_bias=kv_cache_attention_bias,
             vae=vae if recompute_frames else None,
+            recache_mode=recache_mode,
+            context_noise_mode=context_noise_mode,
         )
     )
     out = latent.copy()
@@ -325,6 +354,8 @@ class JensenKVChunkedARSampler(io.ComfyNode):
         recompute_frames=0,
         kv_cache_attention_bias=1.0,
         vae=None,
+        recache_mode="causal",
+        context_noise_mode="relabel",
     ) -> io.NodeOutput:
         return sample_node(
             cls,
@@ -349,4 +380,6 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             recompute_frames=recompute_frames,
             kv_cache_attention_bias=kv_cache_attention_bias,
             vae=vae,
+            recache_mode=recache_mode,
+            context_noise_mode=context_noise_mode,
         )

@@ -2,19 +2,20 @@
 
 For every chunk: denoise it with the given SAMPLER and SIGMAS (its self-attention reads the KV cache
 of the finished chunks, never writes), then write it to the cache with one extra forward of the
-clean chunk at the context-noise level (that forward also attends to the cache, as block-causal
-attention would). The last chunk is written only when the run hands its cache on (``keep_state``).
+clean chunk labelled with the context-noise timestep (or noised to it: ``context_noise_mode``; that
+forward also attends to the cache, as block-causal attention would). The last chunk is written only
+when the run hands its cache on (``keep_state``).
 
 Noise: every chunk has its own streams, derived from the seed and the chunk's absolute index
 (:func:`chunk_seed`): the chunk's initial noise, the sampler's per-step noise (LCM, ancestral and
 SDE samplers re-noise at every step, as Self-Forcing and CausVid draw fresh noise for every step of
-every block), and the context noise of its cache write. So runs are reproducible, no two chunks
+every block), and the context noise of its cache write (and of SkyReels' per-step redraws). So runs are reproducible, no two chunks
 share noise, and a chunk's noise does not depend on how long the video is or where a run started -
 continuing a saved cache gives the same chunks as one long run.
 
 Around the loop: a prefix clip is written into the cache first (``prefix``), a saved run state is
 adopted (``resume``), a prompt schedule switches the positive prompt by chunk and re-caches the
-retained chunks under the new prompt (LongLive's re-cache), ComfyUI is asked to make room for the
+retained chunks under the new prompt (``recache_mode``: causal, or LongLive's), ComfyUI is asked to make room for the
 planned cache, and previews of each chunk go to the UI as KSampler's do.
 
 Krea Realtime 14B's settings (``recompute_frames``, ``attention_bias``, ``vae``): before every chunk the
@@ -48,8 +49,13 @@ from .shift_observer import combine_observers, make_diagnostics
 logger = logging.getLogger("jensen_kv")
 
 _SEED_MASK = 0xFFFFFFFFFFFFFFFF
-#: independent noise streams of one chunk
-NOISE_STREAM, SAMPLER_STREAM, CONTEXT_STREAM = 0, 1, 2
+#: independent noise streams of one chunk (REDRAW_STREAM: the context noise SkyReels' mode redraws every step)
+NOISE_STREAM, SAMPLER_STREAM, CONTEXT_STREAM, REDRAW_STREAM = 0, 1, 2, 3
+SKYREELS_WRAPPER_KEY = "jensen_kv_skyreels_context"
+#: how a prompt switch re-caches the retained chunks (``ChunkedARRequest.recache_mode``)
+RECACHE_MODES = ("causal", "longlive")
+#: what ``context_noise`` does to a cache write (``ChunkedARRequest.context_noise_mode``)
+CONTEXT_NOISE_MODES = ("relabel", "skyreels")
 
 
 def chunk_seed(seed: int, chunk: int, stream: int) -> int:
@@ -128,7 +134,12 @@ class ChunkedARRequest:
     (generation continues after it; ``include_prefix`` puts them in front of the output).
     ``resume``: a :class:`SavedRun` from an earlier run to continue (never modified).
     ``keep_state``: also write the last chunk and return the state to continue from.
-    ``recache_on_switch``: re-write the retained chunks when the prompt changes.
+    ``recache_on_switch``: re-write the retained chunks when the prompt changes; ``recache_mode`` how:
+    ``"causal"`` re-writes every retained chunk (sink included) one chunk per forward, each attending to the
+    ones re-written before it; ``"longlive"`` does what LongLive's ``_recache_after_switch`` does (see
+    :meth:`_Job.recache_longlive`). ``context_noise_mode``: ``"relabel"`` (Self-Forcing, CausVid, LongLive)
+    writes the clean chunk and only tells the model t = context_noise x 1000; ``"skyreels"`` (SkyReels-V2 DF's
+    ``addnoise_condition``) writes it noised to that level, with fresh noise at every denoising step.
     ``recompute_frames`` (Krea's ``kv_cache_num_frames``; 0 = off): before each chunk the cache is rebuilt
     from the last N latent frames (:meth:`_Job.krea_recompute`) instead of written after each chunk;
     ``vae`` (optional) re-encodes the first of them from decoded pixels, as Krea does.
@@ -165,6 +176,8 @@ class ChunkedARRequest:
     recompute_frames: int = 0
     attention_bias: float = 1.0
     vae: Any = None
+    recache_mode: str = "causal"
+    context_noise_mode: str = "relabel"
     observer: Any = None
     step_callback: Callable[[int, int, int], None] | None = None
     progress: bool = True
@@ -224,6 +237,12 @@ class ChunkedARRequest:
             raise ValueError(f"context_noise={self.context_noise} must be between 0 (clean context) and 1 (pure noise)")
         if not math.isfinite(self.cfg) or self.cfg < 0:
             raise ValueError(f"cfg={self.cfg} must be a non-negative number")
+        if self.recache_mode not in RECACHE_MODES:
+            raise ValueError(f"recache_mode={self.recache_mode!r} is not known; use one of {', '.join(RECACHE_MODES)}")
+        if self.context_noise_mode not in CONTEXT_NOISE_MODES:
+            raise ValueError(
+                f"context_noise_mode={self.context_noise_mode!r} is not known; use one of {', '.join(CONTEXT_NOISE_MODES)}"
+            )
         check_attention_bias(self.attention_bias)
         self._check_recompute()
 
@@ -247,6 +266,10 @@ class ChunkedARRequest:
                     f"first_chunk_frames={self.first_chunk_frames}",
                     self.first_chunk_frames not in (0, self.chunk_frames),
                 ),
+                (
+                    "context_noise_mode='skyreels'",
+                    self.context_noise_mode == "skyreels" and self.context_noise > 0,
+                ),
             )
             if bad
         ]
@@ -254,7 +277,8 @@ class ChunkedARRequest:
             raise ValueError(
                 f"recompute_frames={n} rebuilds the cache from the last {n} latent frames before every chunk, so it "
                 f"cannot be combined with {', '.join(clash)}: set window_chunks and sink_chunks to 0 and leave the "
-                "kv_cache input and output unconnected, first_chunk_frames at 0 (or set recompute_frames to 0)"
+                "kv_cache input and output unconnected, first_chunk_frames at 0, context_noise_mode 'relabel' (or set "
+                "recompute_frames to 0)"
             )
 
     @property
@@ -497,7 +521,8 @@ class _Job:
         sigma_max = float(model.get_model_object("model_sampling").sigma_max)
         self.ctx_sigma = float(r.context_noise) * sigma_max
         self.write_sigmas = torch.tensor([self.ctx_sigma, 0.0], dtype=torch.float32)
-        self.write_sampler = comfy.samplers.KSAMPLER(_write_once)
+        relabel = r.context_noise_mode == "relabel"
+        self.write_sampler = comfy.samplers.KSAMPLER(_write_relabelled if relabel else _write_once)
         self.batch_inds = r.latent.get("batch_index")
         self.active = setup.active
         self.diagnostics = make_diagnostics(
@@ -522,6 +547,12 @@ class _Job:
                 "KV Cache Diagnostics follows chunks written once; recompute_frames rebuilds the cache before every "
                 "chunk. Remove KV Cache Diagnostics or set recompute_frames to 0"
             )
+        if self.diagnostics is not None and r.context_noise_mode == "skyreels" and r.context_noise > 0:
+            raise ValueError(
+                "KV Cache Diagnostics compares the cache with a full-precision copy of each written chunk, but "
+                "context_noise_mode='skyreels' re-writes the cache with fresh noise at every step: remove KV Cache "
+                "Diagnostics, or use context_noise_mode='relabel' (or context_noise 0)"
+            )
         self.run = RunCaches(
             config,
             r.window_chunks,
@@ -533,6 +564,7 @@ class _Job:
         self.run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape))
         # the clean latents of the chunks the caches hold, under the caches' rule
         self.timeline: Retained[RetainedChunk] = Retained(Retention(r.window_chunks, r.sink_chunks))
+        self.evicted: RetainedChunk | None = None  # the chunk the window dropped last (LongLive re-caches it too)
         if r.resume is not None:
             device = model.load_device
             self.run.adopt({k: c.copy().to(device) for k, c in r.resume.caches.items()}, r.resume.branches)
@@ -553,10 +585,20 @@ class _Job:
         self.memory_request = None
         self.state: SavedRun | None = None
         self.bytes_after_write: list[int] = []
+        # SkyReels' context noise: the cached chunks are re-noised and re-written before every denoising call
+        self.redraw = r.context_noise_mode == "skyreels" and self.ctx_sigma > 0
+        self.redraw_noise: torch.Generator | None = None  # per chunk, seeded from the chunk (reproducible)
+        self.redraws = 0
 
     # ------------------------------------------------------------------ steps
     def start(self) -> None:
         """Patch the clone and ask ComfyUI for room for the planned cache."""
+        if self.redraw:  # outside the family's wrappers (added first), so its model calls go through them
+            import comfy.patcher_extension
+
+            self.work.add_wrapper_with_key(
+                comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, SKYREELS_WRAPPER_KEY, self._redraw_context
+            )
         self.s.adapter.install(self.work, self.run)
         self.memory_request = _request_memory(self.work, self.s.planned_bytes)
 
@@ -581,9 +623,14 @@ class _Job:
         now = schedule.fingerprint_at(chunk_index)
         rope_frame = self.krea_recompute(chunk_index, frame0, prompt, now) if r.recompute_frames else frame0
         if self.active is not None and now != self.active and r.recache_on_switch:
-            self.recache(prompt, schedule.index_at(chunk_index))
+            if r.recache_mode == "longlive":
+                self.recache_longlive(prompt, schedule.index_at(chunk_index), frame0)
+            else:
+                self.recache(prompt, schedule.index_at(chunk_index))
         self.active = now
         self.run.begin(chunk_index, rope_frame, PHASE_DENOISE)
+        if self.redraw:
+            self.redraw_noise = torch.Generator().manual_seed(chunk_seed(r.seed, chunk_index, REDRAW_STREAM))
         latent_image = self.s.latent_image
         noise = comfy.sample.prepare_noise(
             latent_image[:, :, f0:f1], chunk_seed(r.seed, chunk_index, NOISE_STREAM), self.batch_inds
@@ -636,15 +683,27 @@ class _Job:
 
     def write(self, chunk_index: int, frame_offset: int, clean, prompt, record: bool = True) -> None:
         """One cache-writing forward of ``clean`` (LATENT frames of one chunk) under ``prompt``."""
+        _interrupt_check()
+        self.run.begin(chunk_index, frame_offset, PHASE_WRITE)
+        self._write_forward(chunk_index, clean, prompt)
+        self.run.end_write()
+        self.bytes_after_write.append(sum(c.nbytes for c in self.run.caches.values()))
+        if record:
+            before = list(self.timeline.items)
+            self.timeline.add(RetainedChunk(chunk_index, frame_offset, clean.detach().to("cpu").clone()))
+            gone = [c for c in before if all(c is not k for k in self.timeline.items)]
+            if gone:
+                self.evicted = gone[-1]
+
+    def _write_forward(self, chunk_index: int, clean, prompt) -> None:
+        """The model call of a write: ``clean`` at the context-noise level, as ``context_noise_mode`` says."""
         import comfy.sample
 
         r = self.r
-        _interrupt_check()
-        self.run.begin(chunk_index, frame_offset, PHASE_WRITE)
-        if self.ctx_sigma > 0:
+        if self.ctx_sigma > 0 and r.context_noise_mode == "skyreels":
             ctx = comfy.sample.prepare_noise(clean, chunk_seed(r.seed, chunk_index, CONTEXT_STREAM), self.batch_inds)
         else:
-            ctx = torch.zeros_like(clean)
+            ctx = torch.zeros_like(clean)  # relabel: the model sees the clean latent (see _write_relabelled)
         comfy.sample.sample_custom(
             self.work,
             ctx,
@@ -657,10 +716,6 @@ class _Job:
             disable_pbar=True,
             seed=chunk_seed(r.seed, chunk_index, SAMPLER_STREAM),
         )
-        self.run.end_write()
-        self.bytes_after_write.append(sum(c.nbytes for c in self.run.caches.values()))
-        if record:
-            self.timeline.add(RetainedChunk(chunk_index, frame_offset, clean.detach().to("cpu").clone()))
 
     def recache(self, prompt, index: int) -> int:
         """Re-write every retained chunk under ``prompt`` (LongLive's re-cache); returns how many."""
@@ -736,6 +791,94 @@ class _Job:
             out.append(vae.encode(pixels[-1:, :, :, :3]).to(history.device))
         return torch.cat(out, dim=0)
 
+    def recache_longlive(self, prompt, index: int, frame0: int) -> int:
+        """LongLive's re-cache (``_recache_after_switch``, NVlabs/LongLive 2462895
+        ``pipeline/interactive_causal_inference.py`` 34-96, ``global_sink: true``); returns how many chunks.
+
+        LongLive recomputes its last ``min(local_attn_size, current_start)`` frames in one forward at
+        t = context_noise (54-90). Its ``local_attn_size`` is the pack's ``(sink + window + 1) x chunk_frames``
+        (:meth:`Retention.from_local_attention`). In that forward (``wan/modules/causal_model.py`` 205-348)
+        every recomputed frame attends, with no mask (``attention(...)``, 337-348), to the sink and to every
+        recomputed frame that lands in the cache. When the recomputed frames start after frame 0
+        (``is_recompute``, 230) the sink keeps the old prompt's K/V (``write_start_index = max(...,
+        sink_tokens)``, 295) and the frames that would land on it are left out, so they change nothing: what
+        is recomputed is the window plus the chunk the next write evicts (LongLive's cache holds it until then,
+        the pack's has dropped it). Otherwise (the switch within the first ``local_attn_size`` frames, or no
+        window) everything is recomputed, the sink included. Each recomputed chunk is stored (and quantized) as
+        its own entry, as a write stores it; ComfyUI keeps no cross-attention cache to reset (46-48, 93-96).
+        """
+        kept = list(self.timeline.items)
+        if not kept:
+            return 0
+        rule, sink = self.timeline.rule, self.timeline.sink_held
+        local_attn_frames = None if rule.window_chunks is None else self.r.chunk_frames * (rule.capacity + 1)
+        keep_sink = local_attn_frames is not None and frame0 > local_attn_frames
+        window, e = kept[sink:], self.evicted
+        if e is not None and window and e.frame_offset + e.frames == window[0].frame_offset:
+            window = [e, *window]
+        chunks = window if keep_sink else kept[:sink] + window
+        groups: list[list[RetainedChunk]] = []
+        for c in chunks:  # consecutive chunks go into one forward (a saved state does not keep the evicted chunk)
+            if groups and groups[-1][-1].frame_offset + groups[-1][-1].frames == c.frame_offset:
+                groups[-1].append(c)
+            else:
+                groups.append([c])
+        if keep_sink:
+            self.run.keep_sink()
+        else:
+            self.run.start_rewrite()
+            if self.diagnostics is not None:
+                self.diagnostics.on_rewrite()
+        for group in groups:
+            _interrupt_check()
+            self.run.begin_joint([(c.chunk, c.frame_offset, c.frames) for c in group])
+            clean = torch.cat([c.latent for c in group], dim=2).to(self.out.device, self.out.dtype)
+            self._write_forward(group[0].chunk, clean, prompt)
+            self.run.end_write()
+            self.bytes_after_write.append(sum(c.nbytes for c in self.run.caches.values()))
+        n = sum(len(g) for g in groups)
+        self.prompts_report[index]["recached_chunks"] += n
+        logger.info(
+            "jensen_kv: prompt %r from chunk %d: LongLive re-cache of %d chunk(s) in %d forward(s), sink %s",
+            self.s.schedule.prompts[index].label,
+            self.s.schedule.prompts[index].start_chunk,
+            n,
+            len(groups),
+            "kept" if keep_sink else "re-cached",
+        )
+        return n
+
+    def _redraw_context(
+        self, executor, x, timestep, context, clip_fea=None, time_dim_concat=None, transformer_options=None, **kwargs
+    ):
+        """SkyReels-V2 DF's ``addnoise_condition`` (``diffusion_forcing_pipeline.py`` 314-325 / 591-603): before
+        every denoising call the context frames are noised anew, ``x * (1 - f) + randn * f`` with fresh noise, at
+        t = f x 1000. Here the context is the cache, so every retained chunk is re-written that way (one chunk per
+        forward, causally, under the chunk's prompt; the same noise for the cond and uncond slots)."""
+        run = self.run
+        if run.phase != PHASE_DENOISE or not self.timeline.items:
+            return executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+        chunk, frame0, step = run.chunk, run.frame_offset, run.step
+        labels = (transformer_options or {}).get("cond_or_uncond") or [0]
+        slots, branches = len(labels), set(labels)  # ComfyUI may run cond and uncond in separate calls
+        ms = self.work.get_model_object("model_sampling")
+        t_ctx = ms.timestep(torch.full_like(timestep, self.ctx_sigma, dtype=torch.float32)).to(timestep.dtype)
+        run.start_rewrite(branches)
+        if self.diagnostics is not None:
+            self.diagnostics.on_rewrite()
+        for kept in self.timeline.items:
+            clean = self.work.model.process_latent_in(kept.latent).to(x.device, torch.float32)
+            noise = torch.randn(clean.shape, generator=self.redraw_noise).to(x.device)
+            noised = (clean * (1.0 - self.ctx_sigma) + noise * self.ctx_sigma).to(x.dtype)
+            run.begin(kept.chunk, kept.frame_offset, PHASE_WRITE)
+            batch = noised.repeat(slots, 1, 1, 1, 1)
+            executor(batch, t_ctx, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+            run.end_write(branches)
+        self.redraws += 1
+        run.begin(chunk, frame0, PHASE_DENOISE)
+        run.step = step
+        return executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""
         r, s = self.r, self.s
@@ -759,6 +902,10 @@ class _Job:
     def close(self) -> None:
         """Unpatch the clone and free the cache and the diagnostics (in ``finally``)."""
         self.s.adapter.remove(self.work)
+        if self.redraw:
+            import comfy.patcher_extension
+
+            self.work.remove_wrappers_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, SKYREELS_WRAPPER_KEY)
         self.run.free()
         if self.diagnostics is not None:
             self.diagnostics.free()
@@ -803,6 +950,16 @@ class _Job:
             state=state,
             cache_bytes_after_write=self.bytes_after_write,
         )
+
+
+def _write_relabelled(model, x, sigmas, extra_args=None, callback=None, disable=None):
+    """The cache-writing forward of Self-Forcing, CausVid and LongLive: the clean latent (the sampler's
+    ``latent_image``, never the noised ``x``) labelled with the timestep of ``sigmas[0]``; returns x."""
+    extra_args = {} if extra_args is None else extra_args
+    clean = model.latent_image
+    with torch.no_grad():
+        model(clean, sigmas[0] * clean.new_ones([clean.shape[0]]), **extra_args)
+    return x
 
 
 def _write_once(model, x, sigmas, extra_args=None, callback=None, disable=None):

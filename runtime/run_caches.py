@@ -37,6 +37,7 @@ class RunCaches:
         self._written: dict[tuple[int, int], int] = {}
         self.branches_written: set[int] = set()
         self.phase = PHASE_DENOISE
+        self.joint: list[tuple[int, int, int]] | None = None  # the chunks of a joint write (begin_joint)
         self.chunk = 0
         self.frame_offset = 0
         self.step = 0
@@ -51,12 +52,24 @@ class RunCaches:
     # ------------------------------------------------------------ chunk lifecycle
     def begin(self, chunk: int, frame_offset: int, phase: str) -> None:
         self.chunk, self.frame_offset, self.phase, self.step = chunk, frame_offset, phase, 0
+        self.joint = None
 
-    def end_write(self) -> None:
-        """After a write pass: check every layer got the chunk for every branch, and record the peak size."""
+    def begin_joint(self, spans: list[tuple[int, int, int]]) -> None:
+        """A write pass of several consecutive chunks in one forward (LongLive's re-cache): ``spans`` lists
+        (chunk, first frame, frames) in order. Every token attends to the cache and to all of them, with no
+        block mask; each chunk is then stored as its own cache entry, oldest first."""
+        if not spans or any(a[1] + a[2] != b[1] for a, b in zip(spans, spans[1:])):
+            raise ValueError(f"a joint write needs consecutive chunks, got (chunk, frame, frames) {spans}")
+        self.begin(spans[-1][0], spans[0][1], PHASE_WRITE)
+        self.joint = list(spans)
+
+    def end_write(self, branches: set[int] | None = None) -> None:
+        """After a write pass: check every layer got the chunk for every branch (only ``branches`` when given: a
+        model call that holds some CFG branches), and record the peak size."""
         now = {key for key, c in self._written.items() if c == self.chunk}
-        branches = {b for _, b in now} or {0}
-        expected = {(layer, b) for layer in range(self.num_layers) for b in branches | self.branches_written}
+        if branches is None:
+            branches = ({b for _, b in now} or {0}) | self.branches_written
+        expected = {(layer, b) for layer in range(self.num_layers) for b in branches}
         missing = sorted(expected - now)
         if missing:
             raise RuntimeError(
@@ -66,6 +79,13 @@ class RunCaches:
             )
         self._record_peak()
         self.phase = PHASE_DENOISE
+        self.joint = None
+
+    def keep_sink(self) -> None:
+        """Drop every cached chunk but the attention sink (LongLive's re-cache keeps the old prompt's sink)."""
+        for cache in self.caches.values():
+            cache.keep_sink()
+        self._written.clear()
 
     def new_cache(self) -> ChunkCache:
         return ChunkCache(self.config.spec_k, self.config.spec_v, self.window_chunks, self.sink_chunks)
@@ -76,11 +96,12 @@ class RunCaches:
         self.branches_written.update(branches)
         self._record_peak()
 
-    def start_rewrite(self) -> None:
-        """Empty every cache before re-writing the retained chunks (a prompt switch re-caches them)."""
-        for cache in self.caches.values():
-            cache.clear()
-        self._written.clear()
+    def start_rewrite(self, branches: set[int] | None = None) -> None:
+        """Empty every cache (of ``branches`` only, when given) before re-writing the retained chunks."""
+        for (_, branch), cache in self.caches.items():
+            if branches is None or branch in branches:
+                cache.clear()
+        self._written = {k: c for k, c in self._written.items() if branches is not None and k[1] not in branches}
 
     def _record_peak(self) -> None:
         total = sum(c.nbytes for c in self.caches.values())
@@ -136,6 +157,19 @@ class RunCaches:
             return None
         return attention_bias_offsets([e.tokens for e in cache.entries], self.attention_bias, self.tokens_per_frame)
 
+    def _parts(self, tokens: int) -> list[tuple[int, int, slice]]:
+        """(chunk, first frame, token slice) of each chunk in this call: one unless it is a joint write."""
+        if self.joint is None or self.phase != PHASE_WRITE:
+            return [(self.chunk, self.frame_offset, slice(None))]
+        frames = sum(f for _, _, f in self.joint)
+        if tokens % frames:
+            raise RuntimeError(f"{tokens} tokens do not split into the {frames} frames of the joint write {self.joint}")
+        per, start, parts = tokens // frames, 0, []
+        for chunk, frame_offset, f in self.joint:
+            parts.append((chunk, frame_offset, slice(start, start + f * per)))
+            start += f * per
+        return parts
+
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, transformer_options: dict | None) -> Tensor:
         """Attention of the current chunk for every CFG slot; in the write phase also caches k, v."""
         if not self.active:
@@ -157,32 +191,37 @@ class RunCaches:
                 out = cache.attend(
                     qb, kb, vb, correction=self.correction, strength=self.strength, key_log_offsets=self._offsets(cache)
                 )
-            if self.observer is not None and (
-                self._wants is None or self._wants(layer, self.chunk, self.phase, self.step)
-            ):
-                self.observer(
-                    AttentionEvent(
-                        layer=layer,
-                        branch=branch,
-                        chunk=self.chunk,
-                        frame_offset=self.frame_offset,
-                        phase=self.phase,
-                        step=self.step,
-                        q=qb,
-                        k=kb,
-                        v=vb,
-                        cache=cache,
-                        out=out,
-                        correction=self.correction,
-                        strength=self.strength,
-                    )
+            if self.phase == PHASE_WRITE and self._written.get(key) == self.chunk:
+                raise RuntimeError(
+                    f"layer {layer}, branch {BRANCH_NAMES.get(branch, branch)!r} was written twice for chunk "
+                    f"{self.chunk}; the cache-writing pass must run the model exactly once"
                 )
-            if self.phase == PHASE_WRITE:
-                if self._written.get(key) == self.chunk:
-                    raise RuntimeError(
-                        f"layer {layer}, branch {BRANCH_NAMES.get(branch, branch)!r} was written twice for chunk "
-                        f"{self.chunk}; the cache-writing pass must run the model exactly once"
+            # one part per chunk: a joint write shows and stores each of its chunks on its own, oldest first
+            parts = self._parts(kb.shape[2])
+            for chunk, frame_offset, part in parts:
+                qp, kp, vp, op = (t[:, :, part] for t in (qb, kb, vb, out))
+                if self.observer is not None and (
+                    self._wants is None or self._wants(layer, chunk, self.phase, self.step)
+                ):
+                    self.observer(
+                        AttentionEvent(
+                            layer=layer,
+                            branch=branch,
+                            chunk=chunk,
+                            frame_offset=frame_offset,
+                            phase=self.phase,
+                            step=self.step,
+                            q=qp,
+                            k=kp,
+                            v=vp,
+                            cache=cache,
+                            out=op,
+                            correction=self.correction,
+                            strength=self.strength,
+                        )
                     )
-                self.store(layer, branch, kb, vb)
+            if self.phase == PHASE_WRITE:
+                for _, _, part in parts:
+                    self.store(layer, branch, kb[:, :, part], vb[:, :, part])
             outs.append(out)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

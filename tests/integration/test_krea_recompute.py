@@ -206,6 +206,19 @@ def test_recompute_refuses_what_it_cannot_combine(loop, tiny, euler):
         _run(loop, tiny, euler, K=0, block=2, frames=4, bias=1.0, vae=FakeVAE())
     with pytest.raises(ValueError, match="first_chunk_frames=1"):
         _run(loop, tiny, euler, K=2, block=2, frames=4, bias=1.0, vae=None, first_chunk_frames=1)
+    with pytest.raises(ValueError, match="context_noise_mode='skyreels'"):
+        _run(
+            loop,
+            tiny,
+            euler,
+            K=2,
+            block=2,
+            frames=4,
+            bias=1.0,
+            vae=None,
+            context_noise=0.1,
+            context_noise_mode="skyreels",
+        )
 
 
 def test_bias_without_recompute_spares_the_first_cached_frame_and_cfg_branches(loop, tiny, euler):

@@ -62,6 +62,8 @@ NEW_SAMPLER_INPUTS = [
     "recompute_frames",
     "kv_cache_attention_bias",
     "vae",
+    "recache_mode",
+    "context_noise_mode",
 ]
 SAMPLER_OUTPUTS = ["LATENT", "JENSEN_KV_REPORT", "JENSEN_KV_CACHE"]
 

@@ -166,6 +166,8 @@ def test_pack_loads_and_nodes_appear_in_object_info(server):
         "recompute_frames",
         "kv_cache_attention_bias",
         "vae",
+        "recache_mode",
+        "context_noise_mode",
     ]
     assert s["input"]["required"]["sampler"][0] == "SAMPLER" and s["input"]["required"]["sigmas"][0] == "SIGMAS"
     k = info["JensenKVChunkedARSamplerSimple"]["input"]["required"]

@@ -28,7 +28,9 @@ def _conds():
     return wan_tiny.conditioning(1, COND_TOKENS, 32), wan_tiny.conditioning(2, COND_TOKENS, 32)
 
 
-def _recorded_run(loop, model, euler, *, cfg, window=0, frames=FRAMES, chunk=CHUNK, observer=None, context_noise=0.0):
+def _recorded_run(
+    loop, model, euler, *, cfg, window=0, frames=FRAMES, chunk=CHUNK, observer=None, context_noise=0.0, **kw
+):
     import comfy.patcher_extension
 
     rec = reference.DiffusionModelRecorder()
@@ -49,6 +51,7 @@ def _recorded_run(loop, model, euler, *, cfg, window=0, frames=FRAMES, chunk=CHU
         context_noise=context_noise,
         observer=observer,
         progress=False,
+        **kw,
     )
     return rec, result
 
@@ -119,10 +122,11 @@ def test_the_reference_would_catch_a_missing_cache_or_wrong_rope(loop, tiny, eul
 
 
 def test_write_pass_at_context_noise_uses_noised_clean_chunk(loop, tiny, euler):
-    """context_noise = s: the cache-writing forward sees s*noise + (1-s)*clean at timestep s*1000."""
+    """context_noise = s, SkyReels' mode: the chunk's cache-writing forward sees s*noise + (1-s)*clean at timestep
+    s*1000 (the default, relabel, and SkyReels' per-step redraws: tests/integration/test_context_noise.py)."""
     import comfy.sample
 
-    rec, result = _recorded_run(loop, tiny, euler, cfg=1.0, context_noise=0.25)
+    rec, result = _recorded_run(loop, tiny, euler, cfg=1.0, context_noise=0.25, context_noise_mode="skyreels")
     per_chunk = _split_calls(rec, result.report["chunks"])
     latent_format = tiny.model.latent_format
     for c, (_, write) in enumerate(per_chunk[:-1]):
