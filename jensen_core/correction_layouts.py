@@ -7,8 +7,13 @@ layouts, chosen once per (device type, dtype, head_dim, G) at first use:
           of 8, or of 64 where the CPU flash kernel packs its operands for AMX);
 ``split`` q', k' as above, v of head_dim (kernels that take a narrower v: CUDA's memory-efficient
           attention), so the output needs no padding;
-``flex``  FlexAttention (CUDA) with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra
-          channels, the head_dim the kernel is built for (what the paper runs).
+``flex``  FlexAttention with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra channels on
+          q and k, the head_dim the kernel is built for (what the paper runs). On CUDA the kernel
+          returns its log-sum-exp; the CPU kernel (torch.compile's C++ template) does not, so there
+          each chunk gets one *sink* key (zero key, score set by the ``score_mod`` to a Jensen lower
+          bound ``c`` of the row's log-sum-exp) whose value is a one-hot extra value channel: that
+          channel's output ``y = e^c / (e^c + Z)`` gives ``lse = c + log((1 - y) / y)`` and the
+          attention output is the rest divided by ``1 - y`` (``Layout.sink``).
 
 What the kernels want (read from their sources): the CPU flash kernel needs q, k, v of one width
 (else SDPA falls back to its ~2.7x slower math path), and in reduced precision on AMX it packs its
@@ -17,12 +22,18 @@ the packing; 192 keeps it but does 50% more work); CUDA flash kernels are compil
 64/96/128/160/..., so 136 runs as 160. Every candidate the device offers (:func:`candidate_layouts`)
 is checked against a float64 reference on a tiny problem; where more than one passes, each is timed
 on the first call's shapes and the fastest is kept (logged; :func:`kernel_choices` reports it).
+
+FlexAttention on the CPU compiles once per shape (about 20-60 s each on a 2-core machine) and is no
+faster per call than ``pad`` there (``benchmarks/flex_cpu.py``, docs/benchmarks.md), so the automatic
+choice leaves it out on the CPU; ``JENSEN_KV_TAYLOR_LAYOUT=flex`` (or :func:`set_layout_preference`)
+asks for it explicitly, as ``pad`` / ``split`` ask for those.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -46,13 +57,21 @@ class Layout:
 
     kind: str  # "pad", "split" or "flex"
     width: int  # width of q and k in the kernel (head_dim for "flex")
+    sink: bool = False  # "flex" without a kernel log-sum-exp (CPU): one sink key and value channel per chunk
 
     def value_width(self, head_dim: int) -> int:
+        if self.sink:
+            return head_dim + 1
         return self.width if self.kind == "pad" else head_dim
+
+    def key_rows(self, tokens: int) -> int:
+        """Rows of the key and value buffers for a chunk of ``tokens`` (one more for the sink)."""
+        return tokens + 1 if self.sink else tokens
 
     def describe(self, head_dim: int) -> str:
         if self.kind == "flex":
-            return f"FlexAttention score_mod at width {head_dim}"
+            how = ", log-sum-exp from a sink key" if self.sink else ""
+            return f"FlexAttention score_mod at width {head_dim}{how}"
         if self.kind == "split":
             return f"q,k width {self.width}, v width {head_dim}"
         return f"q,k,v padded to {self.width}"
@@ -70,6 +89,27 @@ def layout_query(layout: Layout, q: Tensor, nu: Tensor, strength: float) -> Tens
     return out
 
 
+def layout_buffers(layout: Layout, like: Tensor, tokens: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Key and value buffers for one cached chunk of ``tokens``: ``(kb, vb, k_dst, v_dst)``.
+
+    ``k_dst``/``v_dst`` are the views the chunk's keys and values are written to (head_dim wide);
+    the padding channels and the sink row are set here once, so the buffers can be reused for every
+    chunk of that size. ``like`` (B, H, *, head_dim) gives batch, heads, dtype and device.
+    """
+    B, H, D = like.shape[0], like.shape[1], like.shape[-1]
+    rows, kw, vw = layout.key_rows(tokens), layout.width, layout.value_width(D)
+    kb, vb = like.new_empty(B, H, rows, kw), like.new_empty(B, H, rows, vw)
+    if kw > D:
+        kb[..., D:] = 0
+    if vw > D:
+        vb[..., D:] = 0
+    if layout.sink:
+        kb[..., tokens:, :] = 0
+        vb[..., tokens:, :] = 0
+        vb[..., tokens, D] = 1
+    return kb, vb, kb[..., :tokens, :D], vb[..., :tokens, :D]
+
+
 def layout_attend(
     layout: Layout, q: Tensor, k: Tensor, v: Tensor, nu: Tensor, w: Tensor, strength: float, scale: float
 ) -> tuple[Tensor, Tensor]:
@@ -79,14 +119,55 @@ def layout_attend(
     ``D:D+G`` (``pad``/``split``; plain keys for ``flex``), ``v`` of :meth:`Layout.value_width`;
     ``nu`` (B, H, M, G) and ``w`` (B, H, T, G) float32, used by ``flex`` only.
     """
+    if layout.sink:
+        return _flex_sink_attend(q, k, v, nu * strength, w, scale)
     if layout.kind == "flex":
         out, lse = _flex_fn()(q, k, v, nu * strength, w, scale)
         return out, lse.to(torch.float32)
     return sdpa_with_lse(q, k, v, scale)
 
 
+#: the sink's score is raised by this much (for the rows where it underflowed) and the chunk attended again
+_SINK_STEP = 64.0
+_SINK_MIN = 1e-30  # a sink share below this has lost its precision (float32 and bfloat16 reach ~1e-38)
+
+
+def _flex_sink_attend(q: Tensor, k: Tensor, v: Tensor, nu_s: Tensor, w: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """FlexAttention without a kernel log-sum-exp: the chunk's keys plus one sink key (see the module docstring).
+
+    ``k`` (B, H, T+1, D) and ``v`` (B, H, T+1, D+1) from :func:`layout_buffers`; ``w`` (B, H, T, G).
+    The sink's score ``c`` = mean corrected score + log T <= the row's log-sum-exp (Jensen), so its
+    share ``y`` <= 1/2 and ``1 - y`` never cancels; where ``y`` underflows (scores spread by more
+    than ~69 nats) those rows are attended again with ``c`` raised by ``_SINK_STEP``.
+    """
+    D, T = q.shape[-1], k.shape[-2] - 1
+    wz = torch.cat([w, w.new_zeros(*w.shape[:-2], 1, w.shape[-1])], -2)  # the sink has no correction
+    kmean = k[..., :T, :].mean(-2, keepdim=True, dtype=torch.float32)
+    c = (q.float() @ kmean.transpose(-1, -2)).squeeze(-1) * scale
+    c = c - (nu_s * w.mean(-2, keepdim=True)).sum(-1) + math.log(T)
+    fn = _flex_sink_fn()
+    out = lse = None
+    todo = None
+    for _ in range(8):
+        full = fn(q, k, v, nu_s, wz, c, scale)
+        y = full[..., D].float()
+        ok = y > _SINK_MIN  # also False where y is nan
+        o = full[..., :D] / (1 - y).unsqueeze(-1).to(full.dtype)
+        ls = c + torch.log1p(-y) - torch.log(y)
+        if out is None:
+            out, lse = o, ls
+        else:
+            out = torch.where(todo.unsqueeze(-1), o, out)
+            lse = torch.where(todo, ls, lse)
+        todo = ~ok if todo is None else todo & ~ok
+        if not bool(todo.any()):
+            return out, lse
+        c = torch.where(todo, c + _SINK_STEP, c)
+    raise RuntimeError("FlexAttention sink: the log-sum-exp could not be recovered (non-finite scores?)")
+
+
 def _flex_available(device: torch.device) -> bool:
-    if device.type != "cuda":
+    if device.type not in ("cuda", "cpu"):
         return False
     try:
         from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
@@ -119,6 +200,30 @@ def _flex_fn():
     return _FLEX_FN
 
 
+_FLEX_SINK_FN = None
+
+
+def _flex_sink_fn():
+    """FlexAttention with the Taylor bias and a sink key as a ``score_mod`` (compiled once per shape; CPU)."""
+    global _FLEX_SINK_FN
+    if _FLEX_SINK_FN is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def corrected_sink(q: Tensor, k: Tensor, v: Tensor, nu: Tensor, w: Tensor, c: Tensor, scale: float):
+            G, T = nu.shape[-1], k.shape[-2] - 1
+
+            def score_mod(score, b, h, m, n):
+                bias = nu[b, h, m, 0] * w[b, h, n, 0]
+                for j in range(1, G):
+                    bias = bias + nu[b, h, m, j] * w[b, h, n, j]
+                return torch.where(n == T, c[b, h, m], score - bias)
+
+            return flex_attention(q, k, v, score_mod=score_mod, scale=scale)
+
+        _FLEX_SINK_FN = torch.compile(corrected_sink, dynamic=False)
+    return _FLEX_SINK_FN
+
+
 def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G: int) -> list[Layout]:
     """The layouts worth trying on this device and dtype, the default first."""
     w8 = round_up(head_dim + G, 8)
@@ -127,11 +232,46 @@ def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G
         w64 = round_up(head_dim + G, 64)
         if dtype in HALF_DTYPES and cpu_class() == "AMX" and w64 != w8:
             out.append(Layout("pad", w64))  # keeps the AMX packing of the CPU flash kernel, at more work
+        if dtype in (torch.float32, torch.bfloat16) and _flex_available(device):
+            # no log-sum-exp from the CPU kernel: a sink key gives it (its share underflows in float16)
+            out.append(Layout("flex", head_dim, sink=True))
     elif device.type == "cuda":
         out.append(Layout("split", w8))
         if _flex_available(device):
             out.append(Layout("flex", head_dim))
     return out
+
+
+#: the environment variable that asks for one layout kind (``pad``, ``split``, ``flex``; ``auto`` = choose)
+LAYOUT_ENV = "JENSEN_KV_TAYLOR_LAYOUT"
+LAYOUT_KINDS = ("pad", "split", "flex")
+_PREFERENCE: str | None = None
+
+
+def set_layout_preference(kind: str | None) -> None:
+    """Ask for one layout kind (``"pad"``, ``"split"``, ``"flex"``) or ``None``/``"auto"`` to choose; forgets past choices.
+
+    Overrides ``JENSEN_KV_TAYLOR_LAYOUT``. A kind this device does not offer, or whose check fails,
+    is logged and the automatic choice is used instead.
+    """
+    global _PREFERENCE
+    _PREFERENCE = _check_kind(kind, "set_layout_preference")
+    _LAYOUTS.clear()
+
+
+def _check_kind(kind: str | None, where: str) -> str | None:
+    if kind is None or kind == "auto":
+        return None
+    if kind not in LAYOUT_KINDS:
+        raise ValueError(f"{where}: unknown correction layout {kind!r}; use one of {', '.join(LAYOUT_KINDS)} or 'auto'")
+    return kind
+
+
+def layout_preference() -> str | None:
+    """The kind asked for (:func:`set_layout_preference`, else ``JENSEN_KV_TAYLOR_LAYOUT``), or ``None`` (choose)."""
+    if _PREFERENCE is not None:
+        return _PREFERENCE
+    return _check_kind(os.environ.get(LAYOUT_ENV, "").strip().lower() or None, LAYOUT_ENV)
 
 
 def _problem(device, dtype, B, H, M, T, D, G, seed=0):
@@ -146,13 +286,11 @@ def _problem(device, dtype, B, H, M, T, D, G, seed=0):
 def _inputs(layout: Layout, q, k, v, nu, w, strength):
     D, G = q.shape[-1], nu.shape[-1]
     qi = layout_query(layout, q, nu, strength)
-    if layout.kind == "flex":
-        return qi, k, v
-    kb = k.new_zeros(*k.shape[:-1], layout.width)
-    kb[..., :D] = k
-    kb[..., D : D + G] = w
-    vb = v.new_zeros(*v.shape[:-1], layout.value_width(D))
-    vb[..., :D] = v
+    kb, vb, kd, vd = layout_buffers(layout, k, k.shape[-2])
+    kd.copy_(k)
+    vd.copy_(v)
+    if layout.kind != "flex":
+        kb[..., D : D + G] = w
     return qi, kb, vb
 
 
@@ -226,9 +364,22 @@ def taylor_layout(
     """
     key = (device.type, dtype, head_dim, G)
     if key not in _LAYOUTS:
-        ok = [
-            lay for lay in candidate_layouts(device, dtype, head_dim, G) if _layout_ok(lay, device, dtype, head_dim, G)
-        ]
+        cands = candidate_layouts(device, dtype, head_dim, G)
+        kind = layout_preference()
+        asked = [lay for lay in cands if lay.kind == kind]
+        ok = [lay for lay in asked if _layout_ok(lay, device, dtype, head_dim, G)]
+        if kind is not None and not ok:
+            logger.warning(
+                "jensen_kv: correction layout %r %s on %s/%s; choosing automatically",
+                kind,
+                "failed its check" if asked else "is not offered",
+                device.type,
+                dtype,
+            )
+        if not ok:
+            # the CPU's FlexAttention compiles per shape (20-60 s) for no speed-up: only when asked for
+            auto = [lay for lay in cands if not lay.sink]
+            ok = [lay for lay in auto if _layout_ok(lay, device, dtype, head_dim, G)]
         choice = None if not ok else ok[0] if len(ok) == 1 else _fastest(ok, device, dtype, head_dim, G, shape)
         if choice is not None:
             logger.info(
