@@ -31,7 +31,7 @@ from torch import Tensor
 
 from . import hadamard
 from .bias import _exact_bias, check_mode, query_group_norms, taylor_weights
-from .correction_layouts import Layout, layout_attend, layout_buffers, layout_query, round_up, taylor_layout
+from .correction_layouts import Layout, layout_attend, layout_query, round_up, taylor_layout
 from .hadamard import rotate, unrotate
 from .packing import from_interleaved, to_interleaved
 from .quant import StoredTensor
@@ -288,15 +288,22 @@ def _streamed(
     qin = layout_query(layout, qk, nu, strength) if layout is not None else qk
     if qin is not qk and not _LEGACY:
         del qk
+    kw = layout.width if layout is not None else D
+    vw = layout.value_width(D) if layout is not None else D
     acc = lse = None
-    bufs: dict[int, tuple[Tensor, Tensor, Tensor, Tensor]] = {}
+    bufs: dict[int, tuple[Tensor, Tensor]] = {}
     for e, w, off in zip(entries, weights, offsets):
         t = e.tokens
         if t not in bufs:  # chunks usually share one size: the buffers are reused
-            bufs[t] = layout_buffers(layout or Layout("pad", D), q, t)
-        kb, vb, kd, vd = bufs[t]
-        _fill(kd, e.k, kil is not None)
-        _fill(vd, e.v, vil is not None)
+            kb, vb = q.new_empty(B, H, t, kw), q.new_empty(B, H, t, vw)
+            if kw > D:
+                kb[..., D:] = 0
+            if vw > D:
+                vb[..., D:] = 0
+            bufs[t] = (kb, vb)
+        kb, vb = bufs[t]
+        _fill(kb[..., :D], e.k, kil is not None)
+        _fill(vb[..., :D], e.v, vil is not None)
         if layout is None:
             out, out_lse = sdpa_with_lse(qin, kb, vb, scale)
         else:
@@ -308,7 +315,7 @@ def _streamed(
         acc, lse = _merge(acc, lse, out, out_lse, D)
         del out
     bufs.clear()
-    del qin, kb, vb, kd, vd
+    del qin, kb, vb
     if _LEGACY:  # the current chunk rotated into the codes' space, everything un-rotated at the end
         _, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
         acc, lse = _merge(acc, lse, *sdpa_with_lse(qr, kcr, vcr, scale), D)

@@ -57,16 +57,10 @@ class Layout:
 
     kind: str  # "pad", "split" or "flex"
     width: int  # width of q and k in the kernel (head_dim for "flex")
-    sink: bool = False  # "flex" without a kernel log-sum-exp (CPU): one sink key and value channel per chunk
+    sink: bool = False  # "flex" without a kernel log-sum-exp (CPU): a sink key and value channel added per chunk
 
     def value_width(self, head_dim: int) -> int:
-        if self.sink:
-            return head_dim + 1
         return self.width if self.kind == "pad" else head_dim
-
-    def key_rows(self, tokens: int) -> int:
-        """Rows of the key and value buffers for a chunk of ``tokens`` (one more for the sink)."""
-        return tokens + 1 if self.sink else tokens
 
     def describe(self, head_dim: int) -> str:
         if self.kind == "flex":
@@ -87,27 +81,6 @@ def layout_query(layout: Layout, q: Tensor, nu: Tensor, strength: float) -> Tens
     out[..., D : D + G] = nu * (-math.sqrt(D) * strength)
     out[..., D + G :] = 0
     return out
-
-
-def layout_buffers(layout: Layout, like: Tensor, tokens: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Key and value buffers for one cached chunk of ``tokens``: ``(kb, vb, k_dst, v_dst)``.
-
-    ``k_dst``/``v_dst`` are the views the chunk's keys and values are written to (head_dim wide);
-    the padding channels and the sink row are set here once, so the buffers can be reused for every
-    chunk of that size. ``like`` (B, H, *, head_dim) gives batch, heads, dtype and device.
-    """
-    B, H, D = like.shape[0], like.shape[1], like.shape[-1]
-    rows, kw, vw = layout.key_rows(tokens), layout.width, layout.value_width(D)
-    kb, vb = like.new_empty(B, H, rows, kw), like.new_empty(B, H, rows, vw)
-    if kw > D:
-        kb[..., D:] = 0
-    if vw > D:
-        vb[..., D:] = 0
-    if layout.sink:
-        kb[..., tokens:, :] = 0
-        vb[..., tokens:, :] = 0
-        vb[..., tokens, D] = 1
-    return kb, vb, kb[..., :tokens, :D], vb[..., :tokens, :D]
 
 
 def layout_attend(
@@ -135,21 +108,25 @@ _SINK_MIN = 1e-30  # a sink share below this has lost its precision (float32 and
 def _flex_sink_attend(q: Tensor, k: Tensor, v: Tensor, nu_s: Tensor, w: Tensor, scale: float) -> tuple[Tensor, Tensor]:
     """FlexAttention without a kernel log-sum-exp: the chunk's keys plus one sink key (see the module docstring).
 
-    ``k`` (B, H, T+1, D) and ``v`` (B, H, T+1, D+1) from :func:`layout_buffers`; ``w`` (B, H, T, G).
-    The sink's score ``c`` = mean corrected score + log T <= the row's log-sum-exp (Jensen), so its
+    ``k``, ``v`` (B, H, T, D), ``w`` (B, H, T, G); the sink is appended here (one more key row and
+    value channel: a transient copy of the chunk's K/V, as the kernel takes no separate sink). The sink's score ``c`` = mean corrected score + log T <= the row's log-sum-exp (Jensen), so its
     share ``y`` <= 1/2 and ``1 - y`` never cancels; where ``y`` underflows (scores spread by more
     than ~69 nats) those rows are attended again with ``c`` raised by ``_SINK_STEP``.
     """
-    D, T = q.shape[-1], k.shape[-2] - 1
+    D, T = q.shape[-1], k.shape[-2]
     wz = torch.cat([w, w.new_zeros(*w.shape[:-2], 1, w.shape[-1])], -2)  # the sink has no correction
-    kmean = k[..., :T, :].mean(-2, keepdim=True, dtype=torch.float32)
+    kz = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, D)], -2)  # its key is 0, its score set by the score_mod
+    vz = v.new_zeros(*v.shape[:-2], T + 1, D + 1)  # its value is the one-hot channel D
+    vz[..., :T, :D] = v
+    vz[..., T, D] = 1
+    kmean = k.mean(-2, keepdim=True, dtype=torch.float32)
     c = (q.float() @ kmean.transpose(-1, -2)).squeeze(-1) * scale
     c = c - (nu_s * w.mean(-2, keepdim=True)).sum(-1) + math.log(T)
     fn = _flex_sink_fn()
     out = lse = None
     todo = None
     for _ in range(8):
-        full = fn(q, k, v, nu_s, wz, c, scale)
+        full = fn(q, kz, vz, nu_s, wz, c, scale)
         y = full[..., D].float()
         ok = y > _SINK_MIN  # also False where y is nan
         o = full[..., :D] / (1 - y).unsqueeze(-1).to(full.dtype)
@@ -245,17 +222,17 @@ def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G
 #: the environment variable that asks for one layout kind (``pad``, ``split``, ``flex``; ``auto`` = choose)
 LAYOUT_ENV = "JENSEN_KV_TAYLOR_LAYOUT"
 LAYOUT_KINDS = ("pad", "split", "flex")
-_PREFERENCE: str | None = None
+_PREFERENCE: str | None = None  # set_layout_preference's kind or "auto"; None: the environment decides
 
 
 def set_layout_preference(kind: str | None) -> None:
-    """Ask for one layout kind (``"pad"``, ``"split"``, ``"flex"``) or ``None``/``"auto"`` to choose; forgets past choices.
+    """Ask for one layout kind (``"pad"``, ``"split"``, ``"flex"``) or ``"auto"``; forgets the choices made so far.
 
-    Overrides ``JENSEN_KV_TAYLOR_LAYOUT``. A kind this device does not offer, or whose check fails,
-    is logged and the automatic choice is used instead.
+    Overrides ``JENSEN_KV_TAYLOR_LAYOUT`` (``None`` follows it again). A kind this device does not
+    offer, or whose check fails, is logged and the automatic choice is used instead.
     """
     global _PREFERENCE
-    _PREFERENCE = _check_kind(kind, "set_layout_preference")
+    _PREFERENCE = None if kind is None else (_check_kind(kind, "set_layout_preference") or "auto")
     _LAYOUTS.clear()
 
 
@@ -268,9 +245,9 @@ def _check_kind(kind: str | None, where: str) -> str | None:
 
 
 def layout_preference() -> str | None:
-    """The kind asked for (:func:`set_layout_preference`, else ``JENSEN_KV_TAYLOR_LAYOUT``), or ``None`` (choose)."""
+    """The kind asked for (:func:`set_layout_preference`, else ``JENSEN_KV_TAYLOR_LAYOUT``), or ``None``: choose."""
     if _PREFERENCE is not None:
-        return _PREFERENCE
+        return _check_kind(_PREFERENCE, "set_layout_preference")
     return _check_kind(os.environ.get(LAYOUT_ENV, "").strip().lower() or None, LAYOUT_ENV)
 
 
@@ -286,11 +263,13 @@ def _problem(device, dtype, B, H, M, T, D, G, seed=0):
 def _inputs(layout: Layout, q, k, v, nu, w, strength):
     D, G = q.shape[-1], nu.shape[-1]
     qi = layout_query(layout, q, nu, strength)
-    kb, vb, kd, vd = layout_buffers(layout, k, k.shape[-2])
-    kd.copy_(k)
-    vd.copy_(v)
-    if layout.kind != "flex":
-        kb[..., D : D + G] = w
+    if layout.kind == "flex":
+        return qi, k, v
+    kb = k.new_zeros(*k.shape[:-1], layout.width)
+    kb[..., :D] = k
+    kb[..., D : D + G] = w
+    vb = v.new_zeros(*v.shape[:-1], layout.value_width(D))
+    vb[..., :D] = v
     return qi, kb, vb
 
 
