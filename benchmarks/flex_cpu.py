@@ -12,7 +12,9 @@ Wan 1.3B at 480p), with the per-score correction forced to each layout in turn:
   log-sum-exp from a sink key (:mod:`jensen_core.correction_layouts`).
 
 The first flex call compiles the kernel for this shape; its wall and CPU time (this process and the
-C++ compiler it starts) are printed apart. Then every configuration runs in the same process,
+C++ compiler it starts) are printed apart. Inductor caches compiled kernels on disk
+(``TORCHINDUCTOR_CACHE_DIR``), so a later process compiles the same shape faster; ``--cold`` points
+the cache at a fresh folder, as on a first run. Then every configuration runs in the same process,
 interleaved round by round; ratios are medians of per-round ratios of the process's CPU time (other
 processes on a shared machine inflate wall time, not our CPU time). The last line per dtype is the
 number of attends after which flex's compilation would be paid back ("never" when flex is slower
@@ -103,13 +105,19 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-tokens", type=int, default=1560)
     ap.add_argument("--cached-chunks", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--cold", action="store_true", help="compile without inductor's on-disk cache (a first run)")
     args = ap.parse_args(argv)
+    if args.cold:
+        import os
+        import tempfile
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="flex_cpu_inductor_")
     if args.threads:
         torch.set_num_threads(args.threads)
     klass = cpu.cpu_class()
     print(f"command: python benchmarks/flex_cpu.py {' '.join(sys.argv[1:] if argv is None else argv)}".rstrip())
     print(
-        f"torch {torch.__version__}, CPU class {klass}, {torch.get_num_threads()} threads; {args.heads} heads x 128, "
+        f"torch {torch.__version__}, CPU class {klass}, inductor cache {'fresh (--cold)' if args.cold else 'as found'}, {torch.get_num_threads()} threads; {args.heads} heads x 128, "
         f"{args.chunk_tokens} tokens/chunk, {args.cached_chunks} cached chunks + current (INT2 QuaRot, g32); "
         f"{args.rounds} interleaved rounds"
     )
