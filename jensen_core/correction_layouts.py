@@ -23,9 +23,9 @@ the packing; 192 keeps it but does 50% more work); CUDA flash kernels are compil
 is checked against a float64 reference on a tiny problem; where more than one passes, each is timed
 on the first call's shapes and the fastest is kept (logged; :func:`kernel_choices` reports it).
 
-FlexAttention on the CPU compiles once per shape (about 20-60 s each on a 2-core machine) and is no
-faster per call than ``pad`` there (``benchmarks/flex_cpu.py``, docs/benchmarks.md), so the automatic
-choice leaves it out on the CPU; ``JENSEN_KV_TAYLOR_LAYOUT=flex`` (or :func:`set_layout_preference`)
+FlexAttention on the CPU compiles once per shape (about 20 s of CPU time each, minutes of wall time
+on a busy 2-core machine) and is slower per attend than ``pad`` there (2.75x in fp32 on an AVX2 CPU:
+``benchmarks/flex_cpu.py``, docs/benchmarks.md), so the automatic choice leaves it out on the CPU; ``JENSEN_KV_TAYLOR_LAYOUT=flex`` (or :func:`set_layout_preference`)
 asks for it explicitly, as ``pad`` / ``split`` ask for those.
 """
 
@@ -340,6 +340,8 @@ def taylor_layout(
 
     ``shape`` = (heads, queries, tokens of one cached chunk) of the first call, for the timing.
     ``None`` when no layout passes its check (the caller falls back to one padded buffer per window).
+    A kind asked for (:func:`layout_preference`) is taken where offered and passing its check; the
+    automatic choice never takes the CPU's FlexAttention (``Layout.sink``).
     """
     key = (device.type, dtype, head_dim, G)
     if key not in _LAYOUTS:
@@ -356,7 +358,7 @@ def taylor_layout(
                 dtype,
             )
         if not ok:
-            # the CPU's FlexAttention compiles per shape (20-60 s) for no speed-up: only when asked for
+            # the CPU's FlexAttention compiles per shape and is slower per attend than pad: only when asked for
             auto = [lay for lay in cands if not lay.sink]
             ok = [lay for lay in auto if _layout_ok(lay, device, dtype, head_dim, G)]
         choice = None if not ok else ok[0] if len(ok) == 1 else _fastest(ok, device, dtype, head_dim, G, shape)
