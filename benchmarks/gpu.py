@@ -270,7 +270,7 @@ def run_e2e(table: Table, deadline: float) -> None:
             table.add("e2e", label, "skipped", "past --budget")
             continue
         model = wan_tiny.build_patcher(seed=0, dtype=torch.bfloat16, device="cuda", **arch)
-        model.model.to("cuda")
+        model.model.to(model.load_device)
         pos, neg = wan_tiny.conditioning(1, 32, 64), wan_tiny.conditioning(2, 32, 64)
         sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", STEPS)
         q = nodes.JensenKVQuantizeKVCache.execute(model, "2", "2", "32", "hadamard", "fp8_e4m3", 0).args[0]
@@ -294,7 +294,7 @@ def run_e2e(table: Table, deadline: float) -> None:
                 "e2e",
                 f"{label}: {name}",
                 f"{per_chunk:.3f} s/chunk",
-                f"x{per_chunk / base:.3f}; last chunk {last:.3f} s; cache {r.report.get('cache_mib', 0):.1f} MiB; "
+                f"x{per_chunk / base:.3f}; last chunk {last:.3f} s; cache {r.report.get('cache_mib', 0):.2f} MiB; "
                 f"peak {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB",
             )
         choices = importlib.import_module(f"{pack.__name__}.jensen_core.correction_layouts").kernel_choices()
