@@ -7,8 +7,13 @@ layouts, chosen once per (device type, dtype, head_dim, G) at first use:
           of 8, or of 64 where the CPU flash kernel packs its operands for AMX);
 ``split`` q', k' as above, v of head_dim (kernels that take a narrower v: CUDA's memory-efficient
           attention), so the output needs no padding;
-``flex``  FlexAttention (CUDA) with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra
-          channels, the head_dim the kernel is built for (what the paper runs).
+``flex``  FlexAttention with a ``score_mod`` that subtracts ``lambda nu . W`` - no extra channels on
+          q and k, the head_dim the kernel is built for (what the paper runs). On CUDA the kernel
+          returns its log-sum-exp; the CPU kernel (torch.compile's C++ template) does not, so there
+          each chunk gets one *sink* key (zero key, score set by the ``score_mod`` to a Jensen lower
+          bound ``c`` of the row's log-sum-exp) whose value is a one-hot extra value channel: that
+          channel's output ``y = e^c / (e^c + Z)`` gives ``lse = c + log((1 - y) / y)`` and the
+          attention output is the rest divided by ``1 - y`` (``Layout.sink``).
 ``triton`` (CUDA) the fused Triton kernel of :mod:`jensen_core.triton_kernel`: reads the packed codes,
           dequantizes and corrects in registers, no buffer at all; checked like the others (its own
           float64 check on quantized keys, :func:`jensen_core.triton_kernel.layout_check`). Its speed is
@@ -21,12 +26,18 @@ the packing; 192 keeps it but does 50% more work); CUDA flash kernels are compil
 64/96/128/160/..., so 136 runs as 160. Every candidate the device offers (:func:`candidate_layouts`)
 is checked against a float64 reference on a tiny problem; where more than one passes, each is timed
 on the first call's shapes and the fastest is kept (logged; :func:`kernel_choices` reports it).
+
+FlexAttention on the CPU compiles once per shape (about 20 s of CPU time each, minutes of wall time
+on a busy 2-core machine) and is slower per attend than ``pad`` there (2.75x in fp32 on an AVX2 CPU:
+``benchmarks/flex_cpu.py``, docs/benchmarks.md), so the automatic choice leaves it out on the CPU; ``JENSEN_KV_TAYLOR_LAYOUT=flex`` (or :func:`set_layout_preference`)
+asks for it explicitly, as ``pad`` / ``split`` ask for those.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -50,13 +61,15 @@ class Layout:
 
     kind: str  # "pad", "split", "flex" or "triton"
     width: int  # width of q and k in the kernel (head_dim for "flex")
+    sink: bool = False  # "flex" without a kernel log-sum-exp (CPU): a sink key and value channel added per chunk
 
     def value_width(self, head_dim: int) -> int:
         return self.width if self.kind == "pad" else head_dim
 
     def describe(self, head_dim: int) -> str:
         if self.kind == "flex":
-            return f"FlexAttention score_mod at width {head_dim}"
+            how = ", log-sum-exp from a sink key" if self.sink else ""
+            return f"FlexAttention score_mod at width {head_dim}{how}"
         if self.kind == "triton":
             return f"fused Triton kernel over the packed codes at width {head_dim}"
         if self.kind == "split":
@@ -87,14 +100,59 @@ def layout_attend(
     """
     if layout.kind == "triton":
         raise ValueError("the triton layout reads packed codes: use jensen_core.triton_kernel.triton_attend_chunk")
+    if layout.sink:
+        return _flex_sink_attend(q, k, v, nu * strength, w, scale)
     if layout.kind == "flex":
         out, lse = _flex_fn()(q, k, v, nu * strength, w, scale)
         return out, lse.to(torch.float32)
     return sdpa_with_lse(q, k, v, scale)
 
 
+#: the sink's score is raised by this much (for the rows where it underflowed) and the chunk attended again
+_SINK_STEP = 64.0
+_SINK_MIN = 1e-30  # a sink share below this has lost its precision (float32 and bfloat16 reach ~1e-38)
+
+
+def _flex_sink_attend(q: Tensor, k: Tensor, v: Tensor, nu_s: Tensor, w: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """FlexAttention without a kernel log-sum-exp: the chunk's keys plus one sink key (see the module docstring).
+
+    ``k``, ``v`` (B, H, T, D), ``w`` (B, H, T, G); the sink is appended here (one more key row and
+    value channel: a transient copy of the chunk's K/V, as the kernel takes no separate sink). The sink's score ``c`` = mean corrected score + log T <= the row's log-sum-exp (Jensen), so its
+    share ``y`` <= 1/2 and ``1 - y`` never cancels; where ``y`` underflows (scores spread by more
+    than ~69 nats) those rows are attended again with ``c`` raised by ``_SINK_STEP``.
+    """
+    D, T = q.shape[-1], k.shape[-2]
+    wz = torch.cat([w, w.new_zeros(*w.shape[:-2], 1, w.shape[-1])], -2)  # the sink has no correction
+    kz = torch.cat([k, k.new_zeros(*k.shape[:-2], 1, D)], -2)  # its key is 0, its score set by the score_mod
+    vz = v.new_zeros(*v.shape[:-2], T + 1, D + 1)  # its value is the one-hot channel D
+    vz[..., :T, :D] = v
+    vz[..., T, D] = 1
+    kmean = k.mean(-2, keepdim=True, dtype=torch.float32)
+    c = (q.float() @ kmean.transpose(-1, -2)).squeeze(-1) * scale
+    c = c - (nu_s * w.mean(-2, keepdim=True)).sum(-1) + math.log(T)
+    fn = _flex_sink_fn()
+    out = lse = None
+    todo = None
+    for _ in range(8):
+        full = fn(q, kz, vz, nu_s, wz, c, scale)
+        y = full[..., D].float()
+        ok = y > _SINK_MIN  # also False where y is nan
+        o = full[..., :D] / (1 - y).unsqueeze(-1).to(full.dtype)
+        ls = c + torch.log1p(-y) - torch.log(y)
+        if out is None:
+            out, lse = o, ls
+        else:
+            out = torch.where(todo.unsqueeze(-1), o, out)
+            lse = torch.where(todo, ls, lse)
+        todo = ~ok if todo is None else todo & ~ok
+        if not bool(todo.any()):
+            return out, lse
+        c = torch.where(todo, c + _SINK_STEP, c)
+    raise RuntimeError("FlexAttention sink: the log-sum-exp could not be recovered (non-finite scores?)")
+
+
 def _flex_available(device: torch.device) -> bool:
-    if device.type != "cuda":
+    if device.type not in ("cuda", "cpu"):
         return False
     try:
         from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
@@ -127,6 +185,30 @@ def _flex_fn():
     return _FLEX_FN
 
 
+_FLEX_SINK_FN = None
+
+
+def _flex_sink_fn():
+    """FlexAttention with the Taylor bias and a sink key as a ``score_mod`` (compiled once per shape; CPU)."""
+    global _FLEX_SINK_FN
+    if _FLEX_SINK_FN is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        def corrected_sink(q: Tensor, k: Tensor, v: Tensor, nu: Tensor, w: Tensor, c: Tensor, scale: float):
+            G, T = nu.shape[-1], k.shape[-2] - 1
+
+            def score_mod(score, b, h, m, n):
+                bias = nu[b, h, m, 0] * w[b, h, n, 0]
+                for j in range(1, G):
+                    bias = bias + nu[b, h, m, j] * w[b, h, n, j]
+                return torch.where(n == T, c[b, h, m], score - bias)
+
+            return flex_attention(q, k, v, score_mod=score_mod, scale=scale)
+
+        _FLEX_SINK_FN = torch.compile(corrected_sink, dynamic=False)
+    return _FLEX_SINK_FN
+
+
 def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G: int) -> list[Layout]:
     """The layouts worth trying on this device and dtype, the default first."""
     w8 = round_up(head_dim + G, 8)
@@ -135,6 +217,9 @@ def candidate_layouts(device: torch.device, dtype: torch.dtype, head_dim: int, G
         w64 = round_up(head_dim + G, 64)
         if dtype in HALF_DTYPES and cpu_class() == "AMX" and w64 != w8:
             out.append(Layout("pad", w64))  # keeps the AMX packing of the CPU flash kernel, at more work
+        if dtype in (torch.float32, torch.bfloat16) and _flex_available(device):
+            # no log-sum-exp from the CPU kernel: a sink key gives it (its share underflows in float16)
+            out.append(Layout("flex", head_dim, sink=True))
     elif device.type == "cuda":
         out.append(Layout("split", w8))
         if _flex_available(device):
@@ -148,6 +233,38 @@ def _triton_candidates(device: torch.device, head_dim: int) -> list[Layout]:
     from . import triton_kernel
 
     return [Layout("triton", head_dim)] if device.type == "cuda" and triton_kernel.available(device) else []
+
+
+#: the environment variable that asks for one layout kind (``pad``, ``split``, ``flex``, ``triton``; ``auto`` = choose)
+LAYOUT_ENV = "JENSEN_KV_TAYLOR_LAYOUT"
+LAYOUT_KINDS = ("pad", "split", "flex", "triton")
+_PREFERENCE: str | None = None  # set_layout_preference's kind or "auto"; None: the environment decides
+
+
+def set_layout_preference(kind: str | None) -> None:
+    """Ask for one layout kind (``"pad"``, ``"split"``, ``"flex"``) or ``"auto"``; forgets the choices made so far.
+
+    Overrides ``JENSEN_KV_TAYLOR_LAYOUT`` (``None`` follows it again). A kind this device does not
+    offer, or whose check fails, is logged and the automatic choice is used instead.
+    """
+    global _PREFERENCE
+    _PREFERENCE = None if kind is None else (_check_kind(kind, "set_layout_preference") or "auto")
+    _LAYOUTS.clear()
+
+
+def _check_kind(kind: str | None, where: str) -> str | None:
+    if kind is None or kind == "auto":
+        return None
+    if kind not in LAYOUT_KINDS:
+        raise ValueError(f"{where}: unknown correction layout {kind!r}; use one of {', '.join(LAYOUT_KINDS)} or 'auto'")
+    return kind
+
+
+def layout_preference() -> str | None:
+    """The kind asked for (:func:`set_layout_preference`, else ``JENSEN_KV_TAYLOR_LAYOUT``), or ``None``: choose."""
+    if _PREFERENCE is not None:
+        return _check_kind(_PREFERENCE, "set_layout_preference")
+    return _check_kind(os.environ.get(LAYOUT_ENV, "").strip().lower() or None, LAYOUT_ENV)
 
 
 def _problem(device, dtype, B, H, M, T, D, G, seed=0):
@@ -248,12 +365,27 @@ def taylor_layout(
 
     ``shape`` = (heads, queries, tokens of one cached chunk) of the first call, for the timing.
     ``None`` when no layout passes its check (the caller falls back to one padded buffer per window).
+    A kind asked for (:func:`layout_preference`) is taken where offered and passing its check; the
+    automatic choice never takes the CPU's FlexAttention (``Layout.sink``).
     """
     key = (device.type, dtype, head_dim, G)
     if key not in _LAYOUTS:
-        ok = [
-            lay for lay in candidate_layouts(device, dtype, head_dim, G) if _layout_ok(lay, device, dtype, head_dim, G)
-        ]
+        cands = candidate_layouts(device, dtype, head_dim, G)
+        kind = layout_preference()
+        asked = [lay for lay in cands if lay.kind == kind]
+        ok = [lay for lay in asked if _layout_ok(lay, device, dtype, head_dim, G)]
+        if kind is not None and not ok:
+            logger.warning(
+                "jensen_kv: correction layout %r %s on %s/%s; choosing automatically",
+                kind,
+                "failed its check" if asked else "is not offered",
+                device.type,
+                dtype,
+            )
+        if not ok:
+            # the CPU's FlexAttention compiles per shape and is slower per attend than pad: only when asked for
+            auto = [lay for lay in cands if not lay.sink]
+            ok = [lay for lay in auto if _layout_ok(lay, device, dtype, head_dim, G)]
         choice = None if not ok else ok[0] if len(ok) == 1 else _fastest(ok, device, dtype, head_dim, G, shape)
         if choice is not None:
             logger.info(

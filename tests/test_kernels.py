@@ -70,14 +70,16 @@ def test_this_machines_cpu_class_is_read_from_proc_cpuinfo():
 
 def test_cpu_candidates_follow_the_flash_kernels_needs(monkeypatch):
     cpu = torch.device("cpu")
-    assert layouts.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136)]
+    flex = Layout("flex", 128, sink=True)  # FlexAttention compiled for the CPU (float32 and bfloat16)
+    assert layouts.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136), flex]
+    assert layouts.candidate_layouts(cpu, torch.float16, 128, 4) == [Layout("pad", 136)]  # the sink underflows
     monkeypatch.setattr(layouts, "cpu_class", lambda: "AVX-512")
-    assert layouts.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136)]
+    assert layouts.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136), flex]
     # with AMX the reduced-precision kernel packs its operands only at widths that are multiples of 64
     monkeypatch.setattr(layouts, "cpu_class", lambda: "AMX")
-    assert layouts.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136), Layout("pad", 192)]
-    assert layouts.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136)]  # fp32 is never packed
-    assert layouts.candidate_layouts(cpu, torch.bfloat16, 64, 1) == [Layout("pad", 72), Layout("pad", 128)]
+    assert layouts.candidate_layouts(cpu, torch.bfloat16, 128, 4) == [Layout("pad", 136), Layout("pad", 192), flex]
+    assert layouts.candidate_layouts(cpu, torch.float32, 128, 4) == [Layout("pad", 136), flex]  # fp32: never packed
+    assert layouts.candidate_layouts(cpu, torch.bfloat16, 64, 1)[:2] == [Layout("pad", 72), Layout("pad", 128)]
     cuda = torch.device("cuda")
     kinds = [lay.kind for lay in layouts.candidate_layouts(cuda, torch.bfloat16, 128, 4)]
     assert kinds[:2] == ["pad", "split"] and set(kinds) <= {"pad", "split", "flex"}
@@ -104,6 +106,45 @@ def test_the_choice_is_made_once_and_times_the_candidates_that_pass(monkeypatch,
     assert len(checks) == 2 and len(timed) == 1  # cached per (device type, dtype, head_dim, G)
     layouts.taylor_layout(cpu, torch.bfloat16, 128, 4, (2, 64, 64))
     assert len(checks) == 4
+
+
+def test_the_automatic_choice_never_compiles_flex_on_the_cpu(monkeypatch, fresh_choices):
+    """FlexAttention on the CPU costs a compilation per shape for no speed-up: only an explicit choice takes it."""
+    checked = []
+    monkeypatch.setattr(layouts, "_PREFERENCE", None)
+    monkeypatch.delenv(layouts.LAYOUT_ENV, raising=False)
+    monkeypatch.setattr(layouts, "_layout_ok", lambda lay, *a: checked.append(lay) or True)
+    assert layouts.taylor_layout(torch.device("cpu"), torch.float32, 128, 4) == Layout("pad", 136)
+    assert checked == [Layout("pad", 136)]
+    layouts.set_layout_preference("flex")
+    assert layouts.taylor_layout(torch.device("cpu"), torch.float32, 128, 4) == Layout("flex", 128, sink=True)
+    assert checked[1:] == [Layout("flex", 128, sink=True)]
+
+
+@pytest.mark.parametrize("how", ["env", "call"])
+def test_an_unknown_layout_name_is_refused_with_the_names_that_work(how, monkeypatch, fresh_choices):
+    monkeypatch.setattr(layouts, "_PREFERENCE", None)
+    monkeypatch.setenv(layouts.LAYOUT_ENV, "flexx" if how == "env" else "auto")
+    with pytest.raises(ValueError, match=r"unknown correction layout 'flexx'; use one of pad, split, flex or 'auto'"):
+        if how == "env":
+            layouts.taylor_layout(torch.device("cpu"), torch.float32, 128, 4)
+        else:
+            layouts.set_layout_preference("flexx")
+    assert fresh_choices == {} and layouts._PREFERENCE is None  # nothing chosen, nothing changed
+
+
+def test_a_kind_not_offered_or_failing_its_check_falls_back_to_the_automatic_choice(monkeypatch, fresh_choices, caplog):
+    monkeypatch.setattr(layouts, "_PREFERENCE", None)
+    layouts.set_layout_preference("split")  # the CPU flash kernel takes no narrower v: not offered on the CPU
+    with caplog.at_level("WARNING", logger="jensen_kv"):
+        assert layouts.taylor_layout(torch.device("cpu"), torch.float32, 128, 4) == Layout("pad", 136)
+    assert "'split' is not offered on cpu" in caplog.text
+    layouts.set_layout_preference("flex")
+    real_ok = layouts._layout_ok
+    monkeypatch.setattr(layouts, "_layout_ok", lambda lay, *a: lay.kind != "flex" and real_ok(lay, *a))
+    with caplog.at_level("WARNING", logger="jensen_kv"):
+        assert layouts.taylor_layout(torch.device("cpu"), torch.float32, 128, 4) == Layout("pad", 136)
+    assert "'flex' failed its check on cpu" in caplog.text
 
 
 def test_no_passing_layout_falls_back_to_one_buffer_and_stays_correct(monkeypatch, fresh_choices):

@@ -168,6 +168,8 @@ def test_pack_loads_and_nodes_appear_in_object_info(server):
         "vae",
         "recache_mode",
         "context_noise_mode",
+        "first_chunk_sigmas",
+        "first_chunk_frames",
     ]
     assert s["input"]["required"]["sampler"][0] == "SAMPLER" and s["input"]["required"]["sigmas"][0] == "SIGMAS"
     k = info["JensenKVChunkedARSamplerSimple"]["input"]["required"]
