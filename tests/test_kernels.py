@@ -125,7 +125,9 @@ def test_the_automatic_choice_never_compiles_flex_on_the_cpu(monkeypatch, fresh_
 def test_an_unknown_layout_name_is_refused_with_the_names_that_work(how, monkeypatch, fresh_choices):
     monkeypatch.setattr(layouts, "_PREFERENCE", None)
     monkeypatch.setenv(layouts.LAYOUT_ENV, "flexx" if how == "env" else "auto")
-    with pytest.raises(ValueError, match=r"unknown correction layout 'flexx'; use one of pad, split, flex or 'auto'"):
+    with pytest.raises(
+        ValueError, match=r"unknown correction layout 'flexx'; use one of pad, split, flex, triton or 'auto'"
+    ):
         if how == "env":
             layouts.taylor_layout(torch.device("cpu"), torch.float32, 128, 4)
         else:
