@@ -60,11 +60,21 @@ def test_prompt_and_decode_nodes(nodes, model):
     scene = tv.make_scene(1, 5)
     video = tv.render(scene, 0, 3)
     latent = tv.to_wan_latent(video).unsqueeze(0)
-    img = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 4).args[0]
+    img = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 4, "preview colours").args[0]
     assert img.shape == (3, 64, 64, 3) and 0 <= float(img.min()) and float(img.max()) <= 1
     torch.testing.assert_close(img[:, ::4, ::4], tv.to_rgb(video), atol=1e-5, rtol=1e-5)
+    # the default: the bundled tiny decoder, 128x128 frames closer to the scene drawn at 8x than the blocks
+    sharp = nodes.JensenKVTinyARDecode.execute({"samples": latent}).args[0]
+    assert sharp.shape == (3, 128, 128, 3) and 0 <= float(sharp.min()) and float(sharp.max()) <= 1
+    target = tv.render_rgb(scene, 0, 3)
+    blocks = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 8, "preview colours").args[0]
+    assert (sharp - target).square().mean() < 0.5 * (blocks - target).square().mean()
+    small = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 4, "tiny decoder").args[0]
+    assert small.shape == (3, 64, 64, 3)
     with pytest.raises(ValueError, match="Wan video LATENT"):
         nodes.JensenKVTinyARDecode.execute({"samples": torch.zeros(1, 4, 8, 8)}, 1)
+    with pytest.raises(ValueError, match="unknown decoder 'vae'"):
+        nodes.JensenKVTinyARDecode.execute({"samples": latent}, 8, "vae")
 
 
 def test_rollout_benchmark_quick_mode(tmp_path, comfy):
