@@ -29,6 +29,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "tiny_ar_demo_frames.png")
     p.add_argument("--model", type=Path, default=None, help="tiny AR checkpoint (default: the demo workflow's)")
     p.add_argument("--preview", action="store_true", help="the preview colours instead of the tiny decoder")
+    p.add_argument(
+        "--prefix",
+        type=int,
+        default=0,
+        help="continue this many ground-truth chunks of a held-out scene of the prompt (the rollout benchmark's "
+        "set-up) instead of starting from noise; the top row then shows the true continuation",
+    )
     args = p.parse_args(argv)
     support_comfyui.setup_inprocess_comfyui()
     import importlib
@@ -50,6 +57,12 @@ def main(argv=None) -> int:
     cond = nodes.JensenKVTinyARPrompt.execute(PROMPT).args[0]
     rows = []
     ref = None
+    extra = {}
+    if args.prefix:
+        scene = tv.make_scene(PROMPT, tiny_ar.HELD_OUT_SEED0 + 1)
+        pre = tv.render(scene, 0, 3 * args.prefix)
+        extra = {"prefix": {"samples": tv.to_wan_latent(pre).unsqueeze(0)}, "include_prefix": False}
+        rows.append(("ground truth", tv.render_rgb(scene, 3 * args.prefix, 24)))
     for label, m in (("full-precision cache", model), ("INT2 cache", int2), ("INT2 + Jensen", jensen)):
         res = loop.run_chunked_ar(
             m,
@@ -63,6 +76,7 @@ def main(argv=None) -> int:
             chunk_frames=3,
             window_chunks=3,
             progress=False,
+            **extra,
         )
         x = tv.from_wan_latent(res.samples[0])
         if ref is None:
@@ -78,7 +92,7 @@ def main(argv=None) -> int:
     img = Image.new("RGB", (left + len(frames) * (cell + pad), len(rows) * (cell + pad) + 18), "white")
     draw = ImageDraw.Draw(img)
     for j, f in enumerate(frames):
-        draw.text((left + j * (cell + pad) + 4, 2), f"frame {f}", fill=(40, 40, 40))
+        draw.text((left + j * (cell + pad) + 4, 2), f"frame {f + 3 * args.prefix}", fill=(40, 40, 40))
     for i, (label, rgb) in enumerate(rows):
         y = 18 + i * (cell + pad)
         draw.text((6, y + cell // 2 - 6), label, fill=(20, 20, 20))

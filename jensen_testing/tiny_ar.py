@@ -19,7 +19,7 @@ MODEL_PATH = PACK_ROOT / "models" / "tiny_ar" / MODEL_FILE
 MODEL_V2_FILE = "jensen-kv-tiny-ar-v2.safetensors"
 MODEL_V2_PATH = PACK_ROOT / "models" / "tiny_ar" / MODEL_V2_FILE
 #: the model the CPU demo workflow and the README picture use
-DEMO_MODEL_FILE = MODEL_V2_FILE
+DEMO_MODEL_FILE = MODEL_FILE
 DEMO_MODEL_PATH = PACK_ROOT / "models" / "tiny_ar" / DEMO_MODEL_FILE
 DECODER_FILE = "jensen-kv-tiny-decoder.safetensors"
 DECODER_PATH = PACK_ROOT / "models" / "tiny_ar" / DECODER_FILE

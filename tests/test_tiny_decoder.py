@@ -82,8 +82,10 @@ def test_decoder_draws_the_scene_better_than_the_preview_colours(decoder, noise)
         blocks = tv.to_rgb(lat).repeat_interleave(8, 1).repeat_interleave(8, 2)
 
         gains.append(_psnr(dec, target) - _psnr(blocks, target))
-    assert min(gains) > 1.0, gains
-    assert sum(gains) / len(gains) > 2.0, gains
+    # the trained decoder gains 4.0-5.9 dB (noise 0) and 5.6-7.8 dB (noise 0.2); its fixed bilinear base alone
+    # (an untrained correction) 1.1-1.6 and 2.1-2.8 dB
+    assert min(gains) > 3.0, gains
+    assert sum(gains) / len(gains) > 3.5, gains
 
 
 def _psnr(x, ref):
