@@ -52,6 +52,28 @@ def test_the_model_uses_its_cache(model):
     assert min(r["per_sigma_ratio"]) > 1.2, r
 
 
+def test_the_successor_is_a_causal_half_precision_wan21_t2v_and_uses_its_cache(comfy):
+    """jensen-kv-tiny-ar-v2 (fine-tuned on its own rollouts): same architecture, the causal flag, cache dependence."""
+    from safetensors import safe_open
+
+    path = tiny_ar.MODEL_V2_PATH
+    assert path.stat().st_size <= 16 * 2**20
+    with safe_open(str(path), framework="pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
+        meta = f.metadata()
+    assert meta["format"] == "jensen_kv_tiny_ar" and json.loads(meta["config"]) == {"transformer": {"causal_ar": True}}
+    args = json.loads(meta["args"])
+    assert args["self_forcing"] > 0 and args["init"].endswith(tiny_ar.MODEL_FILE)  # how it was made
+    import comfy.model_detection
+    import comfy.utils
+
+    cfg = comfy.model_detection.model_config_from_unet(comfy.utils.load_torch_file(str(path)), "")
+    assert type(cfg).__name__ in ("WAN21_T2V", "WAN21_CausalAR")  # v0.3.64 / v0.27 (the causal flag)
+    r = tiny_ar.cache_dependence(tiny_ar.load_model(path), n=6)
+    assert r["ratio"] >= 2.0, r
+    assert min(r["per_sigma_ratio"]) > 1.2, r
+
+
 def test_prompt_and_decode_nodes(nodes, model):
     tv = tiny_ar.core()
     cond = nodes.JensenKVTinyARPrompt.execute(tv.PROMPT_TEXTS[1]).args[0]
