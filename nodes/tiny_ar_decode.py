@@ -20,8 +20,9 @@ _cache: dict = {}
 _lock = threading.Lock()
 
 
-def _decoder(path: Path = DECODER_PATH) -> tiny_decoder.TinyDecoder:
+def _decoder(path: Path | None = None) -> tiny_decoder.TinyDecoder:
     """The bundled decoder, loaded once per file version (path, size, mtime)."""
+    path = DECODER_PATH if path is None else path
     st = path.stat() if path.is_file() else None
     key = (str(path), st.st_size, st.st_mtime_ns) if st else None
     with _lock:

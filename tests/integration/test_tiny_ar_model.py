@@ -99,6 +99,17 @@ def test_prompt_and_decode_nodes(nodes, model):
         nodes.JensenKVTinyARDecode.execute({"samples": latent}, 8, "vae")
 
 
+def test_decode_without_the_decoder_file_says_how_to_go_on(nodes, monkeypatch, tmp_path):
+    import importlib
+
+    mod = importlib.import_module(nodes.JensenKVTinyARDecode.__module__)
+    monkeypatch.setattr(mod, "DECODER_PATH", tmp_path / "gone.safetensors")
+    latent = {"samples": torch.zeros(1, 16, 3, 16, 16)}
+    with pytest.raises(FileNotFoundError, match="gone.safetensors.*'preview colours'"):
+        nodes.JensenKVTinyARDecode.execute(latent)
+    assert nodes.JensenKVTinyARDecode.execute(latent, 8, "preview colours").args[0].shape == (3, 128, 128, 3)
+
+
 def test_rollout_benchmark_quick_mode(tmp_path, comfy):
     rollout = _load_rollout()
     assert rollout.main(["--quick", "--out", str(tmp_path), "--no-plots"]) == 0
