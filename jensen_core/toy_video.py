@@ -275,6 +275,53 @@ def render(scene: Scene, start: int, count: int) -> Tensor:
     return video
 
 
+def scene_colours(scene: Scene) -> tuple[Tensor, Tensor, Tensor]:
+    """The scene's RGB: (object colours (n, 3), background mean (3,), texture wave amplitudes (k, 3)), 0..1 scale.
+
+    Exactly the Wan 2.1 preview colours of the latent signatures (``colour_to_latent`` hits its target
+    colour, and the waves' null-space part is invisible to the preview): what :func:`to_rgb` shows.
+    """
+    F, b = _factors()
+    obj = (scene.signature @ F + b + 1) / 2
+    bg = (scene.bg_mean @ F + b + 1) / 2
+    amp = (scene.bg_amp @ F) / 2
+    return obj, bg, amp
+
+
+def render_rgb(scene: Scene, start: int, count: int, scale: int = 8) -> Tensor:
+    """Frames of the scene as RGB images, ``scale`` pixels per latent pixel: (count, H*scale, W*scale, 3) in 0..1.
+
+    The same discs, colours, texture and motion as :func:`render`, sampled on a ``scale`` x finer grid
+    with a one-pixel anti-aliased disc edge: what the latents would decode to through a VAE of stride
+    ``scale`` (Wan's is 8, so 16x16 latents -> 128x128 frames). The tiny decoder is trained on it.
+    """
+    if count < 1 or start < 0 or scale < 1:
+        raise ValueError(f"need start >= 0, count >= 1 and scale >= 1, got start={start}, count={count}, scale={scale}")
+    H, W = scene.height * scale, scene.width * scale
+    frames = torch.arange(start, start + count, dtype=torch.float32)
+    yy, xx = torch.meshgrid(
+        (torch.arange(H, dtype=torch.float32) + 0.5) / scale,
+        (torch.arange(W, dtype=torch.float32) + 0.5) / scale,
+        indexing="ij",
+    )
+    obj, bg, amp = scene_colours(scene)
+    Y = yy.unsqueeze(0) + (scene.pan[1] * frames).view(-1, 1, 1)
+    X = xx.unsqueeze(0) + (scene.pan[0] * frames).view(-1, 1, 1)
+    arg = (2 * math.pi / TEXTURE_PERIOD) * (
+        scene.bg_wave[:, 0].view(-1, 1, 1, 1) * Y.unsqueeze(0) + scene.bg_wave[:, 1].view(-1, 1, 1, 1) * X.unsqueeze(0)
+    )
+    waves = torch.cos(arg + scene.bg_phase.view(-1, 1, 1, 1))  # (k, T, H, W)
+    img = bg.view(1, 1, 1, 3) + torch.einsum("kc,kthw->thwc", amp, waves)
+    pos = object_positions(scene, frames)
+    for i in range(scene.objects):
+        dy = yy.unsqueeze(0) - pos[:, i, 0].view(-1, 1, 1)
+        dx = xx.unsqueeze(0) - pos[:, i, 1].view(-1, 1, 1)
+        dist = torch.sqrt(dy * dy + dx * dx)
+        alpha = ((scene.radius[i] - dist) * scale + 0.5).clamp(0, 1).unsqueeze(-1)
+        img = img + alpha * (obj[i].view(1, 1, 1, 3) - img)
+    return img.clamp(0, 1)
+
+
 def visibility(scene: Scene, start: int, count: int) -> Tensor:
     """Fraction of each object's disc that is not covered by objects in front of it: (count, n)."""
     H, W = scene.height, scene.width

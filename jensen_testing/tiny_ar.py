@@ -15,6 +15,14 @@ from .comfyui import PACK_ROOT
 
 MODEL_FILE = "jensen-kv-tiny-ar.safetensors"
 MODEL_PATH = PACK_ROOT / "models" / "tiny_ar" / MODEL_FILE
+#: the successor, fine-tuned on its own rollouts (tools/train_tiny_ar.py --self-forcing; models/tiny_ar/MODEL_CARD.md)
+MODEL_V2_FILE = "jensen-kv-tiny-ar-v2.safetensors"
+MODEL_V2_PATH = PACK_ROOT / "models" / "tiny_ar" / MODEL_V2_FILE
+#: the model the CPU demo workflow and the README picture use
+DEMO_MODEL_FILE = MODEL_FILE
+DEMO_MODEL_PATH = PACK_ROOT / "models" / "tiny_ar" / DEMO_MODEL_FILE
+DECODER_FILE = "jensen-kv-tiny-decoder.safetensors"
+DECODER_PATH = PACK_ROOT / "models" / "tiny_ar" / DECODER_FILE
 CHUNK_FRAMES = 3
 WINDOW_CHUNKS = 3  # the training mask's window: rollouts use the same
 LATENT_HW = 16
@@ -122,6 +130,60 @@ def cache_dependence(model, n: int = 6) -> dict:
         "videos": n,
         "per_sigma_ratio": (swapped.mean(0) / true.mean(0)).tolist(),
     }
+
+
+def rollout(model, prompt: int, video_seed: int, seed: int, chunks: int, prefix: int = 2, steps: int = STEPS):
+    """Model-space rollout (16, chunks * 3, 16, 16) continuing a ground-truth video after ``prefix`` chunks.
+
+    The pack's chunk loop with a full-precision cache, window :data:`WINDOW_CHUNKS`, ``steps`` euler
+    steps (the settings of ``benchmarks/rollout.py``).
+    """
+    import importlib
+
+    import comfy.samplers
+
+    from .comfyui import import_pack
+
+    loop = importlib.import_module(f"{import_pack().__name__}.runtime.chunk_loop")
+    tv = core()
+    scene = tv.make_scene(prompt, video_seed)
+    pre = tv.to_wan_latent(tv.render(scene, 0, prefix * CHUNK_FRAMES)).unsqueeze(0)
+    res = loop.run_chunked_ar(
+        model,
+        conditioning(prompt),
+        conditioning(prompt),
+        {"samples": torch.zeros(1, 16, chunks * CHUNK_FRAMES, LATENT_HW, LATENT_HW)},
+        seed=seed,
+        cfg=1.0,
+        sampler=comfy.samplers.sampler_object(SAMPLER),
+        sigmas=sigmas(model, steps),
+        chunk_frames=CHUNK_FRAMES,
+        window_chunks=WINDOW_CHUNKS,
+        prefix={"samples": pre},
+        include_prefix=False,
+        progress=False,
+    )
+    return tv.from_wan_latent(res.samples[0])
+
+
+def position_errors(model, n: int = 4, chunks: int = 32, prefix: int = 2, steps: int = STEPS) -> torch.Tensor:
+    """Object-position error (latent px) of full-precision rollouts against the true continuation: (n, chunks).
+
+    As ``benchmarks/rollout.py`` computes it: held-out videos ``held_out(n)``, noise seed 100 + i, the
+    objects found by :func:`toy_video.estimate_positions`, the error of each chunk the mean over its
+    frames and objects (objects not found are left out).
+    """
+    tv = core()
+    out = torch.zeros(n, chunks)
+    for i, (p, vs) in enumerate(held_out(n)):
+        x = rollout(model, p, vs, 100 + i, chunks, prefix, steps)
+        scene = tv.make_scene(p, vs)
+        start = prefix * CHUNK_FRAMES
+        pos, found = tv.estimate_positions(scene, x, start)
+        gt = tv.object_positions(scene, range(start, start + chunks * CHUNK_FRAMES))
+        err = torch.where(found, (pos - gt).norm(dim=-1), torch.full(found.shape, float("nan")))
+        out[i] = torch.stack([torch.nanmean(err[c * CHUNK_FRAMES : (c + 1) * CHUNK_FRAMES]) for c in range(chunks)])
+    return out
 
 
 def psnr(ref: torch.Tensor, x: torch.Tensor, peak: float | None = None) -> float:

@@ -203,7 +203,12 @@ def make_batch(g: torch.Generator, batch: int, chunks: int, seed_range: tuple[in
     return torch.stack(videos), torch.cat(ctx), prompts, seeds
 
 
-def flow_loss(dm, clean, context, g, shift: float, reduce: bool = True):
+def flow_loss(dm, clean, context, g, shift: float, reduce: bool = True, cache=None):
+    """Flow-matching loss of every noisy chunk; ``cache`` (default ``clean``) is the clean sequence it attends to.
+
+    With a self-generated ``cache`` the target stays the ground truth ``clean``: the scenes are
+    deterministic, so the model learns to bring a drifting rollout back to the true trajectory.
+    """
     B, _, Fr = clean.shape[:3]
     chunks = Fr // CHUNK_FRAMES
     sig = torch.stack([sample_sigmas(g, chunks, shift) for _ in range(B)])  # (B, chunks)
@@ -211,9 +216,83 @@ def flow_loss(dm, clean, context, g, shift: float, reduce: bool = True):
     eps = torch.randn(clean.shape, generator=g)
     s5 = sig_f.view(B, 1, Fr, 1, 1)
     noisy = (1 - s5) * clean + s5 * eps
-    v = teacher_forced_forward(dm, clean, noisy, sig_f, context)
+    v = teacher_forced_forward(dm, clean if cache is None else cache, noisy, sig_f, context)
     err = (v - (eps - clean)).pow(2)
     return err.mean() if reduce else err
+
+
+def flow_sigmas(steps: int, shift: float) -> list[float]:
+    """The sampler's noise levels for ``steps`` Euler steps: ComfyUI's "simple" schedule at ``shift`` (1 ... 0)."""
+    out = []
+    for k in range(steps):
+        u = 1.0 - k / steps
+        out.append(shift * u / (1 + (shift - 1) * u))
+    return out + [0.0]
+
+
+def chunk_plan(n_ctx: int, tokens_per_chunk: int) -> list[tuple[slice, list[slice]]]:
+    """Attention of one rollout forward: ``n_ctx`` clean cache chunks (block-causal) then one noisy chunk."""
+
+    def sl(c):
+        return slice(c * tokens_per_chunk, (c + 1) * tokens_per_chunk)
+
+    plan = [(sl(i), [slice(0, (i + 1) * tokens_per_chunk)]) for i in range(n_ctx)]
+    return plan + [(sl(n_ctx), [slice(0, (n_ctx + 1) * tokens_per_chunk)])]
+
+
+@torch.no_grad()
+def self_generated_context(
+    dm,
+    clean: torch.Tensor,
+    context: torch.Tensor,
+    g: torch.Generator,
+    plan_ref: dict,
+    *,
+    prefix: int,
+    steps: int,
+    shift: float,
+    window: int,
+) -> torch.Tensor:
+    """``clean`` with chunks ``prefix ..`` replaced by the model's own rollout (Self-Forcing's context, no grad).
+
+    Chunk by chunk, as the pack's sampler does: chunk c is sampled from pure noise with ``steps`` Euler
+    steps of the flow (the "simple" schedule at ``shift``), attending to the clean (t = 0) copies of
+    the ``window`` chunks before it, which are themselves generated from chunk ``prefix`` on, so errors
+    compound as in a rollout. The last chunk is never anyone's context, so it is not generated.
+    """
+    B, C, Fr, H, W = clean.shape
+    F_ = CHUNK_FRAMES
+    chunks = Fr // F_
+    tpc = F_ * (H // 2) * (W // 2)
+    out = clean.clone()
+    saved = plan_ref["plan"]
+    sig = flow_sigmas(steps, shift)
+    try:
+        for c in range(prefix, chunks - 1):
+            lo = max(0, c - window)
+            ctx = out[:, :, lo * F_ : c * F_]
+            n_ctx = c - lo
+            plan_ref["plan"] = chunk_plan(n_ctx, tpc)
+            freqs = dm.rope_encode((n_ctx + 1) * F_, H, W, device=clean.device, dtype=torch.float32)
+            x = torch.randn((B, C, F_, H, W), generator=g)
+            for k in range(steps):
+                t = torch.cat([torch.zeros(B, n_ctx * F_), torch.full((B, F_), sig[k] * 1000.0)], dim=1)
+                v = dm.forward_orig(torch.cat([ctx, x], dim=2), t, context, freqs=freqs, transformer_options={})
+                x = x + (sig[k + 1] - sig[k]) * v[:, :, n_ctx * F_ :]
+            out[:, :, c * F_ : (c + 1) * F_] = x
+    finally:
+        plan_ref["plan"] = saved
+    return out
+
+
+def load_init(dm, path: Path) -> None:
+    """Weights of a saved tiny model (the teacher-forced one) into ``dm``, in fp32."""
+    from safetensors.torch import load_file
+
+    sd = {k: v.float() for k, v in load_file(str(path)).items()}
+    missing, unexpected = dm.load_state_dict(sd, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"--init {path}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
 
 
 def save_half(dm, path: Path, meta: dict) -> None:
@@ -251,17 +330,38 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--resume", action="store_true", help="continue from <ckpt-dir>/<out stem>.ckpt if it exists")
     ap.add_argument("--benchmark", type=int, default=0, help="only time this many steps and exit")
+    ap.add_argument("--init", type=Path, default=None, help="start from this saved tiny model (model and EMA)")
+    ap.add_argument(
+        "--self-forcing",
+        type=float,
+        default=0.0,
+        help="probability per batch that the cached context after the prefix is the model's own rollout",
+    )
+    ap.add_argument("--sf-steps", type=int, default=3, help="Euler steps per self-generated context chunk")
+    ap.add_argument(
+        "--sf-prefix", type=str, default="1,2", help="ground-truth chunks before the rollout (drawn per batch)"
+    )
+    ap.add_argument("--causal", action="store_true", help="add the causal_ar config metadata (as convert_checkpoint)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     setup_comfy()
     dm = build_model(args.seed).train()
+    if args.init is not None:
+        load_init(dm, args.init)
     ema = build_model(args.seed).eval()
     ema.load_state_dict(dm.state_dict())
     for p in ema.parameters():
         p.requires_grad_(False)
     tokens_per_chunk = CHUNK_FRAMES * (LATENT_HW // 2) ** 2
-    install_mask(dm, {"plan": block_causal_plan(args.chunks, args.window, tokens_per_chunk)})
+    plan_ref = {"plan": block_causal_plan(args.chunks, args.window, tokens_per_chunk)}
+    install_mask(dm, plan_ref)
+    sf_prefixes = [int(x) for x in args.sf_prefix.split(",")]
+    if not 0 <= args.self_forcing <= 1 or not all(1 <= p < args.chunks - 1 for p in sf_prefixes):
+        raise SystemExit(
+            f"--self-forcing {args.self_forcing} must be in 0..1 and --sf-prefix {args.sf_prefix} "
+            f"values in 1..{args.chunks - 2}"
+        )
     decay, no_decay = [], []
     for n, p in dm.named_parameters():
         (no_decay if p.dim() < 2 or "norm" in n or n.endswith("modulation") else decay).append(p)
@@ -298,7 +398,14 @@ def main(argv=None) -> int:
         for group in opt.param_groups:
             group["lr"] = lr_at(step)
         clean, ctx, _, _ = make_batch(g, args.batch, args.chunks, TRAIN_SEEDS)
-        loss = flow_loss(dm, clean, ctx, g, args.shift)
+        cache, sf = None, False
+        if args.self_forcing > 0 and float(torch.rand(1, generator=g)) < args.self_forcing:
+            prefix = sf_prefixes[int(torch.randint(0, len(sf_prefixes), (1,), generator=g))]
+            cache = self_generated_context(
+                dm, clean, ctx, g, plan_ref, prefix=prefix, steps=args.sf_steps, shift=args.shift, window=args.window
+            )
+            sf = True
+        loss = flow_loss(dm, clean, ctx, g, args.shift, cache=cache)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(dm.parameters(), 1.0)
@@ -311,7 +418,7 @@ def main(argv=None) -> int:
         running = loss.item() if running is None else 0.95 * running + 0.05 * loss.item()
         el = elapsed0 + time.perf_counter() - t0
         if args.benchmark:
-            print(f"step {step}: loss {loss.item():.4f} {el / step:.2f} s/step", flush=True)
+            print(f"step {step}: loss {loss.item():.4f} self-forced {sf} {el / step:.2f} s/step", flush=True)
             continue
         if step % args.log_every == 0 or step == total:
             line = json.dumps(
@@ -342,10 +449,12 @@ def main(argv=None) -> int:
                 tmp,
             )
             tmp.replace(ckpt)
+            extra = {"config": {"transformer": {"causal_ar": True}}} if args.causal else {}
             save_half(
                 ema,
                 args.out,
-                {
+                extra
+                | {
                     "format": "jensen_kv_tiny_ar",
                     "step": step,
                     "steps": args.steps,

@@ -52,6 +52,28 @@ def test_the_model_uses_its_cache(model):
     assert min(r["per_sigma_ratio"]) > 1.2, r
 
 
+def test_the_successor_is_a_causal_half_precision_wan21_t2v_and_uses_its_cache(comfy):
+    """jensen-kv-tiny-ar-v2 (fine-tuned on its own rollouts): same architecture, the causal flag, cache dependence."""
+    from safetensors import safe_open
+
+    path = tiny_ar.MODEL_V2_PATH
+    assert path.stat().st_size <= 16 * 2**20
+    with safe_open(str(path), framework="pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}
+        meta = f.metadata()
+    assert meta["format"] == "jensen_kv_tiny_ar" and json.loads(meta["config"]) == {"transformer": {"causal_ar": True}}
+    args = json.loads(meta["args"])
+    assert args["self_forcing"] > 0 and args["init"].endswith(tiny_ar.MODEL_FILE)  # how it was made
+    import comfy.model_detection
+    import comfy.utils
+
+    cfg = comfy.model_detection.model_config_from_unet(comfy.utils.load_torch_file(str(path)), "")
+    assert type(cfg).__name__ in ("WAN21_T2V", "WAN21_CausalAR")  # v0.3.64 / v0.27 (the causal flag)
+    r = tiny_ar.cache_dependence(tiny_ar.load_model(path), n=6)
+    assert r["ratio"] >= 2.0, r
+    assert min(r["per_sigma_ratio"]) > 1.2, r
+
+
 def test_prompt_and_decode_nodes(nodes, model):
     tv = tiny_ar.core()
     cond = nodes.JensenKVTinyARPrompt.execute(tv.PROMPT_TEXTS[1]).args[0]
@@ -60,11 +82,32 @@ def test_prompt_and_decode_nodes(nodes, model):
     scene = tv.make_scene(1, 5)
     video = tv.render(scene, 0, 3)
     latent = tv.to_wan_latent(video).unsqueeze(0)
-    img = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 4).args[0]
+    img = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 4, "preview colours").args[0]
     assert img.shape == (3, 64, 64, 3) and 0 <= float(img.min()) and float(img.max()) <= 1
     torch.testing.assert_close(img[:, ::4, ::4], tv.to_rgb(video), atol=1e-5, rtol=1e-5)
+    # the default: the bundled tiny decoder, 128x128 frames closer to the scene drawn at 8x than the blocks
+    sharp = nodes.JensenKVTinyARDecode.execute({"samples": latent}).args[0]
+    assert sharp.shape == (3, 128, 128, 3) and 0 <= float(sharp.min()) and float(sharp.max()) <= 1
+    target = tv.render_rgb(scene, 0, 3)
+    blocks = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 8, "preview colours").args[0]
+    assert (sharp - target).square().mean() < 0.5 * (blocks - target).square().mean()
+    small = nodes.JensenKVTinyARDecode.execute({"samples": latent}, 4, "tiny decoder").args[0]
+    assert small.shape == (3, 64, 64, 3)
     with pytest.raises(ValueError, match="Wan video LATENT"):
         nodes.JensenKVTinyARDecode.execute({"samples": torch.zeros(1, 4, 8, 8)}, 1)
+    with pytest.raises(ValueError, match="unknown decoder 'vae'"):
+        nodes.JensenKVTinyARDecode.execute({"samples": latent}, 8, "vae")
+
+
+def test_decode_without_the_decoder_file_says_how_to_go_on(nodes, monkeypatch, tmp_path):
+    import importlib
+
+    mod = importlib.import_module(nodes.JensenKVTinyARDecode.__module__)
+    monkeypatch.setattr(mod, "DECODER_PATH", tmp_path / "gone.safetensors")
+    latent = {"samples": torch.zeros(1, 16, 3, 16, 16)}
+    with pytest.raises(FileNotFoundError, match="gone.safetensors.*'preview colours'"):
+        nodes.JensenKVTinyARDecode.execute(latent)
+    assert nodes.JensenKVTinyARDecode.execute(latent, 8, "preview colours").args[0].shape == (3, 128, 128, 3)
 
 
 def test_rollout_benchmark_quick_mode(tmp_path, comfy):

@@ -311,6 +311,8 @@ def test_tiny_cpu_demo_runs_three_caches_of_the_bundled_model():
     assert arms == [(), ("JensenKVBiasCorrection", "JensenKVQuantizeKVCache"), ("JensenKVQuantizeKVCache",)]
     assert len({tuple(s["widgets_values"]) for s in samplers}) == 1
     assert len(g.of_type("JensenKVTinyARDecode")) == 3 and g.of_type("SaveAnimatedWEBP")
+    # each arm drawn by the bundled tiny decoder at Wan's stride (128x128 frames), not the blocky preview colours
+    assert [d["widgets_values"] for d in g.of_type("JensenKVTinyARDecode")] == [[8, "tiny decoder"]] * 3
 
 
 def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():

@@ -264,7 +264,7 @@ jensen-kv-tiny-ar is a 6M-parameter Wan 2.1 model (2 heads x 128, 4 blocks) trai
 synthetic latent videos: coloured balls that bounce and occlude over a panning texture
 (custom_nodes/comfyui-jensen-kv/models/tiny_ar, bundled: Load Diffusion Model lists it, nothing to
 download). It knows six prompts (Tiny AR Prompt) and needs no text encoder and no VAE (Tiny AR
-Decode maps its latents to colours). 128x128 pixels (16x16 latents), 24 latent frames = 8 chunks
+Decode draws the frames with the bundled tiny decoder). 128x128 pixels (16x16 latents), 24 latent frames = 8 chunks
 of 3, cache window 3 chunks (its training window), 8 euler steps with shift 3, seed 42.
   left   - full-precision cache (no patch nodes);
   middle - INT2 cache (group 32, QuaRot): quantized keys steal attention;
@@ -658,13 +658,13 @@ def _tiny_cpu_demo() -> dict:
         _n("select", "KSamplerSelect", 2, {"sampler_name": "euler"}),
         _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 8, "denoise": 1.0}),
         _n("s_fp", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="A: full-precision cache"),
-        _n("d_fp", "JensenKVTinyARDecode", 5, {"scale": 8}, align="s_fp"),
+        _n("d_fp", "JensenKVTinyARDecode", 5, {"scale": 8, "decoder": "tiny decoder"}, align="s_fp"),
         _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2, below="s_fp"),
         _n("s_int2", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="B: INT2 cache", align="quant"),
-        _n("d_int2", "JensenKVTinyARDecode", 5, {"scale": 8}, align="s_int2"),
+        _n("d_int2", "JensenKVTinyARDecode", 5, {"scale": 8, "decoder": "tiny decoder"}, align="s_int2"),
         _n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR, below="s_int2"),
         _n("s_jensen", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="C: INT2 + Jensen", align="jensen"),
-        _n("d_jensen", "JensenKVTinyARDecode", 5, {"scale": 8}, align="s_jensen"),
+        _n("d_jensen", "JensenKVTinyARDecode", 5, {"scale": 8, "decoder": "tiny decoder"}, align="s_jensen"),
         _n("stitch1", "ImageStitch", 6, stitch, title="A | B", align="s_int2"),
         _n("stitch2", "ImageStitch", 6, stitch, title="A | B | C"),
         _n("save", "SaveAnimatedWEBP", 7, {"filename_prefix": "jensen_kv/tiny_ab", "fps": 8.0, "lossless": True,
