@@ -77,7 +77,7 @@ def load(path: str | Path, device: str | torch.device = "cpu") -> TinyDecoder:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"tiny decoder {path} is missing: it ships with the pack under models/tiny_ar "
+            f"tiny decoder {path} is missing: it ships with the pack under models/tiny_decoder "
             "(or train it: python tools/train_tiny_decoder.py)"
         )
     with safe_open(str(path), framework="pt") as f:

@@ -11,7 +11,7 @@ from comfy_api.latest import io
 from ..jensen_core import tiny_decoder, toy_video
 from .tiny_ar_prompt import DEMO_CATEGORY
 
-DECODER_PATH = Path(__file__).resolve().parents[1] / "models" / "tiny_ar" / "jensen-kv-tiny-decoder.safetensors"
+DECODER_PATH = Path(__file__).resolve().parents[1] / "models" / "tiny_decoder" / "jensen-kv-tiny-decoder.safetensors"
 DECODER = "tiny decoder"
 PREVIEW = "preview colours"
 METHODS = (DECODER, PREVIEW)
@@ -91,7 +91,7 @@ class JensenKVTinyARDecode(io.ComfyNode):
                     default=DECODER,
                     optional=True,
                     tooltip=(
-                        "tiny decoder: the bundled decoder (models/tiny_ar/jensen-kv-tiny-decoder.safetensors) draws "
+                        "tiny decoder: the bundled decoder (models/tiny_decoder/jensen-kv-tiny-decoder.safetensors) draws "
                         "the discs at 8 pixels per latent pixel (resized for another scale); preview colours: the "
                         "fixed Wan 2.1 colour map, blocky (what ComfyUI's latent previews show)."
                     ),

@@ -1,4 +1,4 @@
-"""The tiny AR model's decoder (jensen_core/tiny_decoder.py, models/tiny_ar/jensen-kv-tiny-decoder.safetensors)
+"""The tiny AR model's decoder (jensen_core/tiny_decoder.py, models/tiny_decoder/jensen-kv-tiny-decoder.safetensors)
 and the RGB renderer it is trained on (toy_video.render_rgb): no ComfyUI needed.
 
 - the renderer draws the same scene as the latents: averaged over each 8x8 block it is the latents'
@@ -19,7 +19,7 @@ from jensen_core import tiny_decoder as td
 from jensen_core import toy_video as tv
 from jensen_testing.comfyui import PACK_ROOT
 
-DECODER_PATH = PACK_ROOT / "models" / "tiny_ar" / "jensen-kv-tiny-decoder.safetensors"
+DECODER_PATH = PACK_ROOT / "models" / "tiny_decoder" / "jensen-kv-tiny-decoder.safetensors"
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,17 @@ def test_load_refuses_a_missing_file_and_another_format(tmp_path):
     save_file({"w": torch.zeros(2)}, str(other), metadata={"format": "something_else"})
     with pytest.raises(ValueError, match="not a tiny AR decoder"):
         td.load(other)
+
+
+def test_the_diffusion_models_folder_holds_only_diffusion_models():
+    """models/tiny_ar is added to ComfyUI's diffusion_models list: the decoder must not show up there."""
+    from safetensors import safe_open
+
+    folder = PACK_ROOT / "models" / "tiny_ar"
+    files = sorted(folder.glob("*.safetensors"))
+    assert files
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+        assert any(k.startswith("blocks.0.self_attn.") for k in keys), f"{path.name} is not a Wan diffusion model"
+    assert not (folder / DECODER_PATH.name).exists()

@@ -1,6 +1,6 @@
 """Train the tiny AR model's decoder: 16x16 model-space latents -> 128x128 RGB frames of the same toy scenes.
 
-    python tools/train_tiny_decoder.py       # models/tiny_ar/jensen-kv-tiny-decoder.safetensors, ~20 min, 1 thread
+    python tools/train_tiny_decoder.py       # models/tiny_decoder/jensen-kv-tiny-decoder.safetensors, ~20 min, 1 thread
 
 Data: random training scenes and frames of :mod:`jensen_core.toy_video` (the tiny model's training
 seeds, below 1,000,000): the latent frame from ``render`` is the input, the same frame drawn at 8x
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--out", type=Path, default=ROOT / "models" / "tiny_ar" / "jensen-kv-tiny-decoder.safetensors")
+    ap.add_argument("--out", type=Path, default=ROOT / "models" / "tiny_decoder" / "jensen-kv-tiny-decoder.safetensors")
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--batch", type=int, default=12)
     ap.add_argument("--lr", type=float, default=2e-3)
