@@ -149,7 +149,10 @@ def parse_tiers(text: str | None) -> AgeTiers | None:
             fields.update(recent_chunks=int(m.group(1)), recent_bits=int(m.group(2)))
         else:
             fields["sink_bits"] = int(m.group(3))
-    return AgeTiers(**fields)
+    try:
+        return AgeTiers(**fields)
+    except ValueError as exc:
+        raise ValueError(f"tiers={text!r}: {exc}") from None
 
 
 def requantize(t: StoredTensor, spec: QuantSpec) -> StoredTensor:
