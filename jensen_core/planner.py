@@ -258,13 +258,18 @@ def block_in_flight_bytes(
     cfg_branches: int = 1,
     batch: int = 1,
     full_bytes: int = 2,
+    tiers: AgeTiers | None = None,
 ) -> int:
     """Bytes of the block a run on ComfyUI core's AR sampler holds until the next model call says it is final.
 
     One block of ``block_tokens`` per layer and CFG branch, stored as the cache will store it; a QVG
     side waits in the model's precision (``full_bytes``: its k-means runs once, at commit). Add it to
-    :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path.
+    :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path. Under age tiers the block
+    is held at the newest chunk's bits (a sink chunk's while the sink fills): the higher tier's bits here.
     """
+    if tiers is not None:
+        top = max(tiers.recent_bits, tiers.sink_bits)
+        spec_k, spec_v = (None if s is None else tiers.spec_at(s, max(s.bits, top)) for s in (spec_k, spec_v))
     early = all(s is None or method_of(s).quantizes_early for s in (spec_k, spec_v))
     k, v = (spec_k, spec_v) if early else (None, None)
     return layers * cfg_branches * chunk_bytes(k, v, batch * heads, block_tokens, head_dim, full_bytes=full_bytes)
