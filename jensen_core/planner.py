@@ -237,6 +237,11 @@ def _tier_warnings(
         out.append(
             f"age tiers {str(tiers)!r} keep no chunk at more bits than the cache's INT{max(bases)}: they change nothing"
         )
+    if tiers.recent_bits == 4 and 3 in bases:
+        out.append(
+            "an INT3 side with recent_chunks_bits 4: a 4-bit grid does not nest in a 3-bit one, so requantizing "
+            "an aging chunk adds about 40% to its reconstruction error (benchmarks/tiers.py); use 8 over INT3"
+        )
     if tiers.sink_bits and not retention.sink_chunks:
         out.append(f"sink_bits={tiers.sink_bits} has no effect without a sink (sink_chunks 0)")
     if tiers.recent_bits and held and tiers.recent_chunks >= held:

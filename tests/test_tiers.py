@@ -267,3 +267,22 @@ def test_a_file_with_other_tiers_or_bad_bits_is_refused(tmp_path):
     plain = ChunkCache(SPEC, None)
     plain.append(*_chunks(1)[0])
     assert read_meta(plain.state_dict()["__jensen_kv_meta__"]).version == 3
+
+
+def test_the_planner_names_tiers_that_change_nothing_or_requantize_badly():
+    from jensen_core.planner import LatentGeometry, plan_cache
+
+    def plan(spec_k, tiers, **kw):
+        args = dict(latent_frames=12, latent_height=2, latent_width=2, chunk_frames=1, window_chunks=3, layers=1)
+        return plan_cache(
+            **args, heads=1, head_dim=64, spec_k=spec_k, spec_v=None, geometry=GEOMETRY, tiers=tiers, **kw
+        )
+
+    GEOMETRY = LatentGeometry(patch=(1, 2, 2), latent_channels=16)
+    int3, int8 = QuantSpec(bits=3, group_size=16), QuantSpec(bits=8, group_size=16)
+    assert any("does not nest" in w for w in plan(int3, AgeTiers(4, 1)).warnings)
+    assert not any("does not nest" in w for w in plan(int3, AgeTiers(8, 1)).warnings)
+    assert any("change nothing" in w for w in plan(int8, AgeTiers(4, 1)).warnings)
+    assert any("no effect without a sink" in w for w in plan(SPEC, AgeTiers(sink_bits=8)).warnings)
+    assert any("covers all 3 chunks" in w for w in plan(SPEC, AgeTiers(4, 3)).warnings)
+    assert plan(SPEC, AgeTiers(4, 1), sink_chunks=1).warnings == ()
