@@ -164,3 +164,69 @@ def requantize(t: StoredTensor, spec: QuantSpec) -> StoredTensor:
         return t
     xf = t.dequantize(dtype=torch.float32, rotated=True)
     return method_of(spec).quantize(xf, spec, t.dtype)
+
+
+class TieredTensor(StoredTensor):
+    """Stored chunks whose specs differ in ``bits`` only, joined along the token axis (what diagnostics concatenate).
+
+    Each part keeps its own codes and step sizes: :meth:`step_sizes` and :meth:`dequantize` are the parts'
+    joined. ``spec`` is the first part's (group size, rotation and seed are every part's). Built by
+    :func:`jensen_core.quant.cat_quantized` when the parts' bits differ.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[StoredTensor]):
+        first = parts[0]
+        for p in parts[1:]:
+            if replace(p.spec, bits=first.spec.bits) != first.spec or p.shape[:-2] != first.shape[:-2]:
+                raise ValueError("TieredTensor joins stored chunks whose specs differ in bits only, of one layout")
+        self.parts = list(parts)
+
+    @property
+    def spec(self) -> QuantSpec:
+        return self.parts[0].spec
+
+    @property
+    def shape(self) -> torch.Size:
+        first = self.parts[0].shape
+        return torch.Size((*first[:-2], sum(p.tokens for p in self.parts), first[-1]))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def scale_format(self) -> str:
+        return self.parts[0].scale_format
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def interleaved(self) -> bool:
+        return False
+
+    def to(self, device) -> TieredTensor:
+        return TieredTensor([p.to(device) for p in self.parts])
+
+    def __getitem__(self, idx) -> TieredTensor:
+        return TieredTensor([p[idx] for p in self.parts])
+
+    def flatten_leading(self) -> TieredTensor:
+        return TieredTensor([p.flatten_leading() for p in self.parts])
+
+    def step_sizes(self) -> torch.Tensor:
+        return torch.cat([p.step_sizes() for p in self.parts], dim=-2)
+
+    def dequantize(self, dtype=None, rotated: bool = False, out=None) -> torch.Tensor:
+        x = torch.cat([p.dequantize(dtype=dtype or self.dtype, rotated=rotated) for p in self.parts], dim=-2)
+        if out is not None:
+            out.copy_(x)
+            return out
+        return x

@@ -286,3 +286,32 @@ def test_the_planner_names_tiers_that_change_nothing_or_requantize_badly():
     assert any("no effect without a sink" in w for w in plan(SPEC, AgeTiers(sink_bits=8)).warnings)
     assert any("covers all 3 chunks" in w for w in plan(SPEC, AgeTiers(4, 3)).warnings)
     assert plan(SPEC, AgeTiers(4, 1), sink_chunks=1).warnings == ()
+
+
+def test_diagnostics_read_a_tiered_cache_as_its_chunks_joined():
+    """KV Cache Diagnostics concatenate the cached chunks: chunks of different bits join as a TieredTensor whose
+    steps and values are each chunk's, and the diagnostics' corrected attention equals the cache's own."""
+    import torch.nn.functional as F
+
+    from jensen_core.attention_shift import attention_shift
+    from jensen_core.quant import cat_quantized
+    from jensen_core.tiers import TieredTensor
+
+    cache = ChunkCache(SPEC, SPEC, tiers=AgeTiers(recent_bits=4, recent_chunks=1))
+    chunks = _chunks(3, T=8, seed=4)
+    for k, v in chunks:
+        cache.append(k, v)
+    kt = cat_quantized([e.k for e in cache.entries])
+    vt = cat_quantized([e.v for e in cache.entries])
+    assert isinstance(kt, TieredTensor) and kt.tokens == 24 and kt.nbytes == sum(e.k.nbytes for e in cache.entries)
+    torch.testing.assert_close(kt.step_sizes(), torch.cat([e.k.step_sizes() for e in cache.entries], -2))
+    torch.testing.assert_close(kt[:, 1].dequantize(), torch.cat([e.k[:, 1].dequantize() for e in cache.entries], -2))
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 6, 64, generator=gen) * 3
+    kc, vc = torch.randn(1, 2, 4, 64, generator=gen), torch.randn(1, 2, 4, 64, generator=gen)
+    k_ref = torch.cat([k for k, _ in chunks], -2)
+    v_ref = torch.cat([v for _, v in chunks], -2)
+    stats = attention_shift(q, k_ref, v_ref, kc, vc, kt, vt, correction="taylor", chunk_tokens=[8, 8, 8])
+    ref = F.scaled_dot_product_attention(q, torch.cat([k_ref, kc], -2), torch.cat([v_ref, vc], -2))
+    mse = float((cache.attend(q, kc, vc, correction="taylor") - ref).square().mean())
+    assert stats.output_mse == pytest.approx(mse, rel=1e-4)
