@@ -435,6 +435,11 @@ def test_planner_defaults_and_ranges_match_the_nodes(object_info):
         assert str(routes.DEFAULTS[name]) == opts["default"], name
     assert [str(g) for g in routes.GROUP_CHOICES] == q["group_size"][1]["options"]
     assert list(routes.BITS_CHOICES) == q["key_bits"][1]["options"]
+    o = object_info["JensenKVQuantizeKVCache"]["input"]["optional"]  # precision by age
+    for name in ("recent_chunks_bits", "sink_bits"):
+        assert routes.DEFAULTS[name] == o[name][1]["default"] and list(routes.TIER_BITS_CHOICES) == o[name][1]["options"]
+    assert routes.DEFAULTS["recent_chunks"] == o["recent_chunks"][1]["default"]
+    assert routes._INT_RANGES["recent_chunks"][1] == o["recent_chunks"][1]["max"]
     s = object_info["JensenKVChunkedARSampler"]["input"]["required"]
     for name in ("chunk_frames", "window_chunks"):
         assert routes.DEFAULTS[name] == s[name][1]["default"], name
