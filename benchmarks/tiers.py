@@ -1,6 +1,6 @@
 """Precision by age (jensen_core.tiers): how an aging chunk goes to fewer bits, and where tiers sit on the Fig. 5 frontier.
 
-    python benchmarks/tiers.py                       # both parts (decision: ~1 min; frontier: ~25 min on 2 cores)
+    python benchmarks/tiers.py                       # both parts (decision: ~1 min; frontier: ~17 min, shared 2 cores)
     python benchmarks/tiers.py --decision            # part 1 only
     python benchmarks/tiers.py --frontier --seeds 1 --chunks 4   # a small frontier (smoke test)
 
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     p.add_argument("--decision", action="store_true", help="part 1 only")
     p.add_argument("--frontier", action="store_true", help="part 2 only")
     p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--chunks", type=int, default=16, help="generated chunks per rollout")
+    p.add_argument("--chunks", type=int, default=8, help="generated chunks per rollout")
     p.add_argument("--prefix", type=int, default=2, help="ground-truth chunks written into the cache first")
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
     args = p.parse_args(argv)
