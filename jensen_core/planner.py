@@ -199,7 +199,7 @@ def plan_cache(
     ebk, ebv = side_bits(spec_k, 0), side_bits(spec_v, 1)
     eb = (ebk + ebv) / 2
     if tiers is not None:
-        warnings.extend(_tier_warnings(tiers, spec_k, spec_v, retention, held))
+        warnings.extend(_tier_warnings(tiers, spec_k, spec_v, retention, held, peak_specs))
     for side, spec in (("key", spec_k), ("value", spec_v)):
         if spec is not None and not errors:
             warnings.extend(method_of(spec).plan_warnings(spec, side, chunk_tokens))
@@ -226,7 +226,12 @@ def plan_cache(
 
 
 def _tier_warnings(
-    tiers: AgeTiers, spec_k: QuantSpec | None, spec_v: QuantSpec | None, retention: Retention, held: int
+    tiers: AgeTiers,
+    spec_k: QuantSpec | None,
+    spec_v: QuantSpec | None,
+    retention: Retention,
+    held: int,
+    peak_specs: list,
 ) -> list[str]:
     """Age tiers that change nothing, or everything."""
     out = []
@@ -244,10 +249,11 @@ def _tier_warnings(
         )
     if tiers.sink_bits and not retention.sink_chunks:
         out.append(f"sink_bits={tiers.sink_bits} has no effect without a sink (sink_chunks 0)")
-    if tiers.recent_bits and held and tiers.recent_chunks >= held:
+    base = [(spec.bits, side) for side, spec in enumerate((spec_k, spec_v)) if spec is not None]
+    if held and peak_specs and all(pair[side].bits > b for pair in peak_specs for b, side in base):
         out.append(
-            f"recent tier of {tiers.recent_chunks} chunks covers all {held} chunks the cache holds: every chunk "
-            f"stays at {tiers.recent_bits} bits (the same as a uniform INT{tiers.recent_bits} cache)"
+            f"age tiers {str(tiers)!r} keep all {held} chunks the cache holds above the cache's bits (the recent "
+            "tier and the sink cover the window): the same as a uniform cache at the tiers' bits"
         )
     return out
 

@@ -284,7 +284,9 @@ def test_the_planner_names_tiers_that_change_nothing_or_requantize_badly():
     assert not any("does not nest" in w for w in plan(int3, AgeTiers(8, 1)).warnings)
     assert any("change nothing" in w for w in plan(int8, AgeTiers(4, 1)).warnings)
     assert any("no effect without a sink" in w for w in plan(SPEC, AgeTiers(sink_bits=8)).warnings)
-    assert any("covers all 3 chunks" in w for w in plan(SPEC, AgeTiers(4, 3)).warnings)
+    assert any("keep all 3 chunks" in w for w in plan(SPEC, AgeTiers(4, 3)).warnings)
+    assert any("keep all 4 chunks" in w for w in plan(SPEC, AgeTiers(4, 3, 8), sink_chunks=1).warnings)
+    assert not any("keep all" in w for w in plan(SPEC, AgeTiers(4, 3), sink_chunks=1).warnings)  # the sink at INT2
     assert plan(SPEC, AgeTiers(4, 1), sink_chunks=1).warnings == ()
 
 
