@@ -363,13 +363,15 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     assert widgets[: len(old)] == old
     specs = {**info["input"]["required"], **info["input"].get("optional", {})}
     new = widgets[len(old):]
-    assert new == ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
+    qvg = ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
+    assert new == [*qvg, "recent_chunks_bits", "recent_chunks", "sink_bits"]  # then precision by age
     for name in new:
         assert "default" in specs[name][1], f"{name} needs a default for old workflows"
     assert specs["method"][1]["default"] == "rtn"  # an old workflow keeps plain RTN
+    assert specs["recent_chunks_bits"][1]["default"] == specs["sink_bits"][1]["default"] == "off"  # and one precision
     wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
     quant = next(n for n in wf["nodes"] if n["type"] == "JensenKVQuantizeKVCache")
-    assert quant["widgets_values"][len(old):] == [specs[n][1]["default"] for n in new]
+    assert quant["widgets_values"][len(old):] == [specs[n][1]["default"] for n in qvg]  # saved before the tiers
     # such a file is valid: the front end fills the four new widgets with their defaults
     quant["widgets_values"] = quant["widgets_values"][: len(old)]
     assert validate(wf, object_info) == []
