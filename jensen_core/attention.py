@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -112,10 +112,15 @@ def _check_inputs(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: Sequence[Cac
         if (
             type(e.k) is not type(first.k)
             or type(e.v) is not type(first.v)
-            or (isinstance(e.k, StoredTensor) and e.k.spec != first.k.spec)
-            or (isinstance(e.v, StoredTensor) and e.v.spec != first.v.spec)
+            or (isinstance(e.k, StoredTensor) and not _same_but_bits(e.k.spec, first.k.spec))
+            or (isinstance(e.v, StoredTensor) and not _same_but_bits(e.v.spec, first.v.spec))
         ):
-            raise ValueError("all cached chunks must be stored with the same quantization spec")
+            raise ValueError("all cached chunks must be stored with the same quantization spec (bits aside)")
+
+
+def _same_but_bits(a, b) -> bool:
+    """Whether two chunks' specs differ in bits at most (age tiers: each chunk's own bits and step sizes)."""
+    return a == b or replace(a, bits=b.bits) == b
 
 
 def cached_attention(
@@ -251,6 +256,12 @@ def _interleave(t: StoredTensor | Tensor) -> tuple[int, int] | None:
     return t.spec.bits, t.spec.group_size
 
 
+def _common_interleave(entries: list[CacheEntry], side: str) -> tuple[int, int] | None:
+    """The interleaved order every cached chunk of a side shares; None (channel order) when their bits differ."""
+    il = _interleave(getattr(entries[0], side))
+    return il if all(_interleave(getattr(e, side)) == il for e in entries[1:]) else None
+
+
 def _fill(dst: Tensor, src: StoredTensor | Tensor, interleaved: bool) -> None:
     if not isinstance(src, StoredTensor):
         dst.copy_(src)
@@ -326,13 +337,14 @@ def _streamed(
     D = q.shape[-1]
     B, H = q.shape[:2]
     scale = 1.0 / math.sqrt(D)
-    k0, v0 = entries[0].k, entries[0].v
+    k0 = entries[0].k
     fused = layout is not None and layout.kind == "triton"
     runs_of = pieces if pieces is not None else [[(0, e.tokens, 0.0)] for e in entries]
     # QVG keys, or a chunk split into runs of different offsets (Krea's spared first frame): a padded buffer instead
-    if fused and (unsupported_reason(k0, v0) or any(len(runs) > 1 for runs in runs_of)):
+    if fused and (any(unsupported_reason(e.k, e.v) for e in entries) or any(len(runs) > 1 for runs in runs_of)):
         layout, fused = Layout("pad", round_up(D + k0.head_dim // k0.spec.group_size, 8)), False
-    kil, vil = (None, None) if fused else (_interleave(k0), _interleave(v0))  # the fused kernel reads channel order
+    # the fused kernel reads channel order
+    kil, vil = (None, None) if fused else (_common_interleave(entries, "k"), _common_interleave(entries, "v"))
     if _LEGACY:
         qr = rotate(q, kseed) if kseed is not None else q
         qk = qr

@@ -17,15 +17,17 @@ from .methods import method_of
 from .quant import QuantizedTensor, StoredTensor, check_finite, quantize
 from .retention import Retention
 from .spec import FLOAT_FORMATS, QuantSpec
+from .tiers import AgeTiers, requantize
 
 _META_KEY = "__jensen_kv_meta__"
 META_KEY = _META_KEY  #: the state-dict entry holding a cache's JSON record (:func:`read_meta`)
 #: 2: specs carry method/qvg_* fields and QVG parts (centroids, ids); 3: a part's grid origins are stored
-#: as ``.minimum`` (1 and 2 named them ``.zero``); every version still loads
-_FORMAT_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+#: as ``.minimum`` (1 and 2 named them ``.zero``); 4: a cache with age tiers records them (``tiers``) and
+#: each quantized part its own ``bits``; every version still loads
+_FORMAT_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)
 #: the suffix of a part's grid origins (minima) in each readable version
-_MINIMUM_SUFFIX = {1: ".zero", 2: ".zero", 3: ".minimum"}
+_MINIMUM_SUFFIX = {1: ".zero", 2: ".zero", 3: ".minimum", 4: ".minimum"}
 #: the largest ``__jensen_kv_meta__`` record read (JSON, about 250 bytes per cached chunk: 4,000 chunks fit)
 MAX_META_BYTES = 1 << 20
 #: the largest batch, heads, tokens or head_dim a cache file may record
@@ -52,6 +54,10 @@ class ChunkCache:
     eviction drops whole chunks and never re-quantizes what stays. ``sink_chunks`` keeps the first
     N chunks ever appended for good (an attention sink, as Self-Forcing's ``sink_size`` and
     LongLive's frame sink), outside the window: the cache holds at most ``sink + window`` chunks.
+
+    ``tiers`` (:class:`~jensen_core.tiers.AgeTiers`) keeps the sink and the newest chunks at more bits
+    than the specs': a chunk is stored at its tier's bits and requantized at the spec's bits (from its
+    stored form) when it leaves the recent tier. Every chunk keeps its own spec and step sizes.
     """
 
     def __init__(
@@ -60,13 +66,18 @@ class ChunkCache:
         spec_v: QuantSpec | None = None,
         window_chunks: int | None = None,
         sink_chunks: int = 0,
+        tiers: AgeTiers | None = None,
     ):
         for name, s in (("spec_k", spec_k), ("spec_v", spec_v)):
             if s is not None and not isinstance(s, QuantSpec):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
+        if tiers is not None and not isinstance(tiers, AgeTiers):
+            raise TypeError(f"tiers must be an AgeTiers or None, got {type(tiers).__name__}")
         self.retention = Retention(window_chunks, sink_chunks)  # checks both, names a bad one
         self.spec_k = spec_k
         self.spec_v = spec_v
+        self.tiers = tiers
+        self.chunks_demoted = 0
         self._sink_held = 0  # how many of the oldest entries are sink chunks (never evicted)
         self._entries: deque[CacheEntry] = deque()
         self._layout: tuple | None = None  # (batch, heads, head_dim, dtype, device) of the first chunk
@@ -180,11 +191,41 @@ class ChunkCache:
         :meth:`append_prepared` or drops it.
         """
         self._validate_chunk(k, v)
+        spec_k, spec_v = self._new_chunk_specs()
         entry = CacheEntry(
-            k=quantize(k, self.spec_k) if self.spec_k is not None else k.detach().clone(),
-            v=quantize(v, self.spec_v) if self.spec_v is not None else v.detach().clone(),
+            k=quantize(k, spec_k) if spec_k is not None else k.detach().clone(),
+            v=quantize(v, spec_v) if spec_v is not None else v.detach().clone(),
         )
         return PreparedChunk(entry, (k.shape[0], k.shape[1], k.shape[-1], k.dtype, k.device))
+
+    def _new_chunk_specs(self) -> tuple[QuantSpec | None, QuantSpec | None]:
+        """The specs a chunk appended now is stored at: the newest chunk, a sink chunk while the sink fills."""
+        t = self.tiers
+        if t is None:
+            return self.spec_k, self.spec_v
+        sink = self._sink_held < self.sink_chunks
+        out = []
+        for spec in (self.spec_k, self.spec_v):
+            bits = None if spec is None else spec.bits
+            if spec is not None and t.recent_bits:
+                bits = max(bits, t.recent_bits)
+            if spec is not None and t.sink_bits and sink:
+                bits = max(bits, t.sink_bits)
+            out.append(None if spec is None else t.spec_at(spec, bits))
+        return out[0], out[1]
+
+    def _demote(self) -> None:
+        """Requantize every held chunk stored at more bits than its position keeps (it left the recent tier)."""
+        t = self.tiers
+        n = len(self._entries)
+        want_k = t.specs_for(self.spec_k, n, self._sink_held)
+        want_v = t.specs_for(self.spec_v, n, self._sink_held)
+        for i, (e, sk, sv) in enumerate(zip(self._entries, want_k, want_v)):
+            k = _lower(e.k, sk)
+            v = _lower(e.v, sv)
+            if k is not e.k or v is not e.v:
+                self._entries[i] = CacheEntry(k=k, v=v)  # a new entry: a copy() of this cache keeps the old one
+                self.chunks_demoted += 1
 
     def append_prepared(self, chunk: PreparedChunk) -> None:
         """Store a chunk from :meth:`prepare` (of this cache or one with the same specs)."""
@@ -198,13 +239,16 @@ class ChunkCache:
         self.chunks_appended += 1
         self._sink_held, evicted = self.retention.push(self._entries, entry, self._sink_held)
         self.chunks_evicted += evicted
+        if self.tiers is not None:
+            self._demote()
 
     def copy(self) -> ChunkCache:
         """A new cache holding the same chunks (stored tensors are shared, never modified in place)."""
-        other = ChunkCache(self.spec_k, self.spec_v, self.window_chunks, self.sink_chunks)
+        other = ChunkCache(self.spec_k, self.spec_v, self.window_chunks, self.sink_chunks, self.tiers)
         other._entries = deque(self._entries)
         other._sink_held, other._layout = self._sink_held, self._layout
         other.chunks_appended, other.chunks_evicted = self.chunks_appended, self.chunks_evicted
+        other.chunks_demoted = self.chunks_demoted
         return other
 
     def to(self, device: str | torch.device) -> ChunkCache:
@@ -236,8 +280,9 @@ class ChunkCache:
 
     # ----------------------------------------------------------------- persistence
     def _meta(self) -> dict:
-        return {
-            "version": _FORMAT_VERSION,
+        tiered = self.tiers is not None  # a cache without tiers writes version 3, as before them
+        meta = {
+            "version": _FORMAT_VERSION if tiered else 3,
             "spec_k": self.spec_k.to_dict() if self.spec_k else None,
             "spec_v": self.spec_v.to_dict() if self.spec_v else None,
             "window_chunks": self.window_chunks,
@@ -251,8 +296,11 @@ class ChunkCache:
                 "head_dim": self._layout[2],
                 "dtype": str(self._layout[3]).removeprefix("torch."),
             },
-            "chunks": [{name: _part_meta(t) for name, t in (("k", e.k), ("v", e.v))} for e in self._entries],
+            "chunks": [{name: _part_meta(t, tiered) for name, t in (("k", e.k), ("v", e.v))} for e in self._entries],
         }
+        if tiered:
+            meta["tiers"] = self.tiers.to_dict()
+        return meta
 
     def state_dict(self) -> dict[str, Tensor]:
         """Flat dict of tensors (safetensors-ready); the layout is JSON in ``__jensen_kv_meta__``."""
@@ -288,6 +336,11 @@ class ChunkCache:
                 f"the file was saved with specs (keys, values) {theirs} but this cache uses {mine}; "
                 "create the ChunkCache with the file's specs to load it"
             )
+        if meta.tiers != self.tiers:
+            raise ValueError(
+                f"the file was saved with age tiers {_tiers_text(meta.tiers)} but this cache uses "
+                f"{_tiers_text(self.tiers)}; create the ChunkCache with the file's tiers to load it"
+            )
         if meta.sink_chunks != self.sink_chunks:
             raise ValueError(
                 f"the file was saved with sink_chunks={meta.sink_chunks} but this cache uses "
@@ -316,7 +369,7 @@ class ChunkCache:
                     sd,
                     f"chunk{i}.{name}",
                     cm[name],
-                    self.spec_k if name == "k" else self.spec_v,
+                    meta.part_spec(i, name),
                     used,
                     _MINIMUM_SUFFIX[meta.version],
                 )
@@ -357,13 +410,25 @@ def _expected_bits(spec: QuantSpec | None, full_bits: int) -> float:
     return spec.effective_bits if spec is not None else full_bits
 
 
-def _part_meta(t: StoredTensor | Tensor) -> dict:
+def _lower(t: StoredTensor | Tensor, spec: QuantSpec | None) -> StoredTensor | Tensor:
+    """``t`` requantized at ``spec`` when it is stored at more bits; else ``t`` itself."""
+    if spec is None or not isinstance(t, StoredTensor) or t.spec.bits <= spec.bits:
+        return t
+    return requantize(t, spec)
+
+
+def _tiers_text(tiers: AgeTiers | None) -> str:
+    return "off" if tiers is None else repr(str(tiers))
+
+
+def _part_meta(t: StoredTensor | Tensor, tiered: bool = False) -> dict:
     if isinstance(t, StoredTensor):
         return {
             "quantized": True,
             "shape": list(t.shape),
             "dtype": str(t.dtype).removeprefix("torch."),
             "scale_format": t.scale_format,
+            **({"bits": t.spec.bits} if tiered else {}),
             **method_of(t.spec).part_record(t),
         }
     return {"quantized": False, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
@@ -387,6 +452,14 @@ class CacheFileMeta:
     sink_held: int
     layout: tuple[int, int, int, torch.dtype] | None
     chunks: tuple[dict, ...]
+    tiers: AgeTiers | None = None
+
+    def part_spec(self, i: int, side: str) -> QuantSpec | None:
+        """The spec chunk ``i``'s keys (``side`` "k") or values ("v") are stored at: the side's spec, at the
+        part's own ``bits`` under age tiers."""
+        spec = self.spec_k if side == "k" else self.spec_v
+        bits = self.chunks[i][side].get("bits")
+        return spec if spec is None or bits is None or bits == spec.bits else self.tiers.spec_at(spec, bits)
 
     @property
     def chunk_tokens(self) -> list[int]:
@@ -397,7 +470,8 @@ class CacheFileMeta:
         """The state-dict entries this record describes (``__jensen_kv_meta__`` aside): what a reader may read."""
         names = set()
         for i, c in enumerate(self.chunks):
-            for side, spec in (("k", self.spec_k), ("v", self.spec_v)):
+            for side in ("k", "v"):
+                spec = self.part_spec(i, side)
                 p = f"chunk{i}.{side}"
                 if not c[side]["quantized"]:
                     names.add(p)
@@ -488,7 +562,7 @@ def read_meta(t) -> CacheFileMeta:
         meta,
         "cache file metadata",
         ("version", "spec_k", "spec_v", "window_chunks", "layout", "chunks"),
-        ("sink_chunks", "sink_held"),
+        ("sink_chunks", "sink_held") + (("tiers",) if version >= 4 else ()),
     )
     specs = []
     for side in ("spec_k", "spec_v"):
@@ -499,6 +573,12 @@ def read_meta(t) -> CacheFileMeta:
             specs.append(None if d is None else QuantSpec.from_dict(d))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"the file's quantization specs are not readable: {side}: {exc}") from None
+    tiers = None
+    if meta.get("tiers") is not None:
+        try:
+            tiers = AgeTiers.from_dict(meta["tiers"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cache file metadata tiers are not readable: {exc}") from None
     window = meta["window_chunks"]
     window = None if window is None else whole(window, "cache file metadata window_chunks") or None
     sink = whole(meta.get("sink_chunks", 0), "cache file metadata sink_chunks")
@@ -532,7 +612,8 @@ def read_meta(t) -> CacheFileMeta:
     for i, cm in enumerate(chunks):
         cm = _record(cm, f"cache file entry chunk{i}", ("k", "v"))
         parts = {
-            name: _check_part(cm[name], f"chunk{i}.{name}", spec) for name, spec in (("k", specs[0]), ("v", specs[1]))
+            name: _check_part(cm[name], f"chunk{i}.{name}", spec, tiers)
+            for name, spec in (("k", specs[0]), ("v", specs[1]))
         }
         k, v = parts["k"], parts["v"]
         if k["shape"] != v["shape"] or k["dtype"] != v["dtype"]:
@@ -556,12 +637,24 @@ def read_meta(t) -> CacheFileMeta:
         sink_held=held,
         layout=layout,
         chunks=tuple(checked),
+        tiers=tiers,
     )
 
 
-def _check_part(rec, prefix: str, spec: QuantSpec | None) -> dict:
-    """One stored side of a chunk, as its record says: checked against the spec, shapes bounded."""
-    rec = _record(rec, f"cache file entry {prefix}", ("quantized", "shape", "dtype"), ("scale_format", "segments"))
+def _check_part(rec, prefix: str, spec: QuantSpec | None, tiers: AgeTiers | None = None) -> dict:
+    """One stored side of a chunk, as its record says: checked against the spec, shapes bounded.
+
+    Under age tiers a quantized part records its own ``bits``: one of those the tiers keep on that side."""
+    optional = ("scale_format", "segments") + (("bits",) if tiers is not None and spec is not None else ())
+    rec = _record(rec, f"cache file entry {prefix}", ("quantized", "shape", "dtype"), optional)
+    if "bits" in rec:
+        allowed = tiers.side_bits(spec.bits)
+        if isinstance(rec["bits"], bool) or rec["bits"] not in allowed:
+            raise ValueError(
+                f"cache file entry {prefix} bits={_short(rec['bits'])}: a side at INT{spec.bits} under age tiers "
+                f"{str(tiers)!r} holds chunks of {' or '.join(map(str, allowed))} bits"
+            )
+        spec = tiers.spec_at(spec, rec["bits"])
     if not isinstance(rec["quantized"], bool):
         raise ValueError(f"cache file entry {prefix} quantized={_short(rec['quantized'])} must be true or false")
     shape = rec["shape"]

@@ -16,6 +16,7 @@ from .geometry import LatentGeometry
 from .methods import method_of
 from .retention import Retention
 from .spec import QuantSpec
+from .tiers import AgeTiers
 
 #: bytes per element of the clean latents a saved run state keeps (float32)
 STATE_LATENT_BYTES = 4
@@ -40,6 +41,11 @@ class CachePlan:
     #: (last chunk included) plus the clean fp32 latents of the chunks it holds; None when it cannot run
     state_file_bytes: int | None = None
     sink_chunks: int = 0
+    #: the age tiers' string form (``"recent2@4+sink@8"``), None without them
+    tiers: str | None = None
+    #: bits of each chunk held at the peak, oldest first, keys and values (0 = kept in the model's dtype)
+    chunk_bits_k: tuple[int, ...] = ()
+    chunk_bits_v: tuple[int, ...] = ()
 
     @property
     def runnable(self) -> bool:
@@ -48,6 +54,8 @@ class CachePlan:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["warnings"] = list(self.warnings)
+        d["chunk_bits_k"] = list(self.chunk_bits_k)
+        d["chunk_bits_v"] = list(self.chunk_bits_v)
         d["errors"] = list(self.errors)
         d["runnable"] = self.runnable
         d["bf16_mib"] = self.bf16_bytes / 2**20
@@ -88,6 +96,7 @@ def plan_cache(
     sink_chunks: int = 0,
     write_last: bool = False,
     prefix_frames: int = 0,
+    tiers: AgeTiers | None = None,
 ) -> CachePlan:
     """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
 
@@ -102,6 +111,10 @@ def plan_cache(
     quantized (the cache keeps it in the model's dtype: 2 for BF16/FP16 models, 4 for FP32).
     Problems come back for the UI to show rather than as exceptions: ``errors`` would stop the run
     (then ``quantized_bytes`` is None), ``warnings`` are surprises that would not.
+
+    ``tiers`` (:class:`~jensen_core.tiers.AgeTiers`) counts each held chunk at its own bits: the sink
+    and the newest chunks at the tiers' bits, the rest at the specs'. The effective bits are then the
+    average over the chunks held at the peak.
     """
     for name, v in (
         ("latent_frames", latent_frames),
@@ -143,25 +156,50 @@ def plan_cache(
     held_tokens = held * chunk_tokens
     per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
     bf16 = 2 * per_side * 2
-    copies = held * layers * cfg_branches  # cached chunks at the peak, each (batch x heads, chunk_tokens, head_dim)
-    one_chunk = (
-        None if errors else chunk_bytes(spec_k, spec_v, batch * heads, chunk_tokens, head_dim, full_bytes=full_bytes)
-    )
-    quant = None if errors else copies * one_chunk
+    lead = batch * heads
+
+    def held_specs(n: int, sink_held: int) -> list[tuple[QuantSpec | None, QuantSpec | None]]:
+        """The (key, value) spec of each of ``n`` held chunks, oldest first."""
+        if tiers is None:
+            return [(spec_k, spec_v)] * n
+        return list(zip(tiers.specs_for(spec_k, n, sink_held), tiers.specs_for(spec_v, n, sink_held)))
+
+    def held_bytes(n: int, sink_held: int) -> int:
+        """Bytes of ``n`` held chunks of one (layer, branch) cache: each chunk at its own specs."""
+        sizes: dict[tuple, int] = {}
+        total = 0
+        for pair in held_specs(n, sink_held):
+            if pair not in sizes:
+                sizes[pair] = chunk_bytes(*pair, lead, chunk_tokens, head_dim, full_bytes=full_bytes)
+            total += sizes[pair]
+        return total
+
+    peak_specs = held_specs(held, retention.sink_held(written))
+    quant = None if errors else layers * cfg_branches * held_bytes(held, retention.sink_held(written))
     total_chunks = prefix_chunks + chunks
     end_held = retention.count(total_chunks)
     latents = (
         end_held * chunk_frames * latent_height * latent_width * geometry.latent_channels * batch * STATE_LATENT_BYTES
     )
-    state_file = None if errors else end_held * layers * cfg_branches * one_chunk + latents
+    state_file = (
+        None if errors else layers * cfg_branches * held_bytes(end_held, retention.sink_held(total_chunks)) + latents
+    )
 
-    def side_bits(spec: QuantSpec | None) -> float:
+    def spec_bits(spec: QuantSpec | None) -> float:
         if spec is None:
             return 8.0 * full_bytes
         return spec.effective_bits if errors else method_of(spec).effective_bits_for(spec, head_dim, chunk_tokens)
 
-    ebk, ebv = side_bits(spec_k), side_bits(spec_v)
+    def side_bits(spec: QuantSpec | None, side: int) -> float:
+        """The side's stored bits per element: its spec's, or under tiers the average over the peak's chunks."""
+        if tiers is None or not peak_specs:
+            return spec_bits(spec)
+        return sum(spec_bits(pair[side]) for pair in peak_specs) / len(peak_specs)
+
+    ebk, ebv = side_bits(spec_k, 0), side_bits(spec_v, 1)
     eb = (ebk + ebv) / 2
+    if tiers is not None:
+        warnings.extend(_tier_warnings(tiers, spec_k, spec_v, retention, held, peak_specs))
     for side, spec in (("key", spec_k), ("value", spec_v)):
         if spec is not None and not errors:
             warnings.extend(method_of(spec).plan_warnings(spec, side, chunk_tokens))
@@ -181,7 +219,43 @@ def plan_cache(
         compression=16.0 / eb,
         warnings=tuple(warnings),
         errors=tuple(errors),
+        tiers=None if tiers is None else str(tiers),
+        chunk_bits_k=tuple(0 if k is None else k.bits for k, _ in peak_specs),
+        chunk_bits_v=tuple(0 if v is None else v.bits for _, v in peak_specs),
     )
+
+
+def _tier_warnings(
+    tiers: AgeTiers,
+    spec_k: QuantSpec | None,
+    spec_v: QuantSpec | None,
+    retention: Retention,
+    held: int,
+    peak_specs: list,
+) -> list[str]:
+    """Age tiers that change nothing, or everything."""
+    out = []
+    bases = [s.bits for s in (spec_k, spec_v) if s is not None]
+    if not bases:
+        return ["age tiers have no effect: neither keys nor values are quantized"]
+    if all(max(tiers.recent_bits, tiers.sink_bits) <= b for b in bases):
+        out.append(
+            f"age tiers {str(tiers)!r} keep no chunk at more bits than the cache's INT{max(bases)}: they change nothing"
+        )
+    if tiers.recent_bits == 4 and 3 in bases:
+        out.append(
+            "an INT3 side with recent_chunks_bits 4: a 4-bit grid does not nest in a 3-bit one, so requantizing "
+            "an aging chunk adds about 40% to its reconstruction error (benchmarks/tiers.py); use 8 over INT3"
+        )
+    if tiers.sink_bits and not retention.sink_chunks:
+        out.append(f"sink_bits={tiers.sink_bits} has no effect without a sink (sink_chunks 0)")
+    base = [(spec.bits, side) for side, spec in enumerate((spec_k, spec_v)) if spec is not None]
+    if held and peak_specs and all(pair[side].bits > b for pair in peak_specs for b, side in base):
+        out.append(
+            f"age tiers {str(tiers)!r} keep all {held} chunks the cache holds above the cache's bits (the recent "
+            "tier and the sink cover the window): the same as a uniform cache at the tiers' bits"
+        )
+    return out
 
 
 def block_in_flight_bytes(
@@ -195,13 +269,18 @@ def block_in_flight_bytes(
     cfg_branches: int = 1,
     batch: int = 1,
     full_bytes: int = 2,
+    tiers: AgeTiers | None = None,
 ) -> int:
     """Bytes of the block a run on ComfyUI core's AR sampler holds until the next model call says it is final.
 
     One block of ``block_tokens`` per layer and CFG branch, stored as the cache will store it; a QVG
     side waits in the model's precision (``full_bytes``: its k-means runs once, at commit). Add it to
-    :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path.
+    :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path. Under age tiers the block
+    is held at the newest chunk's bits (a sink chunk's while the sink fills): the higher tier's bits here.
     """
+    if tiers is not None:
+        top = max(tiers.recent_bits, tiers.sink_bits)
+        spec_k, spec_v = (None if s is None else tiers.spec_at(s, max(s.bits, top)) for s in (spec_k, spec_v))
     early = all(s is None or method_of(s).quantizes_early for s in (spec_k, spec_v))
     k, v = (spec_k, spec_v) if early else (None, None)
     return layers * cfg_branches * chunk_bytes(k, v, batch * heads, block_tokens, head_dim, full_bytes=full_bytes)

@@ -64,8 +64,13 @@ def quantize(x: Tensor, spec: QuantSpec) -> StoredTensor:
 def cat_quantized(parts: list[StoredTensor]) -> StoredTensor:
     """Concatenate stored tensors of one spec along the token axis (the first part's method joins them).
 
-    QVG tensors concatenate too (each chunk keeps its own centroid table: see ``QVGTensor``).
+    QVG tensors concatenate too (each chunk keeps its own centroid table: see ``QVGTensor``). Parts whose
+    specs differ in bits only (age tiers) join as a :class:`~jensen_core.tiers.TieredTensor`.
     """
     if not parts:
         raise ValueError("cat_quantized needs at least one tensor")
+    if any(p.spec.bits != parts[0].spec.bits for p in parts):  # age tiers: each chunk keeps its own bits
+        from .tiers import TieredTensor
+
+        return TieredTensor(parts)
     return method_of(parts[0].spec).concatenate(parts)

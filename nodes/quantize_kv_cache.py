@@ -13,12 +13,15 @@ from ..runtime.config import (
     QVG_CENTROIDS_RANGE,
     QVG_ITERS_RANGE,
     QVG_STAGES_RANGE,
+    RECENT_CHUNKS_RANGE,
     ROTATION_CHOICES,
     SCALE_FORMAT_CHOICES,
+    TIER_BITS_CHOICES,
     JensenKVConfig,
     get_config,
     method_fields,
     parse_bits,
+    parse_tiers,
     set_config,
 )
 from ..runtime.core_ar import attach
@@ -38,6 +41,9 @@ def build_config(
     qvg_stages: int = QVG_STAGES_RANGE[0],
     qvg_centroids: int = QVG_CENTROIDS_RANGE[0],
     qvg_iters: int = QVG_ITERS_RANGE[0],
+    recent_chunks_bits: str = QUANTIZE_DEFAULTS["recent_chunks_bits"],
+    recent_chunks: int = RECENT_CHUNKS_RANGE[0],
+    sink_bits: str = QUANTIZE_DEFAULTS["sink_bits"],
 ) -> JensenKVConfig:
     try:
         g = int(group_size)
@@ -56,8 +62,9 @@ def build_config(
                 bits=b, group_size=g, rotation=rotation, scale_format=scale_format, seed=int(rotation_seed), **extra
             )
         )
+    tiers = parse_tiers(specs[0], specs[1], recent_chunks_bits, recent_chunks, sink_bits)
     upstream = get_config(model.model_options)
-    config = (upstream or JensenKVConfig()).with_specs(*specs)
+    config = (upstream or JensenKVConfig()).with_specs(*specs, tiers)
     shape = attention_shape(model)
     if shape is not None:
         config.check_head_dim(shape.head_dim)
@@ -175,6 +182,33 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                         "stops early when fewer than 0.01% of the tokens change cluster).",
                     )
                 ),
+                # precision by age (optional, after the others: older prompts run with every chunk at one precision)
+                io.Combo.Input(
+                    "recent_chunks_bits",
+                    options=list(TIER_BITS_CHOICES),
+                    default=QUANTIZE_DEFAULTS["recent_chunks_bits"],
+                    optional=True,
+                    tooltip="Precision by age: keep the newest recent_chunks cached chunks at 4 or 8 bits; older "
+                    "chunks are requantized to key_bits / value_bits when they age out (they carry less of the "
+                    "attention). 'off' keeps every chunk at the bits above. The planner shows the average bits.",
+                ),
+                io.Int.Input(
+                    "recent_chunks",
+                    optional=True,
+                    default=RECENT_CHUNKS_RANGE[0],
+                    min=RECENT_CHUNKS_RANGE[1],
+                    max=RECENT_CHUNKS_RANGE[2],
+                    tooltip="With recent_chunks_bits on: how many of the newest cached chunks keep those bits "
+                    "(ignored when it is off).",
+                ),
+                io.Combo.Input(
+                    "sink_bits",
+                    options=list(TIER_BITS_CHOICES),
+                    default=QUANTIZE_DEFAULTS["sink_bits"],
+                    optional=True,
+                    tooltip="Precision by age: keep the attention-sink chunks (the sampler's sink_chunks) at 4 or "
+                    "8 bits for good. 'off' stores them like any other chunk. No effect without a sink.",
+                ),
             ],
             outputs=[
                 io.Model.Output(
@@ -185,7 +219,15 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
 
     @classmethod
     def validate_inputs(
-        cls, key_bits=None, value_bits=None, group_size=None, rotation=None, scale_format=None, method=None
+        cls,
+        key_bits=None,
+        value_bits=None,
+        group_size=None,
+        rotation=None,
+        scale_format=None,
+        method=None,
+        recent_chunks_bits=None,
+        sink_bits=None,
     ):
         return check_combo_values(
             cls,
@@ -195,6 +237,8 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             rotation=rotation,
             scale_format=scale_format,
             method=method,
+            recent_chunks_bits=recent_chunks_bits,
+            sink_bits=sink_bits,
         )
 
     @classmethod
@@ -211,6 +255,9 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
         qvg_stages=QVG_STAGES_RANGE[0],
         qvg_centroids=QVG_CENTROIDS_RANGE[0],
         qvg_iters=QVG_ITERS_RANGE[0],
+        recent_chunks_bits=QUANTIZE_DEFAULTS["recent_chunks_bits"],
+        recent_chunks=RECENT_CHUNKS_RANGE[0],
+        sink_bits=QUANTIZE_DEFAULTS["sink_bits"],
     ) -> io.NodeOutput:
         config = build_config(
             model,
@@ -224,6 +271,9 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             qvg_stages,
             qvg_centroids,
             qvg_iters,
+            recent_chunks_bits,
+            recent_chunks,
+            sink_bits,
         )
         m = model.clone()
         set_config(m, config)

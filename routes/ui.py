@@ -40,8 +40,11 @@ from ..runtime.config import (
     QVG_CENTROIDS_RANGE,
     QVG_ITERS_RANGE,
     QVG_STAGES_RANGE,
+    RECENT_CHUNKS_RANGE,
     ROTATION_CHOICES,
     SCALE_FORMAT_CHOICES,
+    TIER_BITS_CHOICES,
+    parse_tiers,
 )
 from ..runtime.families.wan import GEOMETRY as WAN_GEOMETRY
 from ..runtime.families.wan import PRESETS as MODEL_PRESETS
@@ -63,6 +66,7 @@ DEFAULTS: dict[str, object] = {
     "qvg_stages": QVG_STAGES_RANGE[0],
     "qvg_centroids": QVG_CENTROIDS_RANGE[0],
     "qvg_iters": QVG_ITERS_RANGE[0],
+    "recent_chunks": RECENT_CHUNKS_RANGE[0],
     "width": 832,
     "height": 480,
     "frames": 81,
@@ -92,6 +96,11 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
         "QVG's centroids per stage and chunk K, 0 = auto (from the tokens per chunk), e.g. qvg_centroids=0",
     ),
     "qvg_iters": (*QVG_ITERS_RANGE[1:], "QVG's k-means iterations, e.g. qvg_iters=2"),
+    "recent_chunks": (
+        0,
+        RECENT_CHUNKS_RANGE[2],
+        "newest cached chunks kept at recent_chunks_bits (with it on), e.g. recent_chunks=2",
+    ),
     "chunk_tokens": (1, 10**8, "tokens per cached chunk (latent frames per chunk x tokens per latent frame)"),
 }
 
@@ -106,8 +115,10 @@ SPEC_PARAMS = (
     "head_dim",
     "chunk_tokens",
 )
+TIER_PARAMS = ("recent_chunks_bits", "recent_chunks", "sink_bits")
 PLAN_PARAMS = (
     *(p for p in SPEC_PARAMS if p != "chunk_tokens"),
+    *TIER_PARAMS,
     "width",
     "height",
     "frames",
@@ -191,6 +202,22 @@ def _side_spec(params: Mapping[str, str], side: str) -> QuantSpec | None:
     )
 
 
+def _tiers(params: Mapping[str, str], spec_k: QuantSpec | None, spec_v: QuantSpec | None):
+    """The age tiers of Quantize KV Cache's tier widgets (None when off), with the node's own checks."""
+    bits = {name: _choice(params, name, TIER_BITS_CHOICES) for name in ("recent_chunks_bits", "sink_bits")}
+    recent = _int(params, "recent_chunks", DEFAULTS["recent_chunks"])
+    try:
+        return parse_tiers(spec_k, spec_v, bits["recent_chunks_bits"], recent, bits["sink_bits"])
+    except ValueError as exc:
+        text = str(exc)
+        if text.startswith("recent_chunks="):
+            name, value = "recent_chunks", recent
+        else:
+            name = "recent_chunks_bits" if bits["recent_chunks_bits"] != "off" else "sink_bits"
+            value = bits[name]
+        raise ParamError(name, value, "does not fit the other settings", text) from None
+
+
 def _side_summary(spec: QuantSpec | None, head_dim: int | None = None, chunk_tokens: int | None = None) -> dict:
     if spec is None:
         return {
@@ -232,6 +259,7 @@ def options(params: Mapping[str, str] | None = None) -> dict:
         "rotation": list(ROTATION_CHOICES),
         "scale_format": list(SCALE_CHOICES),
         "method": list(METHOD_CHOICES),
+        "tier_bits": list(TIER_BITS_CHOICES),
         "presets": presets,
         "custom_preset": CUSTOM_PRESET,
         "defaults": dict(DEFAULTS),
@@ -301,6 +329,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     """
     _check_known(params, PLAN_PARAMS)
     spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
+    tiers = _tiers(params, spec_k, spec_v)
     preset, layers, heads, head_dim = _resolve_model(params)
     width, height = _int(params, "width", DEFAULTS["width"]), _int(params, "height", DEFAULTS["height"])
     frames = _int(params, "frames", DEFAULTS["frames"])
@@ -333,7 +362,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     chunk_tokens = chunk_frames * WAN_GEOMETRY.tokens_per_frame(latent_h, latent_w)
     spec = spec_summary(
         {
-            **{k: v for k, v in params.items() if k in SPEC_PARAMS},
+            **{k: v for k, v in params.items() if k in SPEC_PARAMS and k not in TIER_PARAMS},
             "head_dim": str(head_dim),
             "chunk_tokens": str(chunk_tokens),
         }
@@ -353,6 +382,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         batch=batch,
         sink_chunks=sink,
         geometry=WAN_GEOMETRY,
+        tiers=tiers,
     )
     d = plan.to_dict()
     runnable, quant_bytes = plan.runnable, plan.quantized_bytes

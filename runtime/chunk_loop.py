@@ -406,6 +406,7 @@ class _Setup:
                 fingerprint=self.fingerprint,
                 spec_k=self.config.spec_k,
                 spec_v=self.config.spec_v,
+                tiers=self.config.tiers,
                 chunk_frames=r.chunk_frames,
                 window_chunks=r.window_chunks,
                 sink_chunks=r.sink_chunks,
@@ -441,6 +442,7 @@ class _Setup:
             sink_chunks=r.sink_chunks,
             write_last=r.keep_state,
             geometry=adapter.geometry,
+            tiers=self.config.tiers,
             # what is in the cache before the first generated chunk, as frames: a loaded state's chunks as it holds
             # them (never its claimed next_frame), a prefix clip's frames
             prefix_frames=len(r.resume.retained) * r.chunk_frames
@@ -886,6 +888,7 @@ class _Job:
             fingerprint=s.fingerprint,
             spec_k=s.config.spec_k,
             spec_v=s.config.spec_v,
+            tiers=s.config.tiers,
             chunk_frames=r.chunk_frames,
             window_chunks=r.window_chunks,
             sink_chunks=r.sink_chunks,

@@ -14,6 +14,7 @@ from ..jensen_core import MODES, QuantSpec
 from ..jensen_core.bias import check_mode
 from ..jensen_core.methods import method_of
 from ..jensen_core.spec import METHOD_KNOBS, METHODS, QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
+from ..jensen_core.tiers import AgeTiers
 
 CONFIG_KEY = "jensen_kv"
 #: the cache window of core's AR sampler (AR Cache Window); the Chunked AR sampler has its own inputs
@@ -38,7 +39,12 @@ QUANTIZE_DEFAULTS: dict[str, str] = {
     "rotation": "hadamard",
     "scale_format": "fp8_e4m3",
     "method": "rtn",
+    "recent_chunks_bits": "off",
+    "sink_bits": "off",
 }
+#: age tiers (precision by age): the bits the sink and the newest chunks may keep, and how many newest chunks
+TIER_BITS_CHOICES = ("off", "4", "8")
+RECENT_CHUNKS_RANGE = (2, 1, 64)  # default, min, max (recent_chunks counts only with recent_chunks_bits on)
 #: the Chunked AR sampler's chunking defaults (latent frames per chunk, window and sink in chunks; 0 = all / none)
 CHUNK_DEFAULTS: dict[str, int] = {"chunk_frames": 3, "window_chunks": 0, "sink_chunks": 0}
 
@@ -70,6 +76,51 @@ def method_fields(method: str, stages: int | str, centroids: int | str, iters: i
     return out
 
 
+def parse_tiers(
+    spec_k: QuantSpec | None,
+    spec_v: QuantSpec | None,
+    recent_chunks_bits: str = "off",
+    recent_chunks: int | str = RECENT_CHUNKS_RANGE[0],
+    sink_bits: str = "off",
+) -> AgeTiers | None:
+    """Quantize KV Cache's tier inputs as :class:`AgeTiers` (None when both are off); ValueError naming the fix."""
+    bits = {}
+    for name, value in (("recent_chunks_bits", recent_chunks_bits), ("sink_bits", sink_bits)):
+        v = str(value).strip().lower()
+        if v not in TIER_BITS_CHOICES:
+            raise ValueError(f"{name}={value!r} is not supported; use one of {', '.join(TIER_BITS_CHOICES)}")
+        bits[name] = 0 if v == "off" else int(v)
+    if not any(bits.values()):
+        return None
+    n = 0
+    if bits["recent_chunks_bits"]:
+        try:
+            n = int(recent_chunks)
+        except (TypeError, ValueError):
+            n = None
+        lo, hi = RECENT_CHUNKS_RANGE[1:]
+        if n is None or not lo <= n <= hi:
+            raise ValueError(
+                f"recent_chunks={recent_chunks!r} with recent_chunks_bits={bits['recent_chunks_bits']}: keep "
+                f"{lo} to {hi} of the newest cached chunks at {bits['recent_chunks_bits']} bits, or set "
+                "recent_chunks_bits off"
+            )
+    sides = [(side, s) for side, s in (("key_bits", spec_k), ("value_bits", spec_v)) if s is not None]
+    if not sides:
+        raise ValueError(
+            "recent_chunks_bits / sink_bits keep quantized chunks at more bits, but key_bits and value_bits are "
+            "both off; quantize a side or set the tiers off"
+        )
+    top = max(bits.values())
+    if all(s.bits >= top for _, s in sides):
+        raise ValueError(
+            f"recent_chunks_bits={recent_chunks_bits} and sink_bits={sink_bits} keep no chunk above "
+            + " and ".join(f"{side}={s.bits}" for side, s in sides)
+            + "; use tier bits above the cache's bits (e.g. key_bits 2 with recent_chunks_bits 4) or set them off"
+        )
+    return AgeTiers(recent_bits=bits["recent_chunks_bits"], recent_chunks=n, sink_bits=bits["sink_bits"])
+
+
 def parse_correction(value: str) -> str:
     """A correction widget's value as one of :data:`CORRECTION_CHOICES` (an old "none" reads as "off")."""
     try:
@@ -84,19 +135,23 @@ class JensenKVConfig:
 
     ``spec_k`` / ``spec_v``: how cached keys / values are quantized (``None`` keeps that side in the
     model's own precision). ``correction``: a ``jensen_core`` mode ("taylor", "chunk_mean", "exact",
-    "per_channel" or "off") applied to the scores of cached keys, scaled by ``strength``.
+    "per_channel" or "off") applied to the scores of cached keys, scaled by ``strength``. ``tiers``:
+    precision by age (:class:`jensen_core.tiers.AgeTiers`), None for every chunk at the specs' bits.
     """
 
     spec_k: QuantSpec | None = None
     spec_v: QuantSpec | None = None
     correction: str = "off"
     strength: float = 1.0
+    tiers: AgeTiers | None = None
 
     def __post_init__(self) -> None:
         for name in ("spec_k", "spec_v"):
             s = getattr(self, name)
             if s is not None and not isinstance(s, QuantSpec):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
+        if self.tiers is not None and not isinstance(self.tiers, AgeTiers):
+            raise TypeError(f"tiers must be an AgeTiers or None, got {type(self.tiers).__name__}")
         try:  # a config made before "none" was renamed "off" still reads
             object.__setattr__(self, "correction", check_mode(self.correction))
         except ValueError:
@@ -125,8 +180,10 @@ class JensenKVConfig:
     def with_correction(self, correction: str, strength: float) -> JensenKVConfig:
         return replace(self, correction=correction, strength=float(strength))
 
-    def with_specs(self, spec_k: QuantSpec | None, spec_v: QuantSpec | None) -> JensenKVConfig:
-        return replace(self, spec_k=spec_k, spec_v=spec_v)
+    def with_specs(
+        self, spec_k: QuantSpec | None, spec_v: QuantSpec | None, tiers: AgeTiers | None = None
+    ) -> JensenKVConfig:
+        return replace(self, spec_k=spec_k, spec_v=spec_v, tiers=tiers)
 
     def check_head_dim(self, head_dim: int) -> None:
         """ValueError naming the fix when a spec cannot quantize this model's head_dim."""
@@ -150,6 +207,8 @@ class JensenKVConfig:
             knobs = method_of(spec).knobs_text(spec)
             if knobs:
                 parts.append(knobs)
+        if self.tiers is not None:
+            parts.append(f"age tiers: {self.tiers.describe()}")
         corr = self.effective_correction
         parts.append(f"correction {corr}" + (f" x{self.strength:g}" if corr != "off" else ""))
         return "; ".join(parts)

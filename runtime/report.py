@@ -69,6 +69,11 @@ def build_report(
         "method": spec.method if spec else "rtn",
         **(method_of(spec) if spec else RTN).report_fields(spec),
         **(method_of(spec).report_chunk_fields(spec, chunk_frames * tokens_per_frame) if spec else {}),
+        "tiers": None if config.tiers is None else str(config.tiers),
+        "recent_chunks_bits": config.tiers.recent_bits if config.tiers else 0,
+        "recent_chunks": config.tiers.recent_chunks if config.tiers else 0,
+        "sink_bits": config.tiers.sink_bits if config.tiers else 0,
+        "chunks_demoted": int(run.chunks_demoted),
         "correction": config.effective_correction,
         "strength": float(config.strength),
         "layers": adapter.num_layers,
@@ -91,6 +96,13 @@ def report_text(report: dict) -> str:
     kind = "full-precision" if kb == "off" and vb == "off" else f"K INT{kb}/V INT{vb}".replace("INToff", "full")
     if kind != "full-precision":
         kind = REGISTRY.get(report.get("method"), RTN).report_kind(report, kind)
+    if report.get("tiers"):
+        tiers = []
+        if report.get("recent_chunks_bits"):
+            tiers.append(f"newest {report['recent_chunks']} chunk(s) at {report['recent_chunks_bits']} bits")
+        if report.get("sink_bits"):
+            tiers.append(f"sink at {report['sink_bits']} bits")
+        kind += "; " + ", ".join(tiers)
     start = report.get("first_chunk", 0)
     made = f"chunks {start}-{start + report['chunks'] - 1}" if start else f"{report['chunks']} chunks"
     lines = [

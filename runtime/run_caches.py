@@ -47,6 +47,7 @@ class RunCaches:
         self.tokens_per_frame = 0
         self.peak_bytes = 0
         self.peak_bf16_bytes = 0
+        self.chunks_demoted = 0  # chunks requantized at the specs' bits as they left an age tier (all caches)
         self.active = True
 
     # ------------------------------------------------------------ chunk lifecycle
@@ -88,7 +89,9 @@ class RunCaches:
         self._written.clear()
 
     def new_cache(self) -> ChunkCache:
-        return ChunkCache(self.config.spec_k, self.config.spec_v, self.window_chunks, self.sink_chunks)
+        return ChunkCache(
+            self.config.spec_k, self.config.spec_v, self.window_chunks, self.sink_chunks, tiers=self.config.tiers
+        )
 
     def adopt(self, caches: dict[tuple[int, int], ChunkCache], branches: list[int]) -> None:
         """Continue from caches a previous run left (a loaded KV cache): they become this run's."""
@@ -129,10 +132,12 @@ class RunCaches:
         cache = self.caches.get(key)
         if cache is None:
             cache = self.caches[key] = self.new_cache()
+        before = cache.chunks_demoted
         if prepared is not None:
             cache.append_prepared(prepared)
         else:
             cache.append(k, v)
+        self.chunks_demoted += cache.chunks_demoted - before
         self._written[key] = self.chunk
         self.branches_written.add(branch)
 

@@ -43,6 +43,7 @@ from torch import Tensor
 from ..jensen_core import ChunkCache, QuantSpec
 from ..jensen_core.cache import MAX_META_BYTES, META_KEY, parse_json, read_meta, whole
 from ..jensen_core.retention import Retention
+from ..jensen_core.tiers import AgeTiers
 
 FORMAT = "jensen_kv_run_state"
 VERSION = 1
@@ -109,6 +110,7 @@ class SavedRun:
     caches: dict[tuple[int, int], ChunkCache]
     retained: list[RetainedChunk] = field(default_factory=list)
     info: dict = field(default_factory=dict)  # free-form, for people: seed, prompts, when
+    tiers: AgeTiers | None = None  # precision by age of every cache (each chunk records its own bits)
 
     # ------------------------------------------------------------------ facts
     @property
@@ -121,7 +123,7 @@ class SavedRun:
         return (
             f"{self.next_chunk} chunks ({self.next_frame} latent frames) of {self.fingerprint.get('family')} "
             f"{self.fingerprint.get('layers')}x{self.fingerprint.get('heads')}x{self.fingerprint.get('head_dim')}, "
-            f"{kind}, {len(self.retained)} chunks retained (window {self.window_chunks or 'all'}, sink "
+            f"{kind}{f' (tiers {self.tiers})' if self.tiers else ''}, {len(self.retained)} chunks retained (window {self.window_chunks or 'all'}, sink "
             f"{self.sink_chunks}), {self.nbytes / 2**20:.2f} MiB"
         )
 
@@ -153,6 +155,8 @@ class SavedRun:
                 for r in self.retained
             ],
             "info": self.info,
+            # written only with tiers: a state without them stays readable by packs that predate them
+            **({"tiers": self.tiers.to_dict()} if self.tiers is not None else {}),
         }
 
     def to(self, device) -> SavedRun:
@@ -173,6 +177,7 @@ class SavedRun:
         sink_chunks: int,
         latent_shape: tuple[int, ...],
         branches: list[int],
+        tiers: AgeTiers | None = None,
     ) -> None:
         """ValueError naming the first thing that differs between this state and the run that wants it."""
 
@@ -205,6 +210,13 @@ class SavedRun:
                     now.to_dict() if now else "full precision",
                     "set Quantize KV Cache as it was when the cache was saved",
                 )
+        if self.tiers != tiers:
+            differ(
+                "age tiers",
+                str(self.tiers) if self.tiers else "off",
+                str(tiers) if tiers else "off",
+                "set Quantize KV Cache's recent_chunks_bits, recent_chunks and sink_bits as they were",
+            )
         if self.chunk_frames != chunk_frames:
             differ("chunk_frames", self.chunk_frames, chunk_frames, "use the same chunk length")
         if (self.window_chunks, self.sink_chunks) != (window_chunks, sink_chunks):
@@ -319,6 +331,8 @@ _STATE_FIELDS = (
     "retained",
     "info",
 )
+#: state fields a file may lack (written only when set)
+_OPTIONAL_STATE_FIELDS = ("tiers",)
 
 
 class _Unreadable(ValueError):
@@ -547,6 +561,7 @@ class _Plan:
     info: dict
     retained: list[_Retained]
     caches: dict[tuple[int, int], dict[str, _Stored]]  # (layer, branch) -> {name in the cache's state dict: tensor}
+    tiers: AgeTiers | None = None
 
 
 def _short(value) -> str:
@@ -572,7 +587,7 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
     if not isinstance(st, dict):
         raise ValueError(f"the state record must be a JSON object, got {type(st).__name__}")
     missing = [k for k in _STATE_FIELDS if k not in st]
-    unknown = sorted(k for k in st if k not in _STATE_FIELDS)
+    unknown = sorted(k for k in st if k not in _STATE_FIELDS + _OPTIONAL_STATE_FIELDS)
     if missing or unknown:
         raise ValueError(
             "the state record "
@@ -605,6 +620,12 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{side} is not a quantization spec for head_dim {head_dim}: {exc}") from None
         specs.append(spec)
+    tiers = None
+    if st.get("tiers") is not None:
+        try:
+            tiers = AgeTiers.from_dict(st["tiers"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tiers are not readable: {exc}") from None
     chunk_frames = whole(st["chunk_frames"], "chunk_frames", 1, MAX_FRAMES)
     window = whole(st["window_chunks"], "window_chunks", 0, MAX_FRAMES)
     sink = whole(st["sink_chunks"], "sink_chunks", 0, MAX_FRAMES)
@@ -757,6 +778,7 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
         info=st["info"],
         retained=retained,
         caches=caches,
+        tiers=tiers,
     )
 
 
@@ -782,6 +804,11 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         saved = tuple(None if s is None else s.to_dict() for s in (meta.spec_k, meta.spec_v))
         if saved != want:
             raise ValueError(f"{where} was saved with specs (keys, values) {saved}, but the state says {want}")
+        if meta.tiers != plan.tiers:
+            raise ValueError(
+                f"{where} was saved with age tiers {str(meta.tiers) if meta.tiers else 'off'}, but the state says "
+                f"{str(plan.tiers) if plan.tiers else 'off'}"
+            )
         if (meta.window_chunks or 0, meta.sink_chunks) != (plan.window_chunks, plan.sink_chunks):
             raise ValueError(
                 f"{where} keeps window_chunks={meta.window_chunks or 0}, sink_chunks={meta.sink_chunks}, "
@@ -817,7 +844,7 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         for name, t in group.items():
             tick()
             sd[name] = f.read(t)
-        cache = ChunkCache(plan.spec_k, plan.spec_v, plan.window_chunks or None, plan.sink_chunks)
+        cache = ChunkCache(plan.spec_k, plan.spec_v, plan.window_chunks or None, plan.sink_chunks, plan.tiers)
         try:
             cache.load_state_dict(sd)
         except ValueError as exc:
@@ -842,4 +869,5 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         caches=caches,
         retained=retained,
         info=plan.info,
+        tiers=plan.tiers,
     )

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from jensen_core import ChunkCache, QuantSpec, Retained, Retention
 from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.tiers import AgeTiers
 
 GEOMETRY = LatentGeometry(patch=(1, 2, 2), latent_channels=16)  # Wan's
 
@@ -89,6 +90,7 @@ def test_the_rule_counts_what_it_keeps(window, sink, appended):
 
 
 SPECS = [None, QuantSpec(bits=4, group_size=32), QuantSpec(bits=2, group_size=16)]
+TIERS = [None, AgeTiers(recent_bits=4, recent_chunks=1), AgeTiers(8, 2, 4), AgeTiers(sink_bits=8)]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -103,12 +105,26 @@ SPECS = [None, QuantSpec(bits=4, group_size=32), QuantSpec(bits=2, group_size=16
     spec=st.sampled_from(SPECS),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     write_last=st.booleans(),
+    tiers=st.sampled_from(TIERS),
+    value_spec=st.sampled_from(SPECS),
 )
 def test_the_planner_projects_what_the_cache_holds(
-    chunks, prefix_chunks, window, sink, chunk_frames, tokens_per_frame, heads, spec, dtype, write_last
+    chunks,
+    prefix_chunks,
+    window,
+    sink,
+    chunk_frames,
+    tokens_per_frame,
+    heads,
+    spec,
+    dtype,
+    write_last,
+    tiers,
+    value_spec,
 ):
     """The planner's chunks, tokens, BF16 bytes, stored bytes and state file equal a real ChunkCache's after the
-    chunks the run writes; the cache holds exactly the chunks the rule names (window 0 = unbounded)."""
+    chunks the run writes; the cache holds exactly the chunks the rule names (window 0 = unbounded). Under age
+    tiers each chunk counts at its own bits: the planner's bits per held chunk are the cache's."""
     head_dim = 32
     plan = plan_cache(
         latent_frames=chunks * chunk_frames,
@@ -120,15 +136,16 @@ def test_the_planner_projects_what_the_cache_holds(
         heads=heads,
         head_dim=head_dim,
         spec_k=spec,
-        spec_v=None,
+        spec_v=value_spec,
         full_bytes=torch.finfo(dtype).bits // 8,
         sink_chunks=sink,
         write_last=write_last,
         prefix_frames=prefix_chunks * chunk_frames,
         geometry=GEOMETRY,
+        tiers=tiers,
     )
     rule = Retention(window, sink)
-    cache = ChunkCache(spec, None, window_chunks=window, sink_chunks=sink)
+    cache = ChunkCache(spec, value_spec, window_chunks=window, sink_chunks=sink, tiers=tiers)
     tokens = chunk_frames * tokens_per_frame
     written = prefix_chunks + chunks - (0 if write_last else 1)
     peak = (0, 0, 0, 0)
@@ -137,12 +154,21 @@ def test_the_planner_projects_what_the_cache_holds(
         k = torch.randn(1, heads, tokens, head_dim, generator=gen).to(dtype)
         cache.append(k, torch.full((1, heads, tokens, head_dim), float(c), dtype=dtype))  # values mark the chunk
         peak = max(peak, (cache.num_chunks, cache.tokens, cache.nbytes, cache.bf16_nbytes))
-    assert [int(e.v[0, 0, 0, 0]) for e in cache.entries] == rule.indices(written)
+    marks = [
+        int(e.v.dequantize(torch.float32)[0, 0, 0, 0].round()) if value_spec else int(e.v[0, 0, 0, 0])
+        for e in cache.entries
+    ]
+    assert marks == rule.indices(written)
+    bits = [[0 if not hasattr(t, "spec") else t.spec.bits for t in (e.k, e.v)] for e in cache.entries]
+    assert [list(p) for p in zip(plan.chunk_bits_k, plan.chunk_bits_v)] == bits
     assert cache.chunks_evicted == written - rule.count(written)
     assert plan.cached_chunks_peak == peak[0] == rule.count(written)
     assert plan.cached_tokens_peak == peak[1]
     assert plan.quantized_bytes == peak[2]
     assert plan.bf16_bytes == peak[3]
+    if tiers is not None and cache.num_chunks and (spec or value_spec):
+        n = sum(e.numel for e in cache.entries)
+        assert plan.effective_bits == pytest.approx(cache.nbytes * 8 / n, rel=1e-12)
     if write_last:  # the state file: the cache at the end plus the fp32 clean latents of the chunks it holds
         latents = cache.num_chunks * chunk_frames * 2 * 2 * tokens_per_frame * GEOMETRY.latent_channels * 4
         assert plan.state_file_bytes == cache.nbytes + latents

@@ -24,6 +24,7 @@ from support.saved_run_files import (
     INT4,
     LAYERS,
     META,
+    AgeTiers,
     ChunkCache,
     QuantSpec,
     cache_meta,
@@ -92,6 +93,9 @@ class Counting:
         {"window": 1, "sink": 3, "chunks": 2},  # the sink not full yet
         {"chunks": 5, "frames_of": lambda c: 1 if c in (1, 3) else 2},  # short chunks (a run ended mid-chunk, a prefix)
         {"spec_k": QuantSpec(method="qvg", bits=2, group_size=16, qvg_centroids=4), "spec_v": None},
+        # precision by age: the sink at 8 bits, the newest chunk at 4, the rest at 2 (each chunk records its bits)
+        {"window": 2, "sink": 1, "chunks": 5, "tiers": AgeTiers(recent_bits=4, recent_chunks=1, sink_bits=8)},
+        {"window": 0, "sink": 0, "chunks": 4, "spec_v": None, "tiers": AgeTiers(recent_bits=8, recent_chunks=2)},
     ],
 )
 def test_a_saved_state_loads_back_bit_for_bit(tmp_path, kw):
@@ -109,7 +113,17 @@ def test_a_saved_state_loads_back_bit_for_bit(tmp_path, kw):
             torch.equal(a.view(torch.uint8), b.view(torch.uint8))
             for a, b in zip(back.caches[key].state_dict().values(), cache.state_dict().values())
         )
-    assert back.nbytes == state.nbytes and back.info == state.info
+    assert back.nbytes == state.nbytes and back.info == state.info and back.tiers == state.tiers
+    for key, cache in state.caches.items():  # every chunk at its own bits, and continuing demotes the same way
+        assert [e.k.spec for e in back.caches[key].entries] == [e.k.spec for e in cache.entries]
+        k = torch.randn(1, 2, 8, 32, generator=torch.Generator().manual_seed(7))
+        a, b = cache.copy(), back.caches[key]
+        a.append(k, k)
+        b.append(k, k)
+        assert [e.k.spec.bits for e in a.entries] == [e.k.spec.bits for e in b.entries]
+        sa, sb = a.state_dict(), b.state_dict()
+        assert sa.keys() == sb.keys()
+        assert all(torch.equal(sa[n].view(torch.uint8), sb[n].view(torch.uint8)) for n in sa)
 
 
 def test_the_digest_is_unchanged_so_files_saved_before_still_load(tmp_path):
@@ -810,6 +824,7 @@ def _as_saved(state) -> dict:
         ({"branches": [0]}, r"CFG branches \[0, 1\], but this run has \[0\]"),
         ({"fingerprint": {"heads": 4}}, r"a model whose heads is 2, but this run has 4"),
         ({"fingerprint": {"weights": "cd" * 16}}, r"model weights with digest"),
+        ({"tiers": AgeTiers(recent_bits=4, recent_chunks=1)}, r"age tiers off, but this run has recent1@4"),
     ],
 )
 def test_each_compared_field_is_refused_on_its_own(change, match):

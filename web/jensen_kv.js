@@ -26,6 +26,8 @@ const REPORT = "jensen_kv_report";
 const STATE_KEY = "jensen_kv_planner";
 const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale_format",
   "method", "qvg_stages", "qvg_centroids", "qvg_iters"];
+// precision by age: only the plan takes them (each held chunk at its own bits)
+const TIER_WIDGETS = ["recent_chunks_bits", "recent_chunks", "sink_bits"];
 // planner fields that "follow the workflow" reads from the latent and sampler nodes
 const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
 const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
@@ -336,6 +338,10 @@ function requestFor(node, state) {
   const { found, sampler } = state.follow ? fromWorkflow(node) : { found: {}, sampler: null };
   const values = { ...state, ...found };
   const plan = { ...spec, preset: values.preset };
+  for (const name of TIER_WIDGETS) {
+    const v = widgetValue(node, name);
+    if (v != null) plan[name] = String(v);
+  }
   for (const name of ["layers", "heads", "head_dim", ...FOLLOWED]) {
     if (values[name] != null && values[name] !== "") plan[name] = String(values[name]);
   }
@@ -413,7 +419,10 @@ function render(node, options, state, req) {
     const qvgK = (s) => (s.centroids == null ? (s.auto_centroids ? " K auto" : "") : ` K=${s.centroids}${s.auto_centroids ? " (auto)" : ""}`);
     const qvg = (s) => (s.method === "qvg" ? ` QVG${qvgK(s)}${s.exact ? "" : "+"}` : "");
     const side = (s) => (s.quantized ? `${num(s.effective_bits, 3)} bits${qvg(s)}` : "BF16");
-    ui.bits.textContent = `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
+    ui.bits.textContent = plan?.tiers
+      ? `K ${side(spec.key)} · V ${side(spec.value)}, tiers ${plan.tiers} → ${num(plan.effective_bits, 3)} bits on average, `
+        + `${num(plan.compression, 2)}× smaller than BF16`
+      : `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
     ui.bits.title = [BITS_TITLE, ...new Set([spec.key.note, spec.value.note].filter(Boolean))].join("\n");
     ui.bits.dataset.effectiveBits = spec.effective_bits;
     ui.bits.dataset.compression = spec.compression;
@@ -456,6 +465,12 @@ function render(node, options, state, req) {
     row("this setting", plan.runnable ? `${bytesText(plan.quantized_bytes)} (${num(plan.effective_bits, 3)} bits)` : "cannot run: see the warning above",
       { "data-jkv": "quant", "data-bytes": plan.quantized_bytes ?? "", class: plan.runnable ? "" : "jkv-error" });
     if (plan.runnable) row("saves", `${bytesText(plan.saved_bytes)} (${num(plan.bytes_ratio, 2)}× smaller)`, { "data-jkv": "saved" });
+    if (plan.runnable && plan.tiers) {
+      // each held chunk at its own bits, oldest first (sink first): what the peak holds
+      const bits = (list) => list.map((b) => (b ? b : "full")).join(" ");
+      row("age tiers", `${plan.tiers}: keys ${bits(plan.chunk_bits_k)} · values ${bits(plan.chunk_bits_v)} bits (oldest first)`,
+        { "data-jkv": "tiers", "data-bits": num(plan.effective_bits, 3) });
+    }
     if (plan.runnable && plan.state_file_bytes != null) {
       row("cache file", `${bytesText(plan.state_file_bytes)} (Save KV Cache, to continue later)`,
         { "data-jkv": "state-file", "data-bytes": plan.state_file_bytes });

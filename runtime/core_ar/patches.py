@@ -338,6 +338,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
             write_last=False,
             prefix_frames=session.prefix_frames,
             geometry=adapter.geometry,
+            tiers=config.tiers,
         )
     chunks = session.commits + (1 if session.pending_start is not None or session.pending else 0)
     report = build_report(
@@ -370,6 +371,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
         cfg_branches=cfg_branches,
         batch=g.batch,
         full_bytes=torch.finfo(session.model_dtype).bits // 8,
+        tiers=config.tiers,
     )
     if session.diagnostics is not None:
         report["diagnostics"] = session.diagnostics.summary()

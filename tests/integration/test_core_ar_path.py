@@ -269,3 +269,18 @@ def test_an_interrupt_mid_run_leaves_nothing_behind(nodes, core_ar, causal):
     assert torch.equal(cw.sample_core(m, lat, SIGMAS, num_frame_per_block=1, seed=9), ref)
     core_ref = cw.sample_core(causal, lat, SIGMAS, num_frame_per_block=1, seed=9)
     assert (core_ref - ref).abs().max() > 1e-4  # INT2 differs from core's own, so the pack did engage above
+
+
+def test_age_tiers_on_the_core_path_count_to_the_byte(nodes, core_ar, causal):
+    """Precision by age on SamplerARVideo: the peak is the planner's, the held block is planned at its bits."""
+    lat = torch.zeros(1, 16, 6, 8, 8)
+    m = nodes.JensenKVQuantizeKVCache.execute(
+        causal, "2", "2", "16", "none", "fp8_e4m3", 0, "rtn", 1, 256, 2, "4", 1, "8"
+    ).args[0]
+    m = nodes.JensenKVBiasCorrection.execute(m, "taylor", 1.0).args[0]
+    m = nodes.JensenKVARCacheWindow.execute(m, 2, 1).args[0]
+    cw.sample_core(m, lat, SIGMAS, num_frame_per_block=1, seed=1)
+    rep = core_ar.last_report(m)
+    assert rep["tiers"] == "recent1@4+sink@8" and rep["chunks_demoted"] > 0
+    assert rep["cache_bytes"] == rep["planned_bytes"] > 0
+    assert rep["in_flight_bytes"] == rep["planned_in_flight_bytes"] > 0

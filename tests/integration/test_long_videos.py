@@ -335,3 +335,34 @@ def test_a_second_continuation_reports_its_next_frame_and_equals_one_long_run(lo
     third = _run(loop, model, part, resume=state, **kw)
     assert third.report["first_chunk"] == 4
     assert torch.equal(torch.cat([first.samples, second.samples, third.samples], dim=2), whole)
+
+
+def _tiered(nodes, tiny, recent_bits="4", recent=1, sink_bits="8"):
+    m = nodes.JensenKVQuantizeKVCache.execute(
+        tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0, "rtn", 1, 256, 2, recent_bits, recent, sink_bits
+    ).args[0]
+    return nodes.JensenKVBiasCorrection.execute(m, "taylor", 1.0).args[0]
+
+
+def test_age_tiers_continue_later_bit_for_bit_and_count_to_the_byte(loop, nodes, tiny, rs, tmp_path):
+    """Precision by age (sink at 8 bits, the newest chunk at 4, older ones requantized to 2): one run equals
+    save -> load -> continue bit for bit, and the report's peak bytes are the planner's."""
+    model = _tiered(nodes, tiny)
+    kw = {"window_chunks": 2, "sink_chunks": 1}
+    whole = _run(loop, model, FRAMES, keep_state=True, **kw)
+    assert whole.report["tiers"] == "recent1@4+sink@8" and whole.report["chunks_demoted"] > 0
+    assert whole.report["cache_bytes"] == whole.report["planned_bytes"]
+    bits = {tuple(e.k.spec.bits for e in c.entries) for c in whole.state.caches.values()}
+    assert bits == {(8, 2, 4)}  # sink, an aged chunk, the newest
+    plain = _run(loop, _model(nodes, tiny, "2", "taylor"), FRAMES, **kw)
+    assert whole.report["cache_bytes"] > plain.report["cache_bytes"]
+    assert not torch.equal(whole.samples, plain.samples)  # the tiers change what attention reads
+    first = _run(loop, model, FRAMES // 2, keep_state=True, **kw)
+    path = str(tmp_path / "tiers.safetensors")
+    first.state.save(path)
+    state = rs.load_saved_run(path)
+    assert state.tiers == first.state.tiers and "tiers recent1@4+sink@8" in state.describe()
+    second = _run(loop, model, FRAMES // 2, resume=state, **kw)
+    assert torch.equal(torch.cat([first.samples, second.samples], dim=2), whole.samples)
+    with pytest.raises(ValueError, match="age tiers recent1@4\\+sink@8, but this run has off"):
+        _run(loop, _model(nodes, tiny, "2", "taylor"), 2, resume=rs.load_saved_run(path), **kw)

@@ -43,6 +43,12 @@ REPORT_KEYS = {
     "planned_bytes",
     "state_file_bytes",
     "state_file_mib",
+    # precision by age
+    "tiers",
+    "recent_chunks_bits",
+    "recent_chunks",
+    "sink_bits",
+    "chunks_demoted",
 }
 
 
@@ -84,6 +90,9 @@ def test_schemas_follow_the_contract(nodes):
                 "qvg_stages",
                 "qvg_centroids",
                 "qvg_iters",
+                "recent_chunks_bits",
+                "recent_chunks",
+                "sink_bits",
             ],
             ["MODEL"],
         ),
@@ -393,3 +402,25 @@ def test_every_mode_and_side_samples(nodes, tiny, key_bits, value_bits, mode):
     )
     # the correction applies to quantized keys only
     assert report["correction"] == (mode if key_bits != "off" else "off")
+
+
+def test_quantize_sets_age_tiers_and_names_bad_ones(nodes, tiny):
+    q = nodes.JensenKVQuantizeKVCache
+    base = (tiny, "2", "4", "16", "none", "fp8_e4m3", 0, "rtn", 1, 256, 2)
+    cfg = q.execute(*base, "8", 3, "4").args[0].model_options["transformer_options"]["jensen_kv"]
+    assert str(cfg.tiers) == "recent3@8+sink@4" and "newest 3 chunk(s) at 8 bits" in cfg.describe()
+    off = q.execute(*base, "off", 5, "off").args[0].model_options["transformer_options"]["jensen_kv"]
+    assert off.tiers is None  # recent_chunks counts only with recent_chunks_bits on
+    assert q.execute(*base[:6]).args[0].model_options["transformer_options"]["jensen_kv"].tiers is None
+    with pytest.raises(ValueError, match="recent_chunks=0 with recent_chunks_bits=4: keep 1 to 64"):
+        q.execute(*base, "4", 0, "off")
+    with pytest.raises(ValueError, match="keep no chunk above key_bits=4 and value_bits=8"):
+        q.execute(tiny, "4", "8", "16", "none", "fp8_e4m3", 0, "rtn", 1, 256, 2, "4", 2, "off")
+    with pytest.raises(ValueError, match="key_bits and value_bits are both off"):
+        q.execute(tiny, "off", "off", "16", "none", "fp8_e4m3", 0, "rtn", 1, 256, 2, "off", 2, "8")
+    with pytest.raises(ValueError, match="sink_bits='2' is not supported; use one of off, 4, 8"):
+        q.execute(*base, "off", 2, "2")
+    assert "sink_bits: '2'" in q.validate_inputs(sink_bits="2")
+    inputs = {i.id: i for i in _schema(q).inputs}
+    for name in ("recent_chunks_bits", "recent_chunks", "sink_bits"):
+        assert inputs[name].optional and inputs[name].tooltip

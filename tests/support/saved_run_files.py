@@ -19,6 +19,7 @@ rs = load_pack_module("runtime.saved_run")
 jk = load_pack_module("jensen_core")
 cache_mod = load_pack_module("jensen_core.cache")
 ChunkCache, QuantSpec = jk.ChunkCache, jk.QuantSpec
+AgeTiers = load_pack_module("jensen_core.tiers").AgeTiers
 
 LAYERS, HEADS, HEAD_DIM = 2, 2, 32
 LATENT = (1, 16, 4, 4)  # batch, channels, height, width
@@ -40,12 +41,15 @@ def make_state(
     frames_of=None,
     heads_of=None,
     seed=0,
+    tiers=None,
 ):
     """A state as a Chunked AR run leaves it: chunks 0..chunks-1 written to every (layer, branch) cache, the
     retained latents kept by the same rule (first ``sink`` for good, last ``window``). ``frames_of(c)`` gives a
     chunk's frames (default ``chunk_frames``); ``heads_of(layer, branch, c)`` the heads of one written chunk."""
     g = torch.Generator().manual_seed(seed)
-    caches = {(layer, b): ChunkCache(spec_k, spec_v, window or None, sink) for layer in range(LAYERS) for b in branches}
+    caches = {
+        (layer, b): ChunkCache(spec_k, spec_v, window or None, sink, tiers) for layer in range(LAYERS) for b in branches
+    }
     retained, sink_held, offset = [], 0, 0
     for c in range(chunks):
         frames = frames_of(c) if frames_of else chunk_frames
@@ -75,6 +79,7 @@ def make_state(
         caches=caches,
         retained=retained,
         info={"seed": 5},
+        tiers=tiers,
     )
 
 

@@ -338,6 +338,28 @@ def test_planner_counts_both_cfg_branches_for_skyreels(ui):
     ui.shot("07_planner_skyreels_cfg2")
 
 
+def test_planner_counts_age_tiers_to_the_byte(ui):
+    """Precision by age on the node: the panel shows the tiers' bytes and average bits, as jensen_core plans them."""
+    from jensen_core.tiers import AgeTiers
+
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.focus(QUANT)
+    wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
+    ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
+    ui.set_widget(QUANT, "recent_chunks_bits", "4")
+    ui.set_widget(QUANT, "recent_chunks", 2)
+    r = ui.wait_planner("el.querySelector('[data-jkv=tiers]')")
+    tiers_text = ui.panel().query_selector("[data-jkv=tiers]").text_content()
+    assert tiers_text.startswith("recent2@4: keys 2 2 2 2 4 4 · values 2 2 2 2 4 4 bits"), tiers_text
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
+        key_bits="2", value_bits="2", group_size=32, tiers=AgeTiers(recent_bits=4, recent_chunks=2), **wan13)
+    assert "tiers recent2@4 → 3.417 bits on average" in r["bits_text"], r["bits_text"]
+    ui.shot("07b_planner_age_tiers")
+    ui.set_widget(QUANT, "recent_chunks_bits", "off")
+    ui.wait_planner("!el.querySelector('[data-jkv=tiers]')")
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
 def test_queue_tiny_model_and_report_matches_planner(ui):
     """Run the tiny-model workflow from the UI: the report lands on the sampler and equals the plan."""
     if ui.tiny_checkpoint is None:

@@ -270,3 +270,51 @@ def test_plan_counts_the_sink_and_reports_the_cache_file_size():
     assert sunk["sink_chunks"] == 1 and sunk["state_file_bytes"] > sunk["quantized_bytes"]
     with pytest.raises(routes.ParamError, match="sink_chunks=-1"):
         routes.plan_summary({**base, "sink_chunks": "-1"})
+
+
+# ------------------------------------------------------------------------------------- precision by age
+def test_plan_with_age_tiers_counts_each_chunk_at_its_bits_as_a_real_cache_does():
+    """The sink at 8 bits, the newest 2 chunks at 4, the rest at 2: the route's bytes, average bits and bits per
+    chunk are those of real ChunkCaches fed the chunks the run writes (last chunk included: the cache file)."""
+    from jensen_core.tiers import AgeTiers
+
+    q = {"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32", "width": "64", "height": "48",
+         "frames": "29", "chunk_frames": "1", "window_chunks": "3", "sink_chunks": "1", "group_size": "16",
+         "key_bits": "2", "value_bits": "2", "recent_chunks_bits": "4", "recent_chunks": "2", "sink_bits": "8"}
+    out = routes.plan_summary(q)
+    assert out["tiers"] == "recent2@4+sink@8" and out["chunk_bits_k"] == [8, 2, 4, 4] == out["chunk_bits_v"]
+    spec = QuantSpec(2, 16, "hadamard")
+    tokens = out["tokens_per_latent_frame"]
+    g = torch.Generator().manual_seed(0)
+    caches = [ChunkCache(spec, spec, 3, 1, AgeTiers(4, 2, 8)) for _ in range(2)]  # layers x 1 cfg branch
+    for cache in caches:
+        for _ in range(out["chunks"] - 1):  # the last chunk is not written (the kv_cache output is not connected)
+            k, v = (torch.randn(1, 2, tokens, 32, generator=g) for _ in range(2))
+            cache.append(k, v)
+    assert [e.k.spec.bits for e in caches[0].entries] == out["chunk_bits_k"]
+    assert sum(c.nbytes for c in caches) == out["quantized_bytes"]
+    assert out["effective_bits"] == pytest.approx(16 * out["quantized_bytes"] / out["bf16_bytes"])
+    uniform = routes.plan_summary({k: v for k, v in q.items() if k not in ("recent_chunks_bits", "sink_bits")})
+    assert uniform["tiers"] is None and uniform["quantized_bytes"] < out["quantized_bytes"]
+    assert uniform["chunk_bits_k"] == [2, 2, 2, 2]
+    # recent_chunks counts only with recent_chunks_bits on (the node sends it always)
+    assert routes.plan_summary({**q, "recent_chunks_bits": "off", "recent_chunks": "0"})["tiers"] == "sink@8"
+
+
+@pytest.mark.parametrize(
+    "params, param, words",
+    [
+        ({"recent_chunks_bits": "3"}, "recent_chunks_bits", ["recent_chunks_bits='3' is not supported", "off, 4, 8"]),
+        ({"recent_chunks_bits": "4", "recent_chunks": "0"}, "recent_chunks", ["keep 1 to 64 of the newest"]),
+        ({"recent_chunks_bits": "4", "recent_chunks": "99"}, "recent_chunks", ["out of range 0..64"]),
+        ({"key_bits": "4", "value_bits": "4", "recent_chunks_bits": "4"}, "recent_chunks_bits", ["keep no chunk above"]),
+        ({"key_bits": "off", "value_bits": "off", "sink_bits": "8"}, "sink_bits", ["both off"]),
+    ],
+)
+def test_plan_rejects_bad_tiers_naming_value_and_fix(params, param, words):
+    with pytest.raises(routes.ParamError) as exc:
+        routes.plan_summary(params)
+    body = exc.value.to_json()
+    assert body["param"] == param
+    for w in words:
+        assert w in body["error"], body["error"]

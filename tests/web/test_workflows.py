@@ -365,13 +365,15 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     assert widgets[: len(old)] == old
     specs = {**info["input"]["required"], **info["input"].get("optional", {})}
     new = widgets[len(old):]
-    assert new == ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
+    qvg = ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
+    assert new == [*qvg, "recent_chunks_bits", "recent_chunks", "sink_bits"]  # then precision by age
     for name in new:
         assert "default" in specs[name][1], f"{name} needs a default for old workflows"
     assert specs["method"][1]["default"] == "rtn"  # an old workflow keeps plain RTN
+    assert specs["recent_chunks_bits"][1]["default"] == specs["sink_bits"][1]["default"] == "off"  # and one precision
     wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
     quant = next(n for n in wf["nodes"] if n["type"] == "JensenKVQuantizeKVCache")
-    assert quant["widgets_values"][len(old):] == [specs[n][1]["default"] for n in new]
+    assert quant["widgets_values"][len(old):] == [specs[n][1]["default"] for n in qvg]  # saved before the tiers
     # such a file is valid: the front end fills the four new widgets with their defaults
     quant["widgets_values"] = quant["widgets_values"][: len(old)]
     assert validate(wf, object_info) == []
@@ -437,6 +439,11 @@ def test_planner_defaults_and_ranges_match_the_nodes(object_info):
         assert str(routes.DEFAULTS[name]) == opts["default"], name
     assert [str(g) for g in routes.GROUP_CHOICES] == q["group_size"][1]["options"]
     assert list(routes.BITS_CHOICES) == q["key_bits"][1]["options"]
+    o = object_info["JensenKVQuantizeKVCache"]["input"]["optional"]  # precision by age
+    for name in ("recent_chunks_bits", "sink_bits"):
+        assert routes.DEFAULTS[name] == o[name][1]["default"] and list(routes.TIER_BITS_CHOICES) == o[name][1]["options"]
+    assert routes.DEFAULTS["recent_chunks"] == o["recent_chunks"][1]["default"]
+    assert routes._INT_RANGES["recent_chunks"][1] == o["recent_chunks"][1]["max"]
     s = object_info["JensenKVChunkedARSampler"]["input"]["required"]
     for name in ("chunk_frames", "window_chunks"):
         assert routes.DEFAULTS[name] == s[name][1]["default"], name
