@@ -376,19 +376,15 @@ def main(argv=None) -> int:
     support_comfyui.setup_inprocess_comfyui()
     import importlib
 
-    import comfy.samplers
     import torch
 
     from jensen_testing import tiny_ar
 
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")
-    loop = importlib.import_module(f"{pack.__name__}.runtime.chunk_loop")
     core = importlib.import_module(f"{pack.__name__}.jensen_core")
     tv = tiny_ar.core()
     model = tiny_ar.load_model(args.model or tiny_ar.MODEL_PATH)
-    sigmas = tiny_ar.sigmas(model, args.steps or tiny_ar.STEPS)
-    sampler = comfy.samplers.sampler_object(tiny_ar.SAMPLER)
     F = tiny_ar.CHUNK_FRAMES
     configs = args.settings or grid(args.quick, args.modes, args.full)
     stem = args.stem or ("rollout_modes" if args.modes else "rollout")
@@ -412,25 +408,9 @@ def main(argv=None) -> int:
         return nodes.JensenKVDiagnostics.execute(m, "all", "all", DIAG_STEPS, 4).args[0]
 
     def rollout(m, prompt, vseed, seed):
-        scene = tv.make_scene(prompt, vseed)
-        prefix = tv.to_wan_latent(tv.render(scene, 0, args.prefix * F)).unsqueeze(0)
-        latent = {"samples": torch.zeros(1, 16, args.chunks * F, tiny_ar.LATENT_HW, tiny_ar.LATENT_HW)}
-        res = loop.run_chunked_ar(
-            m,
-            tiny_ar.conditioning(prompt),
-            tiny_ar.conditioning(prompt),
-            latent,
-            seed=seed,
-            cfg=1.0,
-            sampler=sampler,
-            sigmas=sigmas,
-            chunk_frames=F,
-            window_chunks=tiny_ar.WINDOW_CHUNKS,
-            prefix={"samples": prefix},
-            include_prefix=False,
-            progress=False,
+        return tiny_ar.rollout(
+            m, prompt, vseed, seed, args.chunks, args.prefix, args.steps or tiny_ar.STEPS, with_report=True
         )
-        return tv.from_wan_latent(res.samples[0]), res.report
 
     t_start = time.perf_counter()
     videos = tiny_ar.held_out(args.seeds)
@@ -577,7 +557,7 @@ def main(argv=None) -> int:
     )
     print(
         f"\n`{cmd}`: {len(videos)} seeds x {args.chunks} chunks (+{args.prefix} ground-truth prefix chunks), "
-        f"window {tiny_ar.WINDOW_CHUNKS}, {len(sigmas) - 1} {tiny_ar.SAMPLER} steps, "
+        f"window {tiny_ar.WINDOW_CHUNKS}, {args.steps or tiny_ar.STEPS} {tiny_ar.SAMPLER} steps, "
         f"{time.perf_counter() - t_start:.0f} s\n"
     )
     print("| setting | eff. bits | latent PSNR (dB) | first / last chunk | RGB PSNR | SSIM | median ΔP_S | mean JSD |")

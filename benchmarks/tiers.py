@@ -147,18 +147,12 @@ def frontier(args) -> list[dict]:
     support_comfyui.setup_inprocess_comfyui()
     import importlib
 
-    import comfy.samplers
-
     from jensen_testing import tiny_ar
 
     pack = support_comfyui.import_pack()
     nodes = importlib.import_module(f"{pack.__name__}.nodes")
-    loop = importlib.import_module(f"{pack.__name__}.runtime.chunk_loop")
     tiers_mod = importlib.import_module(f"{pack.__name__}.jensen_core.tiers")
-    tv = tiny_ar.core()
     model = tiny_ar.load_model(tiny_ar.MODEL_PATH)
-    sigmas = tiny_ar.sigmas(model, tiny_ar.STEPS)
-    sampler = comfy.samplers.sampler_object(tiny_ar.SAMPLER)
     Fr = tiny_ar.CHUNK_FRAMES
 
     def patched(bits, group, centroids, tiers):
@@ -175,25 +169,7 @@ def frontier(args) -> list[dict]:
         return nodes.JensenKVBiasCorrection.execute(m, "taylor", 1.0).args[0]
 
     def rollout(m, prompt, vseed, seed):
-        scene = tv.make_scene(prompt, vseed)
-        prefix = tv.to_wan_latent(tv.render(scene, 0, args.prefix * Fr)).unsqueeze(0)
-        latent = {"samples": torch.zeros(1, 16, args.chunks * Fr, tiny_ar.LATENT_HW, tiny_ar.LATENT_HW)}
-        res = loop.run_chunked_ar(
-            m,
-            tiny_ar.conditioning(prompt),
-            tiny_ar.conditioning(prompt),
-            latent,
-            seed=seed,
-            cfg=1.0,
-            sampler=sampler,
-            sigmas=sigmas,
-            chunk_frames=Fr,
-            window_chunks=tiny_ar.WINDOW_CHUNKS,
-            prefix={"samples": prefix},
-            include_prefix=False,
-            progress=False,
-        )
-        return tv.from_wan_latent(res.samples[0]), res.report
+        return tiny_ar.rollout(m, prompt, vseed, seed, args.chunks, args.prefix, tiny_ar.STEPS, with_report=True)
 
     t0 = time.perf_counter()
     psnrs: dict[str, list[float]] = {name: [] for name, *_ in FRONTIER}

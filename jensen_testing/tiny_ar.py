@@ -132,11 +132,21 @@ def cache_dependence(model, n: int = 6) -> dict:
     }
 
 
-def rollout(model, prompt: int, video_seed: int, seed: int, chunks: int, prefix: int = 2, steps: int = STEPS):
+def rollout(
+    model,
+    prompt: int,
+    video_seed: int,
+    seed: int,
+    chunks: int,
+    prefix: int = 2,
+    steps: int = STEPS,
+    with_report: bool = False,
+):
     """Model-space rollout (16, chunks * 3, 16, 16) continuing a ground-truth video after ``prefix`` chunks.
 
-    The pack's chunk loop with a full-precision cache, window :data:`WINDOW_CHUNKS`, ``steps`` euler
-    steps (the settings of ``benchmarks/rollout.py``).
+    The pack's chunk loop with the model's cache settings (a full-precision cache unless ``model``
+    carries Quantize KV Cache), window :data:`WINDOW_CHUNKS`, ``steps`` euler steps: the rollouts of
+    ``benchmarks/rollout.py`` and ``benchmarks/tiers.py``. ``with_report``: also return the run's report.
     """
     import importlib
 
@@ -163,7 +173,8 @@ def rollout(model, prompt: int, video_seed: int, seed: int, chunks: int, prefix:
         include_prefix=False,
         progress=False,
     )
-    return tv.from_wan_latent(res.samples[0])
+    video = tv.from_wan_latent(res.samples[0])
+    return (video, res.report) if with_report else video
 
 
 def position_errors(model, n: int = 4, chunks: int = 32, prefix: int = 2, steps: int = STEPS) -> torch.Tensor:
