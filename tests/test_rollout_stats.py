@@ -97,8 +97,8 @@ def test_settings_are_spec_strings_that_round_trip(rollout):
     for bad in ("INT5 g32 RTN", "INT2 g32 Quarot", "INT2 g32 RTN + taylr"):
         with pytest.raises(ValueError, match="does not parse; write 'full precision' or 'INT<bits>"):
             rollout.parse_setting(bad)
-    with pytest.raises(ValueError, match=r"option\(s\) \['tiers'\] have no handler"):
-        rollout.parse_setting("INT2 g32 QuaRot tiers=2:4")
+    with pytest.raises(ValueError, match=r"option\(s\) \['tires'\] have no handler"):
+        rollout.parse_setting("INT2 g32 QuaRot tires=recent1@4")
 
 
 def test_headline_run_pairs_every_correction_and_fits_an_hour_at_8_seeds(rollout, monkeypatch):
@@ -112,11 +112,13 @@ def test_headline_run_pairs_every_correction_and_fits_an_hour_at_8_seeds(rollout
     assert args.seeds >= 8 and args.chunks == 32
     minutes = (len(configs) + 1) * args.seeds * rollout.SECONDS_PER_ROLLOUT / 60  # + the reference rollout
     assert minutes <= 60
-    # a tier setting is one OPTIONS handler plus one line per setting and pair; its pair is labelled "tier"
-    monkeypatch.setitem(rollout.OPTIONS, "tiers", lambda nodes, m, value: m)
-    tiered = rollout.parse_setting("INT2 g32 QuaRot + taylor tiers=2:4")
-    assert tiered.options == (("tiers", "2:4"),) and rollout.parse_setting(tiered.name) == tiered
+    # the headline tier setting is paired with uniform INT2 and with INT4 g128 (issue 21's gap), labelled "tier"
+    tier = "INT2 g128 QuaRot + taylor tiers=recent1@4"
+    assert (tier, "INT2 g128 QuaRot + taylor", "tier") in pairs and (tier, "INT4 g128 QuaRot", "tier") in pairs
+    # a tier setting is one line per setting and pair; its pair is labelled "tier"
+    tiered = rollout.parse_setting("INT2 g32 QuaRot + taylor tiers=recent2@4")
+    assert tiered.options == (("tiers", "recent2@4"),) and rollout.parse_setting(tiered.name) == tiered
     extra = (*rollout.HEADLINE_PAIRS, (tiered.name, "INT2 g32 QuaRot + taylor"))
     got = rollout.pairs_for([*configs, tiered], extra)
     assert (tiered.name, "INT2 g32 QuaRot + taylor", "tier") in got
-    assert (tiered.name, "INT2 g32 QuaRot tiers=2:4", "correction") not in got  # its uncorrected twin did not run
+    assert (tiered.name, "INT2 g32 QuaRot tiers=recent2@4", "correction") not in got  # its uncorrected twin did not run
