@@ -1,6 +1,6 @@
 """The paper's Table 1 and Fig. 5 on the pack's trained tiny AR model: quantized caches over long rollouts.
 
-    python benchmarks/rollout.py            # 8 seeds x 32 chunks, the 14 HEADLINE settings (about 40 min, 2 cores)
+    python benchmarks/rollout.py            # 8 seeds x 32 chunks, the 16 HEADLINE settings (about 45 min, 2 cores)
     python benchmarks/rollout.py --full --seeds 4   # the old default: 34 settings (54 min on one core)
     python benchmarks/rollout.py --quick    # 1 seed x 4 chunks, 4 configurations (about a minute)
     python benchmarks/rollout.py --settings "INT2 g32 QuaRot; INT2 g32 QuaRot + taylor"   # any settings
@@ -166,8 +166,8 @@ def _tiers_option(nodes, model, value: str):
 
 OPTIONS: dict = {"tiers": _tiers_option}
 
-#: the default run's settings: every headline pair below, 8 seeds x 32 chunks in about 40 minutes on 2 cores
-#: (15 rollouts per seed with the reference; the old 34-setting grid took 3227 s for 4 seeds)
+#: the default run's settings: every headline pair below, 8 seeds x 32 chunks in about 45 minutes on 2 cores
+#: (17 rollouts per seed with the reference; the old 34-setting grid took 3227 s for 4 seeds)
 HEADLINE = (
     "INT2 g32 RTN",
     "INT2 g32 RTN + taylor",
