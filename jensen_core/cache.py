@@ -573,12 +573,7 @@ def read_meta(t) -> CacheFileMeta:
             specs.append(None if d is None else QuantSpec.from_dict(d))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"the file's quantization specs are not readable: {side}: {exc}") from None
-    tiers = None
-    if meta.get("tiers") is not None:
-        try:
-            tiers = AgeTiers.from_dict(meta["tiers"])
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"cache file metadata tiers are not readable: {exc}") from None
+    tiers = AgeTiers.from_record(meta.get("tiers"), "cache file metadata tiers")
     window = meta["window_chunks"]
     window = None if window is None else whole(window, "cache file metadata window_chunks") or None
     sink = whole(meta.get("sink_chunks", 0), "cache file metadata sink_chunks")

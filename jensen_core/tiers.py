@@ -124,6 +124,16 @@ class AgeTiers:
             raise ValueError(f"unknown AgeTiers field(s) {unknown}; known: {sorted(cls.__dataclass_fields__)}")
         return cls(**d)
 
+    @classmethod
+    def from_record(cls, d, where: str) -> AgeTiers | None:
+        """A stored record's tiers (None when it has none); a ValueError says ``where`` they are unreadable."""
+        if d is None:
+            return None
+        try:
+            return cls.from_dict(d)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where} are not readable: {exc}") from None
+
 
 _PART = re.compile(r"^(?:recent(\d+)@(\d+)|sink@(\d+))$")
 

@@ -620,12 +620,7 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{side} is not a quantization spec for head_dim {head_dim}: {exc}") from None
         specs.append(spec)
-    tiers = None
-    if st.get("tiers") is not None:
-        try:
-            tiers = AgeTiers.from_dict(st["tiers"])
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"tiers are not readable: {exc}") from None
+    tiers = AgeTiers.from_record(st.get("tiers"), "tiers")
     chunk_frames = whole(st["chunk_frames"], "chunk_frames", 1, MAX_FRAMES)
     window = whole(st["window_chunks"], "window_chunks", 0, MAX_FRAMES)
     sink = whole(st["sink_chunks"], "sink_chunks", 0, MAX_FRAMES)
