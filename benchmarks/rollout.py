@@ -1,6 +1,6 @@
 """The paper's Table 1 and Fig. 5 on the pack's trained tiny AR model: quantized caches over long rollouts.
 
-    python benchmarks/rollout.py            # 8 seeds x 32 chunks, the 16 HEADLINE settings (about 45 min, 2 cores)
+    python benchmarks/rollout.py            # 8 seeds x 32 chunks, the 18 HEADLINE settings (about 50 min, 2 cores)
     python benchmarks/rollout.py --full --seeds 4   # the old default: 34 settings (54 min on one core)
     python benchmarks/rollout.py --quick    # 1 seed x 4 chunks, 4 configurations (about a minute)
     python benchmarks/rollout.py --settings "INT2 g32 QuaRot; INT2 g32 QuaRot + taylor"   # any settings
@@ -166,8 +166,8 @@ def _tiers_option(nodes, model, value: str):
 
 OPTIONS: dict = {"tiers": _tiers_option}
 
-#: the default run's settings: every headline pair below, 8 seeds x 32 chunks in about 45 minutes on 2 cores
-#: (17 rollouts per seed with the reference; the old 34-setting grid took 3227 s for 4 seeds)
+#: the default run's settings: every headline pair below, 8 seeds x 32 chunks in about 50 minutes on 2 cores
+#: (19 rollouts per seed with the reference; the old 34-setting grid took 3227 s for 4 seeds)
 HEADLINE = (
     "INT2 g32 RTN",
     "INT2 g32 RTN + taylor",
@@ -185,6 +185,8 @@ HEADLINE = (
     "INT4 g128 QuaRot + taylor",
     "INT2 g128 QuaRot tiers=recent1@4",  # precision by age: the newest cached chunk at INT4 (docs/tiers.md)
     "INT2 g128 QuaRot + taylor tiers=recent1@4",
+    "INT2 g128 QuaRot tiers=recent1@4k0",  # the newest chunk's values alone at INT4: 2.52 bits (docs/tiers.md)
+    "INT2 g128 QuaRot + taylor tiers=recent1@4k0",
 )
 #: paired differences (a - b, seed by seed) besides every "+ correction" against the same setting without it;
 #: precision-by-age tiers add theirs here: ("<setting> tiers=...", "<the same setting, uniform>")
@@ -193,6 +195,9 @@ HEADLINE_PAIRS: tuple[tuple[str, str], ...] = (
     ("INT2 g32 QuaRot", "INT2 g32 RTN"),  # the rotation alone
     ("INT2 g128 QuaRot + taylor tiers=recent1@4", "INT2 g128 QuaRot + taylor"),  # the tier against uniform INT2
     ("INT2 g128 QuaRot + taylor tiers=recent1@4", "INT4 g128 QuaRot"),  # issue 21's gap to INT4 g128
+    ("INT2 g128 QuaRot + taylor tiers=recent1@4k0", "INT2 g128 QuaRot + taylor"),  # values-only tier against uniform
+    ("INT2 g128 QuaRot + taylor tiers=recent1@4k0", "INT2 g64 QVG+QuaRot + taylor"),  # against QVG at <= 2.75 bits
+    ("INT2 g128 QuaRot + taylor tiers=recent1@4k0", "INT4 g128 QuaRot"),  # the gap to INT4 g128 at <= 2.75 bits
 )
 #: seconds one 32-chunk rollout took in the old default run: 3227 s / (4 seeds x ~44 setting-equivalents)
 SECONDS_PER_ROLLOUT = 3227 / (4 * 44)

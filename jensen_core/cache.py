@@ -205,21 +205,16 @@ class ChunkCache:
             return self.spec_k, self.spec_v
         sink = self._sink_held < self.sink_chunks
         out = []
-        for spec in (self.spec_k, self.spec_v):
-            bits = None if spec is None else spec.bits
-            if spec is not None and t.recent_bits:
-                bits = max(bits, t.recent_bits)
-            if spec is not None and t.sink_bits and sink:
-                bits = max(bits, t.sink_bits)
-            out.append(None if spec is None else t.spec_at(spec, bits))
+        for side, spec in (("k", self.spec_k), ("v", self.spec_v)):
+            out.append(None if spec is None else t.spec_at(spec, t.newest_bits(spec.bits, side, sink)))
         return out[0], out[1]
 
     def _demote(self) -> None:
         """Requantize every held chunk stored at more bits than its position keeps (it left the recent tier)."""
         t = self.tiers
         n = len(self._entries)
-        want_k = t.specs_for(self.spec_k, n, self._sink_held)
-        want_v = t.specs_for(self.spec_v, n, self._sink_held)
+        want_k = t.specs_for(self.spec_k, n, self._sink_held, "k")
+        want_v = t.specs_for(self.spec_v, n, self._sink_held, "v")
         for i, (e, sk, sv) in enumerate(zip(self._entries, want_k, want_v)):
             k = _lower(e.k, sk)
             v = _lower(e.v, sv)
@@ -643,7 +638,7 @@ def _check_part(rec, prefix: str, spec: QuantSpec | None, tiers: AgeTiers | None
     optional = ("scale_format", "segments") + (("bits",) if tiers is not None and spec is not None else ())
     rec = _record(rec, f"cache file entry {prefix}", ("quantized", "shape", "dtype"), optional)
     if "bits" in rec:
-        allowed = tiers.side_bits(spec.bits)
+        allowed = tiers.side_bits(spec.bits, prefix.rsplit(".", 1)[-1])
         if isinstance(rec["bits"], bool) or rec["bits"] not in allowed:
             raise ValueError(
                 f"cache file entry {prefix} bits={_short(rec['bits'])}: a side at INT{spec.bits} under age tiers "

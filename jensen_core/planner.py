@@ -162,7 +162,7 @@ def plan_cache(
         """The (key, value) spec of each of ``n`` held chunks, oldest first."""
         if tiers is None:
             return [(spec_k, spec_v)] * n
-        return list(zip(tiers.specs_for(spec_k, n, sink_held), tiers.specs_for(spec_v, n, sink_held)))
+        return list(zip(tiers.specs_for(spec_k, n, sink_held, "k"), tiers.specs_for(spec_v, n, sink_held, "v")))
 
     def held_bytes(n: int, sink_held: int) -> int:
         """Bytes of ``n`` held chunks of one (layer, branch) cache: each chunk at its own specs."""
@@ -235,18 +235,23 @@ def _tier_warnings(
 ) -> list[str]:
     """Age tiers that change nothing, or everything."""
     out = []
-    bases = [s.bits for s in (spec_k, spec_v) if s is not None]
-    if not bases:
+    sides = [(side, s.bits) for side, s in (("k", spec_k), ("v", spec_v)) if s is not None]
+    if not sides:
         return ["age tiers have no effect: neither keys nor values are quantized"]
-    if all(max(tiers.recent_bits, tiers.sink_bits) <= b for b in bases):
+    if all(max(tiers.recent_side_bits(side), tiers.sink_bits) <= b for side, b in sides):
         out.append(
-            f"age tiers {str(tiers)!r} keep no chunk at more bits than the cache's INT{max(bases)}: they change nothing"
+            f"age tiers {str(tiers)!r} keep no chunk at more bits than the cache's "
+            f"INT{max(b for _, b in sides)}: they change nothing"
         )
-    if tiers.recent_bits == 4 and 3 in bases:
-        out.append(
-            "an INT3 side with recent_chunks_bits 4: a 4-bit grid does not nest in a 3-bit one, so requantizing "
-            "an aging chunk adds about 40% to its reconstruction error (benchmarks/tiers.py); use 8 over INT3"
-        )
+    for side, base in sides:
+        high = tiers.recent_side_bits(side)
+        if base < high < 8 and (2**high - 1) % (2**base - 1):
+            name = "keys" if side == "k" else "values"
+            out.append(
+                f"{name} at INT{base} with a {high}-bit recent tier: a {high}-bit grid does not nest in a {base}-bit "
+                f"one, so requantizing an aging chunk adds to its reconstruction error (4 over INT3: about 40%, "
+                "benchmarks/tiers.py); use 8 bits, or 4 over INT2"
+            )
     if tiers.sink_bits and not retention.sink_chunks:
         out.append(f"sink_bits={tiers.sink_bits} has no effect without a sink (sink_chunks 0)")
     base = [(spec.bits, side) for side, spec in enumerate((spec_k, spec_v)) if spec is not None]
@@ -279,8 +284,10 @@ def block_in_flight_bytes(
     is held at the newest chunk's bits (a sink chunk's while the sink fills): the higher tier's bits here.
     """
     if tiers is not None:
-        top = max(tiers.recent_bits, tiers.sink_bits)
-        spec_k, spec_v = (None if s is None else tiers.spec_at(s, max(s.bits, top)) for s in (spec_k, spec_v))
+        spec_k, spec_v = (
+            None if s is None else tiers.spec_at(s, tiers.newest_bits(s.bits, side, bool(tiers.sink_bits)))
+            for side, s in (("k", spec_k), ("v", spec_v))
+        )
     early = all(s is None or method_of(s).quantizes_early for s in (spec_k, spec_v))
     k, v = (spec_k, spec_v) if early else (None, None)
     return layers * cfg_branches * chunk_bytes(k, v, batch * heads, block_tokens, head_dim, full_bytes=full_bytes)

@@ -1,14 +1,15 @@
 """Precision by age: the sink and the newest cached chunks at more bits, older chunks at the cache's own bits.
 
 The newest chunks and the attention sink carry most of the attention mass of the chunk being
-generated, so :class:`AgeTiers` keeps them at ``recent_bits`` / ``sink_bits`` (4 or 8) while every
+generated, so :class:`AgeTiers` keeps them at ``recent_bits`` / ``sink_bits`` (3, 4 or 8) while every
 other cached chunk stays at the cache's spec (e.g. INT2). A tier changes only ``bits``: group size,
 rotation and seed, scale and minimum formats and the method stay the cache's, so each chunk is an
 ordinary stored tensor with its own step sizes, and the bias correction of each chunk uses them.
 
 Which bits a held chunk has depends on its position only (:meth:`AgeTiers.position_bits`):
 
-- the newest ``recent_chunks`` held chunks: at least ``recent_bits``;
+- the newest ``recent_chunks`` held chunks: at least ``recent_bits``, their keys at least ``recent_key_bits``
+  when that is set (0 keeps the keys out of the recent tier);
 - the sink chunks (the first ``sink_held`` held, :class:`~jensen_core.retention.Retention`): at least ``sink_bits``;
 - every chunk at least the cache's own bits (a tier never lowers a side).
 
@@ -17,7 +18,8 @@ A chunk is quantized at its tier's bits when it is appended; when it leaves the 
 live in). ``benchmarks/tiers.py`` measured this against keeping the original (or a low-bit copy)
 until demotion: see docs/tiers.md.
 
-String form (settings lists, benchmarks): ``"recent2@4"``, ``"sink@8"``, ``"recent2@4+sink@8"``;
+String form (settings lists, benchmarks): ``"recent2@4"``, ``"sink@8"``, ``"recent2@4+sink@8"``, and with the
+recent tier's keys at other bits ``"recent1@4k3"`` (values 4, keys 3) or ``"recent1@4k0"`` (values only);
 :func:`parse_tiers` reads it back (``"off"`` or ``""`` is None).
 """
 
@@ -33,7 +35,7 @@ from .spec import QuantSpec
 from .stored import StoredTensor
 
 #: bits a tier may keep chunks at (0 = that tier is off)
-TIER_BITS = (0, 4, 8)
+TIER_BITS = (0, 3, 4, 8)
 #: the most recent chunks a tier may name (a cache window is rarely longer)
 MAX_RECENT_CHUNKS = 1024
 
@@ -42,46 +44,78 @@ MAX_RECENT_CHUNKS = 1024
 class AgeTiers:
     """Keep the newest ``recent_chunks`` cached chunks at ``recent_bits`` and the sink at ``sink_bits``.
 
-    ``recent_bits`` / ``sink_bits``: 4 or 8, or 0 for that tier off. ``recent_chunks`` is the number
-    of newest held chunks kept at ``recent_bits`` (0 with ``recent_bits`` 0). At least one tier is on.
+    ``recent_bits`` / ``sink_bits``: 3, 4 or 8, or 0 for that tier off. ``recent_chunks`` is the number
+    of newest held chunks kept at ``recent_bits`` (0 with the recent tier off). At least one tier is on.
+
+    ``recent_key_bits`` (None: the same as ``recent_bits``) keeps the recent chunks' **keys** at other bits
+    than their values: 0 leaves the keys out of the recent tier (a values-only tier), 3/4/8 sets them. The
+    values carry most of what a recent chunk's quantization costs the output (their error reaches it
+    linearly, weighted by the chunk's attention mass); docs/tiers.md measures the sides apart. A
+    ``recent_key_bits`` equal to ``recent_bits`` is stored as None, so equal tiers compare equal.
     """
 
     recent_bits: int = 0
     recent_chunks: int = 0
     sink_bits: int = 0
+    recent_key_bits: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("recent_bits", "sink_bits"):
+        for name in ("recent_bits", "sink_bits", "recent_key_bits"):
             v = getattr(self, name)
+            if name == "recent_key_bits" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v not in TIER_BITS:
-                raise ValueError(f"{name}={v!r} is not supported; use 4 or 8 (or 0 to keep that tier off)")
+                raise ValueError(f"{name}={v!r} is not supported; use 3, 4 or 8 (or 0 to keep that tier off)")
+        if self.recent_key_bits == self.recent_bits:
+            object.__setattr__(self, "recent_key_bits", None)  # one form per tier: equal tiers compare equal
         n = self.recent_chunks
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_RECENT_CHUNKS:
             raise ValueError(f"recent_chunks={n!r} must be a whole number from 0 to {MAX_RECENT_CHUNKS}")
-        if bool(self.recent_bits) != bool(n):
+        if bool(self.recent_bits or self.recent_key_bits) != bool(n):
             raise ValueError(
                 f"recent_bits={self.recent_bits} with recent_chunks={n}: set both (e.g. recent_bits=4, "
                 "recent_chunks=2) or neither"
             )
-        if not self.recent_bits and not self.sink_bits:
+        if not (self.recent_bits or self.recent_key_bits) and not self.sink_bits:
             raise ValueError("AgeTiers with no tier on: set recent_bits and recent_chunks, or sink_bits (or use None)")
 
+    def recent_side_bits(self, side: str) -> int:
+        """The recent tier's bits on ``side`` ("k" or "v"): 0 when that side is not in the recent tier."""
+        if side not in ("k", "v"):
+            raise ValueError(f"side={side!r} must be 'k' (keys) or 'v' (values)")
+        if side == "k" and self.recent_key_bits is not None:
+            return self.recent_key_bits
+        return self.recent_bits
+
+    @property
+    def top_bits(self) -> int:
+        """The most bits any tier keeps a chunk at."""
+        return max(self.recent_bits, self.recent_key_bits or 0, self.sink_bits)
+
     # ----------------------------------------------------------------- positions
-    def position_bits(self, base_bits: int, held: int, sink_held: int) -> list[int]:
-        """Bits of each of ``held`` chunks (oldest first, the first ``sink_held`` the sink) on a side at ``base_bits``."""
+    def position_bits(self, base_bits: int, held: int, sink_held: int, side: str) -> list[int]:
+        """Bits of each of ``held`` chunks (oldest first, the first ``sink_held`` the sink) on ``side`` ("k" or
+        "v") at ``base_bits``."""
+        recent = self.recent_side_bits(side)
         out = []
         for i in range(held):
             b = base_bits
             if self.sink_bits and i < sink_held:
                 b = max(b, self.sink_bits)
-            if self.recent_bits and i >= held - self.recent_chunks:
-                b = max(b, self.recent_bits)
+            if recent and i >= held - self.recent_chunks:
+                b = max(b, recent)
             out.append(b)
         return out
 
-    def side_bits(self, base_bits: int) -> tuple[int, ...]:
-        """Every bit width a side at ``base_bits`` may hold under these tiers (ascending)."""
-        return tuple(sorted({base_bits, max(base_bits, self.recent_bits), max(base_bits, self.sink_bits)}))
+    def newest_bits(self, base_bits: int, side: str, in_sink: bool) -> int:
+        """Bits a chunk appended now is stored at on ``side``: the newest chunk's, a sink chunk's while the sink fills."""
+        b = max(base_bits, self.recent_side_bits(side))
+        return max(b, self.sink_bits) if in_sink else b
+
+    def side_bits(self, base_bits: int, side: str) -> tuple[int, ...]:
+        """Every bit width ``side`` ("k" or "v") at ``base_bits`` may hold under these tiers (ascending)."""
+        recent = self.recent_side_bits(side)
+        return tuple(sorted({base_bits, max(base_bits, recent), max(base_bits, self.sink_bits)}))
 
     def spec_at(self, spec: QuantSpec | None, bits: int) -> QuantSpec | None:
         """``spec`` at ``bits`` (None stays None: an unquantized side has no tiers)."""
@@ -89,31 +123,44 @@ class AgeTiers:
             return spec
         return replace(spec, bits=bits)
 
-    def specs_for(self, spec: QuantSpec | None, held: int, sink_held: int) -> list[QuantSpec | None]:
-        """The spec of each held chunk of a side whose cache spec is ``spec``."""
+    def specs_for(self, spec: QuantSpec | None, held: int, sink_held: int, side: str) -> list[QuantSpec | None]:
+        """The spec of each held chunk of ``side`` ("k" or "v") whose cache spec is ``spec``."""
         if spec is None:
             return [None] * held
-        return [self.spec_at(spec, b) for b in self.position_bits(spec.bits, held, sink_held)]
+        return [self.spec_at(spec, b) for b in self.position_bits(spec.bits, held, sink_held, side)]
 
     # ----------------------------------------------------------------- text
     def __str__(self) -> str:
         parts = []
-        if self.recent_bits:
-            parts.append(f"recent{self.recent_chunks}@{self.recent_bits}")
+        if self.recent_chunks:
+            keys = "" if self.recent_key_bits is None else f"k{self.recent_key_bits}"
+            parts.append(f"recent{self.recent_chunks}@{self.recent_bits}{keys}")
         if self.sink_bits:
             parts.append(f"sink@{self.sink_bits}")
         return "+".join(parts)
 
     def describe(self) -> str:
         parts = []
-        if self.recent_bits:
-            parts.append(f"newest {self.recent_chunks} chunk(s) at {self.recent_bits} bits")
+        if self.recent_chunks:
+            kb, vb = self.recent_side_bits("k"), self.recent_side_bits("v")
+            if kb == vb:
+                what = f"at {vb} bits"
+            elif not kb:
+                what = f"values at {vb} bits (keys not tiered)"
+            elif not vb:
+                what = f"keys at {kb} bits (values not tiered)"
+            else:
+                what = f"values at {vb} bits, keys at {kb}"
+            parts.append(f"newest {self.recent_chunks} chunk(s) {what}")
         if self.sink_bits:
             parts.append(f"sink at {self.sink_bits} bits")
         return ", ".join(parts)
 
     def to_dict(self) -> dict:
-        return {"recent_bits": self.recent_bits, "recent_chunks": self.recent_chunks, "sink_bits": self.sink_bits}
+        d = {"recent_bits": self.recent_bits, "recent_chunks": self.recent_chunks, "sink_bits": self.sink_bits}
+        if self.recent_key_bits is not None:  # only when set: a record without it reads as before
+            d["recent_key_bits"] = self.recent_key_bits
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> AgeTiers:
@@ -135,30 +182,35 @@ class AgeTiers:
             raise ValueError(f"{where} are not readable: {exc}") from None
 
 
-_PART = re.compile(r"^(?:recent(\d+)@(\d+)|sink@(\d+))$")
+_PART = re.compile(r"^(?:recent(\d+)@(\d+)(?:k(\d+))?|sink@(\d+))$")
 
 
 def parse_tiers(text: str | None) -> AgeTiers | None:
-    """``"recent2@4+sink@8"`` -> AgeTiers(4, 2, 8); ``"off"``, ``""`` or None -> None. The inverse of ``str()``."""
+    """``"recent2@4+sink@8"`` -> AgeTiers(4, 2, 8); ``"recent1@4k0"`` -> AgeTiers(4, 1, recent_key_bits=0) (the
+    recent tier's keys at other bits); ``"off"``, ``""`` or None -> None. The inverse of ``str()``."""
     if text is None:
         return None
     if not isinstance(text, str):
-        raise ValueError(f"tiers={text!r} must be text such as 'recent2@4', 'sink@8' or 'recent2@4+sink@8'")
+        raise ValueError(
+            f"tiers={text!r} must be text such as 'recent2@4', 'recent1@4k0', 'sink@8' or 'recent2@4+sink@8'"
+        )
     s = text.strip().lower().replace(" ", "")
     if s in ("", "off", "none"):
         return None
     fields: dict[str, int] = {}
     for part in s.split("+"):
         m = _PART.match(part)
-        if m is None or (m.group(1) is not None and "recent_bits" in fields) or (m.group(3) and "sink_bits" in fields):
+        if m is None or (m.group(1) is not None and "recent_bits" in fields) or (m.group(4) and "sink_bits" in fields):
             raise ValueError(
-                f"tiers={text!r} is not readable: use 'recent<N>@<bits>', 'sink@<bits>' or both joined by '+' "
-                "(e.g. 'recent2@4+sink@8'), bits 4 or 8"
+                f"tiers={text!r} is not readable: use 'recent<N>@<bits>[k<key bits>]', 'sink@<bits>' or both joined "
+                "by '+' (e.g. 'recent2@4+sink@8', 'recent1@4k0' for values only), bits 3, 4 or 8 (0: not tiered)"
             )
         if m.group(1) is not None:
             fields.update(recent_chunks=int(m.group(1)), recent_bits=int(m.group(2)))
+            if m.group(3) is not None:
+                fields["recent_key_bits"] = int(m.group(3))
         else:
-            fields["sink_bits"] = int(m.group(3))
+            fields["sink_bits"] = int(m.group(4))
     try:
         return AgeTiers(**fields)
     except ValueError as exc:

@@ -14,6 +14,7 @@ from ..runtime.config import (
     QVG_ITERS_RANGE,
     QVG_STAGES_RANGE,
     RECENT_CHUNKS_RANGE,
+    RECENT_KEY_BITS_CHOICES,
     ROTATION_CHOICES,
     SCALE_FORMAT_CHOICES,
     TIER_BITS_CHOICES,
@@ -44,6 +45,7 @@ def build_config(
     recent_chunks_bits: str = QUANTIZE_DEFAULTS["recent_chunks_bits"],
     recent_chunks: int = RECENT_CHUNKS_RANGE[0],
     sink_bits: str = QUANTIZE_DEFAULTS["sink_bits"],
+    recent_chunks_key_bits: str = QUANTIZE_DEFAULTS["recent_chunks_key_bits"],
 ) -> JensenKVConfig:
     try:
         g = int(group_size)
@@ -62,7 +64,7 @@ def build_config(
                 bits=b, group_size=g, rotation=rotation, scale_format=scale_format, seed=int(rotation_seed), **extra
             )
         )
-    tiers = parse_tiers(specs[0], specs[1], recent_chunks_bits, recent_chunks, sink_bits)
+    tiers = parse_tiers(specs[0], specs[1], recent_chunks_bits, recent_chunks, sink_bits, recent_chunks_key_bits)
     upstream = get_config(model.model_options)
     config = (upstream or JensenKVConfig()).with_specs(*specs, tiers)
     shape = attention_shape(model)
@@ -188,9 +190,10 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     options=list(TIER_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["recent_chunks_bits"],
                     optional=True,
-                    tooltip="Precision by age: keep the newest recent_chunks cached chunks at 4 or 8 bits; older "
+                    tooltip="Precision by age: keep the newest recent_chunks cached chunks at 3, 4 or 8 bits; older "
                     "chunks are requantized to key_bits / value_bits when they age out (they carry less of the "
-                    "attention). 'off' keeps every chunk at the bits above. The planner shows the average bits.",
+                    "attention). 'off' keeps every chunk at the bits above. The planner shows the average bits. "
+                    "recent_chunks_key_bits can set the keys apart (e.g. values only).",
                 ),
                 io.Int.Input(
                     "recent_chunks",
@@ -206,8 +209,18 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     options=list(TIER_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["sink_bits"],
                     optional=True,
-                    tooltip="Precision by age: keep the attention-sink chunks (the sampler's sink_chunks) at 4 or "
+                    tooltip="Precision by age: keep the attention-sink chunks (the sampler's sink_chunks) at 3, 4 or "
                     "8 bits for good. 'off' stores them like any other chunk. No effect without a sink.",
+                ),
+                io.Combo.Input(
+                    "recent_chunks_key_bits",
+                    options=list(RECENT_KEY_BITS_CHOICES),
+                    default=QUANTIZE_DEFAULTS["recent_chunks_key_bits"],
+                    optional=True,
+                    tooltip="With recent_chunks_bits on: the newest chunks' keys. 'same' keeps them at "
+                    "recent_chunks_bits; 'off' leaves them at key_bits, so only the values are tiered (on the "
+                    "tiny model the values carry most of the gain for fewer bits: docs/tiers.md); or pick their "
+                    "bits. Ignored when recent_chunks_bits is off.",
                 ),
             ],
             outputs=[
@@ -228,6 +241,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
         method=None,
         recent_chunks_bits=None,
         sink_bits=None,
+        recent_chunks_key_bits=None,
     ):
         return check_combo_values(
             cls,
@@ -239,6 +253,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             method=method,
             recent_chunks_bits=recent_chunks_bits,
             sink_bits=sink_bits,
+            recent_chunks_key_bits=recent_chunks_key_bits,
         )
 
     @classmethod
@@ -258,6 +273,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
         recent_chunks_bits=QUANTIZE_DEFAULTS["recent_chunks_bits"],
         recent_chunks=RECENT_CHUNKS_RANGE[0],
         sink_bits=QUANTIZE_DEFAULTS["sink_bits"],
+        recent_chunks_key_bits=QUANTIZE_DEFAULTS["recent_chunks_key_bits"],
     ) -> io.NodeOutput:
         config = build_config(
             model,
@@ -274,6 +290,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             recent_chunks_bits,
             recent_chunks,
             sink_bits,
+            recent_chunks_key_bits,
         )
         m = model.clone()
         set_config(m, config)

@@ -41,6 +41,7 @@ from ..runtime.config import (
     QVG_ITERS_RANGE,
     QVG_STAGES_RANGE,
     RECENT_CHUNKS_RANGE,
+    RECENT_KEY_BITS_CHOICES,
     ROTATION_CHOICES,
     SCALE_FORMAT_CHOICES,
     TIER_BITS_CHOICES,
@@ -115,7 +116,7 @@ SPEC_PARAMS = (
     "head_dim",
     "chunk_tokens",
 )
-TIER_PARAMS = ("recent_chunks_bits", "recent_chunks", "sink_bits")
+TIER_PARAMS = ("recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits")
 PLAN_PARAMS = (
     *(p for p in SPEC_PARAMS if p != "chunk_tokens"),
     *TIER_PARAMS,
@@ -205,9 +206,10 @@ def _side_spec(params: Mapping[str, str], side: str) -> QuantSpec | None:
 def _tiers(params: Mapping[str, str], spec_k: QuantSpec | None, spec_v: QuantSpec | None):
     """The age tiers of Quantize KV Cache's tier widgets (None when off), with the node's own checks."""
     bits = {name: _choice(params, name, TIER_BITS_CHOICES) for name in ("recent_chunks_bits", "sink_bits")}
+    key_bits = _choice(params, "recent_chunks_key_bits", RECENT_KEY_BITS_CHOICES)
     recent = _int(params, "recent_chunks", DEFAULTS["recent_chunks"])
     try:
-        return parse_tiers(spec_k, spec_v, bits["recent_chunks_bits"], recent, bits["sink_bits"])
+        return parse_tiers(spec_k, spec_v, bits["recent_chunks_bits"], recent, bits["sink_bits"], key_bits)
     except ValueError as exc:
         text = str(exc)
         if text.startswith("recent_chunks="):
@@ -260,6 +262,7 @@ def options(params: Mapping[str, str] | None = None) -> dict:
         "scale_format": list(SCALE_CHOICES),
         "method": list(METHOD_CHOICES),
         "tier_bits": list(TIER_BITS_CHOICES),
+        "recent_key_bits": list(RECENT_KEY_BITS_CHOICES),
         "presets": presets,
         "custom_preset": CUSTOM_PRESET,
         "defaults": dict(DEFAULTS),

@@ -41,9 +41,12 @@ QUANTIZE_DEFAULTS: dict[str, str] = {
     "method": "rtn",
     "recent_chunks_bits": "off",
     "sink_bits": "off",
+    "recent_chunks_key_bits": "same",
 }
 #: age tiers (precision by age): the bits the sink and the newest chunks may keep, and how many newest chunks
-TIER_BITS_CHOICES = ("off", "4", "8")
+TIER_BITS_CHOICES = ("off", "3", "4", "8")
+#: the recent tier's keys: "same" as recent_chunks_bits, "off" (values only: keys stay at key_bits), or bits
+RECENT_KEY_BITS_CHOICES = ("same",) + TIER_BITS_CHOICES
 RECENT_CHUNKS_RANGE = (2, 1, 64)  # default, min, max (recent_chunks counts only with recent_chunks_bits on)
 #: the Chunked AR sampler's chunking defaults (latent frames per chunk, window and sink in chunks; 0 = all / none)
 CHUNK_DEFAULTS: dict[str, int] = {"chunk_frames": 3, "window_chunks": 0, "sink_chunks": 0}
@@ -82,14 +85,26 @@ def parse_tiers(
     recent_chunks_bits: str = "off",
     recent_chunks: int | str = RECENT_CHUNKS_RANGE[0],
     sink_bits: str = "off",
+    recent_chunks_key_bits: str = "same",
 ) -> AgeTiers | None:
-    """Quantize KV Cache's tier inputs as :class:`AgeTiers` (None when both are off); ValueError naming the fix."""
+    """Quantize KV Cache's tier inputs as :class:`AgeTiers` (None when both are off); ValueError naming the fix.
+
+    ``recent_chunks_key_bits`` sets the recent tier's keys apart from its values ("same", "off" for a
+    values-only tier, or bits); it counts only with ``recent_chunks_bits`` on."""
     bits = {}
     for name, value in (("recent_chunks_bits", recent_chunks_bits), ("sink_bits", sink_bits)):
         v = str(value).strip().lower()
         if v not in TIER_BITS_CHOICES:
             raise ValueError(f"{name}={value!r} is not supported; use one of {', '.join(TIER_BITS_CHOICES)}")
         bits[name] = 0 if v == "off" else int(v)
+    kv = str(recent_chunks_key_bits).strip().lower()
+    if kv not in RECENT_KEY_BITS_CHOICES:
+        raise ValueError(
+            f"recent_chunks_key_bits={recent_chunks_key_bits!r} is not supported; use one of "
+            f"{', '.join(RECENT_KEY_BITS_CHOICES)} ('same' keeps the keys at recent_chunks_bits, 'off' leaves them "
+            "at key_bits)"
+        )
+    key_bits = None if kv == "same" or not bits["recent_chunks_bits"] else (0 if kv == "off" else int(kv))
     if not any(bits.values()):
         return None
     n = 0
@@ -111,14 +126,19 @@ def parse_tiers(
             "recent_chunks_bits / sink_bits keep quantized chunks at more bits, but key_bits and value_bits are "
             "both off; quantize a side or set the tiers off"
         )
-    top = max(bits.values())
-    if all(s.bits >= top for _, s in sides):
+    recent = {"key_bits": bits["recent_chunks_bits"] if key_bits is None else key_bits}
+    recent["value_bits"] = bits["recent_chunks_bits"]
+    if all(s.bits >= max(recent[side], bits["sink_bits"]) for side, s in sides):
         raise ValueError(
-            f"recent_chunks_bits={recent_chunks_bits} and sink_bits={sink_bits} keep no chunk above "
+            f"recent_chunks_bits={recent_chunks_bits}"
+            + ("" if key_bits is None else f", recent_chunks_key_bits={recent_chunks_key_bits}")
+            + f" and sink_bits={sink_bits} keep no chunk above "
             + " and ".join(f"{side}={s.bits}" for side, s in sides)
             + "; use tier bits above the cache's bits (e.g. key_bits 2 with recent_chunks_bits 4) or set them off"
         )
-    return AgeTiers(recent_bits=bits["recent_chunks_bits"], recent_chunks=n, sink_bits=bits["sink_bits"])
+    return AgeTiers(
+        recent_bits=bits["recent_chunks_bits"], recent_chunks=n, sink_bits=bits["sink_bits"], recent_key_bits=key_bits
+    )
 
 
 def parse_correction(value: str) -> str:

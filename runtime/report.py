@@ -73,6 +73,7 @@ def build_report(
         "recent_chunks_bits": config.tiers.recent_bits if config.tiers else 0,
         "recent_chunks": config.tiers.recent_chunks if config.tiers else 0,
         "sink_bits": config.tiers.sink_bits if config.tiers else 0,
+        "recent_chunks_key_bits": config.tiers.recent_side_bits("k") if config.tiers else 0,
         "chunks_demoted": int(run.chunks_demoted),
         "correction": config.effective_correction,
         "strength": float(config.strength),

@@ -90,7 +90,14 @@ def test_the_rule_counts_what_it_keeps(window, sink, appended):
 
 
 SPECS = [None, QuantSpec(bits=4, group_size=32), QuantSpec(bits=2, group_size=16)]
-TIERS = [None, AgeTiers(recent_bits=4, recent_chunks=1), AgeTiers(8, 2, 4), AgeTiers(sink_bits=8)]
+TIERS = [
+    None,
+    AgeTiers(recent_bits=4, recent_chunks=1),
+    AgeTiers(8, 2, 4),
+    AgeTiers(sink_bits=8),
+    AgeTiers(4, 1, recent_key_bits=0),  # values only
+    AgeTiers(4, 2, 8, recent_key_bits=3),
+]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

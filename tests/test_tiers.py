@@ -26,11 +26,36 @@ def _chunks(n, B=1, H=2, T=12, D=64, seed=0, dtype=torch.float32):
 # ----------------------------------------------------------------------------- the policy
 def test_positions_keep_the_sink_and_the_newest_chunks_at_their_bits():
     t = AgeTiers(recent_bits=4, recent_chunks=2, sink_bits=8)
-    assert t.position_bits(2, 5, 1) == [8, 2, 2, 4, 4]
-    assert t.position_bits(2, 2, 1) == [8, 4]  # the sink is also the newest but one: the higher bits win
-    assert t.position_bits(4, 5, 0) == [4, 4, 4, 4, 4]  # no sink; a tier never lowers a side
-    assert AgeTiers(sink_bits=4).position_bits(2, 3, 2) == [4, 4, 2]
-    assert t.side_bits(2) == (2, 4, 8) and t.side_bits(8) == (8,)
+    for side in ("k", "v"):
+        assert t.position_bits(2, 5, 1, side) == [8, 2, 2, 4, 4]
+        assert t.position_bits(2, 2, 1, side) == [8, 4]  # the sink is also the newest but one: the higher bits win
+        assert t.position_bits(4, 5, 0, side) == [4, 4, 4, 4, 4]  # no sink; a tier never lowers a side
+        assert AgeTiers(sink_bits=4).position_bits(2, 3, 2, side) == [4, 4, 2]
+        assert t.side_bits(2, side) == (2, 4, 8) and t.side_bits(8, side) == (8,)
+    with pytest.raises(ValueError, match="side='q'"):
+        t.position_bits(2, 5, 1, "q")
+
+
+def test_the_recent_tier_can_set_its_keys_apart():
+    """recent_key_bits: the newest chunks' keys at other bits than their values (0: a values-only tier)."""
+    values_only = AgeTiers(recent_bits=4, recent_chunks=1, recent_key_bits=0)
+    assert values_only.position_bits(2, 3, 0, "v") == [2, 2, 4]
+    assert values_only.position_bits(2, 3, 0, "k") == [2, 2, 2]
+    assert values_only.side_bits(2, "k") == (2,) and values_only.side_bits(2, "v") == (2, 4)
+    assert values_only.newest_bits(2, "k", False) == 2 and values_only.newest_bits(2, "v", False) == 4
+    k3 = AgeTiers(4, 1, recent_key_bits=3, sink_bits=8)
+    assert k3.position_bits(2, 3, 1, "k") == [8, 2, 3] and k3.position_bits(2, 3, 1, "v") == [8, 2, 4]
+    assert k3.newest_bits(2, "k", True) == 8 and k3.newest_bits(2, "k", False) == 3
+    keys_only = AgeTiers(0, 2, recent_key_bits=8)
+    assert keys_only.position_bits(2, 3, 0, "k") == [2, 8, 8] and keys_only.position_bits(2, 3, 0, "v") == [2, 2, 2]
+    # one form per tier: keys at the values' bits is the plain tier, and it compares equal
+    assert AgeTiers(4, 1, recent_key_bits=4) == AgeTiers(4, 1) and AgeTiers(4, 1, recent_key_bits=4).to_dict() == {
+        "recent_bits": 4,
+        "recent_chunks": 1,
+        "sink_bits": 0,
+    }
+    assert "values at 4 bits (keys not tiered)" in values_only.describe()
+    assert "values at 4 bits, keys at 3" in k3.describe()
 
 
 @pytest.mark.parametrize(
@@ -40,6 +65,11 @@ def test_positions_keep_the_sink_and_the_newest_chunks_at_their_bits():
         ("sink@8", AgeTiers(sink_bits=8)),
         ("recent1@8+sink@4", AgeTiers(8, 1, 4)),
         (" Recent3@4 + sink@8 ", AgeTiers(4, 3, 8)),
+        ("recent1@4k0", AgeTiers(4, 1, recent_key_bits=0)),
+        ("recent2@4k3+sink@8", AgeTiers(4, 2, 8, recent_key_bits=3)),
+        ("recent1@0k8", AgeTiers(0, 1, recent_key_bits=8)),
+        ("recent1@3", AgeTiers(3, 1)),
+        ("recent1@4k4", AgeTiers(4, 1)),
     ],
 )
 def test_the_string_form_reads_back(text, tiers):
@@ -51,7 +81,9 @@ def test_the_string_form_reads_back(text, tiers):
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"recent_bits": 3, "recent_chunks": 1}, "recent_bits=3 is not supported; use 4 or 8"),
+        ({"recent_bits": 2, "recent_chunks": 1}, "recent_bits=2 is not supported; use 3, 4 or 8"),
+        ({"recent_bits": 4, "recent_chunks": 1, "recent_key_bits": 5}, "recent_key_bits=5 is not supported"),
+        ({"recent_bits": 0, "recent_chunks": 1, "recent_key_bits": 0}, "recent_bits=0 with recent_chunks=1: set both"),
         ({"recent_bits": 4}, "recent_bits=4 with recent_chunks=0: set both"),
         ({"recent_chunks": 2}, "recent_bits=0 with recent_chunks=2: set both"),
         ({"sink_bits": 2}, "sink_bits=2 is not supported"),
@@ -64,7 +96,9 @@ def test_bad_tiers_are_named(kwargs, match):
         AgeTiers(**kwargs)
 
 
-@pytest.mark.parametrize("text", ["recent@4", "recent2@3", "sink8", "recent2@4+recent1@8", "sink@8+sink@4"])
+@pytest.mark.parametrize(
+    "text", ["recent@4", "recent2@2", "sink8", "recent2@4+recent1@8", "sink@8+sink@4", "recent1@4v3", "recent1@4k2"]
+)
 def test_unreadable_strings_are_refused(text):
     with pytest.raises(ValueError, match="tiers="):
         parse_tiers(text)
@@ -98,6 +132,52 @@ def test_the_cache_stores_each_chunk_at_its_tier_and_demotes_by_requantizing():
     # the bytes are each chunk's own
     widths = {b: quantize(chunks[0][0], QuantSpec(bits=b, group_size=16)).nbytes for b in (2, 4, 8)}
     assert cache.nbytes == 2 * (widths[8] + widths[2] + 2 * widths[4])
+
+
+def test_a_values_only_tier_keeps_the_newest_values_high_and_every_key_at_the_spec():
+    tiers = AgeTiers(recent_bits=4, recent_chunks=1, recent_key_bits=0)
+    cache = ChunkCache(SPEC, SPEC, window_chunks=3, tiers=tiers)
+    history = []
+    for k, v in _chunks(5):
+        cache.append(k, v)
+        history.append(([e.k.spec.bits for e in cache.entries], [e.v.spec.bits for e in cache.entries]))
+    assert history[-1] == ([2, 2, 2], [2, 2, 4])
+    assert all(keys == [2] * len(keys) for keys, _ in history)
+    assert cache.chunks_demoted == 4  # each chunk's values, once, as the next chunk arrives
+    # its bytes: the newest chunk's values at INT4, everything else at INT2
+    (k, v) = _chunks(1)[0]
+    w2, w4 = (quantize(v, QuantSpec(bits=b, group_size=16)).nbytes for b in (2, 4))
+    assert cache.nbytes == 5 * w2 + w4
+    p = cache.prepare(k, v)
+    assert (p.entry.k.spec.bits, p.entry.v.spec.bits) == (2, 4)
+
+
+def test_a_tier_with_its_keys_apart_reloads_and_refuses_bits_its_side_cannot_hold(tmp_path):
+    tiers = AgeTiers(4, 1, recent_key_bits=3)
+    a = ChunkCache(SPEC, SPEC, window_chunks=3, tiers=tiers)
+    for k, v in _chunks(4):
+        a.append(k, v)
+    sd = a.state_dict()
+    meta = read_meta(sd["__jensen_kv_meta__"])
+    assert meta.tiers == tiers and [c["k"]["bits"] for c in meta.chunks] == [2, 2, 3]
+    assert [c["v"]["bits"] for c in meta.chunks] == [2, 2, 4]
+    path = str(tmp_path / "c.safetensors")
+    a.save(path)
+    b = ChunkCache(SPEC, SPEC, window_chunks=3, tiers=tiers)
+    b.load(path)
+    assert [(e.k.spec.bits, e.v.spec.bits) for e in b.entries] == [(2, 2), (2, 2), (3, 4)]
+    q = _chunks(1)[0][0][:, :, :5]
+    assert torch.equal(a.attend(q, q, q), b.attend(q, q, q))
+    # a key part that claims the values' bits is not what these tiers hold on the key side
+    import json
+
+    raw = json.loads(bytes(sd["__jensen_kv_meta__"].tolist()))
+    raw["chunks"][2]["k"]["bits"] = 4
+    bad = dict(sd, __jensen_kv_meta__=torch.frombuffer(bytearray(json.dumps(raw).encode()), dtype=torch.uint8))
+    with pytest.raises(
+        ValueError, match=r"chunk2.k bits=4: a side at INT2 under age tiers 'recent1@4k3' holds chunks of 2 or 3"
+    ):
+        ChunkCache(SPEC, SPEC, window_chunks=3, tiers=tiers).load_state_dict(bad)
 
 
 def test_without_tiers_every_chunk_keeps_the_spec():
@@ -288,6 +368,13 @@ def test_the_planner_names_tiers_that_change_nothing_or_requantize_badly():
     assert any("keep all 4 chunks" in w for w in plan(SPEC, AgeTiers(4, 3, 8), sink_chunks=1).warnings)
     assert not any("keep all" in w for w in plan(SPEC, AgeTiers(4, 3), sink_chunks=1).warnings)  # the sink at INT2
     assert plan(SPEC, AgeTiers(4, 1), sink_chunks=1).warnings == ()
+    # per side: a 3-bit tier over INT2 does not nest either; keys set apart are checked as keys
+    assert any("keys at INT2 with a 3-bit recent tier" in w for w in plan(SPEC, AgeTiers(3, 1)).warnings)
+    assert any("keys at INT3 with a 4-bit" in w for w in plan(int3, AgeTiers(8, 1, recent_key_bits=4)).warnings)
+    assert not any("does not nest" in w for w in plan(int3, AgeTiers(4, 1, recent_key_bits=8)).warnings)
+    # a values-only tier over a cache whose values are not quantized changes nothing
+    assert any("change nothing" in w for w in plan(SPEC, AgeTiers(4, 1, recent_key_bits=0)).warnings)
+    assert not any("change nothing" in w for w in plan(SPEC, AgeTiers(4, 1, recent_key_bits=8)).warnings)
 
 
 def test_diagnostics_read_a_tiered_cache_as_its_chunks_joined():

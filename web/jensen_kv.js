@@ -27,7 +27,7 @@ const STATE_KEY = "jensen_kv_planner";
 const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale_format",
   "method", "qvg_stages", "qvg_centroids", "qvg_iters"];
 // precision by age: only the plan takes them (each held chunk at its own bits)
-const TIER_WIDGETS = ["recent_chunks_bits", "recent_chunks", "sink_bits"];
+const TIER_WIDGETS = ["recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"];
 // planner fields that "follow the workflow" reads from the latent and sampler nodes
 const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
 const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];

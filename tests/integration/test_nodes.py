@@ -48,6 +48,7 @@ REPORT_KEYS = {
     "recent_chunks_bits",
     "recent_chunks",
     "sink_bits",
+    "recent_chunks_key_bits",
     "chunks_demoted",
 }
 
@@ -93,6 +94,7 @@ def test_schemas_follow_the_contract(nodes):
                 "recent_chunks_bits",
                 "recent_chunks",
                 "sink_bits",
+                "recent_chunks_key_bits",
             ],
             ["MODEL"],
         ),
@@ -418,9 +420,26 @@ def test_quantize_sets_age_tiers_and_names_bad_ones(nodes, tiny):
         q.execute(tiny, "4", "8", "16", "none", "fp8_e4m3", 0, "rtn", 1, 256, 2, "4", 2, "off")
     with pytest.raises(ValueError, match="key_bits and value_bits are both off"):
         q.execute(tiny, "off", "off", "16", "none", "fp8_e4m3", 0, "rtn", 1, 256, 2, "off", 2, "8")
-    with pytest.raises(ValueError, match="sink_bits='2' is not supported; use one of off, 4, 8"):
+    with pytest.raises(ValueError, match="sink_bits='2' is not supported; use one of off, 3, 4, 8"):
         q.execute(*base, "off", 2, "2")
     assert "sink_bits: '2'" in q.validate_inputs(sink_bits="2")
+    # the recent tier's keys apart from its values: values only, or keys at other bits
+    base2 = (tiny, "2", "2", *base[3:])
+    vo = q.execute(*base2, "4", 1, "off", "off").args[0].model_options["transformer_options"]["jensen_kv"]
+    assert str(vo.tiers) == "recent1@4k0" and "values at 4 bits (keys not tiered)" in vo.describe()
+    with pytest.raises(ValueError, match="recent_chunks_key_bits=off and sink_bits=off keep no chunk above key_bits=2"):
+        q.execute(*base, "4", 1, "off", "off")  # values already at INT4: a values-only INT4 tier adds nothing
+    k3 = q.execute(*base2, "8", 1, "off", "3").args[0].model_options["transformer_options"]["jensen_kv"]
+    assert str(k3.tiers) == "recent1@8k3"
+    same = q.execute(*base2, "4", 1, "off", "same").args[0].model_options["transformer_options"]["jensen_kv"]
+    assert str(same.tiers) == "recent1@4"
+    ignored = q.execute(*base, "off", 1, "off", "8").args[0].model_options["transformer_options"]["jensen_kv"]
+    assert ignored.tiers is None  # the keys' bits count only with recent_chunks_bits on
+    with pytest.raises(ValueError, match="recent_chunks_key_bits='2' is not supported; use one of same, off, 3, 4, 8"):
+        q.execute(*base, "4", 1, "off", "2")
+    with pytest.raises(ValueError, match="keep no chunk above key_bits=4"):  # values off: keys at their own bits
+        q.execute(tiny, "4", "off", "16", "none", "fp8_e4m3", 0, "rtn", 1, 256, 2, "8", 1, "off", "off")
+    assert "recent_chunks_key_bits: '2'" in q.validate_inputs(recent_chunks_key_bits="2")
     inputs = {i.id: i for i in _schema(q).inputs}
-    for name in ("recent_chunks_bits", "recent_chunks", "sink_bits"):
+    for name in ("recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"):
         assert inputs[name].optional and inputs[name].tooltip

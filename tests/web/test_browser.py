@@ -355,6 +355,13 @@ def test_planner_counts_age_tiers_to_the_byte(ui):
         key_bits="2", value_bits="2", group_size=32, tiers=AgeTiers(recent_bits=4, recent_chunks=2), **wan13)
     assert "tiers recent2@4 → 3.417 bits on average" in r["bits_text"], r["bits_text"]
     ui.shot("07b_planner_age_tiers")
+    ui.set_widget(QUANT, "recent_chunks_key_bits", "off")  # values only: the keys stay at INT2
+    r = ui.wait_planner("el.querySelector('[data-jkv=tiers]')?.textContent.startsWith('recent2@4k0')")
+    tiers_text = ui.panel().query_selector("[data-jkv=tiers]").text_content()
+    assert tiers_text.startswith("recent2@4k0: keys 2 2 2 2 2 2 · values 2 2 2 2 4 4 bits"), tiers_text
+    assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
+        key_bits="2", value_bits="2", group_size=32, tiers=AgeTiers(4, 2, recent_key_bits=0), **wan13)
+    ui.set_widget(QUANT, "recent_chunks_key_bits", "same")
     ui.set_widget(QUANT, "recent_chunks_bits", "off")
     ui.wait_planner("!el.querySelector('[data-jkv=tiers]')")
     assert not our_errors(ui.errors), our_errors(ui.errors)

@@ -299,12 +299,27 @@ def test_plan_with_age_tiers_counts_each_chunk_at_its_bits_as_a_real_cache_does(
     assert uniform["chunk_bits_k"] == [2, 2, 2, 2]
     # recent_chunks counts only with recent_chunks_bits on (the node sends it always)
     assert routes.plan_summary({**q, "recent_chunks_bits": "off", "recent_chunks": "0"})["tiers"] == "sink@8"
+    # a values-only recent tier: the keys stay at INT2 but the sink's, and the bytes are a real cache's
+    vo = routes.plan_summary({**q, "recent_chunks_key_bits": "off"})
+    assert vo["tiers"] == "recent2@4k0+sink@8" and vo["chunk_bits_k"] == [8, 2, 2, 2] and vo["chunk_bits_v"] == [8, 2, 4, 4]
+    caches = [ChunkCache(spec, spec, 3, 1, AgeTiers(4, 2, 8, recent_key_bits=0)) for _ in range(2)]
+    g = torch.Generator().manual_seed(1)
+    for cache in caches:
+        for _ in range(out["chunks"] - 1):
+            k, v = (torch.randn(1, 2, tokens, 32, generator=g) for _ in range(2))
+            cache.append(k, v)
+    assert sum(c.nbytes for c in caches) == vo["quantized_bytes"] < out["quantized_bytes"]
 
 
 @pytest.mark.parametrize(
     "params, param, words",
     [
-        ({"recent_chunks_bits": "3"}, "recent_chunks_bits", ["recent_chunks_bits='3' is not supported", "off, 4, 8"]),
+        ({"recent_chunks_bits": "2"}, "recent_chunks_bits", ["recent_chunks_bits='2' is not supported", "off, 3, 4, 8"]),
+        (
+            {"recent_chunks_bits": "4", "recent_chunks_key_bits": "2"},
+            "recent_chunks_key_bits",
+            ["recent_chunks_key_bits='2' is not supported", "same, off, 3, 4, 8"],
+        ),
         ({"recent_chunks_bits": "4", "recent_chunks": "0"}, "recent_chunks", ["keep 1 to 64 of the newest"]),
         ({"recent_chunks_bits": "4", "recent_chunks": "99"}, "recent_chunks", ["out of range 0..64"]),
         ({"key_bits": "4", "value_bits": "4", "recent_chunks_bits": "4"}, "recent_chunks_bits", ["keep no chunk above"]),

@@ -366,7 +366,7 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     specs = {**info["input"]["required"], **info["input"].get("optional", {})}
     new = widgets[len(old):]
     qvg = ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
-    assert new == [*qvg, "recent_chunks_bits", "recent_chunks", "sink_bits"]  # then precision by age
+    assert new == [*qvg, "recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"]  # then tiers
     for name in new:
         assert "default" in specs[name][1], f"{name} needs a default for old workflows"
     assert specs["method"][1]["default"] == "rtn"  # an old workflow keeps plain RTN
@@ -442,6 +442,9 @@ def test_planner_defaults_and_ranges_match_the_nodes(object_info):
     o = object_info["JensenKVQuantizeKVCache"]["input"]["optional"]  # precision by age
     for name in ("recent_chunks_bits", "sink_bits"):
         assert routes.DEFAULTS[name] == o[name][1]["default"] and list(routes.TIER_BITS_CHOICES) == o[name][1]["options"]
+    name = "recent_chunks_key_bits"
+    assert routes.DEFAULTS[name] == o[name][1]["default"] == "same"
+    assert list(routes.RECENT_KEY_BITS_CHOICES) == o[name][1]["options"]
     assert routes.DEFAULTS["recent_chunks"] == o["recent_chunks"][1]["default"]
     assert routes._INT_RANGES["recent_chunks"][1] == o["recent_chunks"][1]["max"]
     s = object_info["JensenKVChunkedARSampler"]["input"]["required"]
