@@ -5,6 +5,7 @@
     python benchmarks/rollout.py --quick    # 1 seed x 4 chunks, 4 configurations (about a minute)
     python benchmarks/rollout.py --settings "INT2 g32 QuaRot; INT2 g32 QuaRot + taylor"   # any settings
     python benchmarks/rollout.py --paired-from docs/results/rollout_per_seed.csv   # the paired table again
+    python benchmarks/rollout.py --fig5-from docs/results/rollout_summary.csv      # the Fig. 5 plot again
     python benchmarks/rollout.py --modes    # correction modes and QVG side by side at INT2 (rollout_modes_*.csv)
 
 Every rollout continues a held-out ground-truth video: its first ``--prefix`` chunks are written into
@@ -369,6 +370,12 @@ def parse_args(argv=None):
         default=None,
         help="recompute the paired-difference table from a per-seed CSV of an earlier run, run nothing",
     )
+    p.add_argument(
+        "--fig5-from",
+        type=Path,
+        default=None,
+        help="redraw <stem>_fig5.png from a <stem>_summary.csv of an earlier run, run nothing",
+    )
     a = p.parse_args(argv)
     if a.settings:
         a.settings = [parse_setting(t) for arg in a.settings for t in arg.split(";") if t.strip()]
@@ -394,6 +401,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.paired_from is not None:
         return paired_from(args.paired_from, None)
+    if args.fig5_from is not None:
+        return fig5_from(args.fig5_from)
     support_comfyui.setup_inprocess_comfyui()
 
     import torch
@@ -666,32 +675,75 @@ def plots(summary, per_chunk, configs, out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "rollout_drift.png", dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for corr, marker in (("off", "o"), ("taylor", "s"), ("exact", "^")):
-        for rot, color in (("hadamard", "tab:orange"), ("none", "tab:blue")):
+    fig5(summary, out / "rollout_fig5.png")
+
+
+#: the Fig. 5 plot's families (colour) of settings; the marker is the correction
+FAMILY_COLOURS = {"RTN": "tab:blue", "QuaRot": "tab:orange", "QVG": "tab:green", "tiers": "tab:red"}
+
+
+def family(cfg: Config) -> str:
+    """RTN, QuaRot, QVG or tiers (precision by age on top of any of them): the Fig. 5 plot's colours."""
+    if any(k == "tiers" for k, _ in cfg.options):
+        return "tiers"
+    if cfg.qvg:
+        return "QVG"
+    return "QuaRot" if cfg.rotation == "hadamard" else "RTN"
+
+
+def fig5(summary: list[dict], path: Path) -> None:
+    """Latent PSNR against effective bits, the paper's Fig. 5: uniform RTN / QuaRot, QVG and age tiers apart,
+    the QVG and tier points named (``--fig5-from`` redraws it from a summary CSV)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    rows = [(parse_setting(r["config"]), r) for r in summary if r["config"] != "full precision"]
+    for fam, colour in FAMILY_COLOURS.items():
+        for corr, marker in (("off", "o"), ("taylor", "s"), ("exact", "^"), ("chunk_mean", "D")):
             pts = sorted(
-                (r["effective_bits"], r["latent_psnr"], r["latent_psnr_se"])
-                for r in summary
-                if r["correction"] == corr and r["rotation"] == rot and r["strength"] == 1.0
+                (float(r["effective_bits"]), float(r["latent_psnr"]), float(r["latent_psnr_se"]), cfg)
+                for cfg, r in rows
+                if family(cfg) == fam and cfg.correction == corr and cfg.strength == 1.0
             )
-            if pts:
-                ax.errorbar(
-                    [p[0] for p in pts],
-                    [p[1] for p in pts],
-                    yerr=[p[2] for p in pts],
-                    marker=marker,
-                    ls="none",
-                    color=color,
-                    alpha=0.8,
-                    label=f"{'QuaRot' if rot == 'hadamard' else 'RTN'}, correction {corr}",
-                )
-    ax.set_xlabel("effective bits per cached element")
+            if not pts:
+                continue
+            ax.errorbar(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                yerr=[p[2] for p in pts],
+                marker=marker,
+                ls="none",
+                color=colour,
+                alpha=0.85,
+                label=f"{fam}, correction {corr}",
+            )
+            if fam in ("QVG", "tiers") and corr != "off":
+                for x, y, _, cfg in pts:
+                    what = dict(cfg.options).get("tiers") or f"QVG g{cfg.group} K{cfg.centroids or ' auto'}"
+                    ax.annotate(what, (x, y), textcoords="offset points", xytext=(5, -10), fontsize=7, color=colour)
+    ax.axvline(2.75, color="0.6", lw=0.8, ls=":")
+    ax.set_xlabel("effective bits per cached element (what the run stored)")
     ax.set_ylabel("latent PSNR vs full-precision cache (dB)")
     ax.set_title("Storage against quality over rollouts (the paper's Fig. 5)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(out / "rollout_fig5.png", dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def fig5_from(path: Path) -> int:
+    """Redraw ``<stem>_fig5.png`` next to a stored summary CSV (``<stem>_summary.csv``)."""
+    with open(path, newline="") as f:
+        summary = list(csv.DictReader(f))
+    target = path.with_name(path.name.replace("_summary.csv", "_fig5.png"))
+    if target == path:
+        raise SystemExit(f"{path} is not a <stem>_summary.csv file")
+    fig5(summary, target)
+    print(f"wrote {target}")
+    return 0
 
 
 if __name__ == "__main__":

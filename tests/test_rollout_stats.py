@@ -122,3 +122,20 @@ def test_headline_run_pairs_every_correction_and_fits_an_hour_at_8_seeds(rollout
     got = rollout.pairs_for([*configs, tiered], extra)
     assert (tiered.name, "INT2 g32 QuaRot + taylor", "tier") in got
     assert (tiered.name, "INT2 g32 QuaRot tiers=recent2@4", "correction") not in got  # its uncorrected twin did not run
+
+
+def test_fig5_tells_tiers_and_qvg_apart_and_redraws_from_a_summary(rollout, tmp_path):
+    """The Fig. 5 plot's families: uniform RTN / QuaRot, QVG (auto K too) and age tiers on top of any of them."""
+    fam = {s: rollout.family(rollout.parse_setting(s)) for s in rollout.HEADLINE}
+    assert fam["INT2 g32 RTN"] == "RTN" and fam["INT2 g32 QuaRot + taylor"] == "QuaRot"
+    assert fam["INT2 g64 QVG+QuaRot + taylor"] == "QVG"
+    assert fam["INT2 g128 QuaRot + taylor tiers=recent1@4k0"] == "tiers" == fam["INT2 g128 QuaRot tiers=recent1@4"]
+    pytest.importorskip("matplotlib")
+    src = ROOT / "docs" / "results" / "rollout_tiers_paired_summary.csv"
+    summary = tmp_path / "x_summary.csv"
+    summary.write_text(src.read_text())
+    assert rollout.main(["--fig5-from", str(summary)]) == 0
+    png = tmp_path / "x_fig5.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    with pytest.raises(SystemExit, match="is not a <stem>_summary.csv"):
+        rollout.fig5_from(src.with_name("rollout_tiers_paired_per_seed.csv"))
