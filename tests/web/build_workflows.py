@@ -19,6 +19,7 @@ only its own files:
 
     COMFYUI_PATH=../shared/ComfyUI-v0.27 python tests/web/build_workflows.py
 """
+
 from __future__ import annotations
 
 import json
@@ -62,16 +63,22 @@ def main() -> int:
     if version == oldest or "--any-comfyui" in sys.argv[1:]:
         specs += [spec for spec in WORKFLOWS if spec["name"] not in CORE_WORKFLOW_NAMES]
     else:
-        print(f"ComfyUI {version} at {comfy}: the workflows of the Chunked AR sampler are built with the oldest "
-              f"supported ComfyUI {oldest} and its front end, so they load on every supported version:\n  "
-              "COMFYUI_PATH=../shared/ComfyUI .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py\n"
-              "(--any-comfyui builds them anyway)", file=sys.stderr)
+        print(
+            f"ComfyUI {version} at {comfy}: the workflows of the Chunked AR sampler are built with the oldest "
+            f"supported ComfyUI {oldest} and its front end, so they load on every supported version:\n  "
+            "COMFYUI_PATH=../shared/ComfyUI .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py\n"
+            "(--any-comfyui builds them anyway)",
+            file=sys.stderr,
+        )
     if has_core_ar(comfy):
         specs += [spec for spec in WORKFLOWS if spec["name"] in CORE_WORKFLOW_NAMES]
     else:
-        print(f"ComfyUI {version} at {comfy} has no core AR path (comfy/ldm/wan/ar_model.py): the workflows on "
-              "SamplerARVideo are built with ComfyUI v0.27+:\n  COMFYUI_PATH=../shared/ComfyUI-v0.27 python "
-              "tests/web/build_workflows.py", file=sys.stderr)
+        print(
+            f"ComfyUI {version} at {comfy} has no core AR path (comfy/ldm/wan/ar_model.py): the workflows on "
+            "SamplerARVideo are built with ComfyUI v0.27+:\n  COMFYUI_PATH=../shared/ComfyUI-v0.27 python "
+            "tests/web/build_workflows.py",
+            file=sys.stderr,
+        )
     if not specs:
         return 2
     from playwright.sync_api import sync_playwright

@@ -2,6 +2,7 @@
 marker for the workflows on ComfyUI's own AR sampler (``workflow_specs.CORE_WORKFLOWS``: SamplerARVideo,
 EmptyARVideoLatent and ARVideoI2V exist from ComfyUI v0.27 on). Against an older ComfyUI those items are
 deselected with the other core_ar tests (``-m "not core_ar"``), never skipped; against v0.27 they run."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ One ComfyUI server (the pack, the test-only node pack, placeholder model files a
 checkpoint in a temporary base directory) and one browser page serve every test in this module.
 Screenshots go to ``artifacts/browser/``.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,14 +54,16 @@ class UI:
         self.page.evaluate(
             """([t, scale]) => { const n = app.graph.nodes.find((n) => n.type === t);
                  app.canvas.ds.scale = scale; app.canvas.centerOnNode(n); app.canvas.setDirty(true, true); }""",
-            [node_type, scale])
+            [node_type, scale],
+        )
         self.page.wait_for_timeout(300)
 
     def panel(self, node_type: str = QUANT, name: str = "jensen_kv_panel"):
         """The DOM element of the pack's panel on the first node of this type."""
         return self.page.evaluate_handle(
             """([t, name]) => app.graph.nodes.find((n) => n.type === t)?.widgets?.find((w) => w.name === name)?.element""",
-            [node_type, name]).as_element()
+            [node_type, name],
+        ).as_element()
 
     def read_planner(self) -> dict:
         el = self.panel()
@@ -75,7 +78,9 @@ class UI:
             "compression": float(q("bits").get_attribute("data-compression") or "nan"),
             "warnings": q("warnings").text_content(),
             "bf16_bytes": int(q("bf16").get_attribute("data-bytes")) if q("bf16") else None,
-            "quant_bytes": int(q("quant").get_attribute("data-bytes")) if q("quant") and q("quant").get_attribute("data-bytes") else None,
+            "quant_bytes": int(q("quant").get_attribute("data-bytes"))
+            if q("quant") and q("quant").get_attribute("data-bytes")
+            else None,
             "quant_text": q("quant").text_content() if q("quant") else None,
             "summary": q("planner-summary").text_content(),
             "measured": q("measured").text_content(),
@@ -86,7 +91,9 @@ class UI:
         self.page.wait_for_function(
             f"""(t) => {{ const el = app.graph.nodes.find((n) => n.type === t)?.widgets
                          ?.find((w) => w.name === 'jensen_kv_panel')?.element; return !!el && ({predicate_js}); }}""",
-            arg=QUANT, timeout=timeout_ms)
+            arg=QUANT,
+            timeout=timeout_ms,
+        )
         return self.read_planner()
 
     def set_widget(self, node_type: str, name: str, value) -> None:
@@ -95,7 +102,8 @@ class UI:
             """([t, name, value]) => { const n = app.graph.nodes.find((n) => n.type === t);
                  const w = n.widgets.find((w) => w.name === name); w.value = value;
                  w.callback?.(w.value, app.canvas, n); app.graph.setDirtyCanvas(true, true); }""",
-            [node_type, name, value])
+            [node_type, name, value],
+        )
 
     def missing_nodes_dialog_shown(self) -> bool:
         return self.page.get_by_text(MISSING_NODES_TITLE).count() > 0
@@ -235,8 +243,15 @@ def _plan_bytes(**kw):
     lf, lh, lw = wan.latent_shape(kw.pop("width"), kw.pop("height"), kw.pop("frames"))
     bits_k, bits_v, g = kw.pop("key_bits"), kw.pop("value_bits"), kw.pop("group_size")
     spec = lambda b: None if b == "off" else QuantSpec(bits=int(b), group_size=g, rotation="hadamard")  # noqa: E731
-    p = plan_cache(latent_frames=lf, latent_height=lh, latent_width=lw, spec_k=spec(bits_k), spec_v=spec(bits_v), geometry=wan,
-                   **kw)
+    p = plan_cache(
+        latent_frames=lf,
+        latent_height=lh,
+        latent_width=lw,
+        spec_k=spec(bits_k),
+        spec_v=spec(bits_v),
+        geometry=wan,
+        **kw,
+    )
     return p.bf16_bytes, p.quantized_bytes
 
 
@@ -280,14 +295,16 @@ def test_planner_follows_bits_group_size_and_window(ui):
     ui.set_widget("JensenKVChunkedARSampler", "window_chunks", 2)
     r = ui.wait_planner("!el.querySelector('[data-jkv=warnings]').textContent.includes('window of')")
     assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
-        key_bits="4", value_bits="2", group_size=32, **{**wan13, "window_chunks": 2})
+        key_bits="4", value_bits="2", group_size=32, **{**wan13, "window_chunks": 2}
+    )
 
     # model preset from the planner's own select: Wan 14B
     el = ui.panel()
     el.query_selector("[data-jkv=preset]").select_option("wan2.1-14b")
     r = ui.wait_planner("el.querySelector('[data-jkv=in-layers]').value === '40'")
     assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
-        key_bits="4", value_bits="2", group_size=32, **{**wan13, "window_chunks": 2, "layers": 40, "heads": 40})
+        key_bits="4", value_bits="2", group_size=32, **{**wan13, "window_chunks": 2, "layers": 40, "heads": 40}
+    )
     print("planner, Wan 14B, window 2:", r["summary"])
     ui.shot("06_planner_wan14b_window2")
 
@@ -329,11 +346,24 @@ def test_planner_shows_the_k_qvg_auto_picks_for_the_chosen_chunks(ui):
 def test_planner_counts_both_cfg_branches_for_skyreels(ui):
     ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_skyreels_v2_df_cfg_int2_jensen.json").read_text()))
     ui.focus(QUANT)
-    r = ui.wait_planner("el.querySelector('[data-jkv=in-cfg_branches]')?.value === '2'"
-                        " && el.querySelector('[data-jkv=quant]')?.dataset.bytes")
+    r = ui.wait_planner(
+        "el.querySelector('[data-jkv=in-cfg_branches]')?.value === '2'"
+        " && el.querySelector('[data-jkv=quant]')?.dataset.bytes"
+    )
     assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
-        key_bits="2", value_bits="2", group_size=32, width=960, height=544, frames=97, chunk_frames=5,
-        window_chunks=0, layers=30, heads=12, head_dim=128, cfg_branches=2)
+        key_bits="2",
+        value_bits="2",
+        group_size=32,
+        width=960,
+        height=544,
+        frames=97,
+        chunk_frames=5,
+        window_chunks=0,
+        layers=30,
+        heads=12,
+        head_dim=128,
+        cfg_branches=2,
+    )
     print("\nplanner, SkyReels-V2 DF 960x544x97, cfg 6:", r["summary"])
     ui.shot("07_planner_skyreels_cfg2")
 
@@ -352,7 +382,8 @@ def test_planner_counts_age_tiers_to_the_byte(ui):
     tiers_text = ui.panel().query_selector("[data-jkv=tiers]").text_content()
     assert tiers_text.startswith("recent2@4: keys 2 2 2 2 4 4 · values 2 2 2 2 4 4 bits"), tiers_text
     assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
-        key_bits="2", value_bits="2", group_size=32, tiers=AgeTiers(recent_bits=4, recent_chunks=2), **wan13)
+        key_bits="2", value_bits="2", group_size=32, tiers=AgeTiers(recent_bits=4, recent_chunks=2), **wan13
+    )
     assert "tiers recent2@4 → 3.417 bits on average" in r["bits_text"], r["bits_text"]
     ui.shot("07b_planner_age_tiers")
     ui.set_widget(QUANT, "recent_chunks_key_bits", "off")  # values only: the keys stay at INT2
@@ -360,7 +391,8 @@ def test_planner_counts_age_tiers_to_the_byte(ui):
     tiers_text = ui.panel().query_selector("[data-jkv=tiers]").text_content()
     assert tiers_text.startswith("recent2@4k0: keys 2 2 2 2 2 2 · values 2 2 2 2 4 4 bits"), tiers_text
     assert (r["bf16_bytes"], r["quant_bytes"]) == _plan_bytes(
-        key_bits="2", value_bits="2", group_size=32, tiers=AgeTiers(4, 2, recent_key_bits=0), **wan13)
+        key_bits="2", value_bits="2", group_size=32, tiers=AgeTiers(4, 2, recent_key_bits=0), **wan13
+    )
     ui.set_widget(QUANT, "recent_chunks_key_bits", "same")
     ui.set_widget(QUANT, "recent_chunks_bits", "off")
     ui.wait_planner("!el.querySelector('[data-jkv=tiers]')")
@@ -385,11 +417,25 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
         box = el.query_selector(f"[data-jkv=in-{name}]")
         box.fill(value)
         box.press("Tab")
-    planned = ui.wait_planner("el.querySelector('[data-jkv=preset]').value === 'custom'"
-                              " && el.querySelector('[data-jkv=in-cfg_branches]').value === '2'"
-                              " && el.querySelector('[data-jkv=quant]')?.dataset.bytes")
-    expected = _plan_bytes(key_bits="2", value_bits="2", group_size=32, width=32, height=32, frames=13,
-                           chunk_frames=2, window_chunks=0, layers=2, heads=1, head_dim=128, cfg_branches=2)
+    planned = ui.wait_planner(
+        "el.querySelector('[data-jkv=preset]').value === 'custom'"
+        " && el.querySelector('[data-jkv=in-cfg_branches]').value === '2'"
+        " && el.querySelector('[data-jkv=quant]')?.dataset.bytes"
+    )
+    expected = _plan_bytes(
+        key_bits="2",
+        value_bits="2",
+        group_size=32,
+        width=32,
+        height=32,
+        frames=13,
+        chunk_frames=2,
+        window_chunks=0,
+        layers=2,
+        heads=1,
+        head_dim=128,
+        cfg_branches=2,
+    )
     assert (planned["bf16_bytes"], planned["quant_bytes"]) == expected
     ui.shot("08_tiny_planner_before_run")
 
@@ -401,7 +447,8 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
     ui.page.wait_for_function(
         """() => !!app.graph.nodes.find((n) => n.type === 'JensenKVChunkedARSampler')?.widgets
                ?.find((w) => w.name === 'jensen_kv_report')?.element?.querySelector('[data-jkv=report-text]')""",
-        timeout=240_000)
+        timeout=240_000,
+    )
     entry = ui.server.wait_for_prompt(body["prompt_id"], timeout=120)
     assert entry["status"]["status_str"] == "success", (entry["status"], ui.server.log_tail())
     report = entry["outputs"][str(_node_id(wf, "JensenKVChunkedARSampler"))]["jensen_kv_report"][0]
@@ -409,7 +456,9 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
     box = ui.panel("JensenKVChunkedARSampler", "jensen_kv_report").query_selector("[data-jkv=report-text]")
     shown = box.text_content()
     assert int(box.get_attribute("data-cache-bytes")) == report["cache_bytes"]
-    assert shown.startswith(f"KV cache {report['cache_bytes'] / 2**10:.1f} KiB (BF16 {report['bf16_bytes'] / 2**10:.1f} KiB)")
+    assert shown.startswith(
+        f"KV cache {report['cache_bytes'] / 2**10:.1f} KiB (BF16 {report['bf16_bytes'] / 2**10:.1f} KiB)"
+    )
     assert "s/chunk:" in shown and len(report["seconds_per_chunk"]) == report["chunks"] == 2
     for secs in report["seconds_per_chunk"]:
         assert f"{secs:.2f}" in shown

@@ -4,6 +4,7 @@ On core's path the numbers come from other nodes than on the pack's sampler: the
 ``num_frame_per_block``, window and sink are AR Cache Window's, cfg is the guider's, the size is
 EmptyARVideoLatent's. Loads the shipped chunk-wise workflow and changes those widgets.
 """
+
 from __future__ import annotations
 
 import json

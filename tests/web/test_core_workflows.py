@@ -11,6 +11,7 @@ Wan), ``workflow_specs.CORE_WORKFLOWS``:
 
 All marked ``core_ar``: deselected against ComfyUI without core's AR path (v0.3.64), never skipped.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,13 @@ WORKFLOW_DIR = PACK_ROOT / "workflows"
 ARTIFACTS = PACK_ROOT / "artifacts" / "browser"  # screenshots of the loaded workflows
 CORE_FILES = [WORKFLOW_DIR / f"{spec['name']}.json" for spec in CORE_WORKFLOWS]
 CORE_NODES = ("SamplerARVideo", "EmptyARVideoLatent", "ARVideoI2V")
-PACK_CHAIN = ["JensenKVARCacheWindow", "JensenKVBiasCorrection", "JensenKVQuantizeKVCache", "ModelSamplingSD3",
-              "UNETLoader"]
+PACK_CHAIN = [
+    "JensenKVARCacheWindow",
+    "JensenKVBiasCorrection",
+    "JensenKVQuantizeKVCache",
+    "ModelSamplingSD3",
+    "UNETLoader",
+]
 TINY_COLUMN, TINY_GAP = 128, 4  # Tiny AR Decode scale 8 on 16x16 latents; ImageStitch spacing
 
 
@@ -60,11 +66,14 @@ def test_every_core_workflow_is_shipped():
     assert not missing, f"{missing}: run COMFYUI_PATH=../shared/ComfyUI-v0.27 python tests/web/build_workflows.py"
 
 
-@pytest.mark.parametrize("name,unet,block,i2v", [
-    ("jensen_kv_core_ar_chunkwise_t2v_int2_jensen", SELF_FORCING_CAUSAL, 3, False),
-    ("jensen_kv_core_ar_framewise_t2v_int2_jensen", CAUSAL_FORCING_FRAMEWISE, 1, False),
-    ("jensen_kv_core_ar_i2v_framewise_int2_jensen", CAUSAL_FORCING_FRAMEWISE, 1, True),
-])
+@pytest.mark.parametrize(
+    "name,unet,block,i2v",
+    [
+        ("jensen_kv_core_ar_chunkwise_t2v_int2_jensen", SELF_FORCING_CAUSAL, 3, False),
+        ("jensen_kv_core_ar_framewise_t2v_int2_jensen", CAUSAL_FORCING_FRAMEWISE, 1, False),
+        ("jensen_kv_core_ar_i2v_framewise_int2_jensen", CAUSAL_FORCING_FRAMEWISE, 1, True),
+    ],
+)
 def test_wan_core_workflows_wire_the_pack_in_front_of_core_sampler(name, unet, block, i2v):
     g = graph(name)
     sampler = only(g, "SamplerCustomAdvanced")
@@ -100,8 +109,14 @@ def test_wan_core_workflows_wire_the_pack_in_front_of_core_sampler(name, unet, b
     assert g.upstream(decode, "samples")["id"] == sampler["id"]
     assert outputs_to(g, only(g, "CreateVideo")) == [(only(g, "SaveVideo"), "video")]
     note = g.note_text()
-    for fact in ("v0.27", "--causal", f"models/diffusion_models/{unet}", "num_frame_per_block", "KV Cache Report",
-                 "t = 1000, 937.5, 833.3, 625"):
+    for fact in (
+        "v0.27",
+        "--causal",
+        f"models/diffusion_models/{unet}",
+        "num_frame_per_block",
+        "KV Cache Report",
+        "t = 1000, 937.5, 833.3, 625",
+    ):
         assert fact in note, fact
     if i2v:
         assert START_IMAGE in note and "before ARVideoI2V" in note
@@ -132,8 +147,10 @@ def test_tiny_core_demo_mirrors_the_chunked_ar_demo_with_three_caches():
         chain = [model["type"], *g.model_chain(model)]
         arms.append(tuple(t for t in chain if t.startswith("JensenKV")))
         targets = outputs_to(g, s)
-        assert {(t["type"], n) for t, n in targets} == {("JensenKVTinyARDecode", "samples"),
-                                                        ("JensenKVCacheReport", "samples")}
+        assert {(t["type"], n) for t, n in targets} == {
+            ("JensenKVTinyARDecode", "samples"),
+            ("JensenKVCacheReport", "samples"),
+        }
         report = next(t for t, _ in targets if t["type"] == "JensenKVCacheReport")
         assert g.upstream(report, "model")["id"] == model["id"]
     assert sorted(arms) == [
@@ -208,10 +225,12 @@ def test_tiny_core_demo_runs_three_different_caches_in_a_live_server(server):
         frames.append(np.asarray(im.convert("RGB"), dtype=np.float64))
     video = np.stack(frames)
     step = TINY_COLUMN + TINY_GAP
-    fp, int2, jensen = (video[:, :, i * step: i * step + TINY_COLUMN] for i in range(3))
+    fp, int2, jensen = (video[:, :, i * step : i * step + TINY_COLUMN] for i in range(3))
     err_int2, err_jensen = np.abs(int2 - fp).mean(), np.abs(jensen - fp).mean()
-    print(f"\ntiny core demo: {elapsed:.1f} s; mean |pixel - full precision|: INT2 {err_int2:.2f}, "
-          f"INT2 + Jensen {err_jensen:.2f} (of 255)")
+    print(
+        f"\ntiny core demo: {elapsed:.1f} s; mean |pixel - full precision|: INT2 {err_int2:.2f}, "
+        f"INT2 + Jensen {err_jensen:.2f} (of 255)"
+    )
     assert fp.std() > 10, "the full-precision column is flat"
     assert err_int2 > 1.0, "INT2 did not change the video"
     assert err_jensen < err_int2, "the correction did not bring INT2 back towards full precision"
@@ -262,7 +281,9 @@ def test_core_workflow_loads_in_the_front_end_without_missing_nodes(path, page, 
         filled = list(frontend_defaults(n_file, info).values()) if info else []
         assert n_ui["widgets"] == (n_file.get("widgets_values") or []) + filled, n_file["type"]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.evaluate("() => { app.canvas.ds.scale = 0.62; app.canvas.ds.offset = [30, 60]; app.canvas.setDirty(true, true); }")
+    page.evaluate(
+        "() => { app.canvas.ds.scale = 0.62; app.canvas.ds.offset = [30, 60]; app.canvas.setDirty(true, true); }"
+    )
     page.wait_for_timeout(300)
     page.screenshot(path=str(ARTIFACTS / f"core_ar_loaded_{path.stem}.png"))
     assert not our_errors(page.jensen_errors), our_errors(page.jensen_errors)

@@ -4,6 +4,7 @@ The route functions must agree with jensen_core (one source for the formula), re
 values with a message that names the value and the fix, and project exactly the bytes a real
 ``ChunkCache`` holds.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,14 +44,20 @@ def test_spec_defaults_are_the_node_defaults_int2_g32_fp8():
 
 def test_spec_off_side_counts_as_bf16():
     out = routes.spec_summary({"key_bits": "2", "value_bits": "off"})
-    assert out["value"] == {"quantized": False, "bits": None, "effective_bits": 16.0,
-                            "note": "kept at the model's precision (counted as BF16)"}
+    assert out["value"] == {
+        "quantized": False,
+        "bits": None,
+        "effective_bits": 16.0,
+        "note": "kept at the model's precision (counted as BF16)",
+    }
     assert out["effective_bits"] == pytest.approx((2.75 + 16) / 2)
 
 
 def test_spec_head_dim_check_names_the_fix():
     out = routes.spec_summary({"group_size": "256", "head_dim": "128"})
-    assert out["errors"] == ["key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128"]
+    assert out["errors"] == [
+        "key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128"
+    ]
     out = routes.spec_summary({"group_size": "256", "head_dim": "128", "value_bits": "off"})
     assert out["errors"] == ["key cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128"]
     assert routes.spec_summary({"group_size": "32", "head_dim": "128"})["errors"] == []
@@ -67,7 +74,11 @@ def test_spec_qvg_is_exact_with_head_dim_and_chunk_tokens_and_says_what_it_leave
     out = routes.spec_summary({**q, "head_dim": "128", "chunk_tokens": "4680"})
     k = out["key"]
     assert k["exact"] is True and "note" not in k
-    assert k["effective_bits"] == method_of(spec).effective_bits_for(spec, 128, 4680) == pytest.approx(2.375 + 0.0625 + 16 * 256 / 4680)
+    assert (
+        k["effective_bits"]
+        == method_of(spec).effective_bits_for(spec, 128, 4680)
+        == pytest.approx(2.375 + 0.0625 + 16 * 256 / 4680)
+    )
     assert k["centroid_bits"] == pytest.approx(16 * 256 / 4680) and k["id_bits"] == 8 / 128
     assert out["effective_bits"] == pytest.approx((k["effective_bits"] + 16) / 2)
 
@@ -81,22 +92,52 @@ def test_spec_rtn_ignores_the_qvg_widgets_the_node_always_sends():
 def test_plan_qvg_counts_centroids_per_chunk_exactly_and_its_spec_is_exact():
     out = routes.plan_summary({"method": "qvg", "group_size": "64", "qvg_centroids": "256"})
     spec = QuantSpec(2, 64, "hadamard", method="qvg", qvg_centroids=256)
-    ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
-                     layers=30, heads=12, head_dim=128, spec_k=spec, spec_v=spec, geometry=WAN)
+    ref = plan_cache(
+        latent_frames=21,
+        latent_height=60,
+        latent_width=104,
+        chunk_frames=3,
+        window_chunks=0,
+        layers=30,
+        heads=12,
+        head_dim=128,
+        spec_k=spec,
+        spec_v=spec,
+        geometry=WAN,
+    )
     assert out["quantized_bytes"] == ref.quantized_bytes
     # 6 cached chunks x 30 layers x 12 heads x (4680 tokens x (32 B codes + 2 x 3 B metadata + 1 B id) + 256 x 128 x 2 B)
     assert ref.quantized_bytes == 2 * 6 * 30 * 12 * (4680 * (32 + 6 + 1) + 256 * 128 * 2)
-    assert out["spec"]["key"]["exact"] and out["spec"]["key"]["effective_bits"] == method_of(spec).effective_bits_for(spec, 128, 4680)
+    assert out["spec"]["key"]["exact"] and out["spec"]["key"]["effective_bits"] == method_of(spec).effective_bits_for(
+        spec, 128, 4680
+    )
     assert out["effective_bits_k"] == pytest.approx(out["spec"]["key"]["effective_bits"])
     assert out["bytes_ratio"] == pytest.approx(16 / method_of(spec).effective_bits_for(spec, 128, 4680))
-    small = routes.plan_summary({"method": "qvg", "qvg_centroids": "256", "width": "64", "height": "48", "chunk_frames": "1"})
+    small = routes.plan_summary(
+        {"method": "qvg", "qvg_centroids": "256", "width": "64", "height": "48", "chunk_frames": "1"}
+    )
     assert any("keeps every token as a BF16 centroid" in w and "lower K" in w for w in small["warnings"])
 
 
 def test_plan_qvg_projection_equals_bytes_a_real_cache_holds():
-    q = {"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32", "width": "64", "height": "64",
-         "frames": "17", "chunk_frames": "2", "window_chunks": "0", "cfg_branches": "1", "group_size": "16",
-         "key_bits": "2", "value_bits": "4", "method": "qvg", "qvg_centroids": "20", "qvg_stages": "2"}
+    q = {
+        "preset": "custom",
+        "layers": "2",
+        "heads": "2",
+        "head_dim": "32",
+        "width": "64",
+        "height": "64",
+        "frames": "17",
+        "chunk_frames": "2",
+        "window_chunks": "0",
+        "cfg_branches": "1",
+        "group_size": "16",
+        "key_bits": "2",
+        "value_bits": "4",
+        "method": "qvg",
+        "qvg_centroids": "20",
+        "qvg_stages": "2",
+    }
     out = routes.plan_summary(q)
     spec_k = QuantSpec(2, 16, "hadamard", method="qvg", qvg_centroids=20, qvg_stages=2)
     spec_v = QuantSpec(4, 16, "hadamard", method="qvg", qvg_centroids=20, qvg_stages=2)
@@ -111,9 +152,19 @@ def test_plan_qvg_projection_equals_bytes_a_real_cache_holds():
 
 def test_plan_matches_plan_cache_for_wan_1_3b_defaults():
     out = routes.plan_summary({})
-    ref = plan_cache(latent_frames=21, latent_height=60, latent_width=104, chunk_frames=3, window_chunks=0,
-                     layers=30, heads=12, head_dim=128, spec_k=QuantSpec(2, 32, "hadamard"),
-                     spec_v=QuantSpec(2, 32, "hadamard"), geometry=WAN)
+    ref = plan_cache(
+        latent_frames=21,
+        latent_height=60,
+        latent_width=104,
+        chunk_frames=3,
+        window_chunks=0,
+        layers=30,
+        heads=12,
+        head_dim=128,
+        spec_k=QuantSpec(2, 32, "hadamard"),
+        spec_v=QuantSpec(2, 32, "hadamard"),
+        geometry=WAN,
+    )
     assert out["bf16_bytes"] == ref.bf16_bytes
     assert out["quantized_bytes"] == ref.quantized_bytes
     assert out["tokens_per_latent_frame"] == 1560 and out["chunks"] == 7 and out["cached_chunks_peak"] == 6
@@ -168,9 +219,21 @@ def test_plan_notes_odd_sizes_and_frame_counts():
 
 def test_plan_projection_equals_bytes_a_real_cache_holds():
     """Fill real ChunkCaches with the shapes the plan describes: the bytes must agree exactly."""
-    q = {"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32", "width": "64", "height": "48",
-         "frames": "17", "chunk_frames": "2", "window_chunks": "0", "cfg_branches": "2", "group_size": "16",
-         "key_bits": "2", "value_bits": "3"}
+    q = {
+        "preset": "custom",
+        "layers": "2",
+        "heads": "2",
+        "head_dim": "32",
+        "width": "64",
+        "height": "48",
+        "frames": "17",
+        "chunk_frames": "2",
+        "window_chunks": "0",
+        "cfg_branches": "2",
+        "group_size": "16",
+        "key_bits": "2",
+        "value_bits": "3",
+    }
     out = routes.plan_summary(q)
     assert out["latent_frames"] == 5 and out["chunks"] == 3 and out["cached_chunks_peak"] == 2
     spec_k, spec_v = QuantSpec(2, 16, "hadamard"), QuantSpec(3, 16, "hadamard")
@@ -278,9 +341,24 @@ def test_plan_with_age_tiers_counts_each_chunk_at_its_bits_as_a_real_cache_does(
     chunk are those of real ChunkCaches fed the chunks the run writes (last chunk included: the cache file)."""
     from jensen_core.tiers import AgeTiers
 
-    q = {"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32", "width": "64", "height": "48",
-         "frames": "29", "chunk_frames": "1", "window_chunks": "3", "sink_chunks": "1", "group_size": "16",
-         "key_bits": "2", "value_bits": "2", "recent_chunks_bits": "4", "recent_chunks": "2", "sink_bits": "8"}
+    q = {
+        "preset": "custom",
+        "layers": "2",
+        "heads": "2",
+        "head_dim": "32",
+        "width": "64",
+        "height": "48",
+        "frames": "29",
+        "chunk_frames": "1",
+        "window_chunks": "3",
+        "sink_chunks": "1",
+        "group_size": "16",
+        "key_bits": "2",
+        "value_bits": "2",
+        "recent_chunks_bits": "4",
+        "recent_chunks": "2",
+        "sink_bits": "8",
+    }
     out = routes.plan_summary(q)
     assert out["tiers"] == "recent2@4+sink@8" and out["chunk_bits_k"] == [8, 2, 4, 4] == out["chunk_bits_v"]
     spec = QuantSpec(2, 16, "hadamard")
@@ -301,7 +379,11 @@ def test_plan_with_age_tiers_counts_each_chunk_at_its_bits_as_a_real_cache_does(
     assert routes.plan_summary({**q, "recent_chunks_bits": "off", "recent_chunks": "0"})["tiers"] == "sink@8"
     # a values-only recent tier: the keys stay at INT2 but the sink's, and the bytes are a real cache's
     vo = routes.plan_summary({**q, "recent_chunks_key_bits": "off"})
-    assert vo["tiers"] == "recent2@4k0+sink@8" and vo["chunk_bits_k"] == [8, 2, 2, 2] and vo["chunk_bits_v"] == [8, 2, 4, 4]
+    assert (
+        vo["tiers"] == "recent2@4k0+sink@8"
+        and vo["chunk_bits_k"] == [8, 2, 2, 2]
+        and vo["chunk_bits_v"] == [8, 2, 4, 4]
+    )
     caches = [ChunkCache(spec, spec, 3, 1, AgeTiers(4, 2, 8, recent_key_bits=0)) for _ in range(2)]
     g = torch.Generator().manual_seed(1)
     for cache in caches:
@@ -314,7 +396,11 @@ def test_plan_with_age_tiers_counts_each_chunk_at_its_bits_as_a_real_cache_does(
 @pytest.mark.parametrize(
     "params, param, words",
     [
-        ({"recent_chunks_bits": "2"}, "recent_chunks_bits", ["recent_chunks_bits='2' is not supported", "off, 3, 4, 8"]),
+        (
+            {"recent_chunks_bits": "2"},
+            "recent_chunks_bits",
+            ["recent_chunks_bits='2' is not supported", "off, 3, 4, 8"],
+        ),
         (
             {"recent_chunks_bits": "4", "recent_chunks_key_bits": "2"},
             "recent_chunks_key_bits",
@@ -322,7 +408,11 @@ def test_plan_with_age_tiers_counts_each_chunk_at_its_bits_as_a_real_cache_does(
         ),
         ({"recent_chunks_bits": "4", "recent_chunks": "0"}, "recent_chunks", ["keep 1 to 64 of the newest"]),
         ({"recent_chunks_bits": "4", "recent_chunks": "99"}, "recent_chunks", ["out of range 0..64"]),
-        ({"key_bits": "4", "value_bits": "4", "recent_chunks_bits": "4"}, "recent_chunks_bits", ["keep no chunk above"]),
+        (
+            {"key_bits": "4", "value_bits": "4", "recent_chunks_bits": "4"},
+            "recent_chunks_bits",
+            ["keep no chunk above"],
+        ),
         ({"key_bits": "off", "value_bits": "off", "sink_bits": "8"}, "sink_bits", ["both off"]),
     ],
 )

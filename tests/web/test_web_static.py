@@ -1,4 +1,5 @@
 """Static checks of the web extension: it parses, uses the front-end API it should, and holds no formula."""
+
 from __future__ import annotations
 
 import re

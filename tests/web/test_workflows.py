@@ -5,6 +5,7 @@ numbers in range, the right kind), every link joins an output and an input of th
 every required socket is connected; plus what each workflow promises (INT2 + Jensen, cfg, the A/B
 arms) and a Note that names every model file the loaders use, in the folder ComfyUI reads it from.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,7 +106,9 @@ def check_value(where: str, spec: list, value) -> None:
         assert value in choices, f"{where}: {value!r} is not one of {choices}"
     elif kind in ("INT", "FLOAT"):
         ok = isinstance(value, int) if kind == "INT" else isinstance(value, (int, float))
-        assert ok and not isinstance(value, bool), f"{where}: {value!r} is not a{'n INT' if kind == 'INT' else ' FLOAT'}"
+        assert ok and not isinstance(value, bool), (
+            f"{where}: {value!r} is not a{'n INT' if kind == 'INT' else ' FLOAT'}"
+        )
         if "min" in opts:
             assert value >= opts["min"], f"{where}: {value} < min {opts['min']}"
         if "max" in opts:
@@ -165,8 +168,10 @@ def validate(wf: dict, object_info: dict) -> list[str]:
             continue
         in_type = "COMBO" if isinstance(in_spec[0], list) else in_spec[0]
         if not (out_type == in_type == ltype or "*" in (out_type, in_type)):
-            problems.append(f"link {link_id}: {src['type']}.{s_info['output_name'][oslot]} ({out_type}) -> "
-                            f"{dst['type']}.{in_name} ({in_type}), link says {ltype}")
+            problems.append(
+                f"link {link_id}: {src['type']}.{s_info['output_name'][oslot]} ({out_type}) -> "
+                f"{dst['type']}.{in_name} ({in_type}), link says {ltype}"
+            )
         if dst["inputs"][tslot].get("link") != link_id:
             problems.append(f"link {link_id}: {dst['type']}.{in_name} does not point back to it")
         if link_id not in (src["outputs"][oslot].get("links") or []):
@@ -202,16 +207,30 @@ def test_ui_format_and_note_names_every_model_file(path):
 
 def _sampler_widgets(g: Graph, node: dict) -> dict:
     """The sampler's widget values by name (required ones, then the optional ones added later)."""
-    names = ["seed", "control", "cfg", "chunk_frames", "window_chunks", "context_noise", "sink_chunks",
-             "include_prefix", "recache_on_switch"]
+    names = [
+        "seed",
+        "control",
+        "cfg",
+        "chunk_frames",
+        "window_chunks",
+        "context_noise",
+        "sink_chunks",
+        "include_prefix",
+        "recache_on_switch",
+    ]
     if node["type"] == "JensenKVChunkedARSamplerSimple":
         names = ["seed", "control", "steps", "cfg", "sampler_name", "scheduler", *names[3:]]
     return dict(zip(names, node["widgets_values"]))
 
 
-@pytest.mark.parametrize("name,preset,steps", [("jensen_kv_self_forcing_t2v_int2_jensen", "self_forcing_4step", 4),
-                                               ("jensen_kv_longlive_t2v_int2_jensen", "longlive_4step", 4),
-                                               ("jensen_kv_causvid_t2v_int2_jensen", "causvid_3step", 3)])
+@pytest.mark.parametrize(
+    "name,preset,steps",
+    [
+        ("jensen_kv_self_forcing_t2v_int2_jensen", "self_forcing_4step", 4),
+        ("jensen_kv_longlive_t2v_int2_jensen", "longlive_4step", 4),
+        ("jensen_kv_causvid_t2v_int2_jensen", "causvid_3step", 3),
+    ],
+)
 def test_few_step_workflows_use_their_reference_schedule(name, preset, steps):
     g = Graph(by_name(name))
     (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
@@ -226,8 +245,11 @@ def test_few_step_workflows_use_their_reference_schedule(name, preset, steps):
     assert sched["type"] == "JensenKVARSchedule" and sched["widgets_values"][0] == preset
     assert g.upstream(sampler, "sampler")["widgets_values"] == ["lcm"]
     note = g.note_text()
-    assert {"self_forcing_4step": "t = 1000, 937.5, 833.3, 625", "longlive_4step": "t = 1000, 937.5, 833.3, 625",
-            "causvid_3step": "t = 1000, 757, 522"}[preset] in note
+    assert {
+        "self_forcing_4step": "t = 1000, 937.5, 833.3, 625",
+        "longlive_4step": "t = 1000, 937.5, 833.3, 625",
+        "causvid_3step": "t = 1000, 757, 522",
+    }[preset] in note
     assert "convert_checkpoint.py" in note
 
 
@@ -268,8 +290,14 @@ def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt_and_full_unipc_si
 @pytest.mark.parametrize("name", ["jensen_kv_skyreels_v2_df_cfg_int2_jensen", "jensen_kv_extend_clip_skyreels_v2_df"])
 def test_skyreels_notes_say_it_is_an_experimental_causal_variant_and_the_fps_drop_changes_the_output(name):
     note = " ".join(Graph(by_name(name)).note_text().split())
-    for fact in ("experimental causal variant of SkyReels-V2 DF", "attend bidirectionally", "keep no KV cache",
-                 "re-encode overlap_history frames", "to every block's modulation", "output differs"):
+    for fact in (
+        "experimental causal variant of SkyReels-V2 DF",
+        "attend bidirectionally",
+        "keep no KV cache",
+        "re-encode overlap_history frames",
+        "to every block's modulation",
+        "output differs",
+    ):
         assert fact in note, fact
     assert "expected, the T2V path does not use it" not in note
 
@@ -364,7 +392,7 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     widgets = [n for n in order if n != "model"]
     assert widgets[: len(old)] == old
     specs = {**info["input"]["required"], **info["input"].get("optional", {})}
-    new = widgets[len(old):]
+    new = widgets[len(old) :]
     qvg = ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
     assert new == [*qvg, "recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"]  # then tiers
     for name in new:
@@ -373,7 +401,7 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     assert specs["recent_chunks_bits"][1]["default"] == specs["sink_bits"][1]["default"] == "off"  # and one precision
     wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
     quant = next(n for n in wf["nodes"] if n["type"] == "JensenKVQuantizeKVCache")
-    assert quant["widgets_values"][len(old):] == [specs[n][1]["default"] for n in qvg]  # saved before the tiers
+    assert quant["widgets_values"][len(old) :] == [specs[n][1]["default"] for n in qvg]  # saved before the tiers
     # such a file is valid: the front end fills the four new widgets with their defaults
     quant["widgets_values"] = quant["widgets_values"][: len(old)]
     assert validate(wf, object_info) == []
@@ -398,21 +426,28 @@ def test_validator_catches_broken_workflows(object_info):
         return next(n for n in w["nodes"] if n["type"] == t)
 
     assert "missing node" in broken(lambda w: node(w, "VAEDecode").update(type="VAEDecodeNope"))
-    assert "'5' is not one of" in broken(lambda w: node(w, "JensenKVQuantizeKVCache")["widgets_values"].__setitem__(0, "5"))
+    assert "'5' is not one of" in broken(
+        lambda w: node(w, "JensenKVQuantizeKVCache")["widgets_values"].__setitem__(0, "5")
+    )
     assert "> max" in broken(lambda w: node(w, "JensenKVBiasCorrection")["widgets_values"].__setitem__(1, 9.0))
-    assert "is not one of" in broken(lambda w: node(w, "UNETLoader")["widgets_values"].__setitem__(0, "nope.safetensors"))
+    assert "is not one of" in broken(
+        lambda w: node(w, "UNETLoader")["widgets_values"].__setitem__(0, "nope.safetensors")
+    )
     assert "left over" in broken(lambda w: node(w, "VAELoader")["widgets_values"].append("x"))
     assert "no widget value for vae_name (a required input)" in broken(
-        lambda w: node(w, "VAELoader")["widgets_values"].clear())
+        lambda w: node(w, "VAELoader")["widgets_values"].clear()
+    )
 
     def retype(w):
         w["links"][0][5] = "CLIP"
+
     assert "link says CLIP" in broken(retype)
 
     def cut(w):
         s = node(w, "JensenKVChunkedARSampler")
         inp = next(i for i in s["inputs"] if i["name"] == "latent")
         inp["link"] = None
+
     assert "required input 'latent'" in broken(cut)
 
 
@@ -441,7 +476,9 @@ def test_planner_defaults_and_ranges_match_the_nodes(object_info):
     assert list(routes.BITS_CHOICES) == q["key_bits"][1]["options"]
     o = object_info["JensenKVQuantizeKVCache"]["input"]["optional"]  # precision by age
     for name in ("recent_chunks_bits", "sink_bits"):
-        assert routes.DEFAULTS[name] == o[name][1]["default"] and list(routes.TIER_BITS_CHOICES) == o[name][1]["options"]
+        assert (
+            routes.DEFAULTS[name] == o[name][1]["default"] and list(routes.TIER_BITS_CHOICES) == o[name][1]["options"]
+        )
     name = "recent_chunks_key_bits"
     assert routes.DEFAULTS[name] == o[name][1]["default"] == "same"
     assert list(routes.RECENT_KEY_BITS_CHOICES) == o[name][1]["options"]

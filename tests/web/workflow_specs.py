@@ -6,6 +6,7 @@ name, links by slot name), and saves ``app.graph.serialize()`` - exactly what Co
 - to ``workflows/<name>.json``. The tests read the JSON files; this module also tells them which
 model file names the loaders use, so placeholder files can be created for combo validation.
 """
+
 from __future__ import annotations
 
 # ------------------------------------------------------------------------------------------ models
@@ -156,8 +157,13 @@ _KREA_FILE = f"""- models/diffusion_models/{KREA}
         models/diffusion_models/{KREA}"""
 
 #: Krea's settings (daydreamlive/scope krea_realtime_video: model.yaml, pipeline.py, schema.py)
-KREA_SAMPLER = {"chunk_frames": 3, "window_chunks": 0, "sink_chunks": 0, "recompute_frames": 3,
-                "kv_cache_attention_bias": 0.3}
+KREA_SAMPLER = {
+    "chunk_frames": 3,
+    "window_chunks": 0,
+    "sink_chunks": 0,
+    "recompute_frames": 3,
+    "kv_cache_attention_bias": 0.3,
+}
 
 NOTE_KREA = f"""Krea Realtime 14B text-to-video with Krea's cache settings + a 2-bit KV cache + Jensen bias correction
 
@@ -272,12 +278,18 @@ of 3, cache window 3 chunks (its training window), 8 euler steps with shift 3, s
 Saved side by side as an animated WEBP (jensen_kv/tiny_ab_*.webp). It runs in under a minute on 2
 CPU cores. A proxy with learned attention - not a substitute for Wan."""
 
-PROMPT = ("A red fox trotting through fresh snow in a birch forest at golden hour, soft light, "
-          "shallow depth of field, the camera tracking alongside it")
-PROMPT_SKYREELS = ("A sailboat gliding across a calm turquoise bay, gentle waves, seagulls overhead, "
-                   "cinematic wide shot, late afternoon sun")
-NEGATIVE = ("blurry, low quality, distorted, overexposed, static, jpeg artifacts, extra limbs, "
-            "deformed, watermark, text, subtitles")
+PROMPT = (
+    "A red fox trotting through fresh snow in a birch forest at golden hour, soft light, "
+    "shallow depth of field, the camera tracking alongside it"
+)
+PROMPT_SKYREELS = (
+    "A sailboat gliding across a calm turquoise bay, gentle waves, seagulls overhead, "
+    "cinematic wide shot, late afternoon sun"
+)
+NEGATIVE = (
+    "blurry, low quality, distorted, overexposed, static, jpeg artifacts, extra limbs, "
+    "deformed, watermark, text, subtitles"
+)
 STORY = (
     ("A lighthouse on a rocky coast at dawn, calm sea, soft pink light, seagulls circling", "dawn"),
     ("The same lighthouse as storm clouds roll in, wind whipping the waves against the rocks", "storm"),
@@ -288,13 +300,31 @@ STORY = (
 def _n(key, type_, col, widgets=None, title=None, size=None, color=None, bgcolor=None, align=None, below=None):
     """A node in layout column ``col``, stacked in spec order; ``align``: top no higher than that node's
     top; ``below``: top under that node's bottom (both name nodes placed earlier in the list)."""
-    return {"key": key, "type": type_, "col": col, "widgets": widgets or {}, "title": title,
-            "size": size, "color": color, "bgcolor": bgcolor, "align": align, "below": below}
+    return {
+        "key": key,
+        "type": type_,
+        "col": col,
+        "widgets": widgets or {},
+        "title": title,
+        "size": size,
+        "color": color,
+        "bgcolor": bgcolor,
+        "align": align,
+        "below": below,
+    }
 
 
 def _note(text, size=(560, 640)):
-    return _n("note", "Note", 0, {"text": text}, title="Read me: model files and what this does", size=list(size),
-              color="#432", bgcolor="#653")
+    return _n(
+        "note",
+        "Note",
+        0,
+        {"text": text},
+        title="Read me: model files and what this does",
+        size=list(size),
+        color="#432",
+        bgcolor="#653",
+    )
 
 
 def _loaders(unet=SELF_FORCING, shift=None):
@@ -307,12 +337,27 @@ def _loaders(unet=SELF_FORCING, shift=None):
     ]
 
 
-QUANT_INT2 = {"key_bits": "2", "value_bits": "2", "group_size": "32", "rotation": "hadamard",
-              "scale_format": "fp8_e4m3", "rotation_seed": 0}
+QUANT_INT2 = {
+    "key_bits": "2",
+    "value_bits": "2",
+    "group_size": "32",
+    "rotation": "hadamard",
+    "scale_format": "fp8_e4m3",
+    "rotation_seed": 0,
+}
 JENSEN_TAYLOR = {"mode": "taylor", "strength": 1.0}
 SF_SCHEDULE = {"preset": "self_forcing_4step", "steps": 30, "shift": 8.0, "manual": "1, 0.757, 0.522"}
-SAMPLER_SF = {"seed": 42, "control_after_generate": "fixed", "cfg": 1.0, "chunk_frames": 3, "window_chunks": 0,
-              "context_noise": 0.0, "sink_chunks": 0, "include_prefix": True, "recache_on_switch": True}
+SAMPLER_SF = {
+    "seed": 42,
+    "control_after_generate": "fixed",
+    "cfg": 1.0,
+    "chunk_frames": 3,
+    "window_chunks": 0,
+    "context_noise": 0.0,
+    "sink_chunks": 0,
+    "include_prefix": True,
+    "recache_on_switch": True,
+}
 
 
 def _few_step(unet, note, name, schedule, prefix_out, title):
@@ -351,13 +396,25 @@ def _few_step(unet, note, name, schedule, prefix_out, title):
 
 
 def _self_forcing() -> dict:
-    return _few_step(SELF_FORCING, NOTE_SELF_FORCING, "jensen_kv_self_forcing_t2v_int2_jensen", SF_SCHEDULE,
-                     "jensen_kv/self_forcing_int2_jensen", "Self-Forcing schedule (t = 1000, 937.5, 833.3, 625)")
+    return _few_step(
+        SELF_FORCING,
+        NOTE_SELF_FORCING,
+        "jensen_kv_self_forcing_t2v_int2_jensen",
+        SF_SCHEDULE,
+        "jensen_kv/self_forcing_int2_jensen",
+        "Self-Forcing schedule (t = 1000, 937.5, 833.3, 625)",
+    )
 
 
 def _longlive() -> dict:
-    spec = _few_step(LONGLIVE, NOTE_LONGLIVE, "jensen_kv_longlive_t2v_int2_jensen", {**SF_SCHEDULE, "preset": "longlive_4step"},
-                     "jensen_kv/longlive_int2_jensen", "LongLive schedule (t = 1000, 937.5, 833.3, 625)")
+    spec = _few_step(
+        LONGLIVE,
+        NOTE_LONGLIVE,
+        "jensen_kv_longlive_t2v_int2_jensen",
+        {**SF_SCHEDULE, "preset": "longlive_4step"},
+        "jensen_kv/longlive_int2_jensen",
+        "LongLive schedule (t = 1000, 937.5, 833.3, 625)",
+    )
     for node in spec["nodes"]:
         if node["key"] == "latent":
             node["widgets"] = {**node["widgets"], "length": 477}  # num_output_frames 120 (latent)
@@ -368,9 +425,14 @@ def _longlive() -> dict:
 
 
 def _krea() -> dict:
-    spec = _few_step(KREA, NOTE_KREA, "jensen_kv_krea_realtime_14b_t2v_int2_jensen",
-                     {**SF_SCHEDULE, "preset": "manual", "manual": "1000, 750, 500, 250"},
-                     "jensen_kv/krea_realtime_int2_jensen", "Krea schedule (t = 1000, 750, 500, 250, unwarped)")
+    spec = _few_step(
+        KREA,
+        NOTE_KREA,
+        "jensen_kv_krea_realtime_14b_t2v_int2_jensen",
+        {**SF_SCHEDULE, "preset": "manual", "manual": "1000, 750, 500, 250"},
+        "jensen_kv/krea_realtime_int2_jensen",
+        "Krea schedule (t = 1000, 750, 500, 250, unwarped)",
+    )
     for node in spec["nodes"]:
         if node["key"] == "latent":
             node["widgets"] = {**node["widgets"], "width": 576, "height": 320}
@@ -382,15 +444,26 @@ def _krea() -> dict:
 
 
 def _causvid() -> dict:
-    return _few_step(CAUSVID, NOTE_CAUSVID, "jensen_kv_causvid_t2v_int2_jensen", {**SF_SCHEDULE, "preset": "causvid_3step"},
-                     "jensen_kv/causvid_int2_jensen", "CausVid 3-step schedule (t = 1000, 757, 522)")
+    return _few_step(
+        CAUSVID,
+        NOTE_CAUSVID,
+        "jensen_kv_causvid_t2v_int2_jensen",
+        {**SF_SCHEDULE, "preset": "causvid_3step"},
+        "jensen_kv/causvid_int2_jensen",
+        "CausVid 3-step schedule (t = 1000, 757, 522)",
+    )
 
 
 def _skyreels_sampling():
     return [
         _n("select", "KSamplerSelect", 2, {"sampler_name": "uni_pc_bh2"}, title="Sampler (UniPC bh2 ~ FlowUniPC)"),
-        _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 30, "denoise": 1.0},
-           title="30 steps (simple, shift 8)"),
+        _n(
+            "sched",
+            "BasicScheduler",
+            2,
+            {"scheduler": "simple", "steps": 30, "denoise": 1.0},
+            title="30 steps (simple, shift 8)",
+        ),
     ]
 
 
@@ -410,8 +483,13 @@ def _skyreels() -> dict:
         _n("sampler", "JensenKVChunkedARSampler", 5, SAMPLER_SKYREELS),
         _n("decode", "VAEDecode", 6),
         _n("video", "CreateVideo", 6, {"fps": 24.0}),
-        _n("save", "SaveVideo", 6, {"filename_prefix": "jensen_kv/skyreels_df_cfg6_int2_jensen",
-                                    "format": "auto", "codec": "auto"}, size=[400, 360]),
+        _n(
+            "save",
+            "SaveVideo",
+            6,
+            {"filename_prefix": "jensen_kv/skyreels_df_cfg6_int2_jensen", "format": "auto", "codec": "auto"},
+            size=[400, 360],
+        ),
     ]
     links = [
         ("unet", "MODEL", "shift", "model"),
@@ -457,8 +535,13 @@ def _ab() -> dict:
         _n("stitch1", "ImageStitch", 6, stitch, title="A | B", align="s_int2"),
         _n("stitch2", "ImageStitch", 6, stitch, title="A | B | C"),
         _n("video", "CreateVideo", 7, {"fps": 16.0}, align="s_int2"),
-        _n("save", "SaveVideo", 7, {"filename_prefix": "jensen_kv/ab_bf16_int2_int2jensen",
-                                    "format": "auto", "codec": "auto"}, size=[640, 300]),
+        _n(
+            "save",
+            "SaveVideo",
+            7,
+            {"filename_prefix": "jensen_kv/ab_bf16_int2_int2jensen", "format": "auto", "codec": "auto"},
+            size=[640, 300],
+        ),
     ]
     links = [
         ("unet", "MODEL", "s_bf16", "model"),
@@ -500,9 +583,30 @@ def _story() -> dict:
     nodes = [
         _note(NOTE_STORY, size=(560, 760)),
         *_loaders(),
-        _n("p0", "CLIPTextEncode", 2, {"text": STORY[0][0]}, title=f"Prompt from chunk 0 ({STORY[0][1]})", size=[400, 130]),
-        _n("p1", "CLIPTextEncode", 2, {"text": STORY[1][0]}, title=f"Prompt from chunk 5 ({STORY[1][1]})", size=[400, 130]),
-        _n("p2", "CLIPTextEncode", 2, {"text": STORY[2][0]}, title=f"Prompt from chunk 10 ({STORY[2][1]})", size=[400, 130]),
+        _n(
+            "p0",
+            "CLIPTextEncode",
+            2,
+            {"text": STORY[0][0]},
+            title=f"Prompt from chunk 0 ({STORY[0][1]})",
+            size=[400, 130],
+        ),
+        _n(
+            "p1",
+            "CLIPTextEncode",
+            2,
+            {"text": STORY[1][0]},
+            title=f"Prompt from chunk 5 ({STORY[1][1]})",
+            size=[400, 130],
+        ),
+        _n(
+            "p2",
+            "CLIPTextEncode",
+            2,
+            {"text": STORY[2][0]},
+            title=f"Prompt from chunk 10 ({STORY[2][1]})",
+            size=[400, 130],
+        ),
         _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
         _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 832, "height": 480, "length": 161, "batch_size": 1}),
         _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM)"),
@@ -516,8 +620,13 @@ def _story() -> dict:
         _n("savekv", "JensenKVSaveKVCache", 5, {"filename_prefix": "jensen_kv/story_kv_cache"}),
         _n("decode", "VAEDecode", 6),
         _n("video", "CreateVideo", 6, {"fps": 16.0}),
-        _n("save", "SaveVideo", 6, {"filename_prefix": "jensen_kv/story_int2_jensen", "format": "auto",
-                                    "codec": "auto"}, size=[400, 360]),
+        _n(
+            "save",
+            "SaveVideo",
+            6,
+            {"filename_prefix": "jensen_kv/story_int2_jensen", "format": "auto", "codec": "auto"},
+            size=[400, 360],
+        ),
     ]
     links = [
         ("unet", "MODEL", "quant", "model"),
@@ -552,11 +661,22 @@ def _continue() -> dict:
         _note(NOTE_CONTINUE, size=(560, 640)),
         *_loaders(),
         _n("load", "JensenKVLoadKVCache", 2, {"cache_file": STORY_CACHE}, size=[420, 90]),
-        _n("pos", "CLIPTextEncode", 2, {"text": STORY[2][0]}, title="Prompt (the one the cache ended with, or a new one)",
-           size=[400, 130]),
+        _n(
+            "pos",
+            "CLIPTextEncode",
+            2,
+            {"text": STORY[2][0]},
+            title="Prompt (the one the cache ended with, or a new one)",
+            size=[400, 130],
+        ),
         _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
-        _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 832, "height": 480, "length": 81, "batch_size": 1},
-           title="New frames (same size as the saved video)"),
+        _n(
+            "latent",
+            "EmptyHunyuanLatentVideo",
+            2,
+            {"width": 832, "height": 480, "length": 81, "batch_size": 1},
+            title="New frames (same size as the saved video)",
+        ),
         _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM)"),
         _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule"),
         _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2, title="Quantize KV Cache (as when saved)"),
@@ -564,8 +684,13 @@ def _continue() -> dict:
         _n("sampler", "JensenKVChunkedARSampler", 4, sampler, title="Chunked AR Video Sampler (same settings)"),
         _n("decode", "VAEDecode", 5),
         _n("video", "CreateVideo", 5, {"fps": 16.0}),
-        _n("save", "SaveVideo", 5, {"filename_prefix": "jensen_kv/story_continued", "format": "auto",
-                                    "codec": "auto"}, size=[400, 360]),
+        _n(
+            "save",
+            "SaveVideo",
+            5,
+            {"filename_prefix": "jensen_kv/story_continued", "format": "auto", "codec": "auto"},
+            size=[400, 360],
+        ),
     ]
     links = [
         ("unet", "MODEL", "quant", "model"),
@@ -599,20 +724,38 @@ def _extend(model: str) -> dict:
         _n("scale", "ImageScale", 2, {"upscale_method": "lanczos", "width": width, "height": height, "crop": "center"}),
         _n("encode", "VAEEncode", 2, title="VAE Encode (the clip's latent: the prefix)"),
         _n("pos", "CLIPTextEncode", 2, {"text": PROMPT_SKYREELS if sky else PROMPT}, title="Prompt", size=[400, 130]),
-        (_n("neg", "CLIPTextEncode", 2, {"text": NEGATIVE}, title="Negative prompt", size=[400, 110]) if sky
-         else _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)")),
-        _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": width, "height": height, "length": 61 if sky else 49,
-                                                    "batch_size": 1}, title="New frames after the clip"),
-        *(_skyreels_sampling() if sky else [
-            _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM)"),
-            _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule")]),
+        (
+            _n("neg", "CLIPTextEncode", 2, {"text": NEGATIVE}, title="Negative prompt", size=[400, 110])
+            if sky
+            else _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)")
+        ),
+        _n(
+            "latent",
+            "EmptyHunyuanLatentVideo",
+            2,
+            {"width": width, "height": height, "length": 61 if sky else 49, "batch_size": 1},
+            title="New frames after the clip",
+        ),
+        *(
+            _skyreels_sampling()
+            if sky
+            else [
+                _n("select", "KSamplerSelect", 2, {"sampler_name": "lcm"}, title="Sampler (LCM)"),
+                _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule"),
+            ]
+        ),
         _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2),
         _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
         _n("sampler", "JensenKVChunkedARSampler", 5, sampler, title="Chunked AR Video Sampler (prefix = the clip)"),
         _n("decode", "VAEDecode", 6),
         _n("video", "CreateVideo", 6, {"fps": 24.0 if sky else 16.0}),
-        _n("save", "SaveVideo", 6, {"filename_prefix": f"jensen_kv/extend_{model}", "format": "auto",
-                                    "codec": "auto"}, size=[400, 360]),
+        _n(
+            "save",
+            "SaveVideo",
+            6,
+            {"filename_prefix": f"jensen_kv/extend_{model}", "format": "auto", "codec": "auto"},
+            size=[400, 360],
+        ),
     ]
     base = "shift" if sky else "unet"
     links = [
@@ -641,8 +784,17 @@ def _extend(model: str) -> dict:
     return {"name": name, "nodes": nodes, "links": links, "groups": []}
 
 
-TINY_SAMPLER = {"seed": 42, "control_after_generate": "fixed", "cfg": 1.0, "chunk_frames": 3, "window_chunks": 3,
-                "context_noise": 0.0, "sink_chunks": 0, "include_prefix": True, "recache_on_switch": True}
+TINY_SAMPLER = {
+    "seed": 42,
+    "control_after_generate": "fixed",
+    "cfg": 1.0,
+    "chunk_frames": 3,
+    "window_chunks": 3,
+    "context_noise": 0.0,
+    "sink_chunks": 0,
+    "include_prefix": True,
+    "recache_on_switch": True,
+}
 
 
 def _tiny_cpu_demo() -> dict:
@@ -651,10 +803,21 @@ def _tiny_cpu_demo() -> dict:
         _note(NOTE_TINY, size=(520, 560)),
         _n("unet", "UNETLoader", 1, {"unet_name": TINY_AR, "weight_dtype": "default"}, size=[340, 90]),
         _n("shift", "ModelSamplingSD3", 1, {"shift": 3.0}),
-        _n("pos", "JensenKVTinyARPrompt", 2, {"prompt": "three balls bouncing fast over a cool texture"}, size=[380, 60]),
+        _n(
+            "pos",
+            "JensenKVTinyARPrompt",
+            2,
+            {"prompt": "three balls bouncing fast over a cool texture"},
+            size=[380, 60],
+        ),
         _n("neg", "ConditioningZeroOut", 2, title="Negative (unused at cfg 1)"),
-        _n("latent", "EmptyHunyuanLatentVideo", 2, {"width": 128, "height": 128, "length": 93, "batch_size": 1},
-           title="24 latent frames of 16x16"),
+        _n(
+            "latent",
+            "EmptyHunyuanLatentVideo",
+            2,
+            {"width": 128, "height": 128, "length": 93, "batch_size": 1},
+            title="24 latent frames of 16x16",
+        ),
         _n("select", "KSamplerSelect", 2, {"sampler_name": "euler"}),
         _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 8, "denoise": 1.0}),
         _n("s_fp", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="A: full-precision cache"),
@@ -667,8 +830,14 @@ def _tiny_cpu_demo() -> dict:
         _n("d_jensen", "JensenKVTinyARDecode", 5, {"scale": 8, "decoder": "tiny decoder"}, align="s_jensen"),
         _n("stitch1", "ImageStitch", 6, stitch, title="A | B", align="s_int2"),
         _n("stitch2", "ImageStitch", 6, stitch, title="A | B | C"),
-        _n("save", "SaveAnimatedWEBP", 7, {"filename_prefix": "jensen_kv/tiny_ab", "fps": 8.0, "lossless": True,
-                                           "quality": 90, "method": "default"}, align="s_int2", size=[420, 300]),
+        _n(
+            "save",
+            "SaveAnimatedWEBP",
+            7,
+            {"filename_prefix": "jensen_kv/tiny_ab", "fps": 8.0, "lossless": True, "quality": 90, "method": "default"},
+            align="s_int2",
+            size=[420, 300],
+        ),
     ]
     links = [
         ("unet", "MODEL", "shift", "model"),
@@ -704,8 +873,19 @@ def _tiny_cpu_demo() -> dict:
     return {"name": "jensen_kv_tiny_ar_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
 
 
-WORKFLOWS: list[dict] = [_self_forcing(), _longlive(), _causvid(), _skyreels(), _ab(), _story(), _continue(), _extend("self_forcing"),
-                         _extend("skyreels"), _tiny_cpu_demo(), _krea()]
+WORKFLOWS: list[dict] = [
+    _self_forcing(),
+    _longlive(),
+    _causvid(),
+    _skyreels(),
+    _ab(),
+    _story(),
+    _continue(),
+    _extend("self_forcing"),
+    _extend("skyreels"),
+    _tiny_cpu_demo(),
+    _krea(),
+]
 
 # JavaScript run in the page: builds one spec with LiteGraph and returns app.graph.serialize().
 BUILD_JS = r"""
@@ -803,9 +983,19 @@ def tiny_workflow() -> dict:
         _n("jensen", "JensenKVBiasCorrection", 2, JENSEN_TAYLOR),
         _n("select", "KSamplerSelect", 2, {"sampler_name": "euler"}),
         _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 2, "denoise": 1.0}),
-        _n("sampler", "JensenKVChunkedARSampler", 3,
-           {"seed": 0, "control_after_generate": "fixed", "cfg": 2.0, "chunk_frames": 2, "window_chunks": 0,
-            "context_noise": 0.0}),
+        _n(
+            "sampler",
+            "JensenKVChunkedARSampler",
+            3,
+            {
+                "seed": 0,
+                "control_after_generate": "fixed",
+                "cfg": 2.0,
+                "chunk_frames": 2,
+                "window_chunks": 0,
+                "context_noise": 0.0,
+            },
+        ),
         _n("save", "SaveLatent", 4, {"filename_prefix": "jensen_kv/browser_tiny"}),
     ]
     links = [
@@ -967,9 +1157,11 @@ its cache's bytes and bits. It runs in under a minute on 2 CPU cores. A proxy wi
 not a substitute for Wan. Needs ComfyUI v0.27 or later (SamplerARVideo, EmptyARVideoLatent); on older
 ComfyUI use the tiny AR CPU demo."""
 
-NEGATIVE_WAN = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
-                "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，"
-                "静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")  # Wan's own negative prompt
+NEGATIVE_WAN = (
+    "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
+    "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，"
+    "静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走"
+)  # Wan's own negative prompt
 PROMPT_I2V = "The scene comes alive: slow camera push-in, soft light drifting across the frame, gentle natural motion"
 CORE_NOISE = {"noise_seed": 42, "control_after_generate": "fixed"}
 CORE_WINDOW_ALL = {"window_chunks": 0, "sink_chunks": 0}
@@ -981,31 +1173,58 @@ def _core_ar(kind: str) -> dict:
     unet = SELF_FORCING_CAUSAL if kind == "chunkwise" else CAUSAL_FORCING_FRAMEWISE
     block = 3 if kind == "chunkwise" else 1
     note = {"chunkwise": NOTE_CORE_CHUNKWISE, "framewise": NOTE_CORE_FRAMEWISE, "i2v": NOTE_CORE_I2V}[kind]
-    block_title = {"chunkwise": "Sampler AR Video (3 latent frames per block)",
-                   "framewise": "Sampler AR Video (1 latent frame per block)",
-                   "i2v": "Sampler AR Video (1 latent frame per block)"}[kind]
+    block_title = {
+        "chunkwise": "Sampler AR Video (3 latent frames per block)",
+        "framewise": "Sampler AR Video (1 latent frame per block)",
+        "i2v": "Sampler AR Video (1 latent frame per block)",
+    }[kind]
     nodes = [
         _note(note, size=(600, 1040 if i2v else 940)),
         *_loaders(unet, shift=5.0),
         _n("pos", "CLIPTextEncode", 2, {"text": PROMPT_I2V if i2v else PROMPT}, title="Prompt", size=[400, 160]),
-        _n("neg", "CLIPTextEncode", 2, {"text": NEGATIVE_WAN}, title="Negative prompt (used above cfg 1)",
-           size=[400, 130]),
-        *([_n("image", "LoadImage", 2, {"image": START_IMAGE}, title="Start image (ComfyUI/input)")] if i2v else [
-            _n("latent", "EmptyARVideoLatent", 2, {"width": 832, "height": 480, "length": 81, "batch_size": 1})]),
+        _n(
+            "neg",
+            "CLIPTextEncode",
+            2,
+            {"text": NEGATIVE_WAN},
+            title="Negative prompt (used above cfg 1)",
+            size=[400, 130],
+        ),
+        *(
+            [_n("image", "LoadImage", 2, {"image": START_IMAGE}, title="Start image (ComfyUI/input)")]
+            if i2v
+            else [_n("latent", "EmptyARVideoLatent", 2, {"width": 832, "height": 480, "length": 81, "batch_size": 1})]
+        ),
         _n("noise", "RandomNoise", 2, CORE_NOISE),
         _n("select", "SamplerARVideo", 2, {"num_frame_per_block": block}, title=block_title),
         _n("sched", "JensenKVARSchedule", 2, SF_SCHEDULE, title="Self-Forcing schedule (t = 1000, 937.5, 833.3, 625)"),
         _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2),
         _n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR),
         _n("window", "JensenKVARCacheWindow", 3, CORE_WINDOW_ALL, title="AR Cache Window (0 = every block)"),
-        *([_n("i2v", "ARVideoI2V", 3, {"width": 832, "height": 480, "length": 81, "batch_size": 1},
-              title="ARVideoI2V (start frame -> cache)")] if i2v else []),
+        *(
+            [
+                _n(
+                    "i2v",
+                    "ARVideoI2V",
+                    3,
+                    {"width": 832, "height": 480, "length": 81, "batch_size": 1},
+                    title="ARVideoI2V (start frame -> cache)",
+                )
+            ]
+            if i2v
+            else []
+        ),
         _n("guider", "CFGGuider", 4, {"cfg": 1.0}, title="CFG Guider (cfg 1)"),
         _n("sampler", "SamplerCustomAdvanced", 4, size=[300, 130]),
         _n("decode", "VAEDecode", 5),
         _n("video", "CreateVideo", 5, {"fps": 16.0}),
-        _n("save", "SaveVideo", 5, {"filename_prefix": f"jensen_kv/core_ar_{kind}_int2_jensen", "format": "auto",
-                                    "codec": "auto"}, size=[400, 360]),
+        _n(
+            "save",
+            "SaveVideo",
+            5,
+            {"filename_prefix": f"jensen_kv/core_ar_{kind}_int2_jensen", "format": "auto", "codec": "auto"},
+            size=[400, 360],
+        ),
         _n("report", "JensenKVCacheReport", 6, size=[360, 120]),
     ]
     model = "i2v" if i2v else "window"
@@ -1014,8 +1233,15 @@ def _core_ar(kind: str) -> dict:
         ("shift", "MODEL", "quant", "model"),
         ("quant", "MODEL", "jensen", "model"),
         ("jensen", "MODEL", "window", "model"),
-        *([("window", "MODEL", "i2v", "model"), ("vae", "VAE", "i2v", "vae"),
-           ("image", "IMAGE", "i2v", "start_image")] if i2v else []),
+        *(
+            [
+                ("window", "MODEL", "i2v", "model"),
+                ("vae", "VAE", "i2v", "vae"),
+                ("image", "IMAGE", "i2v", "start_image"),
+            ]
+            if i2v
+            else []
+        ),
         (model, "MODEL", "guider", "model"),
         ("clip", "CLIP", "pos", "clip"),
         ("clip", "CLIP", "neg", "clip"),
@@ -1033,9 +1259,11 @@ def _core_ar(kind: str) -> dict:
         (model, "MODEL", "report", "model"),
         ("sampler", "LATENT", "report", "samples"),
     ]
-    name = {"chunkwise": "jensen_kv_core_ar_chunkwise_t2v_int2_jensen",
-            "framewise": "jensen_kv_core_ar_framewise_t2v_int2_jensen",
-            "i2v": "jensen_kv_core_ar_i2v_framewise_int2_jensen"}[kind]
+    name = {
+        "chunkwise": "jensen_kv_core_ar_chunkwise_t2v_int2_jensen",
+        "framewise": "jensen_kv_core_ar_framewise_t2v_int2_jensen",
+        "i2v": "jensen_kv_core_ar_i2v_framewise_int2_jensen",
+    }[kind]
     return {"name": name, "nodes": nodes, "links": links, "groups": []}
 
 
@@ -1046,13 +1274,35 @@ def _core_ar_tiny_cpu_demo() -> dict:
         _note(NOTE_CORE_TINY, size=(540, 640)),
         _n("unet", "UNETLoader", 1, {"unet_name": TINY_AR, "weight_dtype": "default"}, size=[340, 90]),
         _n("shift", "ModelSamplingSD3", 1, {"shift": 3.0}),
-        _n("window", "JensenKVARCacheWindow", 1, {"window_chunks": 3, "sink_chunks": 0},
-           title="AR Cache Window (3 = its training window)"),
-        _n("pos", "JensenKVTinyARPrompt", 2, {"prompt": "three balls bouncing fast over a cool texture"}, size=[380, 60]),
-        _n("latent", "EmptyARVideoLatent", 2, {"width": 128, "height": 128, "length": 93, "batch_size": 1},
-           title="24 latent frames of 16x16"),
+        _n(
+            "window",
+            "JensenKVARCacheWindow",
+            1,
+            {"window_chunks": 3, "sink_chunks": 0},
+            title="AR Cache Window (3 = its training window)",
+        ),
+        _n(
+            "pos",
+            "JensenKVTinyARPrompt",
+            2,
+            {"prompt": "three balls bouncing fast over a cool texture"},
+            size=[380, 60],
+        ),
+        _n(
+            "latent",
+            "EmptyARVideoLatent",
+            2,
+            {"width": 128, "height": 128, "length": 93, "batch_size": 1},
+            title="24 latent frames of 16x16",
+        ),
         _n("noise", "RandomNoise", 2, CORE_NOISE),
-        _n("select", "SamplerARVideo", 2, {"num_frame_per_block": 3}, title="Sampler AR Video (3 latent frames per block)"),
+        _n(
+            "select",
+            "SamplerARVideo",
+            2,
+            {"num_frame_per_block": 3},
+            title="Sampler AR Video (3 latent frames per block)",
+        ),
         _n("sched", "BasicScheduler", 2, {"scheduler": "simple", "steps": 8, "denoise": 1.0}),
     ]
     for i, (arm, title) in enumerate(arms):
@@ -1072,8 +1322,20 @@ def _core_ar_tiny_cpu_demo() -> dict:
     nodes += [
         _n("stitch1", "ImageStitch", 7, stitch, title="A | B", align="g_int2"),
         _n("stitch2", "ImageStitch", 7, stitch, title="A | B | C"),
-        _n("save", "SaveAnimatedWEBP", 8, {"filename_prefix": "jensen_kv/tiny_core_ab", "fps": 8.0, "lossless": True,
-                                           "quality": 90, "method": "default"}, align="g_int2", size=[420, 300]),
+        _n(
+            "save",
+            "SaveAnimatedWEBP",
+            8,
+            {
+                "filename_prefix": "jensen_kv/tiny_core_ab",
+                "fps": 8.0,
+                "lossless": True,
+                "quality": 90,
+                "method": "default",
+            },
+            align="g_int2",
+            size=[420, 300],
+        ),
     ]
     links = [
         ("unet", "MODEL", "shift", "model"),
@@ -1103,11 +1365,17 @@ def _core_ar_tiny_cpu_demo() -> dict:
         ("stitch2", "IMAGE", "save", "images"),
     ]
     groups = [
-        {"title": "A: full-precision cache (AR Cache Window alone)", "members": ["g_fp", "s_fp", "d_fp", "r_fp"],
-         "color": "#3f789e"},
+        {
+            "title": "A: full-precision cache (AR Cache Window alone)",
+            "members": ["g_fp", "s_fp", "d_fp", "r_fp"],
+            "color": "#3f789e",
+        },
         {"title": "B: INT2 cache", "members": ["quant", "g_int2", "s_int2", "d_int2", "r_int2"], "color": "#a1309b"},
-        {"title": "C: INT2 + Jensen bias correction", "members": ["jensen", "g_jensen", "s_jensen", "d_jensen", "r_jensen"],
-         "color": "#8A8"},
+        {
+            "title": "C: INT2 + Jensen bias correction",
+            "members": ["jensen", "g_jensen", "s_jensen", "d_jensen", "r_jensen"],
+            "color": "#8A8",
+        },
     ]
     return {"name": "jensen_kv_core_ar_tiny_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
 
