@@ -137,15 +137,27 @@ def _cat(parts: list) -> StoredTensor | Tensor:
     return torch.cat(parts, dim=-2)
 
 
-def _spec_text(entry_k, entry_v) -> str:
-    def side(t) -> str:
-        return f"INT{t.spec.bits}" if isinstance(t, StoredTensor) else "full"
+def _spec_text(bits_k: set, bits_v: set, spec) -> str:
+    """The cache's label: each side's bits over every chunk observed (``INT2-4 by age`` under age tiers, whose
+    chunks differ in bits only), group size and scheme; ``full`` for an unquantized side."""
 
-    spec = next((t.spec for t in (entry_k, entry_v) if isinstance(t, StoredTensor)), None)
-    text = f"K {side(entry_k)} / V {side(entry_v)}"
+    def side(bits: set) -> str:
+        if not bits:
+            return "full"
+        lo, hi = min(bits), max(bits)
+        return f"INT{lo}" if lo == hi else f"INT{lo}-{hi} by age"
+
+    text = f"K {side(bits_k)} / V {side(bits_v)}"
     if spec is not None:
         text += f", g{spec.group_size}, {method_of(spec).scheme(spec)}"
     return text
+
+
+def _bits_of(t) -> set:
+    """The bit widths a cached side holds: one, or each part's of a tiered join."""
+    if not isinstance(t, StoredTensor):
+        return set()
+    return {p.spec.bits for p in getattr(t, "parts", [t])}
 
 
 class DiagnosticsObserver:
@@ -185,8 +197,16 @@ class DiagnosticsObserver:
         self.acc = {m: ShiftAccumulator() for m in self.modes}
         # full-precision (k, v) of the sampled heads of every chunk the cache holds, per (layer, branch)
         self._shadow: dict[tuple[int, int], Retained[tuple[Tensor, Tensor]]] = {}
-        self.cache_text: str | None = None
+        self._bits = ({"k": set(), "v": set()}, None)  # bits seen per side over the run, and the first spec
         self.chunks_seen: set[int] = set()
+
+    @property
+    def cache_text(self) -> str | None:
+        """The label of the cache the run observed (None before the first observation)."""
+        seen, spec = self._bits
+        if spec is None and not seen["k"] and not seen["v"] and not self.chunks_seen:
+            return None
+        return _spec_text(seen["k"], seen["v"], spec)
 
     # the adapter asks this before building an event: only sampled layers, and steps only when denoising
     def wants(self, layer: int, chunk: int, phase: str, step: int) -> bool:
@@ -224,8 +244,13 @@ class DiagnosticsObserver:
                 f"{0 if shadow is None else len(shadow)} written; another patch may re-run or skip the "
                 "cache-writing pass - remove KV Cache Diagnostics (or that patch) for this run"
             )
-        if self.cache_text is None:
-            self.cache_text = _spec_text(entries[0].k, entries[0].v)
+        seen, spec = self._bits
+        for en in entries:
+            seen["k"] |= _bits_of(en.k)
+            seen["v"] |= _bits_of(en.v)
+            if spec is None:
+                spec = next((t.spec for t in (en.k, en.v) if isinstance(t, StoredTensor)), None)
+        self._bits = (seen, spec)
         k_ref = torch.cat([k for k, _ in shadow], dim=-2)
         v_ref = torch.cat([v for _, v in shadow], dim=-2)
         k_hat = _cat([en.k for en in entries])

@@ -237,6 +237,21 @@ def test_sampler_runs_a_qvg_cache_and_reports_its_exact_bytes(nodes, tiny):
     assert diag["stats"]["taylor"]["mean_jsd"] > 0
 
 
+def test_diagnostics_label_a_tiered_cache_by_every_chunk_it_held(nodes, tiny):
+    """Under age tiers the first observation may see only the newest chunk (at the tier's bits): the label names
+    each side's range over the run, the values-only tier's keys at one width."""
+    inputs = {**_sampler_inputs(tiny), "latent": wan_tiny.video_latent(7)}  # 4 chunks: older ones are demoted
+    base = (tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0, "rtn", 1, 256, 2)
+    for tiers, label in (
+        (("4", 1, "off", "same"), "K INT2-4 by age / V INT2-4 by age"),
+        (("4", 1, "off", "off"), "K INT2 / V INT2-4 by age"),
+    ):
+        m = nodes.JensenKVQuantizeKVCache.execute(*base, *tiers).args[0]
+        d = nodes.JensenKVDiagnostics.execute(m, "all", "0", "all", 2).args[0]
+        diag = nodes.JensenKVChunkedARSampler.execute(d, **inputs).args[1]["diagnostics"]
+        assert diag["calls"] > 0 and diag["cache"].startswith(label + ", g16"), diag["cache"]
+
+
 def test_sampler_reports_the_k_auto_picked(nodes, tiny):
     """qvg_centroids 0 (auto, the default): the cache, the report and its text use the K picked from the chunk's tokens."""
     import importlib
