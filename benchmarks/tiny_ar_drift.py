@@ -8,6 +8,11 @@ steps at shift 3, 2 ground-truth prefix chunks, noise seed 100 + i: ``benchmarks
 settings), so the rows differ by the weights alone. Prints the object-position error against the
 ground-truth continuation (latent px, mean ± standard error over videos) after 1, 8, 16 and 32 chunks,
 and the cache dependence of each model (``jensen_testing.tiny_ar.cache_dependence``).
+
+The last row is a physics oracle on the same videos (``jensen_testing.tiny_ar.oracle_position_errors``):
+the objects found in the same 2 prefix chunks, their start and velocity fitted with the data's exact
+dynamics and radii. It shows how much of the drift the prefix alone leaves (``--oracle-only``: that row
+alone, in seconds).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunks", type=int, default=32)
     ap.add_argument("--models", type=Path, nargs="+", default=None, help="checkpoints (default: v1 and v2)")
     ap.add_argument("--no-cache-dependence", action="store_true")
+    ap.add_argument("--oracle-only", action="store_true", help="only the physics oracle's row (no model runs)")
     args = ap.parse_args(argv)
     support_comfyui.setup_inprocess_comfyui()
     import torch
@@ -42,12 +48,14 @@ def main(argv=None) -> int:
     marks = [c for c in (1, 8, 16, 32) if c <= args.chunks]
     t0 = time.perf_counter()
     rows = []
-    for path in models:
+    for path in [] if args.oracle_only else models:
         m = tiny_ar.load_model(path)
         err = tiny_ar.position_errors(m, args.seeds, args.chunks)
         cd = None if args.no_cache_dependence else tiny_ar.cache_dependence(m, n=6)
         rows.append((Path(path).name, err, cd))
         print(f"{Path(path).name} done at {time.perf_counter() - t0:.0f} s", flush=True)
+    oracle = tiny_ar.oracle_position_errors(args.seeds, args.chunks)
+    rows.append(("physics oracle (fit to the prefix)", oracle, None))
     cmd = "python benchmarks/tiny_ar_drift.py" + (" " + shlex.join(argv if argv is not None else sys.argv[1:]))
     print(f"\n`{cmd.strip()}`: {args.seeds} held-out videos, {time.perf_counter() - t0:.0f} s\n")
     print("| model | " + " | ".join(f"after {c} chunk{'s' * (c > 1)}" for c in marks) + " | cache dependence |")

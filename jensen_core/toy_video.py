@@ -379,6 +379,55 @@ def estimate_positions(scene: Scene, video: Tensor, start: int) -> tuple[Tensor,
     return pos, found
 
 
+def fit_trajectories(
+    scene: Scene, positions: Tensor, weight: Tensor, start: int = 0, iters: int = 400
+) -> tuple[Tensor, Tensor]:
+    """The constant-velocity, wall-bouncing trajectories (start positions and velocities, as :class:`Scene` holds
+    them) that best fit measured ``positions`` ((T, n, 2) from frame ``start``, e.g. :func:`estimate_positions`),
+    frame by frame weighted by ``weight`` ((T, n), 0 to leave a measurement out).
+
+    A physics oracle: it knows the data's dynamics and each object's radius exactly and fits only what a
+    model must infer from the frames it is shown (least squares through :func:`object_positions`' fold, Adam
+    from 28 starts at once - the measured displacement, mirrored, and a grid of directions at the prompt's
+    speeds - keeping the best per object). Returns (p0 (n, 2), velocity (n, 2))."""
+    T, n = positions.shape[:2]
+    t = torch.arange(start, start + T, dtype=torch.float32).view(-1, 1, 1)
+    r = scene.radius.view(1, -1, 1)
+    hi = torch.tensor([scene.height, scene.width], dtype=torch.float32).view(1, 1, 2) - r
+    w = weight.float().unsqueeze(-1).expand(T, n, 2)
+    # the measured displacement between the weighted mean positions (and times) of the two halves
+    h = max(1, T // 2)
+
+    def centre(sl):
+        m = w[sl].sum(0).clamp_min(1e-6)
+        return (w[sl] * positions[sl]).sum(0) / m, (w[sl] * t[sl]).sum(0) / m
+
+    (first, t1), (last, t2) = centre(slice(0, h)), centre(slice(h, T) if T > h else slice(0, h))
+    v_init = (last - first) / (t2 - t1).clamp_min(1.0)
+    # restarts, all at once: the measured velocity, each axis mirrored (a bounce inside the frames), and every
+    # direction (8) at the prompt's slowest, middle and fastest speed (what the scene's prompt promises)
+    signs = torch.tensor([[1.0, 1.0], [-1.0, 1.0], [1.0, -1.0], [-1.0, -1.0]])
+    lo, hi_speed = PROMPTS[scene.prompt].speed
+    angles = torch.arange(8, dtype=torch.float32) * (math.pi / 4)
+    dirs = torch.stack([torch.sin(angles), torch.cos(angles)], 1)
+    grid = torch.cat([dirs * sp for sp in (lo, (lo + hi_speed) / 2, hi_speed)])  # (24, 2)
+    v = torch.cat([v_init.unsqueeze(0) * signs.unsqueeze(1), grid.unsqueeze(1).expand(-1, n, 2)]).clone()
+    p0 = (first.unsqueeze(0) - t1.unsqueeze(0) * v).clone()
+    p0.requires_grad_(True)
+    v.requires_grad_(True)
+    with torch.enable_grad():
+        opt = torch.optim.Adam([p0, v], lr=0.05)
+        for _ in range(iters):
+            pred = _fold(p0.unsqueeze(1) + t.unsqueeze(0) * v.unsqueeze(1), r.unsqueeze(0), hi.unsqueeze(0))
+            loss = ((pred - positions.unsqueeze(0)).square() * w.unsqueeze(0)).sum(dim=(1, 3))  # (restarts, n)
+            opt.zero_grad()
+            loss.sum().backward()
+            opt.step()
+    best = loss.detach().argmin(0)  # per object: the restart that fits its measurements best
+    idx = torch.arange(n)
+    return p0.detach()[best, idx], v.detach()[best, idx]
+
+
 def render_background(scene: Scene, start: int, count: int) -> Tensor:
     """The background alone (no objects): (16, count, H, W)."""
     empty = Scene(
