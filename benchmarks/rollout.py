@@ -367,8 +367,15 @@ def parse_args(argv=None):
     p.add_argument(
         "--paired-from",
         type=Path,
+        nargs="+",
         default=None,
-        help="recompute the paired-difference table from a per-seed CSV of an earlier run, run nothing",
+        help="recompute the paired-difference table from the per-seed CSVs of earlier runs (same seeds), run nothing",
+    )
+    p.add_argument(
+        "--pair",
+        action="append",
+        default=[],
+        help="one more paired difference, '<setting a> => <setting b>' (repeatable; with --paired-from or a run)",
     )
     p.add_argument(
         "--fig5-from",
@@ -379,6 +386,7 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.settings:
         a.settings = [parse_setting(t) for arg in a.settings for t in arg.split(";") if t.strip()]
+    a.pair = [parse_pair(t) for t in a.pair]
     if a.quick:
         a.seeds, a.chunks = 1, 4
     if a.modes:
@@ -386,11 +394,27 @@ def parse_args(argv=None):
     return a
 
 
-def paired_from(path: Path, out: Path | None) -> int:
-    """Print (and with ``out`` write) the paired table of a stored per-seed CSV."""
-    rows = read_per_seed(path)
+def parse_pair(text: str) -> tuple[str, str]:
+    """``"<setting a> => <setting b>"`` (``--pair``): one more paired difference a - b."""
+    if text.count("=>") != 1:
+        raise ValueError(f"pair {text!r} does not parse; write '<setting a> => <setting b>'")
+    a, b = (parse_setting(t).name for t in text.split("=>"))
+    return a, b
+
+
+def paired_from(paths: list[Path], out: Path | None, extra: tuple[tuple[str, str], ...] = ()) -> int:
+    """Print (and with ``out`` write) the paired table of stored per-seed CSVs: runs of the same seeds (and so
+    the same videos and noise) join, a setting found in two of them is refused."""
+    rows, where = [], {}
+    for path in paths:
+        got = read_per_seed(path)
+        for name in dict.fromkeys(r["setting"] for r in got):
+            if name in where:
+                raise ValueError(f"setting {name!r} is in both {where[name]} and {path}: give each setting once")
+            where[name] = path
+        rows += got
     order = list(dict.fromkeys(r["setting"] for r in rows))
-    table = paired_table(rows, pairs_for([parse_setting(n) for n in order]))
+    table = paired_table(rows, pairs_for([parse_setting(n) for n in order], (*HEADLINE_PAIRS, *extra)))
     print("\n".join(paired_markdown(table)))
     if out is not None:
         write_csv(out, PAIRED_FIELDS, table)
@@ -400,7 +424,7 @@ def paired_from(path: Path, out: Path | None) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.paired_from is not None:
-        return paired_from(args.paired_from, None)
+        return paired_from(args.paired_from, None, tuple(args.pair))
     if args.fig5_from is not None:
         return fig5_from(args.fig5_from)
     support_comfyui.setup_inprocess_comfyui()
@@ -540,7 +564,7 @@ def main(argv=None) -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / f"{stem}_per_seed.csv", PER_SEED_FIELDS, per_seed)
-    pairs = pairs_for(configs)
+    pairs = pairs_for(configs, (*HEADLINE_PAIRS, *args.pair))
     paired = paired_table(per_seed, pairs)
     write_csv(args.out / f"{stem}_paired.csv", PAIRED_FIELDS, paired)
     with open(args.out / f"{stem}_summary.csv", "w", newline="") as f:

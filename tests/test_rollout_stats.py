@@ -139,3 +139,22 @@ def test_fig5_tells_tiers_and_qvg_apart_and_redraws_from_a_summary(rollout, tmp_
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     with pytest.raises(SystemExit, match="is not a <stem>_summary.csv"):
         rollout.fig5_from(src.with_name("rollout_tiers_paired_per_seed.csv"))
+
+
+def test_paired_from_joins_runs_of_the_same_seeds_and_takes_extra_pairs(rollout, capsys):
+    res = ROOT / "docs" / "results"
+    sides, tiers = res / "rollout_tier_sides_per_seed.csv", res / "rollout_tiers_paired_per_seed.csv"
+    pair = "INT2 g128 QuaRot + taylor tiers=recent1@4k3 => INT2 g128 QuaRot + taylor"
+    assert rollout.parse_pair(pair) == ("INT2 g128 QuaRot + taylor tiers=recent1@4k3", "INT2 g128 QuaRot + taylor")
+    assert rollout.main(["--paired-from", str(sides), str(tiers), "--pair", pair]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("| INT2 g128 QuaRot + taylor tiers=recent1@4k3 −"))
+    # the mean of the per-seed differences, from the two files' rows of the same seeds
+    a = {r["seed"]: float(r["latent_psnr"]) for r in rollout.read_per_seed(sides) if "4k3" in r["setting"]}
+    b = {r["seed"]: float(r["latent_psnr"]) for r in rollout.read_per_seed(tiers) if r["setting"].endswith("+ taylor")}
+    mean = sum(a[s] - b[s] for s in a) / len(a)
+    assert len(a) == 8 and f"{mean:+.2f} ±" in line
+    with pytest.raises(ValueError, match="in both"):
+        rollout.paired_from([tiers, tiers], None)
+    with pytest.raises(ValueError, match="does not parse"):
+        rollout.parse_pair("INT2 g32 QuaRot")
