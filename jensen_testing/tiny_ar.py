@@ -189,13 +189,17 @@ def position_errors(model, n: int = 4, chunks: int = 32, prefix: int = 2, steps:
     out = torch.zeros(n, chunks)
     for i, (p, vs) in enumerate(held_out(n)):
         x = rollout(model, p, vs, 100 + i, chunks, prefix, steps)
-        scene = tv.make_scene(p, vs)
-        start = prefix * CHUNK_FRAMES
-        pos, found = tv.estimate_positions(scene, x, start)
-        gt = tv.object_positions(scene, range(start, start + chunks * CHUNK_FRAMES))
-        err = torch.where(found, (pos - gt).norm(dim=-1), torch.full(found.shape, float("nan")))
-        out[i] = torch.stack([torch.nanmean(err[c * CHUNK_FRAMES : (c + 1) * CHUNK_FRAMES]) for c in range(chunks)])
+        out[i] = _chunk_errors(tv.make_scene(p, vs), x, prefix * CHUNK_FRAMES, chunks)
     return out
+
+
+def _chunk_errors(scene, video: torch.Tensor, start: int, chunks: int) -> torch.Tensor:
+    """Per chunk, the mean distance of the objects found in ``video`` (from frame ``start``) to the true ones."""
+    tv = core()
+    pos, found = tv.estimate_positions(scene, video, start)
+    gt = tv.object_positions(scene, range(start, start + chunks * CHUNK_FRAMES))
+    err = torch.where(found, (pos - gt).norm(dim=-1), torch.full(found.shape, float("nan")))
+    return torch.stack([torch.nanmean(err[c * CHUNK_FRAMES : (c + 1) * CHUNK_FRAMES]) for c in range(chunks)])
 
 
 def oracle_position_errors(n: int = 4, chunks: int = 32, prefix: int = 2) -> torch.Tensor:
@@ -218,11 +222,7 @@ def oracle_position_errors(n: int = 4, chunks: int = 32, prefix: int = 2) -> tor
         p0, v = tv.fit_trajectories(scene, pos, weight)
         # the fitted scene rendered and measured as the rollouts are (objects not found are left out)
         fitted = dataclasses.replace(scene, p0=p0, velocity=v)
-        x = tv.render(fitted, start, chunks * CHUNK_FRAMES)
-        got, seen = tv.estimate_positions(scene, x, start)
-        gt = tv.object_positions(scene, range(start, start + chunks * CHUNK_FRAMES))
-        err = torch.where(seen, (got - gt).norm(dim=-1), torch.full(seen.shape, float("nan")))
-        out[i] = torch.stack([torch.nanmean(err[c * CHUNK_FRAMES : (c + 1) * CHUNK_FRAMES]) for c in range(chunks)])
+        out[i] = _chunk_errors(scene, tv.render(fitted, start, chunks * CHUNK_FRAMES), start, chunks)
     return out
 
 
