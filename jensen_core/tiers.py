@@ -87,11 +87,6 @@ class AgeTiers:
             return self.recent_key_bits
         return self.recent_bits
 
-    @property
-    def top_bits(self) -> int:
-        """The most bits any tier keeps a chunk at."""
-        return max(self.recent_bits, self.recent_key_bits or 0, self.sink_bits)
-
     # ----------------------------------------------------------------- positions
     def position_bits(self, base_bits: int, held: int, sink_held: int, side: str) -> list[int]:
         """Bits of each of ``held`` chunks (oldest first, the first ``sink_held`` the sink) on ``side`` ("k" or
