@@ -197,16 +197,16 @@ class DiagnosticsObserver:
         self.acc = {m: ShiftAccumulator() for m in self.modes}
         # full-precision (k, v) of the sampled heads of every chunk the cache holds, per (layer, branch)
         self._shadow: dict[tuple[int, int], Retained[tuple[Tensor, Tensor]]] = {}
-        self._bits = ({"k": set(), "v": set()}, None)  # bits seen per side over the run, and the first spec
+        self._bits_seen: dict[str, set[int]] = {"k": set(), "v": set()}  # per side, over every chunk observed
+        self._spec = None  # the first quantized side's spec (group size and scheme are every chunk's)
         self.chunks_seen: set[int] = set()
 
     @property
     def cache_text(self) -> str | None:
         """The label of the cache the run observed (None before the first observation)."""
-        seen, spec = self._bits
-        if spec is None and not seen["k"] and not seen["v"] and not self.chunks_seen:
+        if not self.chunks_seen:
             return None
-        return _spec_text(seen["k"], seen["v"], spec)
+        return _spec_text(self._bits_seen["k"], self._bits_seen["v"], self._spec)
 
     # the adapter asks this before building an event: only sampled layers, and steps only when denoising
     def wants(self, layer: int, chunk: int, phase: str, step: int) -> bool:
@@ -244,13 +244,11 @@ class DiagnosticsObserver:
                 f"{0 if shadow is None else len(shadow)} written; another patch may re-run or skip the "
                 "cache-writing pass - remove KV Cache Diagnostics (or that patch) for this run"
             )
-        seen, spec = self._bits
         for en in entries:
-            seen["k"] |= _bits_of(en.k)
-            seen["v"] |= _bits_of(en.v)
-            if spec is None:
-                spec = next((t.spec for t in (en.k, en.v) if isinstance(t, StoredTensor)), None)
-        self._bits = (seen, spec)
+            self._bits_seen["k"] |= _bits_of(en.k)
+            self._bits_seen["v"] |= _bits_of(en.v)
+            if self._spec is None:
+                self._spec = next((t.spec for t in (en.k, en.v) if isinstance(t, StoredTensor)), None)
         k_ref = torch.cat([k for k, _ in shadow], dim=-2)
         v_ref = torch.cat([v for _, v in shadow], dim=-2)
         k_hat = _cat([en.k for en in entries])
