@@ -209,8 +209,9 @@ def oracle_position_errors(n: int = 4, chunks: int = 32, prefix: int = 2) -> tor
     ground-truth chunks (:func:`toy_video.estimate_positions`, frames where an object is at least 95%
     visible), :func:`toy_video.fit_trajectories` fits their start and velocity with the data's exact
     dynamics and radii, and the next ``chunks`` chunks of the fitted scene are rendered and measured
-    as :func:`position_errors` measures a rollout (the true scene's estimator, objects not found left out). No model can be expected below it without reading positions more finely than
-    the centroids do: it is the floor of the drift benchmark's figures, not a bound.
+    as :func:`position_errors` measures a rollout (the true scene's estimator, objects not found left
+    out). No model can be expected below it without reading positions more finely than the centroids
+    do: it is the floor of the drift benchmark's figures, not a bound.
     """
     tv = core()
     out = torch.zeros(n, chunks)
