@@ -400,6 +400,26 @@ def taylor_layout(
     return _LAYOUTS[key]
 
 
+def adopt_layout(device: torch.device, dtype: torch.dtype, head_dim: int, G: int, layout: Layout | None) -> None:
+    """Use ``layout`` (another process's :func:`taylor_layout` choice) for this key from now on, instead of choosing.
+
+    For sequence-parallel ranks that must all run one layout: rank 0 chooses, the others adopt it.
+    ``None`` adopts "no layout" (the one-buffer path). A layout this device does not offer, or whose
+    check fails here, is a ValueError naming it (the ranks could not agree).
+    """
+    key = (device.type, dtype, head_dim, G)
+    if layout is not None:
+        if layout not in candidate_layouts(device, dtype, head_dim, G) or not _layout_ok(
+            layout, device, dtype, head_dim, G
+        ):
+            raise ValueError(
+                f"the correction layout {layout.describe(head_dim)} ({layout.kind}) chosen on another rank is not "
+                f"offered or fails its check on {device.type}/{dtype} here; set {LAYOUT_ENV} to one every rank offers "
+                "(e.g. pad)"
+            )
+    _LAYOUTS[key] = layout
+
+
 def kernel_choices() -> dict[str, str]:
     """The layouts chosen so far, ``"cpu/torch.bfloat16 d128 G4" -> "q,k,v padded to 136"`` (for benchmarks and reports)."""
     return {

@@ -46,6 +46,11 @@ class CachePlan:
     #: bits of each chunk held at the peak, oldest first, keys and values (0 = kept in the model's dtype)
     chunk_bits_k: tuple[int, ...] = ()
     chunk_bits_v: tuple[int, ...] = ()
+    #: sequence-parallel ranks sharing every layer's heads (Ulysses): the byte counts above are one rank's,
+    #: these two every rank's together (each rank holds ``heads / ranks`` heads of every token)
+    ranks: int = 1
+    bf16_bytes_all_ranks: int = 0
+    quantized_bytes_all_ranks: int | None = None
 
     @property
     def runnable(self) -> bool:
@@ -97,6 +102,7 @@ def plan_cache(
     write_last: bool = False,
     prefix_frames: int = 0,
     tiers: AgeTiers | None = None,
+    ranks: int = 1,
 ) -> CachePlan:
     """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
 
@@ -115,6 +121,11 @@ def plan_cache(
     ``tiers`` (:class:`~jensen_core.tiers.AgeTiers`) counts each held chunk at its own bits: the sink
     and the newest chunks at the tiers' bits, the rest at the specs'. The effective bits are then the
     average over the chunks held at the peak.
+
+    ``ranks``: sequence-parallel ranks that share every layer's heads (Raylight's Ulysses degree); each
+    holds ``heads / ranks`` heads of every cached token, so ``bf16_bytes`` and ``quantized_bytes`` are
+    one rank's and ``*_all_ranks`` the sum (a head count that does not divide by ``ranks`` is an error);
+    ``state_file_bytes`` stays the single-process file's (Save KV Cache runs on one GPU).
     """
     for name, v in (
         ("latent_frames", latent_frames),
@@ -124,6 +135,7 @@ def plan_cache(
         ("head_dim", head_dim),
         ("cfg_branches", cfg_branches),
         ("batch", batch),
+        ("ranks", ranks),
     ):
         if v < 1:
             raise ValueError(f"{name}={v} must be at least 1")
@@ -151,6 +163,8 @@ def plan_cache(
             f"{latent_frames % chunk_frames} frame(s)"
         )
     errors = head_dim_problems(spec_k, spec_v, head_dim)
+    if heads % ranks:
+        errors.append(f"{heads} heads do not divide by {ranks} ranks: each rank must hold whole heads")
     # tokens of each held chunk (a short last chunk is counted full: an upper bound by < one chunk)
     chunk_tokens = chunk_frames * tokens_per_frame
     held_tokens = held * chunk_tokens
@@ -209,8 +223,8 @@ def plan_cache(
         chunks=chunks,
         cached_chunks_peak=held,
         cached_tokens_peak=held_tokens,
-        bf16_bytes=bf16,
-        quantized_bytes=quant,
+        bf16_bytes=bf16 // ranks,
+        quantized_bytes=None if quant is None else quant // ranks,
         state_file_bytes=state_file,
         sink_chunks=sink_chunks,
         effective_bits_k=ebk,
@@ -222,6 +236,9 @@ def plan_cache(
         tiers=None if tiers is None else str(tiers),
         chunk_bits_k=tuple(0 if k is None else k.bits for k, _ in peak_specs),
         chunk_bits_v=tuple(0 if v is None else v.bits for _, v in peak_specs),
+        ranks=ranks,
+        bf16_bytes_all_ranks=bf16,
+        quantized_bytes_all_ranks=quant,
     )
 
 

@@ -74,6 +74,7 @@ DEFAULTS: dict[str, object] = {
     "batch": 1,
     **CHUNK_DEFAULTS,
     "cfg_branches": 1,
+    "ranks": 1,
     "preset": "wan2.1-1.3b",
 }
 
@@ -87,6 +88,7 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "window_chunks": (0, 4096, "chunks kept in the cache, 0 = all, e.g. window_chunks=0"),
     "sink_chunks": (0, 4096, "first chunks kept for good with a window (attention sink), e.g. sink_chunks=1"),
     "cfg_branches": (1, 2, "1 when cfg is 1, 2 when cfg > 1 (cond and uncond are both cached)"),
+    "ranks": (1, 1024, "GPUs sharing every layer's heads (Raylight's Ulysses degree), 1 without it, e.g. ranks=4"),
     "layers": (1, 1000, "transformer blocks of the model, e.g. layers=30 for Wan 1.3B"),
     "heads": (1, 1024, "attention heads per block, e.g. heads=12 for Wan 1.3B"),
     "head_dim": (1, 4096, "channels per attention head, e.g. head_dim=128 for Wan"),
@@ -128,6 +130,7 @@ PLAN_PARAMS = (
     "window_chunks",
     "sink_chunks",
     "cfg_branches",
+    "ranks",
     "preset",
     "layers",
     "heads",
@@ -341,6 +344,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     sink = _int(params, "sink_chunks", DEFAULTS["sink_chunks"])
     cfg_branches = _int(params, "cfg_branches", DEFAULTS["cfg_branches"])
     batch = _int(params, "batch", DEFAULTS["batch"])
+    ranks = _int(params, "ranks", DEFAULTS["ranks"])
 
     latent_frames, latent_h, latent_w = WAN_GEOMETRY.latent_shape(width, height, frames)
     notes = []
@@ -386,6 +390,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         sink_chunks=sink,
         geometry=WAN_GEOMETRY,
         tiers=tiers,
+        ranks=ranks,
     )
     d = plan.to_dict()
     runnable, quant_bytes = plan.runnable, plan.quantized_bytes

@@ -134,6 +134,12 @@ def report_text(report: dict) -> str:
         )
     else:
         lines.append("Nothing was cached (a single chunk).")
+    if report.get("ranks", 1) > 1:
+        lines.append(
+            f"Sequence parallel: rank {report['rank']} of {report['ranks']} holds heads {report['head_offset']}-"
+            f"{report['head_offset'] + report['heads_per_rank'] - 1} (the peak above is this rank's); all ranks "
+            f"together {report['cache_bytes_all_ranks'] / 2**20:.2f} MiB."
+        )
     if report.get("state_file_bytes"):
         lines.append(f"KV cache output: {report['state_file_mib']:.2f} MiB as a file (Save KV Cache).")
     corr = report["correction"]

@@ -9,6 +9,8 @@ chunk. No ComfyUI import here.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -17,6 +19,9 @@ from ..jensen_core import ChunkCache
 from ..jensen_core.bias import attention_bias_offsets
 from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+
+#: whether the core's ChunkCache seeds per global head (``head_offset``): QVG's centroids then shard exactly
+_CACHE_TAKES_HEAD_OFFSET = "head_offset" in inspect.signature(ChunkCache).parameters
 
 
 class RunCaches:
@@ -49,6 +54,7 @@ class RunCaches:
         self.peak_bf16_bytes = 0
         self.chunks_demoted = 0  # chunks requantized at the specs' bits as they left an age tier (all caches)
         self.active = True
+        self.head_offset = 0  # global index of the caches' first head (a sequence-parallel rank's share)
 
     # ------------------------------------------------------------ chunk lifecycle
     def begin(self, chunk: int, frame_offset: int, phase: str) -> None:
@@ -89,9 +95,38 @@ class RunCaches:
         self._written.clear()
 
     def new_cache(self) -> ChunkCache:
+        extra = {"head_offset": self.head_offset} if self.head_offset else {}
         return ChunkCache(
-            self.config.spec_k, self.config.spec_v, self.window_chunks, self.sink_chunks, tiers=self.config.tiers
+            self.config.spec_k,
+            self.config.spec_v,
+            self.window_chunks,
+            self.sink_chunks,
+            tiers=self.config.tiers,
+            **extra,
         )
+
+    def shard_heads(self, head_offset: int, ranks: int) -> None:
+        """The caches hold heads from global index ``head_offset`` on: one of ``ranks`` sequence-parallel ranks' share.
+
+        RTN and full-precision caches store each head on its own, so the offset changes nothing there.
+        QVG draws its initial centroids per head from the spec's seed: it needs a ``ChunkCache`` that
+        takes ``head_offset`` (seeded per global head) to equal the single-process cache.
+        """
+        if ranks > 1 and not _CACHE_TAKES_HEAD_OFFSET:  # every rank refuses alike (rank 0 too: no rank waits alone)
+            qvg = [
+                side
+                for side, sp in (("keys", self.config.spec_k), ("values", self.config.spec_v))
+                if sp and sp.method == "qvg"
+            ]
+            if qvg:
+                raise ValueError(
+                    f"QVG ({' and '.join(qvg)}) under sequence parallelism: this version seeds QVG's initial centroids "
+                    "with one generator over all heads, so a rank holding its share of the heads would draw other "
+                    "heads' centroids and differ from the single-GPU result. Use method rtn with sequence "
+                    "parallelism, or run QVG on one GPU."
+                )
+            return
+        self.head_offset = int(head_offset)
 
     def adopt(self, caches: dict[tuple[int, int], ChunkCache], branches: list[int]) -> None:
         """Continue from caches a previous run left (a loaded KV cache): they become this run's."""

@@ -30,7 +30,7 @@ const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale
 const TIER_WIDGETS = ["recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"];
 // planner fields that "follow the workflow" reads from the latent and sampler nodes
 const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
-const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
+const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches", "ranks"];
 const POLL_MS = 300;
 const BITS_TITLE = "Stored bits per cached element, scales and zero-points included (bits + (scale + zero bits) / group size; "
   + "QVG adds its cluster ids and BF16 centroids per chunk), and how much smaller that is than a BF16 cache. "
@@ -49,6 +49,7 @@ const FIELD_INFO = {
   window_chunks: ["window", "Finished chunks kept in the cache; 0 keeps them all (the sampler's window_chunks)."],
   sink_chunks: ["sink", "First chunks kept for good with a window: the attention sink (the sampler's sink_chunks)."],
   cfg_branches: ["cfg branches", "1 when cfg is 1; 2 when cfg > 1 (cond and uncond keys are both cached)."],
+  ranks: ["ranks", "GPUs sharing every layer's heads (Raylight's Ulysses degree); the bytes are then one GPU's. 1 without Raylight."],
 };
 
 // ------------------------------------------------------------------------------------------ server
@@ -267,7 +268,7 @@ function buildQuantPanel(node) {
   const grid = el("div", { class: "jkv-grid" });
   ui.preset = el("select", { "data-jkv": "preset", class: "jkv-wide", title: FIELD_INFO.preset[1] });
   grid.append(el("label", { text: FIELD_INFO.preset[0], title: FIELD_INFO.preset[1] }), ui.preset);
-  for (const name of ["layers", "heads", "head_dim", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"]) {
+  for (const name of ["layers", "heads", "head_dim", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches", "ranks"]) {
     const input = el("input", { type: "number", step: "1", "data-jkv": `in-${name}`, title: FIELD_INFO[name][1] });
     ui.inputs[name] = input;
     grid.append(el("label", { text: FIELD_INFO[name][0], title: FIELD_INFO[name][1] }), input);
@@ -342,7 +343,7 @@ function requestFor(node, state) {
     const v = widgetValue(node, name);
     if (v != null) plan[name] = String(v);
   }
-  for (const name of ["layers", "heads", "head_dim", ...FOLLOWED]) {
+  for (const name of ["layers", "heads", "head_dim", "ranks", ...FOLLOWED]) {
     if (values[name] != null && values[name] !== "") plan[name] = String(values[name]);
   }
   const report = sampler?.jensenKvReport ?? null;
@@ -465,6 +466,11 @@ function render(node, options, state, req) {
     row("this setting", plan.runnable ? `${bytesText(plan.quantized_bytes)} (${num(plan.effective_bits, 3)} bits)` : "cannot run: see the warning above",
       { "data-jkv": "quant", "data-bytes": plan.quantized_bytes ?? "", class: plan.runnable ? "" : "jkv-error" });
     if (plan.runnable) row("saves", `${bytesText(plan.saved_bytes)} (${num(plan.bytes_ratio, 2)}× smaller)`, { "data-jkv": "saved" });
+    if (plan.runnable && plan.ranks > 1) {
+      // sequence parallelism: the rows above are one rank's (heads / ranks of every token)
+      row("all ranks", `${bytesText(plan.quantized_bytes_all_ranks)} on ${plan.ranks} GPUs (BF16 ${bytesText(plan.bf16_bytes_all_ranks)}); the rows above are per GPU`,
+        { "data-jkv": "all-ranks", "data-bytes": plan.quantized_bytes_all_ranks });
+    }
     if (plan.runnable && plan.tiers) {
       // each held chunk at its own bits, oldest first (sink first): what the peak holds
       const bits = (list) => list.map((b) => (b ? b : "full")).join(" ");

@@ -142,6 +142,50 @@ class CoreARSelfAttention:
         return self_attention_via(self.module, x, freqs, lambda q, k, v: session.attend(self.layer, q, k, v, labels))
 
 
+class PackAttention:
+    """One layer's attention of a running session, for a sequence-parallel composition (runtime/families).
+
+    ``attend(q, k, v, shard)``: q, k, v post-RoPE in SDPA layout for the heads ``shard`` says this rank
+    holds (``shard.head_offset`` on, ``shard.ranks`` ranks); the session's store and corrected attention.
+    """
+
+    def __init__(self, session: CoreARSession, layer: int):
+        self.session, self.layer = session, layer
+
+    @property
+    def config(self) -> JensenKVConfig:
+        return self.session.config
+
+    def __call__(self, q, k, v, shard):
+        session = self.session
+        session.use_shard(shard)
+        labels = session.labels if session.labels is not None else [0]
+        return session.attend(self.layer, q, k, v, labels)
+
+
+def pack_attention(layer: int, kv_cache) -> PackAttention | None:
+    """The pack's attention for ``kv_cache`` when it is a session's (core's AR sampler with the pack), else None."""
+    return PackAttention(kv_cache.session, layer) if isinstance(kv_cache, CoreLayerCache) else None
+
+
+def compose_foreign_attention(model_patcher, *_load_args) -> None:
+    """ON_LOAD (and again at session start): wrap a sequence-parallel self-attention another pack put on the blocks.
+
+    ComfyUI runs ON_LOAD callbacks after the object patches, so a pack that injects there (Raylight's
+    Ulysses ``usp_causal_ar_self_attn_forward``) replaces the pack's patch; the family's composition
+    (runtime/families/wan_raylight.py) goes over it and routes the sharded heads through the session.
+    Nothing happens for a MODEL without the pack's settings or without such a forward.
+    """
+    if not carries_settings(model_patcher.model_options):
+        return
+    dm = causal_diffusion_model(model_patcher)
+    if dm is None:
+        return
+    from ..families import wan_raylight
+
+    wan_raylight.compose(dm, pack_attention)
+
+
 # ---------------------------------------------------------------------------------------------- wrappers
 def _calc_cond_batch_wrapper(executor, model, conds, x_in, timestep, model_options):
     session = _ACTIVE.get()
@@ -183,6 +227,8 @@ def _check_patched(dm, patcher) -> None:
     backup = getattr(patcher, "object_patches_backup", {}) or {}
     for i, block in enumerate(dm.blocks):
         old = backup.get(SELF_ATTN_KEY.format(i))
+        if getattr(block.self_attn.__dict__.get("forward"), "serves_core_ar", False):
+            continue  # a sequence-parallel forward the family's composition routes through the pack's session
         if (
             old is not None
             and not getattr(old, "jensen_kv_patch", False)
@@ -203,7 +249,7 @@ def _check_patched(dm, patcher) -> None:
         )
     for i, block in enumerate(dm.blocks):
         fwd = block.self_attn.__dict__.get("forward")
-        if not isinstance(fwd, CoreARSelfAttention):
+        if not isinstance(fwd, CoreARSelfAttention) and not getattr(fwd, "serves_core_ar", False):
             what = getattr(fwd, "__qualname__", None) or (type(fwd).__qualname__ if fwd is not None else "core's own")
             module = getattr(fwd, "__module__", None) or (type(fwd).__module__ if fwd is not None else "comfy")
             raise UnusedSettingsError(
@@ -236,6 +282,7 @@ def _sampler_sample_wrapper(
             "checkpoint whose metadata marks it causal (tools/convert_checkpoint.py --causal), or use the pack's "
             "Chunked AR Video Sampler, which drives plain Wan 2.1 checkpoints."
         )
+    compose_foreign_attention(patcher)
     _check_patched(dm, patcher)
     session = start_session(patcher, model_options, sigmas, noise, sampler)
     token = _ACTIVE.set(session)
@@ -339,6 +386,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
             prefix_frames=session.prefix_frames,
             geometry=adapter.geometry,
             tiers=config.tiers,
+            ranks=session.ranks,
         )
     chunks = session.commits + (1 if session.pending_start is not None or session.pending else 0)
     report = build_report(
@@ -364,7 +412,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     report["planned_in_flight_bytes"] = block_in_flight_bytes(
         block_tokens=session.block_frames * g.frame_tokens,
         layers=adapter.num_layers,
-        heads=adapter.heads,
+        heads=adapter.heads // session.ranks,
         head_dim=adapter.head_dim,
         spec_k=config.spec_k,
         spec_v=config.spec_v,
@@ -375,6 +423,14 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     )
     if session.diagnostics is not None:
         report["diagnostics"] = session.diagnostics.summary()
+    if session.ranks > 1:
+        # sequence parallelism: cache_bytes, bf16_bytes and planned_bytes are this rank's; every rank holds as many
+        # heads of the same tokens, so all ranks together hold ranks times as much
+        report["ranks"], report["rank"] = session.ranks, int(session.shard.rank)
+        report["heads_per_rank"], report["head_offset"] = int(session.shard.local_heads), int(session.shard.head_offset)
+        report["cache_bytes_all_ranks"] = report["cache_bytes"] * session.ranks
+        report["bf16_bytes_all_ranks"] = report["bf16_bytes"] * session.ranks
+        report["planned_bytes_all_ranks"] = None if planned is None else planned.quantized_bytes_all_ranks
     logger.info(
         "jensen_kv: core AR run: cache peak %.2f MiB (BF16 would be %.2f MiB), planned %s MiB",
         report["cache_mib"],
@@ -400,6 +456,8 @@ def attach(model_patcher) -> None:
     ):
         model_patcher.remove_wrappers_with_key(kind, WRAPPER_KEY)
         model_patcher.add_wrapper_with_key(kind, WRAPPER_KEY, fn)
+    model_patcher.remove_callbacks_with_key(pe.CallbacksMP.ON_LOAD, WRAPPER_KEY)
+    model_patcher.add_callback_with_key(pe.CallbacksMP.ON_LOAD, WRAPPER_KEY, compose_foreign_attention)
     dm = causal_diffusion_model(model_patcher)
     if dm is None:
         return

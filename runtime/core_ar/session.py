@@ -151,6 +151,8 @@ class CoreARSession:
         self.chunk = 0
         self.step = 0
         self.labels: list[int] | None = None  # CFG branches of the apply_model call in progress
+        #: this rank's share of the heads under sequence parallelism (runtime/families/wan_raylight.HeadShard)
+        self.shard = None
         # filled in by the ComfyUI side (patches.start_session) for the report
         self.diagnostics = None
         self.adapter = None
@@ -269,6 +271,27 @@ class CoreARSession:
         self.commits += 1
         self.chunk += 1
         self.step = 0
+
+    # ------------------------------------------------------------------ sequence parallelism
+    def use_shard(self, shard) -> None:
+        """The caches hold ``shard.local_heads`` heads from global head ``shard.head_offset`` on (one rank of
+        ``shard.ranks``); called by a sequence-parallel composition before each attention, the same every time."""
+        if self.shard is None:
+            if self.run.observer is not None:
+                raise CoreARProtocolError(
+                    "KV Cache Diagnostics measures every head of a layer against its full-precision shadow; under "
+                    f"sequence parallelism this rank holds {shard.local_heads} of {shard.heads} heads. Remove KV Cache "
+                    "Diagnostics from this MODEL, or run it on one GPU."
+                )
+            self.run.shard_heads(int(shard.head_offset), int(shard.ranks))
+            self.shard = shard
+        elif shard != self.shard:
+            raise CoreARProtocolError(f"layer heads changed hands mid-run: {shard} after {self.shard}")
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks share every layer's heads (1 without sequence parallelism)."""
+        return 1 if self.shard is None else int(self.shard.ranks)
 
     # ------------------------------------------------------------------ one self-attention call
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, labels: list[int]) -> Tensor:
