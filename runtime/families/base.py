@@ -32,6 +32,23 @@ from typing import ClassVar, NamedTuple
 from ...jensen_core.geometry import LatentGeometry
 
 
+def attention_override_notice(model_options: dict | None) -> str | None:
+    """What to tell the user when the MODEL carries an attention backend override (ComfyUI 0.33's Model Attention
+    Backend node, or another pack's ``optimized_attention_override``), else None. Every family replaces its
+    models' self-attention with the pack's cached attention, which never calls ComfyUI's attention function, so
+    the override still serves cross-attention but no self-attention: the quantized cache is used either way."""
+    fn = ((model_options or {}).get("transformer_options") or {}).get("optimized_attention_override")
+    if fn is None:
+        return None
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return (
+        f"this MODEL carries an attention backend override ({name} from {module}: Model Attention Backend or "
+        "another pack). Jensen KV's quantized cache replaces every self-attention layer, so the override serves "
+        "cross-attention only; self-attention runs the pack's own corrected attention"
+    )
+
+
 class UnsupportedModelError(ValueError):
     """The MODEL is not one the Chunked AR sampler supports (the message names the supported ones)."""
 
