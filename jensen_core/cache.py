@@ -263,14 +263,41 @@ class ChunkCache:
         correction: str = "taylor",
         strength: float = 1.0,
         key_log_offsets=None,
+        *,
+        k_ctx: Tensor | None = None,
+        v_ctx: Tensor | None = None,
+        last_chunks: int | None = None,
     ) -> Tensor:
-        """Attention of the current chunk over the cached chunks and itself (see :func:`cached_attention`)."""
+        """Attention of the current chunk over the cached chunks and itself (see :func:`cached_attention`).
+
+        ``q`` may have more heads than the cached K/V (grouped-query attention, ``H_q = groups * H_kv``).
+        ``k_ctx``/``v_ctx``: context tokens attended in full precision, never stored nor corrected.
+        ``last_chunks``: attend only the newest ``last_chunks`` held chunks (None: all of them; 0: none), for
+        query groups that see a shorter key range than the cache holds (MAGI-1's per-chunk key range: one call
+        per group); ``key_log_offsets`` then has one item per attended chunk.
+        """
         if self._layout is not None and q.device != self._layout[4]:
             raise ValueError(
                 f"query lives on {q.device} but the cache on {self._layout[4]}; move it to {self._layout[4]}"
             )
+        entries = self._entries
+        if last_chunks is not None:
+            if isinstance(last_chunks, bool) or not isinstance(last_chunks, int) or last_chunks < 0:
+                raise ValueError(
+                    f"last_chunks={last_chunks!r} must be a whole number >= 0 (the newest held chunks to attend) "
+                    "or None (all)"
+                )
+            entries = list(entries)[len(entries) - min(last_chunks, len(entries)) :]
         return cached_attention(
-            q, k_cur, v_cur, self._entries, correction=correction, strength=strength, key_log_offsets=key_log_offsets
+            q,
+            k_cur,
+            v_cur,
+            entries,
+            correction=correction,
+            strength=strength,
+            key_log_offsets=key_log_offsets,
+            k_ctx=k_ctx,
+            v_ctx=v_ctx,
         )
 
     # ----------------------------------------------------------------- persistence
