@@ -97,7 +97,12 @@ def _check_inputs(
             raise ValueError(f"{name} must be floating point, got {t.dtype}")
     if k_cur.shape != v_cur.shape:
         raise ValueError(f"k_cur {tuple(k_cur.shape)} and v_cur {tuple(v_cur.shape)} must have the same shape")
-    if q.shape[0] != k_cur.shape[0] or q.shape[-1] != k_cur.shape[-1] or q.shape[1] % k_cur.shape[1]:
+    if (
+        not k_cur.shape[1]
+        or q.shape[0] != k_cur.shape[0]
+        or q.shape[-1] != k_cur.shape[-1]
+        or q.shape[1] % k_cur.shape[1]
+    ):
         raise ValueError(
             f"q {tuple(q.shape)} and k_cur {tuple(k_cur.shape)} disagree on batch, heads or head_dim (grouped-query "
             f"attention: the query's heads must be a multiple of the K/V heads, {k_cur.shape[1]} here)"
@@ -215,9 +220,9 @@ def cached_attention(
     """
     correction = check_mode(correction)
     entries = list(cache_entries)
-    if k_ctx is not None and k_ctx.dim() == 4 and k_ctx.shape[-2] == 0 and v_ctx is not None:
-        k_ctx = v_ctx = None  # no context tokens
     _check_inputs(q, k_cur, v_cur, entries, strength, k_ctx, v_ctx)
+    if k_ctx is not None and k_ctx.shape[-2] == 0:
+        k_ctx = v_ctx = None  # no context tokens
     pieces = _offset_pieces(key_log_offsets, entries)
     groups = q.shape[1] // k_cur.shape[1]
     if groups == 1:
