@@ -433,6 +433,7 @@ class _Setup:
             window_chunks=-(-r.recompute_frames // r.chunk_frames) if r.recompute_frames else r.window_chunks,
             layers=adapter.num_layers,
             heads=adapter.heads,
+            kv_heads=adapter.kv_heads,
             head_dim=adapter.head_dim,
             spec_k=self.config.spec_k,
             spec_v=self.config.spec_v,

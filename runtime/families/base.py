@@ -88,6 +88,16 @@ class ModelFamily(ABC):
     heads: int
     head_dim: int
 
+    @property
+    def kv_heads(self) -> int:
+        """K/V heads of the self-attention: ``heads`` unless a family sets fewer (grouped-query attention, where
+        ``heads`` is a multiple of them). The caches hold these; the planner counts them."""
+        return getattr(self, "_kv_heads", None) or self.heads
+
+    @kv_heads.setter
+    def kv_heads(self, value: int) -> None:
+        self._kv_heads = int(value)
+
     @classmethod
     @abstractmethod
     def probe(cls, model_patcher) -> Probe:
@@ -116,8 +126,12 @@ class ModelFamily(ABC):
         """ValueError naming the fix when this family cannot take ``samples`` (channels, size)."""
 
     def fingerprint(self) -> dict:
-        """The architecture facts a saved cache must match (see ``runtime.saved_run``)."""
-        return {"family": self.name, "layers": self.num_layers, "heads": self.heads, "head_dim": self.head_dim}
+        """The architecture facts a saved cache must match (see ``runtime.saved_run``); ``kv_heads`` only where the
+        K/V heads are fewer than the query heads (a fingerprint without it reads as ``kv_heads == heads``)."""
+        fp = {"family": self.name, "layers": self.num_layers, "heads": self.heads, "head_dim": self.head_dim}
+        if self.kv_heads != self.heads:
+            fp["kv_heads"] = self.kv_heads
+        return fp
 
     @abstractmethod
     def weights_digest(self) -> str:
