@@ -132,7 +132,9 @@ def test_gqa_equals_the_same_attention_over_repeated_heads(path):
     for mode in MODES:
         out = cached_attention(q, kc, vc, entries, mode, 0.6, k_ctx=kx, v_ctx=vx)
         ref = cached_attention(q, kc[:, idx], vc[:, idx], rep, mode, 0.6, k_ctx=kx[:, idx], v_ctx=vx[:, idx])
-        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+        # two float32 paths (a group's heads folded into rows, or one head each): the kernel's blocking differs
+        # with the thread count (measured 1.4e-6 on 2 threads, 0 on 1)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=5e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
