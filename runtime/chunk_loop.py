@@ -610,8 +610,9 @@ class _Job:
         if self.r.recompute_frames:  # Krea's recompute reads the prefix frames before every chunk instead
             return
         for i, (f0, f1) in enumerate(self.s.prefix_bounds):
-            self.write(i, f0, prefix_latent[:, :, f0:f1].to(self.out.dtype), schedule.at(i))
-            self.active = schedule.fingerprint_at(i)
+            prompt = schedule.at(i)
+            self.switch_prompt(i, f0, prompt, schedule.fingerprint_at(i))  # a switch inside the clip, as in one run
+            self.write(i, f0, prefix_latent[:, :, f0:f1].to(self.out.dtype), prompt)
 
     def chunk(self, c: int, f0: int, f1: int) -> None:
         """Chunk ``c`` of this run (latent frames ``f0:f1``): re-cache on a prompt switch, denoise, write."""
@@ -624,12 +625,7 @@ class _Job:
         prompt = schedule.at(chunk_index)
         now = schedule.fingerprint_at(chunk_index)
         rope_frame = self.krea_recompute(chunk_index, frame0, prompt, now) if r.recompute_frames else frame0
-        if self.active is not None and now != self.active and r.recache_on_switch:
-            if r.recache_mode == "longlive":
-                self.recache_longlive(prompt, schedule.index_at(chunk_index), frame0)
-            else:
-                self.recache(prompt, schedule.index_at(chunk_index))
-        self.active = now
+        self.switch_prompt(chunk_index, frame0, prompt, now)
         self.run.begin(chunk_index, rope_frame, PHASE_DENOISE)
         if self.redraw:
             self.redraw_noise = torch.Generator().manual_seed(chunk_seed(r.seed, chunk_index, REDRAW_STREAM))
@@ -662,6 +658,19 @@ class _Job:
             frame0 + f1 - f0 - 1,
             self.seconds[-1],
         )
+
+    def switch_prompt(self, chunk_index: int, frame0: int, prompt, now) -> None:
+        """Chunk ``chunk_index`` (written or denoised next) is made under ``prompt`` (fingerprint ``now``): on a
+        switch, re-cache the retained chunks under it first (``recache_mode``), for a prefix clip's chunks as for
+        generated ones, so a clip extended with a schedule holds what one run would."""
+        r = self.r
+        if self.active is not None and now != self.active and r.recache_on_switch:
+            index = self.s.schedule.index_at(chunk_index)
+            if r.recache_mode == "longlive":
+                self.recache_longlive(prompt, index, frame0)
+            else:
+                self.recache(prompt, index)
+        self.active = now
 
     def _on_step(self, c: int, chunk_index: int):
         """The sampler callback of chunk ``c``: step count, progress bar and preview, step_callback, interrupt."""

@@ -890,8 +890,8 @@ MUTANTS += [
     M(
         "X21",
         LOOP,
-        "self.write(i, f0, prefix_latent[:, :, f0:f1].to(self.out.dtype), schedule.at(i))",
-        "self.write(i, f0, prefix_latent[:, :, f0:f1].to(self.out.dtype), schedule.at(0))",
+        "            prompt = schedule.at(i)\n",
+        "            prompt = schedule.at(0)\n",
         f"{T_LONG} {T_MX_PACK}",
         "prefix clip x prompt schedule: every prefix chunk is written under the first prompt",
     ),
