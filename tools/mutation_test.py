@@ -794,7 +794,7 @@ MUTANTS += [
         "X9",
         CACHE,
         'if (B, H, D, _CACHE_DTYPES[k["dtype"]]) != layout:',
-        'if (B, H, D) != layout[:3]:',
+        "if (B, H, D) != layout[:3]:",
         f"{T_READ} {T_MX_READ}",
         "cache file reader: a chunk of another dtype than the layout's is accepted",
     ),
