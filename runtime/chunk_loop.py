@@ -589,7 +589,8 @@ class _Job:
         self.bytes_after_write: list[int] = []
         # SkyReels' context noise: the cached chunks are re-noised and re-written before every denoising call
         self.redraw = r.context_noise_mode == "skyreels" and self.ctx_sigma > 0
-        self.redraw_noise: torch.Generator | None = None  # per chunk, seeded from the chunk (reproducible)
+        self.redraw_noise: list[torch.Generator] = []  # per chunk and batch item, seeded from both (reproducible)
+        self.step_noise: tuple[tuple[int, int], dict[int, torch.Tensor]] | None = None  # one step's redrawn noise
         self.redraws = 0
 
     # ------------------------------------------------------------------ steps
@@ -628,7 +629,7 @@ class _Job:
         self.switch_prompt(chunk_index, frame0, prompt, now)
         self.run.begin(chunk_index, rope_frame, PHASE_DENOISE)
         if self.redraw:
-            self.redraw_noise = torch.Generator().manual_seed(chunk_seed(r.seed, chunk_index, REDRAW_STREAM))
+            self.redraw_noise = self._redraw_generators(chunk_index)
         latent_image = self.s.latent_image
         noise = comfy.sample.prepare_noise(
             latent_image[:, :, f0:f1], chunk_seed(r.seed, chunk_index, NOISE_STREAM), self.batch_inds
@@ -877,9 +878,16 @@ class _Job:
         run.start_rewrite(branches)
         if self.diagnostics is not None:
             self.diagnostics.on_rewrite()
+        if self.step_noise is None or self.step_noise[0] != (chunk, step):
+            self.step_noise = ((chunk, step), {})
+        drawn = self.step_noise[1]
         for kept in self.timeline.items:
             clean = self.work.model.process_latent_in(kept.latent).to(x.device, torch.float32)
-            noise = torch.randn(clean.shape, generator=self.redraw_noise).to(x.device)
+            noise = drawn.get(kept.chunk)
+            if noise is None:  # once per step: cond and uncond in separate calls see the same noise, as batched
+                one = (1, *clean.shape[1:])
+                noise = drawn[kept.chunk] = torch.cat([torch.randn(one, generator=g) for g in self.redraw_noise])
+            noise = noise.to(x.device)
             noised = (clean * (1.0 - self.ctx_sigma) + noise * self.ctx_sigma).to(x.dtype)
             run.begin(kept.chunk, kept.frame_offset, PHASE_WRITE)
             batch = noised.repeat(slots, 1, 1, 1, 1)
@@ -889,6 +897,17 @@ class _Job:
         run.begin(chunk, frame0, PHASE_DENOISE)
         run.step = step
         return executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+
+    def _redraw_generators(self, chunk_index: int) -> list[torch.Generator]:
+        """SkyReels' redraw noise of chunk ``chunk_index``: one generator per batch item, seeded from the chunk and
+        the item's ``batch_index`` (index 0's is the chunk's stream itself), so an item's noise does not depend on
+        the batch it runs in, as ComfyUI's noise of a LATENT with a batch_index does not."""
+        seed = chunk_seed(self.r.seed, chunk_index, REDRAW_STREAM)
+        inds = self.batch_inds if self.batch_inds is not None else range(self.out.shape[0])
+        return [
+            torch.Generator().manual_seed(seed if int(i) == 0 else chunk_seed(seed, int(i), REDRAW_STREAM))
+            for i in inds
+        ]
 
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""

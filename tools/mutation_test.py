@@ -849,8 +849,8 @@ MUTANTS += [
     M(
         "X16",
         LOOP,
-        "manual_seed(chunk_seed(r.seed, chunk_index, REDRAW_STREAM))",
-        "manual_seed(chunk_seed(r.seed, c, REDRAW_STREAM))",
+        "self.redraw_noise = self._redraw_generators(chunk_index)",
+        "self.redraw_noise = self._redraw_generators(c)",
         f"{T_SKY} {T_MX_PACK}",
         "SkyReels context noise x resume / prefix: the redraws reuse the run's chunk 0 noise, not the video's chunk",
     ),
