@@ -923,10 +923,10 @@ MUTANTS += [
     M(
         "X25",
         PATCH,
-        "frame_tokens = math.ceil(lat_h / patch[1]) * math.ceil(lat_w / patch[2])",
-        "frame_tokens = (lat_h // patch[1]) * (lat_w // patch[2])",
+        "    adapter.check_latent(noise)\n",
+        "",
         f"{T_COREAR} {T_MX_AR}",
-        "core path x odd latent sizes: tokens per frame counted without core's padding to whole patches",
+        "core path x odd latent sizes: a latent of partial patches reaches core's sampler, which fails deep inside",
     ),
     M(
         "X26",
