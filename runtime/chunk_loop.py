@@ -412,6 +412,7 @@ class _Setup:
                 sink_chunks=r.sink_chunks,
                 latent_shape=self.latent_geometry,
                 branches=r.branches,
+                tokens_per_frame=self.adapter.tokens_per_frame(tuple(self.latent_image.shape)),
             )
             self.first_chunk, self.first_frame = r.resume.next_chunk, r.resume.next_frame
             self.active = r.resume.active_prompt
@@ -926,7 +927,8 @@ class _Job:
             branches=self.run.branches,
             active_prompt=self.active,
             caches={k: c.copy().to("cpu") for k, c in self.run.caches.items()},
-            retained=list(self.timeline.items),
+            # float32, as the planner counts them (STATE_LATENT_BYTES) and the file's reader wants one dtype
+            retained=[RetainedChunk(c.chunk, c.frame_offset, c.latent.float()) for c in self.timeline.items],
             info={"seed": int(r.seed), "prompts": s.schedule.describe(), "model_class": s.adapter.describe()},
         )
 
