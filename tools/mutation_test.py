@@ -13,9 +13,10 @@ file is put back. A mutant is *killed* when those tests fail, *survives* when th
 mutant, the same tests run on the unmutated copy and must pass; a mutant whose text is not found,
 or whose edit does not compile, is an error of this script (stale after a refactor), not a kill.
 
-Not run in CI: about 12 minutes on 2 idle cores (63 mutants, 5 to 30 s each). Tests that need
-ComfyUI find it as the suite does (``COMFYUI_PATH``, then ``../shared/``); the copy is given the path
-this checkout resolves.
+Not run in CI: about 12 minutes on 2 idle cores for the 63 mutants before the X table (5 to 30 s each), and
+about 25 minutes for the 27 X mutants where features cross (the combination matrix's tests, ~10 minutes of
+baseline). Tests that need ComfyUI find it as the suite does (``COMFYUI_PATH``, then
+``../shared/``); the copy is given the path this checkout resolves.
 """
 
 from __future__ import annotations
