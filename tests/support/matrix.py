@@ -65,7 +65,7 @@ COLUMNS: dict[str, str] = {
     "window_sink": "a window of 2 chunks and a sink of 1 (full precision)",
     "odd_tokens": "a 6 x 10 latent: 15 tokens per frame, 30 per chunk (no power of two)",
     "odd_size": "a 7 x 10 latent (odd height: not whole 2 x 2 patches)",
-    "prompt_switch": "a prompt switch at chunk 4 under window 2 + sink 1 (and the same, resumed before it)",
+    "prompt_switch": "a prompt switch at chunk 4 under window 2 + sink 1 (and the same, resumed at chunk 3)",
 }
 
 CHECKS: dict[str, str] = {
@@ -76,7 +76,7 @@ CHECKS: dict[str, str] = {
     "tiers": (
         "bits of every held chunk per side == the tiers' positions == the planner's; cache bytes == planner bytes "
         "per side; the newest chunk == its raw K/V quantized at its bits, bit for bit; an aged chunk within Delta/2 "
-        "of each of its stored forms (rotated space)"
+        "of each of its stored forms (rotated space); one run == 2 chunks saved with their tiers + load + the rest"
     ),
     "qvg": "cache bytes == planner bytes; the newest chunk's reconstruction within its residual's Delta/2",
     "window_sink": "every model call of the last chunk == a float32 masked forward over the chunks the rule keeps",
@@ -84,7 +84,7 @@ CHECKS: dict[str, str] = {
     "odd_size": "refused by the Wan family",
     "prompt_switch": (
         "the calls after the switch == a masked forward over the chunks re-cached under the new prompt; the run "
-        "resumed from a state saved before the switch == the one run, bit for bit"
+        "resumed from a state saved at chunk 3 (one chunk before the switch) == the one run, bit for bit"
     ),
 }
 
@@ -105,7 +105,8 @@ CHECK_OVERRIDES: dict[tuple[str, str, str], str] = {
         "the calls after the switch == a masked forward over LongLive's re-computed chunks (sink, the evicted chunk "
         "and the window in one forward, no mask); no resumed run: a saved state does not keep the evicted chunk"
     ),
-    ("pack", "krea", "tiers"): "as tiers, without window and sink (recompute refuses them): the recent tier only",
+    ("pack", "krea", "tiers"): "as tiers, without window and sink (recompute refuses them): the recent tier "
+    "only; no resume (refused)",
     ("pack", "krea", "prompt_switch"): "the context of the chunk after the switch is written under the new prompt "
     "and its calls == scope's masked forward with the bias (no window: recompute refuses it)",
     **{
