@@ -668,6 +668,19 @@ def read_meta(t) -> CacheFileMeta:
                 f"not the layout's ({layout[0]}, {layout[1]}, {layout[2]}, {str(layout[3]).removeprefix('torch.')})"
             )
         checked.append(parts)
+    if tiers is not None:  # each part's bits are its position's: the sink's, the newest chunks', the spec's
+        for side, spec in (("k", specs[0]), ("v", specs[1])):
+            if spec is None:
+                continue
+            want = tiers.position_bits(spec.bits, n, held, side)
+            got = [c[side].get("bits", spec.bits) for c in checked]
+            for i, (g, w) in enumerate(zip(got, want)):
+                if g != w:
+                    raise ValueError(
+                        f"cache file entry chunk{i}.{side} bits={g}: under age tiers {str(tiers)!r} with "
+                        f"sink_held={held}, chunk {i} of {n} is kept at {w} bits (the sink and the newest chunks at "
+                        f"the tiers' bits, the others at INT{spec.bits}); the file was edited or damaged"
+                    )
     return CacheFileMeta(
         version=version,
         spec_k=specs[0],

@@ -127,6 +127,14 @@ class SavedRun:
             f"{self.sink_chunks}), {self.nbytes / 2**20:.2f} MiB"
         )
 
+    @property
+    def tokens_per_frame(self) -> int | None:
+        """Self-attention tokens per latent frame the caches hold (the newest retained chunk's), None when empty."""
+        cache = next(iter(self.caches.values()), None)
+        if cache is None or not cache.entries or not self.retained:
+            return None
+        return cache.entries[-1].tokens // self.retained[-1].frames
+
     @staticmethod
     def _bits(spec):
         return "full" if spec is None else f"INT{spec.bits}"
@@ -178,8 +186,12 @@ class SavedRun:
         latent_shape: tuple[int, ...],
         branches: list[int],
         tiers: AgeTiers | None = None,
+        tokens_per_frame: int | None = None,
     ) -> None:
-        """ValueError naming the first thing that differs between this state and the run that wants it."""
+        """ValueError naming the first thing that differs between this state and the run that wants it.
+
+        ``tokens_per_frame``: what the run's model family makes of one latent frame of its latent; the caches
+        must hold as many (the file's latent size and its caches' tokens are two fields: both are compared)."""
 
         def differ(what, saved, now, fix):
             raise ValueError(f"this KV cache was made with {what} {saved}, but this run has {now}; {fix}")
@@ -239,6 +251,14 @@ class SavedRun:
                 self.branches,
                 branches,
                 "use cfg 1 on both runs, or cfg > 1 on both (cond and uncond are cached separately)",
+            )
+        held = self.tokens_per_frame
+        if tokens_per_frame is not None and held is not None and held != tokens_per_frame:
+            differ(
+                "caches of",
+                f"{held} tokens per latent frame",
+                f"{tokens_per_frame} for its latent of (batch, channels, height, width) {tuple(latent_shape)}",
+                "the file's latent size and its caches disagree (it was edited or damaged): save the cache again",
             )
 
     # ------------------------------------------------------------------ files
@@ -712,6 +732,11 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
             )
         if r["dtype"] not in _LATENT_DTYPES:
             raise ValueError(f"{what} dtype={_short(r['dtype'])} must be one of {', '.join(_LATENT_DTYPES)}")
+        if i and r["dtype"] != records[0]["dtype"]:
+            raise ValueError(
+                f"{what} dtype={r['dtype']} differs from retained[0]'s {records[0]['dtype']}: a run keeps every "
+                "retained latent in one dtype (the file was edited or damaged)"
+            )
         offset = whole(r["frame_offset"], f"{what} frame_offset", 0, MAX_FRAMES)
         lo, hi = chunk, chunk * chunk_frames  # every earlier chunk holds 1 to chunk_frames frames
         if retained:

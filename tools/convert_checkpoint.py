@@ -791,6 +791,68 @@ def meta_state_dict(header: dict) -> dict[str, torch.Tensor]:
     return sd
 
 
+def check_extents(header: dict, data_start: int, file_size: int) -> None:
+    """A safetensors header's fields against one another: each tensor's ``data_offsets`` span exactly its dtype x
+    shape, and the spans follow one another from the start of the data to the end of the file (what the
+    safetensors library itself writes). A header that says otherwise would be copied into a file ComfyUI cannot
+    load, or loads as other tensors. Run after :func:`meta_state_dict` (which checks each dtype and shape)."""
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o for o in offsets)
+        ):
+            raise ConversionError(f"{name}: the safetensors data_offsets {str(offsets)[:100]} are not two byte offsets")
+        need = math.prod(info["shape"]) * torch.empty((), dtype=_ST_DTYPES[info["dtype"]]).element_size()
+        if offsets[1] - offsets[0] != need:
+            raise ConversionError(
+                f"{name}: a {info['dtype']} tensor of shape {info['shape']} needs {need} bytes, but its data_offsets "
+                f"{offsets} span {offsets[1] - offsets[0]}: the file is damaged (download or save it again)"
+            )
+        spans.append((offsets[0], offsets[1], name))
+    pos = 0
+    for begin, end, name in sorted(spans):
+        if begin != pos:
+            raise ConversionError(
+                f"{name}: its data starts at byte {begin} of the data, but the tensor before it ends at {pos}: the "
+                "tensors' data overlap or leave a gap: the file is damaged (download or save it again)"
+            )
+        pos = end
+    if data_start + pos != file_size:
+        raise ConversionError(
+            f"the tensors' data end at byte {data_start + pos}, but the file has {file_size} bytes: it is "
+            f"{'truncated' if data_start + pos > file_size else 'longer than its header says'} (download or save it "
+            "again)"
+        )
+
+
+def check_recorded_dtype(header: dict) -> None:
+    """A file this tool converted records its ``dtype``: every floating tensor must be of it (a file whose tensors
+    were cast afterwards carries a record that lies, and copying it would pass the lie on)."""
+    meta = header.get("__metadata__") or {}
+    if not str(meta.get("converted_by", "")).startswith("comfyui-jensen-kv") or "dtype" not in meta:
+        return
+    want = DTYPES.get(meta["dtype"])
+    if want is None:
+        raise ConversionError(
+            f"the metadata records dtype {str(meta['dtype'])[:40]!r}; this tool writes {', '.join(DTYPES)}"
+        )
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES[info["dtype"]]
+        if dtype.is_floating_point and dtype != want:
+            raise ConversionError(
+                f"{name} is {str(dtype).removeprefix('torch.')}, but the file's metadata records dtype "
+                f"{meta['dtype']} for every floating tensor: the file was changed after conversion; convert the "
+                "original checkpoint again"
+            )
+
+
 def _write_atomic(out: Path, write) -> None:
     """``write(tmp_path)`` to a temporary file next to ``out``, fsynced and renamed onto it once complete."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -979,7 +1041,7 @@ def _copy_safetensors(args, src: Path, out: Path) -> int:
             "--key and --dtype apply to .pt checkpoints, as do --lora and --lora-alpha; a .safetensors input is "
             "copied as it is"
         )
-    header, _ = read_safetensors_header(src)
+    header, data_start = read_safetensors_header(src)
     names = [k for k in header if k != "__metadata__"]
     prefixes = [p for p in check_prefixes(names) if p]
     if not args.causal and not prefixes:
@@ -991,6 +1053,8 @@ def _copy_safetensors(args, src: Path, out: Path) -> int:
         sd = strip_wrappers(meta_state_dict(header))
     except ConversionError as e:
         raise ConversionError(f"{e} (prefixes found: {', '.join(prefixes)})") from None
+    check_extents(header, data_start, src.stat().st_size)
+    check_recorded_dtype(header)
     info = check_wan_t2v(sd)
     metadata = dict(header.get("__metadata__") or {})
     if prefixes:

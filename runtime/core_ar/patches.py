@@ -271,6 +271,9 @@ def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreA
     window = get_window(model_options) or CacheWindow()
     if noise.ndim != 5:
         raise ValueError(f"core's AR sampler needs a 5-D video latent, got shape {tuple(noise.shape)}")
+    # whole patches only: core's causal Wan pads a partial patch and does not crop it again, so its sampler
+    # would fail deep inside (measured on v0.27 and v0.33); the family's own check names the fix
+    adapter.check_latent(noise)
     bs, _, lat_t, lat_h, lat_w = noise.shape
     patch = adapter.geometry.patch  # core's Wan pads the latent to whole patches
     frame_tokens = math.ceil(lat_h / patch[1]) * math.ceil(lat_w / patch[2])
