@@ -48,7 +48,7 @@ NEW_REQUIREMENTS = (
     "comfyui-frontend-package==1.45.20\ntorch\ntorchsde\ntorchvision\ntorchaudio\nnumpy>=1.25.0\ncomfy-aimdo==0.4.10\n"
 )
 MAIN_RUN = "-m pytest -q"
-OLDEST_RUN = "-m pytest -q -m (comfyui or server or browser) and not core_ar"
+OLDEST_RUN = "-m pytest -q -m (comfyui or server or browser) and not core_ar and not hunyuan15"
 
 
 def fake_comfyui(path: Path, requirements: str = OLD_REQUIREMENTS, version: str = "0.3.64") -> Path:
@@ -151,7 +151,7 @@ def test_runs_the_readme_command_against_v027_then_the_comfyui_tests_against_v03
     assert calls[-1] == oldest_env
     summary = r.stdout.splitlines()[-2:]
     assert summary[0].startswith(f"ComfyUI 0.27.0 ({new}), the whole suite: exit 0, ")
-    assert summary[1].startswith(f"ComfyUI 0.3.64 ({old}), the ComfyUI tests without core_ar: exit 0, ")
+    assert summary[1].startswith(f"ComfyUI 0.3.64 ({old}), the ComfyUI tests without core_ar / hunyuan15: exit 0, ")
 
     # a second run reuses the environment
     r, calls = run_ci(sandbox)
@@ -163,7 +163,10 @@ def test_runs_the_readme_command_against_v027_then_the_comfyui_tests_against_v03
 def test_either_run_failing_fails_ci_and_both_always_run(sandbox):
     tmp, _, _ = sandbox
     new, old = fake_shared(tmp)
-    for failing, line in ((new, "the whole suite: exit 1"), (old, "the ComfyUI tests without core_ar: exit 1")):
+    for failing, line in (
+        (new, "the whole suite: exit 1"),
+        (old, "the ComfyUI tests without core_ar / hunyuan15: exit 1"),
+    ):
         r, calls = run_ci(sandbox, FAKE_FAIL_FOR=str(failing))
         assert r.returncode == 1
         assert len(pytest_runs(calls)) == 2
