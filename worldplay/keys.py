@@ -300,11 +300,17 @@ def read_config(sd: Mapping[str, Tensor]) -> WorldPlayShape:
 
 
 def check_keys(sd: Mapping[str, Tensor], shape: WorldPlayShape) -> None:
-    """Every expected key present and no other; the error names the missing and unexpected ones."""
-    expected = set(official_keys(shape))
+    """Every expected key present, no other, each of its shape; the error names the missing, unexpected and
+    misshapen ones."""
+    shapes = official_shapes(shape)
     present = set(sd)
-    missing, unexpected = sorted(expected - present), sorted(present - expected)
-    if not (missing or unexpected):
+    missing, unexpected = sorted(set(shapes) - present), sorted(present - set(shapes))
+    misshapen = [
+        f"{k} {tuple(sd[k].shape)} (expected {shapes[k]})"
+        for k in sorted(present & set(shapes))
+        if tuple(sd[k].shape) != shapes[k]
+    ]
+    if not (missing or unexpected or misshapen):
         return
 
     def show(names: list[str]) -> str:
@@ -315,6 +321,8 @@ def check_keys(sd: Mapping[str, Tensor], shape: WorldPlayShape) -> None:
         parts.append(f"{len(missing)} missing key(s): {show(missing)}")
     if unexpected:
         parts.append(f"{len(unexpected)} unexpected key(s): {show(unexpected)}")
+    if misshapen:
+        parts.append(f"{len(misshapen)} tensor(s) of the wrong shape: {show(misshapen)}")
     raise CheckpointError(
         f"the WorldPlay checkpoint ({shape.depth} double blocks, width {shape.hidden_size}) does not hold the keys its "
         "architecture has: " + "; ".join(parts) + ". Give Load HY-WorldPlay the unmodified "
