@@ -365,3 +365,29 @@ def test_comfyuis_sampler_runs_it_with_the_camera_path_on_the_conditioning(wp, r
             [[ref_inputs["text"], {"pooled_output": None}]],
             torch.zeros(1, 32, 4, 4, 6),
         )
+
+
+def test_unetloaders_detection_reads_the_official_file_as_plain_hunyuanvideo_15_and_loses_worldplay(comfy):
+    """Why Load HY-WorldPlay exists: ComfyUI's detection (what UNETLoader runs) takes the released key list for
+    HunyuanVideo 1.5 and its renaming leaves every fused qkv unloaded (216 missing) while dropping the separate
+    q / k / v and the 112 WorldPlay keys (760 unexpected). Shapes only (meta tensors)."""
+    import json
+
+    import comfy.ldm.hunyuan_video.model
+    import comfy.model_detection
+    import comfy.ops
+
+    shapes = json.loads((DATA / "official_keys.json").read_text())["keys"]
+    sd = {k: torch.empty(tuple(v), device="meta") for k, v in shapes.items()}
+    config = comfy.model_detection.model_config_from_unet(sd, "")
+    assert type(config).__name__ == "HunyuanVideo15"
+    renamed = set(config.process_unet_state_dict(dict(sd)))
+    with torch.device("meta"):
+        core = comfy.ldm.hunyuan_video.model.HunyuanVideo(
+            **config.unet_config, operations=comfy.ops.disable_weight_init
+        )
+    wanted = set(core.state_dict())
+    missing, unexpected = wanted - renamed, renamed - wanted
+    assert len(missing) == 216 and all(".qkv." in k for k in missing)
+    worldplay = {k for k in unexpected if k.startswith("action_in.") or ".img_attn_prope_proj." in k}
+    assert len(worldplay) == 112 and len(unexpected) == 112 + 54 * 2 * 3 * 2
