@@ -391,3 +391,17 @@ def test_unetloaders_detection_reads_the_official_file_as_plain_hunyuanvideo_15_
     assert len(missing) == 216 and all(".qkv." in k for k in missing)
     worldplay = {k for k in unexpected if k.startswith("action_in.") or ".img_attn_prope_proj." in k}
     assert len(worldplay) == 112 and len(unexpected) == 112 + 54 * 2 * 3 * 2
+
+
+def test_the_text_prefix_drops_padding_and_is_shared_by_the_streams(tiny_model, ref_inputs):
+    """SigLIP (5) + ByT5 (3) + the LLM's valid tokens, padding dropped, one K/V pair per block; prompts of one batch
+    with different valid counts are refused by name."""
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
+    prefix = tiny_model.text_prefix(ref_inputs["text"], mask, ref_inputs["byt5"], ref_inputs["vision"])
+    assert prefix.layers == TINY.depth and prefix.tokens == 5 + 3 + 5
+    assert prefix.keys[0].shape == (1, TINY.heads, 13, TINY.head_dim)
+    full = tiny_model.text_prefix(ref_inputs["text"], None, ref_inputs["byt5"], ref_inputs["vision"])
+    assert full.tokens == 5 + 3 + 7 and full.nbytes == 2 * TINY.depth * 15 * TINY.hidden_size * 4
+    two = torch.cat([ref_inputs["text"]] * 2)
+    with pytest.raises(ValueError, match=r"different numbers of valid text tokens \(\[5, 6\]\)"):
+        tiny_model.text_prefix(two, torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0]]))
