@@ -38,7 +38,7 @@ from ..jensen_core.bias import check_attention_bias
 from ..jensen_core.planner import plan_cache
 from ..jensen_core.retention import Retained, Retention
 from .config import JensenKVConfig, get_config, get_window
-from .families import ModelFamily, detect
+from .families import ModelFamily, attention_override_notice, detect
 from .observer import PHASE_DENOISE, PHASE_WRITE
 from .prompt_schedule import PromptSchedule
 from .report import MIB, build_report, report_text  # noqa: F401 - report_text re-exported for the nodes
@@ -433,6 +433,7 @@ class _Setup:
             window_chunks=-(-r.recompute_frames // r.chunk_frames) if r.recompute_frames else r.window_chunks,
             layers=adapter.num_layers,
             heads=adapter.heads,
+            kv_heads=adapter.kv_heads,
             head_dim=adapter.head_dim,
             spec_k=self.config.spec_k,
             spec_v=self.config.spec_v,
@@ -456,6 +457,9 @@ def _check_model(r: ChunkedARRequest) -> tuple[ModelFamily, JensenKVConfig, Prom
     """The model's family, the KV-cache settings on it and the prompt schedule, each checked against the request."""
     adapter = detect(r.model)
     adapter.check_latent(r.samples)
+    notice = attention_override_notice(r.model.model_options)
+    if notice is not None:
+        logger.warning("jensen_kv: %s", notice)
     config = get_config(r.model.model_options) or JensenKVConfig()
     config.check_head_dim(adapter.head_dim)
     window_node = get_window(r.model.model_options)

@@ -184,9 +184,9 @@ class SavedRun:
         def differ(what, saved, now, fix):
             raise ValueError(f"this KV cache was made with {what} {saved}, but this run has {now}; {fix}")
 
-        mine = {k: v for k, v in self.fingerprint.items() if k != "weights"}
-        theirs = {k: v for k, v in fingerprint.items() if k != "weights"}
-        order = ["family", "layers", "heads", "head_dim", "dim", "ffn_dim", "text_dim"]
+        mine = {k: v for k, v in with_kv_heads(self.fingerprint).items() if k != "weights"}
+        theirs = {k: v for k, v in with_kv_heads(fingerprint).items() if k != "weights"}
+        order = ["family", "layers", "heads", "kv_heads", "head_dim", "dim", "ffn_dim", "text_dim"]
         for k in sorted(set(mine) | set(theirs), key=lambda k: (order.index(k) if k in order else len(order), k)):
             if mine.get(k) != theirs.get(k):
                 differ(
@@ -284,6 +284,14 @@ def _digest(tensors: dict[str, Tensor], state: str) -> str:
 
 def _describe(shape: tuple[int, ...], dtype: torch.dtype) -> bytes:
     return str((tuple(shape), str(dtype))).encode()
+
+
+def with_kv_heads(fingerprint: dict) -> dict:
+    """``fingerprint`` with its ``kv_heads`` (the K/V heads its caches hold): a file written before grouped-query
+    attention, or by a model with as many K/V heads as query heads, records none, and reads as ``heads``."""
+    if "kv_heads" in fingerprint or "heads" not in fingerprint:
+        return fingerprint
+    return {**fingerprint, "kv_heads": fingerprint["heads"]}
 
 
 # ---------------------------------------------------------------------------------------------- reading a file
@@ -606,7 +614,10 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
         if not isinstance(fp.get(k), str):
             raise ValueError(f"fingerprint {k}={_short(fp.get(k))} must be text")
     layers = whole(fp.get("layers"), "fingerprint layers", 1, MAX_LAYERS)
-    whole(fp.get("heads"), "fingerprint heads", 1, MAX_HEADS)
+    heads = whole(fp.get("heads"), "fingerprint heads", 1, MAX_HEADS)
+    kv_heads = whole(fp.get("kv_heads", heads), "fingerprint kv_heads", 1, MAX_HEADS)
+    if heads % kv_heads:
+        raise ValueError(f"fingerprint kv_heads={kv_heads} must divide heads={heads} (grouped-query attention)")
     head_dim = whole(fp.get("head_dim"), "fingerprint head_dim", 1, MAX_HEAD_DIM)
     specs = []
     for side in ("spec_k", "spec_v"):
@@ -812,10 +823,11 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         if len(meta.chunks) != len(frames):
             raise ValueError(f"{where} holds {len(meta.chunks)} chunks, but the state retains {len(frames)}")
         lay = meta.layout
-        if lay[:3] != (batch, plan.fingerprint["heads"], plan.fingerprint["head_dim"]):
+        kv_heads = with_kv_heads(plan.fingerprint)["kv_heads"]  # a cache holds the K/V heads
+        if lay[:3] != (batch, kv_heads, plan.fingerprint["head_dim"]):
             raise ValueError(
                 f"{where} holds (batch, heads, head_dim) = ({lay[0]}, {lay[1]}, {lay[2]}), not "
-                f"({batch}, {plan.fingerprint['heads']}, {plan.fingerprint['head_dim']}) as the metadata says"
+                f"({batch}, {kv_heads}, {plan.fingerprint['head_dim']}) as the metadata says"
             )
         if dtype is not None and lay[3] != dtype:
             raise ValueError(f"{where} holds {lay[3]} chunks, the other caches {dtype}")

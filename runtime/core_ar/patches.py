@@ -260,9 +260,12 @@ def _sampler_sample_wrapper(
 
 
 def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreARSession:
-    from ..families import detect
+    from ..families import attention_override_notice, detect
 
     adapter = detect(patcher)
+    notice = attention_override_notice(model_options)
+    if notice is not None:
+        logger.warning("jensen_kv: %s", notice)
     config = get_config(model_options) or JensenKVConfig()
     config.check_head_dim(adapter.head_dim)
     window = get_window(model_options) or CacheWindow()
@@ -328,6 +331,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
             window_chunks=session.window_chunks,
             layers=adapter.num_layers,
             heads=adapter.heads,
+            kv_heads=adapter.kv_heads,
             head_dim=adapter.head_dim,
             spec_k=config.spec_k,
             spec_v=config.spec_v,
@@ -365,6 +369,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
         block_tokens=session.block_frames * g.frame_tokens,
         layers=adapter.num_layers,
         heads=adapter.heads,
+        kv_heads=adapter.kv_heads,
         head_dim=adapter.head_dim,
         spec_k=config.spec_k,
         spec_v=config.spec_v,
