@@ -196,7 +196,9 @@ def test_runs_the_readme_command_against_033_then_the_comfyui_tests_against_v027
     summary = r.stdout.splitlines()[-3:]
     assert summary[0].startswith(f"ComfyUI 0.33.0 ({t['new']}), the whole suite: exit 0, ")
     assert summary[1].startswith(f"ComfyUI 0.27.0 ({t['middle']}), the ComfyUI tests: exit 0, ")
-    assert summary[2].startswith(f"ComfyUI 0.3.64 ({t['old']}), the ComfyUI tests without core_ar / hunyuan15: exit 0, ")
+    assert summary[2].startswith(
+        f"ComfyUI 0.3.64 ({t['old']}), the ComfyUI tests without core_ar / hunyuan15: exit 0, "
+    )
 
     # a second run reuses the environments
     r, calls = run_ci(sandbox)
