@@ -289,3 +289,17 @@ def test_converted_vae_file_loads_too(nodes, model_dir, vae_folder):
     )
     vae = nodes.JensenKVLoadMagi1VAE.execute("magi_vae.safetensors", "fp32").args[0]
     assert vae.config == pack_module("magi1.vae").VAEConfig(**VAE_TINY.to_dict())
+
+
+def test_a_converted_folder_loads_through_the_node(load_node, model_dir, tmp_path):
+    from support.pack import load_tool
+
+    sd = tiny_dit_weights(special=False)
+    src = tmp_path / "src" / "4.5B_distill" / "inference_weight.distill"
+    write_shards(src, sd)
+    out = model_dir / "diffusion_models" / "magi-tiny-distill.safetensors"
+    assert load_tool("convert_checkpoint").main([str(src), str(out), "--magi1"]) == 0
+    dm = load_node.execute(out.name, "bf16", "auto").args[0].model.diffusion_model
+    assert dm.config.distill and dm.videodit_blocks.layers[1].mlp.linear_fc2.weight.dtype == torch.bfloat16
+    got = dm.state_dict()
+    assert all(torch.equal(got[k].float(), sd[k].to(got[k].dtype).float()) for k in sd)
