@@ -417,6 +417,11 @@ class MagiDiT(nn.Module):
             raise ValueError(f"t has shape {tuple(spec.t.shape)}; expected ({n}, {plan.current})")
         if len(spec.captions) != n * plan.current:
             raise ValueError(f"{len(spec.captions)} captions for {n} x {plan.current} chunks")
+        if cfg.distill != (spec.distill_dt is not None):
+            raise ValueError(
+                f"a {'distilled' if cfg.distill else 'base'} MAGI-1 "
+                + ("needs the step-size constant distill_dt" if cfg.distill else "takes no distill_dt")
+            )
         x = x.float() * cfg.x_rescale_factor
         if cfg.half_channel_vae:
             x = torch.cat([x, x], dim=1)

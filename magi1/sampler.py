@@ -20,7 +20,7 @@ precision, as the reference's whole-video buffer). Text-to-video only (no prefix
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -102,7 +102,6 @@ class _Run:
     chunk_tokens: int
     ts: Tensor
     intervals: Tensor
-    extra: dict = field(default_factory=dict)
 
 
 def _forward(run: _Run, x: Tensor, t: Tensor, captions: Sequence[Tensor], dropped: bool, first_frame: int, plan, dt):
@@ -258,4 +257,4 @@ def sample(
     return x
 
 
-__all__ = ["MagiSettings", "SampleEvent", "iter_sample", "sample", "replace"]
+__all__ = ["MagiSettings", "SampleEvent", "iter_sample", "sample"]
