@@ -354,3 +354,15 @@ def test_vae_tiled_decode_matches_the_reference(vae, expected):
 def test_vae_config_from_the_published_shapes():
     assert config_from_decoder_shapes(decoder_shapes(VAEConfig())) == VAEConfig()
     assert config_from_decoder_shapes(decoder_shapes(VAE_TINY), num_heads=4, latent_length=2) == VAE_TINY
+
+
+@pytest.mark.parametrize("name", ["4.5B", "24B"])
+def test_the_published_models_build_with_the_reference_names(name):
+    """Built on the meta device (no memory): every tensor and shape the checkpoints hold, nothing else."""
+    cfg = PUBLISHED[name]
+    with torch.device("meta"):
+        model = MagiDiT(cfg, dtype=torch.bfloat16)
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected_shapes(cfg)
+    attn = model.videodit_blocks.layers[0].self_attention
+    assert attn.linear_qkv.k.weight.shape == (8 * 128, cfg.hidden_size)  # 8 K/V heads of 128
+    assert attn.linear_qkv.q.weight.dtype == torch.bfloat16 and attn.q_layernorm.weight.dtype == torch.float32
