@@ -29,7 +29,11 @@ from .kv_cache_diagnostics import JensenKVDiagnostics
 from .kv_cache_diagnostics_plot import JensenKVDiagnosticsPlot
 from .kv_cache_report import JensenKVCacheReport
 from .load_kv_cache import JensenKVLoadKVCache
+from .load_magi1 import JensenKVLoadMagi1
+from .load_magi1_vae import JensenKVLoadMagi1VAE
 from .load_worldplay import JensenKVLoadWorldPlay
+from .magi1_text_encode import JensenKVMagi1TextEncode
+from .magi1_vae_decode import JensenKVMagi1VAEDecode
 from .prompt_schedule import JensenKVPromptSchedule
 from .quantize_kv_cache import JensenKVQuantizeKVCache
 from .save_kv_cache import JensenKVSaveKVCache
@@ -65,6 +69,13 @@ WORLDPLAY_NODES: list[type[io.ComfyNode]] = [
     JensenKVWorldPlayTrajectory,
     JensenKVWorldPlayTrajectoryPreview,
 ]
+#: MAGI-1: its model, VAE and text (the pack's own implementation, magi1/)
+MAGI1_NODES: list[type[io.ComfyNode]] = [
+    JensenKVLoadMagi1,
+    JensenKVLoadMagi1VAE,
+    JensenKVMagi1VAEDecode,
+    JensenKVMagi1TextEncode,
+]
 
 
 def register_routes() -> bool:
@@ -87,7 +98,7 @@ class JensenKVExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         register_bundled_models()
         register_routes()  # ComfyUI v0.3.64 never calls on_load; registering twice is a no-op
-        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *CORE_AR_NODES, *DEMO_NODES, *WORLDPLAY_NODES]
+        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *CORE_AR_NODES, *MAGI1_NODES, *WORLDPLAY_NODES, *DEMO_NODES]
 
 
 def register_bundled_models() -> bool:
@@ -109,6 +120,7 @@ __all__ = [
     "AR_NODES",
     "DEMO_NODES",
     "DIAGNOSTICS_NODES",
+    "MAGI1_NODES",
     "NODES",
     "WORLDPLAY_NODES",
     "JensenKVExtension",

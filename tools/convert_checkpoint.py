@@ -61,6 +61,19 @@ stripped the same way (:func:`check_prefixes` names them first): only the header
 the tensor bytes are copied unchanged, and ``--causal`` is optional. A prefix that is no known wrapper is
 refused with a listing of every prefix found.
 
+``--magi1 FOLDER_OR_FILE`` turns Sand AI's MAGI-1 DiT (``ckpt/magi/<model>/inference_weight[.distill]/``: a
+``model.safetensors.index.json`` and its shards, or one ``model.safetensors``) into one file for
+``models/diffusion_models`` (Load MAGI-1 Model), and ``--magi1-vae FOLDER`` the VAE folder (``ckpt/vae``:
+``config.json`` + ``diffusion_pytorch_model.safetensors``) into one file for ``models/vae`` (Load MAGI-1 VAE).
+Both go through :mod:`magi1.checkpoint` first (headers only: the index's shard names must be plain files of
+the folder, every tensor the index names must be in its shard, no tensor twice, a complete model of exact
+shapes; ``.zst`` shards and the ``distill_quant`` fp8 weights are refused with the way on), then copy every
+tensor's bytes unchanged into one file (streamed, never loaded whole), with the architecture in the metadata
+(``magi1_config`` / ``magi1_vae_config``), written atomically and at most the inputs' size plus 1 MiB.
+``--special-tokens special_tokens.npz`` (``example/assets/`` of the MAGI-1 repository) adds the caption's
+special tokens as ``special_tokens.<NAME>`` (float16, as the reference uses them); ``--variant`` and
+``--config`` (the reference's ``example/*/*_config.json``) say base or distill and the input scale.
+
 ``convert()`` is the pure part (no ComfyUI needed); ``main(argv)`` is the command line.
 """
 
@@ -1019,6 +1032,36 @@ def _parser() -> argparse.ArgumentParser:
         metavar="A",
         help="the LoRA's alpha (default: r, read from lora_A's rows, as LongLive's config has it: rank 256, alpha 256)",
     )
+    p.add_argument(
+        "--magi1",
+        action="store_true",
+        help="INPUT is Sand AI's MAGI-1 DiT (a folder with model.safetensors.index.json and shards, or one "
+        "model.safetensors): write it as one file for Load MAGI-1 Model (tensor bytes unchanged)",
+    )
+    p.add_argument(
+        "--magi1-vae",
+        action="store_true",
+        help="INPUT is MAGI-1's VAE folder (config.json + diffusion_pytorch_model.safetensors): write one file for "
+        "Load MAGI-1 VAE",
+    )
+    p.add_argument(
+        "--variant",
+        choices=("auto", "base", "distill"),
+        default="auto",
+        help="--magi1: base or distill (auto: 'distill' in the folder's name, as Sand AI names them, else base)",
+    )
+    p.add_argument(
+        "--special-tokens",
+        metavar="NPZ",
+        help="--magi1: MAGI-1's example/assets/special_tokens.npz, stored in the file as special_tokens.<NAME> "
+        "(the HQ / DURATION caption tokens the sampler puts in front of the prompt)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="JSON",
+        help="--magi1: the reference's example/*/*_config.json (its model_config and engine_config.distill "
+        "are checked against the weights and stored)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     return p
 
@@ -1087,6 +1130,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConversionError("the output would replace the input")
         if out.exists() and not args.overwrite:
             raise ConversionError(f"{out} exists; pass --overwrite to replace it")
+        if args.magi1 or args.magi1_vae:
+            return convert_magi1(args, src, out)
+        if args.variant != "auto" or args.special_tokens or args.config:
+            raise ConversionError("--variant, --special-tokens and --config apply to --magi1")
         if src.suffix.lower() in SAFETENSORS_SUFFIXES:
             return _copy_safetensors(args, src, out)
         dtype = args.dtype or "bf16"
@@ -1136,6 +1183,148 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"model: {info}")
     print(f"ComfyUI detection: {detection}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- MAGI-1 (Sand AI's folders)
+def _magi1_modules():
+    """The pack's ``magi1`` package (the pack root appended to ``sys.path``: tools/ is no package)."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.append(root)
+    import magi1.caption
+    import magi1.checkpoint
+    import magi1.config
+    import magi1.vae
+
+    return magi1
+
+
+def _special_token_tensors(path: Path) -> dict[str, torch.Tensor]:
+    import numpy as np
+
+    m = _magi1_modules()
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"--special-tokens {path}: not a readable .npz without pickles ({e})") from None
+    try:
+        tokens = m.caption.special_tokens_from_arrays(arrays)
+    except ValueError as e:
+        raise ConversionError(f"--special-tokens {path}: {e}") from None
+    return {m.caption.PREFIX + k: v.half() for k, v in tokens.items()}
+
+
+def merge_safetensors(
+    sources: dict[str, tuple[Path, dict, int]], extra: dict[str, torch.Tensor], out: Path, metadata: dict[str, str]
+) -> None:
+    """One safetensors file of ``sources`` (name -> (file, its header entry, its data start)), their bytes copied
+    unchanged and streamed, plus the ``extra`` tensors, written atomically."""
+    names = sorted({*sources, *extra})
+    header: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
+    blobs: dict[str, bytes] = {}
+    offset = 0
+    inv = {v: k for k, v in _ST_DTYPES.items()}
+    for n in names:
+        if n in extra:
+            t = extra[n].detach().cpu().contiguous()
+            blobs[n] = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            size, dtype, shape = len(blobs[n]), inv[t.dtype], list(t.shape)
+        else:
+            _, info, _ = sources[n]
+            a, b = info["data_offsets"]
+            size, dtype, shape = b - a, info["dtype"], info["shape"]
+        header[n] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+
+    def write(tmp):
+        handles: dict[Path, object] = {}
+        try:
+            with open(tmp, "wb") as fout:
+                fout.write(struct.pack("<Q", len(blob)))
+                fout.write(blob)
+                for n in names:
+                    if n in blobs:
+                        fout.write(blobs[n])
+                        continue
+                    path, info, start = sources[n]
+                    f = handles.get(path) or handles.setdefault(path, open(path, "rb"))
+                    a, b = info["data_offsets"]
+                    f.seek(start + a)
+                    left = b - a
+                    while left:
+                        chunk = f.read(min(left, 16 << 20))
+                        if not chunk:
+                            raise ConversionError(f"{path} ended inside {n}")
+                        fout.write(chunk)
+                        left -= len(chunk)
+        finally:
+            for f in handles.values():
+                f.close()
+
+    _write_atomic(out, write)
+
+
+def convert_magi1(args, src: Path, out: Path) -> int:
+    """--magi1 / --magi1-vae: Sand AI's folder (or file) -> one checked safetensors file, bytes unchanged."""
+    if args.magi1 and args.magi1_vae:
+        raise ConversionError("--magi1 and --magi1-vae: pick one (the DiT or the VAE)")
+    for flag in ("key", "dtype", "lora", "lora_alpha"):
+        if getattr(args, flag) is not None:
+            raise ConversionError(
+                f"--{flag.replace('_', '-')} does not apply to MAGI-1 (its tensors are copied as they are)"
+            )
+    if args.causal:
+        raise ConversionError("--causal is for Wan files; MAGI-1 has its own loader (Load MAGI-1 Model)")
+    m = _magi1_modules()
+    ck = m.checkpoint
+    try:
+        if args.magi1:
+            info = ck.inspect_dit(src, args.variant)
+            config = info.config
+            if args.config:
+                try:
+                    ref = m.config.MagiConfig.from_reference_json(json.loads(Path(args.config).read_text()))
+                except (OSError, ValueError) as e:
+                    raise ConversionError(f"--config {args.config}: {e}") from None
+                if args.variant != "auto" and ref.distill != config.distill:
+                    raise ConversionError(f"--config says distill={ref.distill}, --variant says {args.variant}")
+                if m.config.expected_shapes(ref) != m.config.expected_shapes(config):
+                    raise ConversionError(f"--config {args.config} describes another architecture than the weights")
+                config = ref
+            files, names = info.files, sorted(m.config.expected_shapes(config))
+            metadata = {ck.META_CONFIG: config.to_json()}
+            extra = _special_token_tensors(Path(args.special_tokens)) if args.special_tokens else {}
+            kept = [k for k in info.special_tokens if k not in extra]
+            names += kept
+            what = f"MAGI-1 DiT ({config.num_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} query / {config.num_query_groups} K/V heads, {'distill' if config.distill else 'base'})"
+        else:
+            if args.variant != "auto" or args.special_tokens or args.config:
+                raise ConversionError("--variant, --special-tokens and --config apply to --magi1")
+            info = ck.inspect_vae(src)
+            files, names = info.files, sorted(info.files.where)
+            metadata = {ck.META_VAE_CONFIG: json.dumps(info.config.to_dict(), sort_keys=True)}
+            extra = {}
+            what = f"MAGI-1 VAE ({info.config.depth} decoder blocks, embed {info.config.embed_dim})"
+    except ck.CheckpointError as e:
+        raise ConversionError(str(e)) from None
+    headers = {p: ck.read_header(p) for p in files.files}
+    sources = {n: (files.where[n], headers[files.where[n]][0][n], headers[files.where[n]][1]) for n in names}
+    size = sum(b - a for _, inf, _ in sources.values() for a, b in [inf["data_offsets"]])
+    if size > files.nbytes() + OUTPUT_SLACK:
+        raise ConversionError(f"the output would be {size} bytes, more than the inputs' {files.nbytes()}")
+    metadata.update(
+        {"format": "pt", "converted_from": src.name, "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py"}
+    )
+    merge_safetensors(sources, extra, out, metadata)
+    shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    print(
+        f"wrote {out}: {len(sources) + len(extra)} tensors, {shown}, bytes unchanged from {len(files.files)} file(s) of {src}"
+    )
+    print(f"model: {what}" + (f"; {len(extra)} special tokens from {args.special_tokens}" if extra else ""))
     return 0
 
 
