@@ -63,7 +63,9 @@ def outputs_to(g: Graph, node: dict) -> list[tuple[dict, str]]:
 # ------------------------------------------------------------------------------------------------ offline
 def test_every_core_workflow_is_shipped():
     missing = [p.name for p in CORE_FILES if not p.is_file()]
-    assert not missing, f"{missing}: run COMFYUI_PATH=/opt/comfyui/v0.27 .ci/venvs/comfyui-v0.27/bin/python tests/web/build_workflows.py"
+    assert not missing, (
+        f"{missing}: run COMFYUI_PATH=/opt/comfyui/v0.27 .ci/venvs/comfyui-v0.27/bin/python tests/web/build_workflows.py"
+    )
 
 
 @pytest.mark.parametrize(
