@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..jensen_core import ChunkCache
+from ..jensen_core.attention import cached_attention
 from ..jensen_core.bias import attention_bias_offsets
 from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
@@ -156,11 +157,12 @@ class RunCaches:
         per = batch // n
         return [(label, slice(i * per, (i + 1) * per)) for i, label in enumerate(labels)]
 
-    def _offsets(self, cache: ChunkCache):
-        """Krea's attention bias as log-offsets of the cached keys (None when off or not denoising)."""
+    def _offsets(self, cache: ChunkCache, last_chunks: int | None = None):
+        """Krea's attention bias as log-offsets of the attended cached keys (None when off or not denoising)."""
         if self.attention_bias == 1.0 or self.phase != PHASE_DENOISE:
             return None
-        return attention_bias_offsets([e.tokens for e in cache.entries], self.attention_bias, self.tokens_per_frame)
+        entries = cache.entries if last_chunks is None else cache.entries[len(cache.entries) - last_chunks :]
+        return attention_bias_offsets([e.tokens for e in entries], self.attention_bias, self.tokens_per_frame)
 
     def _parts(self, tokens: int) -> list[tuple[int, int, slice]]:
         """(chunk, first frame, token slice) of each chunk in this call: one unless it is a joint write."""
@@ -175,10 +177,38 @@ class RunCaches:
             start += f * per
         return parts
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, transformer_options: dict | None) -> Tensor:
-        """Attention of the current chunk for every CFG slot; in the write phase also caches k, v."""
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        transformer_options: dict | None,
+        *,
+        context: tuple[Tensor, Tensor] | None = None,
+        last_chunks: int | None = None,
+    ) -> Tensor:
+        """Attention of the current chunk for every CFG slot; in the write phase also caches k, v.
+
+        The seam a model family routes its self-attention through, per call:
+
+        - ``q`` (batch, H_q, M, d) and ``k``, ``v`` (batch, H_kv, M, d), post-RoPE: this chunk's tokens, stored
+          (quantized) when the call writes the chunk. ``H_q`` may be a multiple of ``H_kv`` (grouped-query
+          attention; the correction stays per K/V head, so it is exact);
+        - the cached chunks of ``layer`` (the family decides what a layer is: one per block, or one per attention
+          stream of a block);
+        - ``context`` (optional ``(k_ctx, v_ctx)``, (batch, H_kv, C, d)): tokens attended in full precision and
+          never stored, quantized or corrected (a joint-attention model's text tokens, chunks still being
+          denoised);
+        - ``last_chunks`` (optional): only the newest n cached chunks are attended (a per-chunk key range).
+        """
         if not self.active:
             raise RuntimeError("this Chunked AR run has finished; its cache is freed")
+        if context is not None and (len(context) != 2 or context[0].shape[0] != q.shape[0]):
+            raise ValueError(
+                "context must be (k_ctx, v_ctx) with the query's batch "
+                f"({q.shape[0]}), got {[tuple(t.shape) for t in context] if isinstance(context, tuple) else context!r}"
+            )
         outs = []
         for branch, sl in self._slots(q.shape[0], transformer_options):
             key = (layer, branch)
@@ -190,11 +220,21 @@ class RunCaches:
                     "keep cfg the same for the whole run"
                 )
             qb, kb, vb = q[sl], k[sl], v[sl]
-            if cache is None or cache.num_chunks == 0:
+            ctx = {} if context is None else {"k_ctx": context[0][sl], "v_ctx": context[1][sl]}
+            if (cache is None or cache.num_chunks == 0) and not ctx and qb.shape[1] == kb.shape[1]:
                 out = F.scaled_dot_product_attention(qb, kb, vb)
+            elif cache is None or cache.num_chunks == 0:  # grouped-query heads or context tokens, nothing cached
+                out = cached_attention(qb, kb, vb, [], correction=self.correction, strength=self.strength, **ctx)
             else:
                 out = cache.attend(
-                    qb, kb, vb, correction=self.correction, strength=self.strength, key_log_offsets=self._offsets(cache)
+                    qb,
+                    kb,
+                    vb,
+                    correction=self.correction,
+                    strength=self.strength,
+                    key_log_offsets=self._offsets(cache, last_chunks),
+                    last_chunks=last_chunks,
+                    **ctx,
                 )
             if self.phase == PHASE_WRITE and self._written.get(key) == self.chunk:
                 raise RuntimeError(
