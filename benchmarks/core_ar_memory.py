@@ -1,7 +1,7 @@
 """KV-cache memory on ComfyUI core's own AR sampler (``sample_ar_video``): core's preallocation against the pack's cache.
 
-    COMFYUI_PATH=../shared/ComfyUI-v0.27 python benchmarks/core_ar_memory.py          # both parts (3-5 min, 2 CPU cores)
-    COMFYUI_PATH=../shared/ComfyUI-v0.27 python benchmarks/core_ar_memory.py --quick  # smaller measured video (< 1 min)
+    COMFYUI_PATH=/opt/comfyui/v0.27 python benchmarks/core_ar_memory.py          # both parts (3-5 min, 2 CPU cores)
+    COMFYUI_PATH=/opt/comfyui/v0.27 python benchmarks/core_ar_memory.py --quick  # smaller measured video (< 1 min)
     python benchmarks/core_ar_memory.py --planner-only                                # part 2 alone, no ComfyUI
 
 1. **Measured** (ComfyUI v0.27+ in-process; a tiny random causal Wan, ``WAN21_CausalAR_T2V``, with Wan's real
@@ -214,7 +214,7 @@ def measure(
     if not hasattr(comfy.model_base, "WAN21_CausalAR"):
         raise RuntimeError(
             "this ComfyUI has no core AR path (WAN21_CausalAR, v0.27+): set COMFYUI_PATH to a v0.27+ "
-            "checkout, e.g. COMFYUI_PATH=../shared/ComfyUI-v0.27"
+            "checkout, e.g. COMFYUI_PATH=/opt/comfyui/v0.27 (laid out by ../shared/comfyui/lay-out.sh)"
         )
     torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     element_bytes = torch.finfo(torch_dtype).bits // 8

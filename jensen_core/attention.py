@@ -1,4 +1,4 @@
-"""Attention of the current chunk over [cached quantized chunks, current chunk], bias-corrected.
+"""Attention of the current chunk over [cached quantized chunks, context tokens, current chunk], bias-corrected.
 
 The Taylor correction (Eq. 15) is low rank, ``b = nu W^T`` with ``nu_mj = ||q_mj||^2`` and
 ``W_ij = Delta_ij^2 / (24 d)``. The fast path never materialises it:
@@ -16,6 +16,10 @@ attended with a kernel that also returns the log-sum-exp; the partial results ar
 The transient is about one chunk's K/V in the compute dtype - never a full-precision copy of the
 cache, nor even of one layer's window. (Where no kernel reports its log-sum-exp, one buffer holds
 the layer's window instead, every correction folded in as appended channels.)
+
+Grouped-query attention (fewer K/V heads than query heads) folds each group's query heads into its
+K/V head's query rows, so nothing here sees more than one head per K/V head; context tokens (attended,
+never stored or corrected) are one more full-precision part of the merge. See :func:`cached_attention`.
 """
 
 from __future__ import annotations
@@ -75,7 +79,15 @@ def _rotation_seed(t: StoredTensor | Tensor) -> int | None:
     return None
 
 
-def _check_inputs(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: Sequence[CacheEntry], strength: float) -> None:
+def _check_inputs(
+    q: Tensor,
+    k_cur: Tensor,
+    v_cur: Tensor,
+    entries: Sequence[CacheEntry],
+    strength: float,
+    k_ctx: Tensor | None = None,
+    v_ctx: Tensor | None = None,
+) -> None:
     for name, t in (("q", q), ("k_cur", k_cur), ("v_cur", v_cur)):
         if not isinstance(t, Tensor) or t.dim() != 4:
             raise ValueError(
@@ -85,8 +97,16 @@ def _check_inputs(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: Sequence[Cac
             raise ValueError(f"{name} must be floating point, got {t.dtype}")
     if k_cur.shape != v_cur.shape:
         raise ValueError(f"k_cur {tuple(k_cur.shape)} and v_cur {tuple(v_cur.shape)} must have the same shape")
-    if q.shape[:2] != k_cur.shape[:2] or q.shape[-1] != k_cur.shape[-1]:
-        raise ValueError(f"q {tuple(q.shape)} and k_cur {tuple(k_cur.shape)} disagree on batch, heads or head_dim")
+    if (
+        not k_cur.shape[1]
+        or q.shape[0] != k_cur.shape[0]
+        or q.shape[-1] != k_cur.shape[-1]
+        or q.shape[1] % k_cur.shape[1]
+    ):
+        raise ValueError(
+            f"q {tuple(q.shape)} and k_cur {tuple(k_cur.shape)} disagree on batch, heads or head_dim (grouped-query "
+            f"attention: the query's heads must be a multiple of the K/V heads, {k_cur.shape[1]} here)"
+        )
     if k_cur.shape[-2] == 0 or q.shape[-2] == 0:
         raise ValueError("the current chunk is empty: q and k_cur need at least one token")
     if not (q.dtype == k_cur.dtype == v_cur.dtype):
@@ -95,15 +115,36 @@ def _check_inputs(q: Tensor, k_cur: Tensor, v_cur: Tensor, entries: Sequence[Cac
         raise ValueError(f"q, k_cur and v_cur must be on one device, got {q.device}, {k_cur.device}, {v_cur.device}")
     if not math.isfinite(float(strength)):
         raise ValueError(f"strength={strength!r} must be a finite number (1.0 applies the full correction)")
+    if (k_ctx is None) != (v_ctx is None):
+        raise ValueError("give the context tokens' keys and values together: k_ctx and v_ctx, or neither")
+    if k_ctx is not None:
+        for name, t in (("k_ctx", k_ctx), ("v_ctx", v_ctx)):
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                raise ValueError(
+                    f"{name} must be a (batch, K/V heads, tokens, head_dim) tensor, got {getattr(t, 'shape', type(t))}"
+                )
+        if k_ctx.shape != v_ctx.shape:
+            raise ValueError(f"k_ctx {tuple(k_ctx.shape)} and v_ctx {tuple(v_ctx.shape)} must have the same shape")
+        if k_ctx.shape[:2] != k_cur.shape[:2] or k_ctx.shape[-1] != k_cur.shape[-1]:
+            raise ValueError(
+                f"context tokens k_ctx {tuple(k_ctx.shape)} do not match the current chunk's batch, K/V heads and "
+                f"head_dim {tuple(k_cur.shape[:2]) + (k_cur.shape[-1],)}"
+            )
+        if not (k_ctx.dtype == v_ctx.dtype == q.dtype) or not (k_ctx.device == v_ctx.device == q.device):
+            raise ValueError(
+                f"k_ctx and v_ctx must share q's dtype and device ({q.dtype} on {q.device}), got "
+                f"{k_ctx.dtype}/{v_ctx.dtype} on {k_ctx.device}/{v_ctx.device}"
+            )
     if not entries:
         return
     first = entries[0]
+    want = (k_cur.shape[0], k_cur.shape[1], k_cur.shape[-1])
     for e in entries:
         for name, t in (("keys", e.k), ("values", e.v)):
-            if tuple(t.shape[:2]) != tuple(q.shape[:2]) or t.shape[-1] != q.shape[-1]:
+            if len(t.shape) != 4 or (t.shape[0], t.shape[1], t.shape[-1]) != want:
                 raise ValueError(
                     f"cached {name} of shape {tuple(t.shape)} do not match the query's batch, heads and "
-                    f"head_dim {tuple(q.shape[:2]) + (q.shape[-1],)}"
+                    f"head_dim {want} (K/V heads: those of k_cur)"
                 )
             if t.device != q.device:
                 raise ValueError(
@@ -131,11 +172,30 @@ def cached_attention(
     correction: str = "taylor",
     strength: float = 1.0,
     key_log_offsets: Sequence[float | Sequence[tuple[int, float]] | None] | None = None,
+    *,
+    k_ctx: Tensor | None = None,
+    v_ctx: Tensor | None = None,
 ) -> Tensor:
-    """Attention of the current chunk's queries over the cached chunks and the current chunk.
+    """Attention of the current chunk's queries over the cached chunks, any context tokens and the current chunk.
 
-    Shapes follow SDPA: ``q`` (batch, heads, M, d), ``k_cur``/``v_cur`` (batch, heads, T, d), every
-    cache entry (batch, heads, T_i, d). Returns (batch, heads, M, d) in ``q.dtype``.
+    Shapes follow SDPA: ``q`` (batch, H_q, M, d), ``k_cur``/``v_cur`` (batch, H_kv, T, d), every
+    cache entry (batch, H_kv, T_i, d). Returns (batch, H_q, M, d) in ``q.dtype``.
+
+    Grouped-query attention: ``H_q = groups * H_kv``, query head ``h`` attends K/V head
+    ``h // groups`` (SDPA's ``enable_gqa`` convention). The query heads of a group are folded into
+    that K/V head's query rows (``(batch, H_kv, groups * M, d)``, a view or one query-sized copy), so
+    every kernel, layout and correction below runs unchanged and K/V are never repeated. The correction
+    is per query row and per K/V head's step sizes, so it stays exact: the bias of query head ``h``
+    uses that query's group norms against K/V head ``h // groups``'s steps. ``H_q == H_kv`` takes the
+    same path as before GQA.
+
+    Context tokens (optional ``k_ctx``/``v_ctx``, (batch, H_kv, C, d), the query's dtype): tokens that
+    are attended in full precision but are neither cached nor corrected (a joint-attention model's
+    text tokens, MAGI-1's chunks still being denoised). They are one more part of the streaming
+    log-sum-exp merge, like the current chunk, so the result is softmax over [cached (corrected),
+    context, current]. A caller whose query groups see different cached chunks (MAGI-1's per-chunk
+    key range) calls once per group with the entries that group sees (a suffix of the cache:
+    ``ChunkCache.attend(..., last_chunks=n)``).
 
     ``correction``: ``taylor`` runs the per-score correction through the kernel layout chosen for
     this device and dtype (:func:`jensen_core.correction_layouts.taylor_layout`; no bias matrix);
@@ -156,14 +216,37 @@ def cached_attention(
     run of keys is an offset of their log-sum-exp before the merge, so it composes with every
     correction and layout in the same pass, with no bias matrix and no extra channel (a chunk split
     into runs takes one kernel call per run; the one-buffer path folds the offsets into one more
-    channel); the current chunk never gets one.
+    channel); the current chunk and the context tokens never get one.
     """
     correction = check_mode(correction)
     entries = list(cache_entries)
-    _check_inputs(q, k_cur, v_cur, entries, strength)
+    _check_inputs(q, k_cur, v_cur, entries, strength, k_ctx, v_ctx)
+    if k_ctx is not None and k_ctx.shape[-2] == 0:
+        k_ctx = v_ctx = None  # no context tokens
     pieces = _offset_pieces(key_log_offsets, entries)
+    groups = q.shape[1] // k_cur.shape[1]
+    if groups == 1:
+        return _attend(q, k_cur, v_cur, entries, correction, strength, pieces, k_ctx, v_ctx)
+    B, Hq, M, D = q.shape
+    folded = q.reshape(B, k_cur.shape[1], groups * M, D)  # query heads of a group = rows of its K/V head
+    out = _attend(folded, k_cur, v_cur, entries, correction, strength, pieces, k_ctx, v_ctx)
+    return out.reshape(B, Hq, M, D)
+
+
+def _attend(
+    q: Tensor,
+    k_cur: Tensor,
+    v_cur: Tensor,
+    entries: list[CacheEntry],
+    correction: str,
+    strength: float,
+    pieces: Pieces,
+    k_ctx: Tensor | None,
+    v_ctx: Tensor | None,
+) -> Tensor:
+    """:func:`cached_attention` once ``q`` has as many heads as the K/V (inputs checked)."""
     if not entries:
-        return F.scaled_dot_product_attention(q, k_cur, v_cur)
+        return _full_precision_attention(q, k_cur, v_cur, k_ctx, v_ctx)
 
     D = q.shape[-1]
     kseed, vseed = _rotation_seed(entries[0].k), _rotation_seed(entries[0].v)
@@ -172,6 +255,7 @@ def cached_attention(
         correction = "off"
     strength = float(strength)
     if correction == "exact":
+        k_cur, v_cur = _with_context(k_cur, v_cur, k_ctx, v_ctx)
         qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
         out = _exact_attention(qr, kcr, vcr, entries, strength, pieces)
         return unrotate(out, vseed) if vseed is not None else out
@@ -182,10 +266,33 @@ def cached_attention(
         layout = taylor_layout(q.device, q.dtype, D, G, (q.shape[1], q.shape[2], entries[0].tokens))
         streamed = layout is not None
     if streamed:
-        return _streamed(q, k_cur, v_cur, entries, correction, strength, layout, kseed, vseed, pieces)
+        return _streamed(q, k_cur, v_cur, entries, correction, strength, layout, kseed, vseed, pieces, k_ctx, v_ctx)
+    k_cur, v_cur = _with_context(k_cur, v_cur, k_ctx, v_ctx)
     qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
     out = _concatenated(qr, kcr, vcr, entries, correction, strength, G, pieces)
     return unrotate(out, vseed) if vseed is not None else out
+
+
+def _with_context(k_cur: Tensor, v_cur: Tensor, k_ctx: Tensor | None, v_ctx: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The one-buffer and exact paths: context and current tokens as one uncorrected block (a copy of both)."""
+    if k_ctx is None:
+        return k_cur, v_cur
+    return torch.cat([k_ctx, k_cur], dim=-2), torch.cat([v_ctx, v_cur], dim=-2)
+
+
+def _full_precision_attention(
+    q: Tensor, k_cur: Tensor, v_cur: Tensor, k_ctx: Tensor | None, v_ctx: Tensor | None
+) -> Tensor:
+    """Attention over the current chunk and any context tokens only (nothing cached): nothing to correct."""
+    if k_ctx is None:
+        return F.scaled_dot_product_attention(q, k_cur, v_cur)
+    D = q.shape[-1]
+    if _FORCE_CONCAT or not lse_supported(q.device, q.dtype, D):
+        return F.scaled_dot_product_attention(q, torch.cat([k_ctx, k_cur], -2), torch.cat([v_ctx, v_cur], -2))
+    scale = 1.0 / math.sqrt(D)
+    acc, lse = _merge(None, None, *sdpa_with_lse(q, k_ctx, v_ctx, scale), D)
+    acc, _ = _merge(acc, lse, *sdpa_with_lse(q, k_cur, v_cur, scale), D)
+    return acc.to(q.dtype)
 
 
 #: per cached chunk, ``(start, end, log-offset)`` runs of its keys (None: no offsets anywhere)
@@ -321,8 +428,11 @@ def _streamed(
     kseed: int | None,
     vseed: int | None,
     pieces: Pieces = None,
+    k_ctx: Tensor | None = None,
+    v_ctx: Tensor | None = None,
 ) -> Tensor:
-    """One kernel call per cached chunk and one for the current chunk, merged by log-sum-exp.
+    """One kernel call per cached chunk, one for the context tokens (if any) and one for the current chunk, merged
+    by log-sum-exp.
 
     With ``pieces``, a chunk whose keys carry different log-offsets is attended as one call per run of
     keys (views of its dequantized buffer), each run's log-sum-exp shifted by its offset before the merge.
@@ -400,11 +510,15 @@ def _streamed(
     bufs.clear()
     del qin, kb, vb
     if _LEGACY:  # the current chunk rotated into the codes' space, everything un-rotated at the end
-        _, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
-        acc, lse = _merge(acc, lse, *sdpa_with_lse(qr, kcr, vcr, scale), D)
+        for kx, vx in ((k_ctx, v_ctx), (k_cur, v_cur)):
+            if kx is not None:
+                _, kxr, vxr = _rotated(q, kx, vx, kseed, vseed)
+                acc, lse = _merge(acc, lse, *sdpa_with_lse(qr, kxr, vxr, scale), D)
         out = acc.to(q.dtype)
         return unrotate(out, vseed) if vseed is not None else out
     acc = _to_model_space(acc, vseed, vil)
+    if k_ctx is not None:  # context tokens: full precision, never corrected
+        acc, lse = _merge(acc, lse, *sdpa_with_lse(q, k_ctx, v_ctx, scale), D)
     acc, lse = _merge(acc, lse, *sdpa_with_lse(q, k_cur, v_cur, scale), D)  # the current chunk: never corrected
     return acc.to(q.dtype)
 

@@ -88,6 +88,10 @@ def attention_shift(
     cached chunk concatenated in ``k_quant`` (the ``chunk_mean`` correction is per chunk; see
     :func:`jensen_core.bias.jensen_bias`). Materialises one (M, N) score matrix per
     (batch, head): meant for sampled layers and heads, not for the sampling loop.
+
+    Grouped-query attention: ``q`` (..., H_q, M, d) over K/V of (..., H_kv, N, d), ``H_q = groups * H_kv``;
+    query head ``h`` attends K/V head ``h // groups``. The per-query statistics come in the query's
+    order (batch, query head, query) either way.
     """
     correction = check_mode(correction)
     if isinstance(k_quant, StoredTensor) and correction != "off":
@@ -95,6 +99,9 @@ def attention_shift(
     if query_stride < 1:
         raise ValueError(f"query_stride={query_stride} must be at least 1")
     q = q[..., ::query_stride, :]
+    groups = _query_groups(q, k_cached)
+    if groups > 1:  # the query heads of a group become rows of their K/V head (same order when flattened)
+        q = q.reshape(*q.shape[:-3], q.shape[-3] // groups, groups * q.shape[-2], q.shape[-1])
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(d)
     k_hat = _dequant(k_quant) if k_quant is not None else k_cached.to(torch.float32)
@@ -122,6 +129,18 @@ def attention_shift(
         sq_err += float((o_hat - o_ref).square().sum())
         count += o_ref.numel()
     return ShiftStats(delta_ps=torch.cat(dps), jsd=torch.cat(jsd), output_mse=sq_err / max(count, 1))
+
+
+def _query_groups(q: Tensor, k: Tensor) -> int:
+    """Query heads per K/V head (heads: the dimension before (tokens, head_dim)); the other leading ones equal."""
+    if q.shape[:-2] == k.shape[:-2]:
+        return 1
+    if q.dim() == k.dim() >= 3 and q.shape[:-3] == k.shape[:-3] and q.shape[-3] % k.shape[-3] == 0:
+        return q.shape[-3] // k.shape[-3]
+    raise ValueError(
+        f"q {tuple(q.shape)} does not fit the cached keys {tuple(k.shape)}: the same leading dimensions, or the "
+        "query's heads a multiple of the K/V heads (grouped-query attention)"
+    )
 
 
 def _kl(a: Tensor, b: Tensor) -> Tensor:

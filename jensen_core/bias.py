@@ -138,6 +138,30 @@ def _exact_bias(q: Tensor, step: Tensor, head_dim: int, group_size: int) -> Tens
     return out
 
 
+def query_groups(q_lead: Sequence[int], kv_lead: Sequence[int]) -> int:
+    """Query heads per K/V head: 1 when the leading dimensions (batch, heads) broadcast, else ``H_q / H_kv``.
+
+    The heads are the last leading dimension. Grouped-query attention needs ``H_q`` a multiple of
+    ``H_kv`` and the other leading dimensions broadcasting; anything else is a ValueError naming both.
+    """
+    q_lead, kv_lead = tuple(q_lead), tuple(kv_lead)
+    try:
+        torch.broadcast_shapes(q_lead, kv_lead)
+        return 1
+    except RuntimeError:
+        pass
+    if q_lead and kv_lead and kv_lead[-1] >= 1 and q_lead[-1] % kv_lead[-1] == 0:
+        try:
+            torch.broadcast_shapes((*q_lead[:-1], kv_lead[-1]), kv_lead)
+            return q_lead[-1] // kv_lead[-1]
+        except RuntimeError:
+            pass
+    raise ValueError(
+        f"the query's leading dimensions {q_lead} do not fit the keys' {kv_lead}: they must broadcast, or the "
+        "query's heads (the last of them) must be a multiple of the K/V heads (grouped-query attention)"
+    )
+
+
 def jensen_bias(
     q: Tensor, k_quant: StoredTensor, mode: str = "taylor", chunk_tokens: Sequence[int] | None = None
 ) -> Tensor:
@@ -154,10 +178,20 @@ def jensen_bias(
 
     ``chunk_tokens`` (``chunk_mean``): the tokens of each cached chunk concatenated in ``k_quant``
     (see :func:`chunk_spans`; by default a QVG tensor's segments, else one chunk).
+
+    Grouped-query attention: ``q`` (..., H_q, M, d) over keys (..., H_kv, N, d) with
+    ``H_q = groups * H_kv`` (where the leading dimensions do not simply broadcast): query head ``h``
+    is biased against K/V head ``h // groups``'s steps with its own group norms; the result is
+    (..., H_q, M, N).
     """
     mode = check_mode(mode)
     if q.shape[-1] != k_quant.head_dim:
         raise ValueError(f"query head_dim {q.shape[-1]} does not match the keys' head_dim {k_quant.head_dim}")
+    groups = query_groups(q.shape[:-2], tuple(k_quant.shape[:-2]))
+    if groups > 1:  # the query heads of a group become rows of their K/V head
+        Hq, M = q.shape[-3], q.shape[-2]
+        b = jensen_bias(q.reshape(*q.shape[:-3], Hq // groups, groups * M, q.shape[-1]), k_quant, mode, chunk_tokens)
+        return b.reshape(*b.shape[:-3], Hq, M, b.shape[-1])
     d, g = k_quant.head_dim, k_quant.spec.group_size
     lead = torch.broadcast_shapes(q.shape[:-2], k_quant.shape[:-2])
     M, N = q.shape[-2], k_quant.tokens

@@ -58,6 +58,11 @@ class ChunkCache:
     ``tiers`` (:class:`~jensen_core.tiers.AgeTiers`) keeps the sink and the newest chunks at more bits
     than the specs': a chunk is stored at its tier's bits and requantized at the spec's bits (from its
     stored form) when it leaves the recent tier. Every chunk keeps its own spec and step sizes.
+
+    The cache holds the K/V heads (``heads`` in its layout); queries may have a multiple of them
+    (grouped-query attention, :meth:`attend`). ``head_offset`` is the global index of its first head
+    when it holds a slice of a layer's heads (a sequence-parallel rank): QVG's k-means is seeded per
+    global head, so such a cache stores exactly that slice of the single-process cache.
     """
 
     def __init__(
@@ -67,7 +72,12 @@ class ChunkCache:
         window_chunks: int | None = None,
         sink_chunks: int = 0,
         tiers: AgeTiers | None = None,
+        head_offset: int = 0,
     ):
+        if isinstance(head_offset, bool) or not isinstance(head_offset, int) or not 0 <= head_offset <= MAX_DIM:
+            raise ValueError(
+                f"head_offset={head_offset!r} must be a whole number >= 0 (the global index of the cache's first head)"
+            )
         for name, s in (("spec_k", spec_k), ("spec_v", spec_v)):
             if s is not None and not isinstance(s, QuantSpec):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
@@ -77,6 +87,7 @@ class ChunkCache:
         self.spec_k = spec_k
         self.spec_v = spec_v
         self.tiers = tiers
+        self.head_offset = head_offset
         self.chunks_demoted = 0
         self._sink_held = 0  # how many of the oldest entries are sink chunks (never evicted)
         self._entries: deque[CacheEntry] = deque()
@@ -193,8 +204,8 @@ class ChunkCache:
         self._validate_chunk(k, v)
         spec_k, spec_v = self._new_chunk_specs()
         entry = CacheEntry(
-            k=quantize(k, spec_k) if spec_k is not None else k.detach().clone(),
-            v=quantize(v, spec_v) if spec_v is not None else v.detach().clone(),
+            k=quantize(k, spec_k, head_offset=self.head_offset) if spec_k is not None else k.detach().clone(),
+            v=quantize(v, spec_v, head_offset=self.head_offset) if spec_v is not None else v.detach().clone(),
         )
         return PreparedChunk(entry, (k.shape[0], k.shape[1], k.shape[-1], k.dtype, k.device))
 
@@ -216,8 +227,8 @@ class ChunkCache:
         want_k = t.specs_for(self.spec_k, n, self._sink_held, "k")
         want_v = t.specs_for(self.spec_v, n, self._sink_held, "v")
         for i, (e, sk, sv) in enumerate(zip(self._entries, want_k, want_v)):
-            k = _lower(e.k, sk)
-            v = _lower(e.v, sv)
+            k = _lower(e.k, sk, self.head_offset)
+            v = _lower(e.v, sv, self.head_offset)
             if k is not e.k or v is not e.v:
                 self._entries[i] = CacheEntry(k=k, v=v)  # a new entry: a copy() of this cache keeps the old one
                 self.chunks_demoted += 1
@@ -239,7 +250,9 @@ class ChunkCache:
 
     def copy(self) -> ChunkCache:
         """A new cache holding the same chunks (stored tensors are shared, never modified in place)."""
-        other = ChunkCache(self.spec_k, self.spec_v, self.window_chunks, self.sink_chunks, self.tiers)
+        other = ChunkCache(
+            self.spec_k, self.spec_v, self.window_chunks, self.sink_chunks, self.tiers, head_offset=self.head_offset
+        )
         other._entries = deque(self._entries)
         other._sink_held, other._layout = self._sink_held, self._layout
         other.chunks_appended, other.chunks_evicted = self.chunks_appended, self.chunks_evicted
@@ -263,14 +276,41 @@ class ChunkCache:
         correction: str = "taylor",
         strength: float = 1.0,
         key_log_offsets=None,
+        *,
+        k_ctx: Tensor | None = None,
+        v_ctx: Tensor | None = None,
+        last_chunks: int | None = None,
     ) -> Tensor:
-        """Attention of the current chunk over the cached chunks and itself (see :func:`cached_attention`)."""
+        """Attention of the current chunk over the cached chunks and itself (see :func:`cached_attention`).
+
+        ``q`` may have more heads than the cached K/V (grouped-query attention, ``H_q = groups * H_kv``).
+        ``k_ctx``/``v_ctx``: context tokens attended in full precision, never stored nor corrected.
+        ``last_chunks``: attend only the newest ``last_chunks`` held chunks (None: all of them; 0: none), for
+        query groups that see a shorter key range than the cache holds (MAGI-1's per-chunk key range: one call
+        per group); ``key_log_offsets`` then has one item per attended chunk.
+        """
         if self._layout is not None and q.device != self._layout[4]:
             raise ValueError(
                 f"query lives on {q.device} but the cache on {self._layout[4]}; move it to {self._layout[4]}"
             )
+        entries = self._entries
+        if last_chunks is not None:
+            if isinstance(last_chunks, bool) or not isinstance(last_chunks, int) or last_chunks < 0:
+                raise ValueError(
+                    f"last_chunks={last_chunks!r} must be a whole number >= 0 (the newest held chunks to attend) "
+                    "or None (all)"
+                )
+            entries = list(entries)[len(entries) - min(last_chunks, len(entries)) :]
         return cached_attention(
-            q, k_cur, v_cur, self._entries, correction=correction, strength=strength, key_log_offsets=key_log_offsets
+            q,
+            k_cur,
+            v_cur,
+            entries,
+            correction=correction,
+            strength=strength,
+            key_log_offsets=key_log_offsets,
+            k_ctx=k_ctx,
+            v_ctx=v_ctx,
         )
 
     # ----------------------------------------------------------------- persistence
@@ -295,6 +335,8 @@ class ChunkCache:
         }
         if tiered:
             meta["tiers"] = self.tiers.to_dict()
+        if self.head_offset:  # only for a slice of the heads: a whole layer's record reads as before
+            meta["head_offset"] = self.head_offset
         return meta
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -335,6 +377,11 @@ class ChunkCache:
             raise ValueError(
                 f"the file was saved with age tiers {_tiers_text(meta.tiers)} but this cache uses "
                 f"{_tiers_text(self.tiers)}; create the ChunkCache with the file's tiers to load it"
+            )
+        if meta.head_offset != self.head_offset:
+            raise ValueError(
+                f"the file holds the heads from global index {meta.head_offset} but this cache's start at "
+                f"{self.head_offset}; create the ChunkCache with head_offset={meta.head_offset} to load it"
             )
         if meta.sink_chunks != self.sink_chunks:
             raise ValueError(
@@ -405,11 +452,11 @@ def _expected_bits(spec: QuantSpec | None, full_bits: int) -> float:
     return spec.effective_bits if spec is not None else full_bits
 
 
-def _lower(t: StoredTensor | Tensor, spec: QuantSpec | None) -> StoredTensor | Tensor:
+def _lower(t: StoredTensor | Tensor, spec: QuantSpec | None, head_offset: int = 0) -> StoredTensor | Tensor:
     """``t`` requantized at ``spec`` when it is stored at more bits; else ``t`` itself."""
     if spec is None or not isinstance(t, StoredTensor) or t.spec.bits <= spec.bits:
         return t
-    return requantize(t, spec)
+    return requantize(t, spec, head_offset)
 
 
 def _tiers_text(tiers: AgeTiers | None) -> str:
@@ -448,6 +495,8 @@ class CacheFileMeta:
     layout: tuple[int, int, int, torch.dtype] | None
     chunks: tuple[dict, ...]
     tiers: AgeTiers | None = None
+    #: the global index of the first head a cache of a slice of the heads holds (0: from the first)
+    head_offset: int = 0
 
     def part_spec(self, i: int, side: str) -> QuantSpec | None:
         """The spec chunk ``i``'s keys (``side`` "k") or values ("v") are stored at: the side's spec, at the
@@ -557,7 +606,7 @@ def read_meta(t) -> CacheFileMeta:
         meta,
         "cache file metadata",
         ("version", "spec_k", "spec_v", "window_chunks", "layout", "chunks"),
-        ("sink_chunks", "sink_held") + (("tiers",) if version >= 4 else ()),
+        ("sink_chunks", "sink_held", "head_offset") + (("tiers",) if version >= 4 else ()),
     )
     specs = []
     for side in ("spec_k", "spec_v"):
@@ -573,6 +622,7 @@ def read_meta(t) -> CacheFileMeta:
     window = None if window is None else whole(window, "cache file metadata window_chunks") or None
     sink = whole(meta.get("sink_chunks", 0), "cache file metadata sink_chunks")
     held = whole(meta.get("sink_held", 0), "cache file metadata sink_held")
+    head_offset = whole(meta.get("head_offset", 0), "cache file metadata head_offset")
     chunks = meta["chunks"]
     if not isinstance(chunks, list):
         raise ValueError(f"cache file metadata chunks must be a list, got {type(chunks).__name__}")
@@ -618,6 +668,19 @@ def read_meta(t) -> CacheFileMeta:
                 f"not the layout's ({layout[0]}, {layout[1]}, {layout[2]}, {str(layout[3]).removeprefix('torch.')})"
             )
         checked.append(parts)
+    if tiers is not None:  # each part's bits are its position's: the sink's, the newest chunks', the spec's
+        for side, spec in (("k", specs[0]), ("v", specs[1])):
+            if spec is None:
+                continue
+            want = tiers.position_bits(spec.bits, n, held, side)
+            got = [c[side].get("bits", spec.bits) for c in checked]
+            for i, (g, w) in enumerate(zip(got, want)):
+                if g != w:
+                    raise ValueError(
+                        f"cache file entry chunk{i}.{side} bits={g}: under age tiers {str(tiers)!r} with "
+                        f"sink_held={held}, chunk {i} of {n} is kept at {w} bits (the sink and the newest chunks at "
+                        f"the tiers' bits, the others at INT{spec.bits}); the file was edited or damaged"
+                    )
     return CacheFileMeta(
         version=version,
         spec_k=specs[0],
@@ -628,6 +691,7 @@ def read_meta(t) -> CacheFileMeta:
         layout=layout,
         chunks=tuple(checked),
         tiers=tiers,
+        head_offset=head_offset,
     )
 
 

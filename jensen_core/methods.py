@@ -35,8 +35,12 @@ class QuantMethod:
     extra_parts: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ tensors
-    def quantize(self, xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> StoredTensor:
-        """Quantize float32 ``xf`` (``(..., tokens, head_dim)``, already rotated if the spec rotates)."""
+    def quantize(self, xf: Tensor, spec: QuantSpec, dtype: torch.dtype, head_offset: int = 0) -> StoredTensor:
+        """Quantize float32 ``xf`` (``(..., tokens, head_dim)``, already rotated if the spec rotates).
+
+        ``head_offset``: the global index of ``xf``'s first head (the dimension before tokens); a method
+        whose result depends on the head (QVG's seeded k-means) uses it, so that quantizing a slice of the
+        heads equals slicing the quantization of all of them."""
         raise NotImplementedError
 
     def concatenate(self, parts: list) -> StoredTensor:
@@ -133,8 +137,8 @@ class _RTN(QuantMethod):
     name = "rtn"
     tensor_type = QuantizedTensor
 
-    def quantize(self, xf, spec, dtype):
-        return quantize_rotated(xf, spec, dtype=dtype)
+    def quantize(self, xf, spec, dtype, head_offset=0):
+        return quantize_rotated(xf, spec, dtype=dtype)  # per token and group: no head enters it
 
     def concatenate(self, parts):
         return cat_rtn(parts)
@@ -162,8 +166,8 @@ class _QVG(QuantMethod):
     quantizes_early = False  # k-means runs once, on the final block
     extra_parts = (".centroids", ".ids")
 
-    def quantize(self, xf, spec, dtype):
-        return quantize_qvg(xf, spec, dtype=dtype)
+    def quantize(self, xf, spec, dtype, head_offset=0):
+        return quantize_qvg(xf, spec, dtype=dtype, head_offset=head_offset)
 
     def concatenate(self, parts):
         return cat_qvg(parts)

@@ -82,6 +82,18 @@ def head_dim_problems(spec_k: QuantSpec | None, spec_v: QuantSpec | None, head_d
     return [f"{' and '.join(sides)} cache: {msg}" for msg, sides in found.items()]
 
 
+def check_kv_heads(heads: int, kv_heads: int | None) -> int:
+    """The K/V heads of an attention with ``heads`` query heads (None: as many); a ValueError unless they divide."""
+    if kv_heads is None:
+        return heads
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"kv_heads={kv_heads!r} must be a whole number >= 1 that divides heads={heads} (grouped-query attention: "
+            "each K/V head serves heads / kv_heads query heads); leave it unset when there are as many K/V heads"
+        )
+    return kv_heads
+
+
 def plan_cache(
     *,
     latent_frames: int,
@@ -102,9 +114,14 @@ def plan_cache(
     write_last: bool = False,
     prefix_frames: int = 0,
     tiers: AgeTiers | None = None,
+    kv_heads: int | None = None,
     ranks: int = 1,
 ) -> CachePlan:
     """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
+
+    ``heads`` are the attention's query heads and ``kv_heads`` its K/V heads (grouped-query attention:
+    fewer K/V heads, ``heads`` a multiple of them; None: as many as ``heads``). The cache holds K/V
+    heads only, so every byte here counts ``kv_heads``.
 
     The last chunk is written to the cache only when the run hands its cache on (``write_last``:
     the sampler's KV cache output is connected); otherwise nothing reads it. With a window the peak
@@ -139,6 +156,7 @@ def plan_cache(
     ):
         if v < 1:
             raise ValueError(f"{name}={v} must be at least 1")
+    kv_heads = check_kv_heads(heads, kv_heads)
     if window_chunks < 0:
         raise ValueError(f"window_chunks={window_chunks} must be 0 (all) or positive")
     if sink_chunks < 0 or prefix_frames < 0:
@@ -163,14 +181,15 @@ def plan_cache(
             f"{latent_frames % chunk_frames} frame(s)"
         )
     errors = head_dim_problems(spec_k, spec_v, head_dim)
-    if heads % ranks:
-        errors.append(f"{heads} heads do not divide by {ranks} ranks: each rank must hold whole heads")
+    if heads % ranks or kv_heads % ranks:
+        what = f"{heads} heads" + (f" ({kv_heads} K/V heads)" if kv_heads != heads else "")
+        errors.append(f"{what} do not divide by {ranks} ranks: each rank must hold whole heads")
     # tokens of each held chunk (a short last chunk is counted full: an upper bound by < one chunk)
     chunk_tokens = chunk_frames * tokens_per_frame
     held_tokens = held * chunk_tokens
-    per_side = held_tokens * heads * head_dim * layers * cfg_branches * batch
+    per_side = held_tokens * kv_heads * head_dim * layers * cfg_branches * batch
     bf16 = 2 * per_side * 2
-    lead = batch * heads
+    lead = batch * kv_heads
 
     def held_specs(n: int, sink_held: int) -> list[tuple[QuantSpec | None, QuantSpec | None]]:
         """The (key, value) spec of each of ``n`` held chunks, oldest first."""
@@ -292,6 +311,7 @@ def block_in_flight_bytes(
     batch: int = 1,
     full_bytes: int = 2,
     tiers: AgeTiers | None = None,
+    kv_heads: int | None = None,
 ) -> int:
     """Bytes of the block a run on ComfyUI core's AR sampler holds until the next model call says it is final.
 
@@ -299,7 +319,9 @@ def block_in_flight_bytes(
     side waits in the model's precision (``full_bytes``: its k-means runs once, at commit). Add it to
     :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path. Under age tiers the block
     is held at the newest chunk's bits (a sink chunk's while the sink fills): the higher tier's bits here.
+    ``kv_heads`` as in :func:`plan_cache` (the block holds K/V heads).
     """
+    kv_heads = check_kv_heads(heads, kv_heads)
     if tiers is not None:
         spec_k, spec_v = (
             None if s is None else tiers.spec_at(s, tiers.newest_bits(s.bits, side, bool(tiers.sink_bits)))
@@ -307,4 +329,4 @@ def block_in_flight_bytes(
         )
     early = all(s is None or method_of(s).quantizes_early for s in (spec_k, spec_v))
     k, v = (spec_k, spec_v) if early else (None, None)
-    return layers * cfg_branches * chunk_bytes(k, v, batch * heads, block_tokens, head_dim, full_bytes=full_bytes)
+    return layers * cfg_branches * chunk_bytes(k, v, batch * kv_heads, block_tokens, head_dim, full_bytes=full_bytes)

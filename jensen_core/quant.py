@@ -37,15 +37,25 @@ def check_finite(name: str, x: Tensor) -> None:
         )
 
 
-def quantize(x: Tensor, spec: QuantSpec) -> StoredTensor:
+def quantize(x: Tensor, spec: QuantSpec, *, head_offset: int = 0) -> StoredTensor:
     """Quantize ``x`` of shape ``(..., tokens, head_dim)`` with ``spec``'s method.
 
     RTN (paper Eq. 1) returns a :class:`~jensen_core.rtn.QuantizedTensor`; QVG a
     :class:`~jensen_core.qvg.QVGTensor` (k-means smoothing and progressive residual quantization,
     then RTN of the residual). The rotation, if any, comes first.
+
+    Everything is per head (the dimension before tokens): RTN's groups and the Hadamard rotation (one
+    seeded rotation, the same for every head) never look at another head, and QVG's k-means starts
+    from (seed, global head index, stage). ``head_offset`` is the global index of ``x``'s first head,
+    so that quantizing heads ``[h0, h0 + n)`` with ``head_offset=h0`` (a sequence-parallel rank)
+    equals slicing the quantization of all heads.
     """
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"spec must be a QuantSpec, got {type(spec).__name__}")
+    if isinstance(head_offset, bool) or not isinstance(head_offset, int) or head_offset < 0:
+        raise ValueError(
+            f"head_offset={head_offset!r} must be a whole number >= 0 (the global index of x's first head)"
+        )
     if not isinstance(x, Tensor) or not x.is_floating_point():
         raise ValueError(f"quantize expects a floating-point tensor, got {getattr(x, 'dtype', type(x))}")
     if x.dim() < 2:
@@ -58,7 +68,7 @@ def quantize(x: Tensor, spec: QuantSpec) -> StoredTensor:
     xf = x.to(torch.float32)
     if spec.rotation == "hadamard":
         xf = rotate(xf, spec.seed)
-    return method_of(spec).quantize(xf, spec, x.dtype)
+    return method_of(spec).quantize(xf, spec, x.dtype, head_offset)
 
 
 def cat_quantized(parts: list[StoredTensor]) -> StoredTensor:

@@ -23,9 +23,11 @@ rotated space with the residual's codes.
 Ported from the algorithm of the reference implementation (``svg-project/Quant-VideoGen``,
 ``prq_quant`` / ``batch_kmeans_Euclid``), not its code. What differs:
 
-- initial centroids are ``K`` *distinct* tokens drawn with a seeded generator (the reference draws
-  ``K`` token indices with replacement from the global RNG, so a chunk can start with duplicated,
-  forever-empty centroids);
+- initial centroids are ``K`` *distinct* tokens drawn per (seed, global head index, stage)
+  (:func:`head_seed`; the reference draws ``K`` token indices with replacement from the global RNG,
+  so a chunk can start with duplicated, forever-empty centroids), and every (batch, head) row stops
+  on its own: a process holding some of the heads (a sequence-parallel rank) gets exactly the
+  single process's result for them;
 - the returned centroids are always the member means of the final assignment (the reference
   returns the previous centroids when it stops on the tolerance);
 - the residual quantizer is this pack's asymmetric RTN with BF16 zero-points; the reference's
@@ -86,15 +88,23 @@ def _update(x: Tensor, ids: Tensor, old: Tensor) -> Tensor:
 
 
 def kmeans(
-    x: Tensor, k: int, iters: int, tol: float = KMEANS_TOL, generator: torch.Generator | None = None
+    x: Tensor,
+    k: int,
+    iters: int,
+    tol: float = KMEANS_TOL,
+    generator: torch.Generator | None = None,
+    *,
+    init: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, int]:
     """Batched Lloyd k-means: ``x`` (N, T, d) float32 -> (ids (N, T) int64, centroids (N, min(k, T), d), iterations).
 
-    Starts from ``min(k, T)`` distinct tokens per row, drawn with ``generator`` on the CPU (so a CPU
-    and a GPU run start alike); runs at most ``iters`` assign/update rounds and stops earlier once
-    fewer than ``tol`` of all tokens changed cluster. The centroids returned are the member means of
-    the returned assignment (an empty cluster keeps its previous centroid). With ``T <= k`` every
-    token is its own centroid.
+    Starts from ``min(k, T)`` distinct tokens per row: ``init`` (N, min(k, T)) token indices, or drawn
+    with ``generator`` on the CPU (so a CPU and a GPU run start alike). Every row runs on its own: at
+    most ``iters`` assign/update rounds, and it stops earlier once fewer than ``tol`` of its tokens
+    changed cluster, so a row's result depends on that row alone (its data and its start), never on
+    the other rows in the batch. ``iterations`` is the most rounds any row ran. The centroids
+    returned are the member means of the returned assignment (an empty cluster keeps its previous
+    centroid). With ``T <= k`` every token is its own centroid.
     """
     if x.dim() != 3 or not x.is_floating_point():
         raise ValueError(f"kmeans expects a floating-point (rows, tokens, dim) tensor, got {tuple(x.shape)} {x.dtype}")
@@ -103,18 +113,65 @@ def kmeans(
     x = x.to(torch.float32)
     N, T, d = x.shape
     k = min(k, T)
-    pick = torch.rand(N, T, generator=generator).argsort(-1)[:, :k].to(x.device)
-    c = torch.gather(x, 1, pick.unsqueeze(-1).expand(N, k, d))
-    prev = None
+    if init is None:
+        pick = torch.rand(N, T, generator=generator).argsort(-1)[:, :k]
+    elif tuple(init.shape) != (N, k) or init.dtype != torch.int64:
+        raise ValueError(f"kmeans init must be (rows, min(k, tokens)) = {(N, k)} int64, got {tuple(init.shape)}")
+    else:
+        pick = init
+    c = torch.gather(x, 1, pick.to(x.device).unsqueeze(-1).expand(N, k, d))
+    ids = torch.empty(N, T, dtype=torch.int64, device=x.device)
+    rows = torch.arange(N, device=x.device)  # the rows still iterating
+    xa, ca, prev = x, c, None
     it = 0
-    while it < iters:
+    while rows.numel():
         it += 1
-        ids = _assign(x, c)
-        c = _update(x, ids, c)
-        if prev is not None and float((ids != prev).sum()) < tol * ids.numel():
-            break
-        prev = ids
+        ia = _assign(xa, ca)
+        ca = _update(xa, ia, ca)
+        if it >= iters:
+            done = torch.ones(rows.numel(), dtype=torch.bool, device=x.device)
+        elif prev is not None:
+            done = (ia != prev).sum(-1).to(torch.float32) < tol * T
+        else:
+            done = torch.zeros(rows.numel(), dtype=torch.bool, device=x.device)
+        if bool(done.any()):
+            ids[rows[done]] = ia[done]
+            c[rows[done]] = ca[done]
+            keep = ~done
+            rows, xa, ca, ia = rows[keep], xa[keep], ca[keep], ia[keep]
+        prev = ia
     return ids, c, it
+
+
+def head_seed(seed: int, head: int, stage: int) -> int:
+    """The seed of one head's k-means start in one stage: a SplitMix64 mix of (seed, global head index, stage).
+
+    It depends on nothing else, so a process holding heads ``[h0, h0 + n)`` (a sequence-parallel rank,
+    ``head_offset=h0``) draws what the single process draws for those heads.
+    """
+    z = seed & _M64
+    for part in (head, stage):
+        z = _splitmix64(_splitmix64(z) ^ (part & _M64))
+    return z >> 1  # a non-negative 63-bit seed
+
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def initial_picks(seed: int, stage: int, heads: range, tokens: int, k: int) -> Tensor:
+    """Per head of ``heads`` (global indices), the ``k`` distinct tokens one stage's k-means starts from, (len, k)."""
+    out = torch.empty(len(heads), k, dtype=torch.int64)
+    for i, h in enumerate(heads):
+        gen = torch.Generator().manual_seed(head_seed(seed, h, stage))
+        out[i] = torch.rand(tokens, generator=gen).argsort()[:k]
+    return out
 
 
 def _gather_rows(c: Tensor, ids: Tensor) -> Tensor:
@@ -256,28 +313,37 @@ class QVGTensor(StoredTensor):
         return x.to(dtype)
 
 
-def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype) -> QVGTensor:
+def quantize_qvg(xf: Tensor, spec: QuantSpec, dtype: torch.dtype, head_offset: int = 0) -> QVGTensor:
     """QVG of a float32 tensor ``(..., tokens, head_dim)`` already in the codes' space (rotated if any).
 
     Per (leading index) row: ``spec.qvg_stages`` rounds of :func:`kmeans` with
-    ``spec.qvg_centroids`` centroids (0, auto: :func:`~jensen_core.spec.qvg_auto_centroids` of the tokens) and at most ``spec.qvg_iters`` iterations (one generator seeded
-    with ``spec.seed`` for the whole tensor), each subtracting the BF16-rounded centroids; then
+    ``spec.qvg_centroids`` centroids (0, auto: :func:`~jensen_core.spec.qvg_auto_centroids` of the tokens)
+    and at most ``spec.qvg_iters`` iterations, each subtracting the BF16-rounded centroids; then
     :func:`~jensen_core.rtn.quantize_rotated` of the residual.
+
+    Heads are the dimension before (tokens, head_dim) (a 2-D tensor is one head). Each row's start
+    comes from (``spec.seed``, its global head index ``head_offset + h``, stage) only
+    (:func:`head_seed`) and each row stops on its own, so quantizing heads ``[h0, h0 + n)`` with
+    ``head_offset=h0`` gives exactly that slice of quantizing all heads; the batch items of one head
+    start alike.
     """
+    if isinstance(head_offset, bool) or not isinstance(head_offset, int) or head_offset < 0:
+        raise ValueError(f"head_offset={head_offset!r} must be a whole number >= 0 (the first head's global index)")
     shape = xf.shape
     T, d = shape[-2], shape[-1]
     rows = xf.reshape(-1, T, d).to(torch.float32)
-    gen = torch.Generator().manual_seed(spec.seed)
+    heads = shape[-3] if len(shape) >= 3 else 1
     residual = rows
     cents, ids = [], []
     k_picked = spec.qvg_centroids or qvg_auto_centroids(T, spec.qvg_stages)  # 0: auto, from the chunk's tokens
-    for _ in range(spec.qvg_stages):
-        i, c, _ = kmeans(residual, k_picked, spec.qvg_iters, generator=gen)
+    k = min(k_picked, T)
+    for stage in range(spec.qvg_stages):
+        starts = initial_picks(spec.seed, stage, range(head_offset, head_offset + heads), T, k)
+        i, c, _ = kmeans(residual, k, spec.qvg_iters, init=starts.repeat(rows.shape[0] // heads, 1))
         c = c.to(CENTROID_DTYPE)
         residual = residual - _gather_rows(c.to(torch.float32), i)
         cents.append(c)
         ids.append(i.to(torch.uint8))
-    k = cents[0].shape[1]
     S = spec.qvg_stages
     return QVGTensor(
         residual=quantize_rotated(residual.reshape(shape), spec, dtype=dtype),

@@ -54,10 +54,10 @@ class QuantSpec:
 
     ``method="qvg"`` (QuantVideoGen, arXiv 2602.02958) first smooths each chunk per (batch, head):
     ``qvg_stages`` rounds of k-means over the chunk's tokens (``qvg_centroids`` centroids of
-    ``head_dim`` channels, at most ``qvg_iters`` Lloyd iterations each, seeded by ``seed``), each
-    subtracting the assigned centroid; the final residual is quantized as above. The centroids
-    (BF16) and the cluster ids (uint8) are stored per chunk, so the bits per element depend on the
-    chunk's tokens: ``jensen_core.methods.method_of(spec).effective_bits_for``. ``qvg_centroids=0``
+    ``head_dim`` channels, at most ``qvg_iters`` Lloyd iterations each, seeded by ``seed`` and the
+    global head index), each subtracting the assigned centroid; the final residual is quantized as
+    above. The centroids (BF16) and the cluster ids (uint8) are stored per chunk, so the bits per
+    element depend on the chunk's tokens: ``jensen_core.methods.method_of(spec).effective_bits_for``. ``qvg_centroids=0``
     (the default, "auto") picks K per chunk from its tokens (:func:`qvg_auto_centroids`).
     ``method="rtn"`` is plain RTN.
     """

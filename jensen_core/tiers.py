@@ -212,15 +212,16 @@ def parse_tiers(text: str | None) -> AgeTiers | None:
         raise ValueError(f"tiers={text!r}: {exc}") from None
 
 
-def requantize(t: StoredTensor, spec: QuantSpec) -> StoredTensor:
+def requantize(t: StoredTensor, spec: QuantSpec, head_offset: int = 0) -> StoredTensor:
     """``t`` requantized at ``spec`` (a demotion): its reconstruction, in the rotated space its codes live in,
-    quantized again. ``spec`` differs from ``t.spec`` in ``bits`` only."""
+    quantized again. ``spec`` differs from ``t.spec`` in ``bits`` only; ``head_offset`` is the global index of
+    ``t``'s first head (:func:`jensen_core.quant.quantize`)."""
     if replace(spec, bits=t.spec.bits) != t.spec:
         raise ValueError(f"requantize changes bits only; {t.spec} and {spec} differ in more")
     if spec == t.spec:
         return t
     xf = t.dequantize(dtype=torch.float32, rotated=True)
-    return method_of(spec).quantize(xf, spec, t.dtype)
+    return method_of(spec).quantize(xf, spec, t.dtype, head_offset)
 
 
 class TieredTensor(StoredTensor):

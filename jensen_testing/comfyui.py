@@ -1,13 +1,14 @@
 """Finding a ComfyUI checkout, importing it in-process, and running a throwaway ComfyUI server, for tests and
 benchmarks (the tests' one server per session: ``tests/support/shared_server.py``).
 
-ComfyUI is looked up, in order, through ``COMFYUI_PATH``, at ``../shared/ComfyUI-v0.27`` (next to
-the pack's checkout: the read-only v0.27 tree, the ComfyUI users run), at ``../shared/ComfyUI`` (the
-read-only v0.3.64 tree, the oldest ComfyUI the pack supports), by walking up from the pack (a pack
-normally lives in ``ComfyUI/custom_nodes/<pack>``), and at ``/opt/ComfyUI``. One pytest process
-imports one ComfyUI: ``.ci/run`` runs the suite against v0.27 and, with ``COMFYUI_PATH`` set, its
-ComfyUI tests against v0.3.64. Tests that need ComfyUI skip with the reason when none is found, and
-under ``CI=true`` such a skip fails the run (see ``tests/support/ci_skips.py``).
+ComfyUI is not on PyPI and is never kept in the repo or in ``../shared/``: a user's own ComfyUI holds the pack
+in ``ComfyUI/custom_nodes/<pack>``, and test machines lay the trees out from git mirrors with
+``bash ../shared/comfyui/lay-out.sh [MIRRORS]`` under ``/opt/comfyui`` (``v0.33``, ``v0.27``, ``v0.3.64``).
+ComfyUI is looked up, in order, through ``COMFYUI_PATH``, by walking up from the pack (the folders above the
+checkout), then under ``COMFYUI_TREES`` (default ``/opt/comfyui``), newest first. One pytest process imports
+one ComfyUI: ``.ci/run`` runs the suite against 0.33 and, with ``COMFYUI_PATH`` set, its ComfyUI tests against
+v0.27 and v0.3.64. Tests that need ComfyUI skip with the reason when none is found, and under ``CI=true`` such a
+skip fails the run (see ``tests/support/ci_skips.py``).
 """
 
 from __future__ import annotations
@@ -31,8 +32,20 @@ PACK_DIRNAME = "comfyui-jensen-kv"
 TEST_NODES_DIR = PACK_ROOT / "tests" / "comfy_test_nodes"
 
 
-#: the read-only trees next to the checkout, newest first: v0.27 (what users run), v0.3.64 (the oldest supported)
-SHARED_COMFYUIS = (PACK_ROOT.parent / "shared" / "ComfyUI-v0.27", PACK_ROOT.parent / "shared" / "ComfyUI")
+#: where ``../shared/comfyui/lay-out.sh`` lays the trees out (``COMFYUI_TREES`` overrides it)
+DEFAULT_TREES = Path("/opt/comfyui")
+#: the laid-out versions, newest first: 0.33 (the newest), v0.27 (core's AR path appears), v0.3.64 (the oldest)
+TREE_VERSIONS = ("v0.33", "v0.27", "v0.3.64")
+LAY_OUT_HINT = "bash ../shared/comfyui/lay-out.sh [MIRRORS] (docs/testing.md, 'On a fresh machine')"
+
+
+def trees_dir() -> Path:
+    return Path(os.environ.get("COMFYUI_TREES") or DEFAULT_TREES)
+
+
+def laid_out_tree(version: str) -> Path:
+    """Where lay-out.sh puts ComfyUI ``version`` (e.g. ``v0.27``), whether or not it is there."""
+    return trees_dir() / version
 
 
 def _is_comfyui(p: Path) -> bool:
@@ -44,14 +57,13 @@ def locate_comfyui() -> Path | None:
     env = os.environ.get("COMFYUI_PATH")
     if env and _is_comfyui(Path(env)):
         return Path(env).resolve()
-    for shared in SHARED_COMFYUIS:
-        if _is_comfyui(shared):
-            return shared.resolve()
     for parent in PACK_ROOT.parents:
         if _is_comfyui(parent):
             return parent
-    if _is_comfyui(Path("/opt/ComfyUI")):
-        return Path("/opt/ComfyUI")
+    for version in TREE_VERSIONS:
+        tree = laid_out_tree(version)
+        if _is_comfyui(tree):
+            return tree.resolve()
     return None
 
 
@@ -135,8 +147,8 @@ def find_comfyui() -> Path | None:
 
 if _LOCATED is None:
     SKIP_REASON = (
-        "ComfyUI not found: set COMFYUI_PATH, put a checkout at ../shared/ComfyUI-v0.27 (or ../shared/ComfyUI), "
-        "install the pack under ComfyUI/custom_nodes/, or put a checkout at /opt/ComfyUI (see README, 'Tests')"
+        "ComfyUI not found: set COMFYUI_PATH, install the pack under ComfyUI/custom_nodes/, or lay the trees out "
+        f"under {trees_dir()} from git mirrors with {LAY_OUT_HINT}"
     )
 else:
     SKIP_REASON = (

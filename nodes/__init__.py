@@ -29,11 +29,18 @@ from .kv_cache_diagnostics import JensenKVDiagnostics
 from .kv_cache_diagnostics_plot import JensenKVDiagnosticsPlot
 from .kv_cache_report import JensenKVCacheReport
 from .load_kv_cache import JensenKVLoadKVCache
+from .load_magi1 import JensenKVLoadMagi1
+from .load_magi1_vae import JensenKVLoadMagi1VAE
+from .load_worldplay import JensenKVLoadWorldPlay
+from .magi1_text_encode import JensenKVMagi1TextEncode
+from .magi1_vae_decode import JensenKVMagi1VAEDecode
 from .prompt_schedule import JensenKVPromptSchedule
 from .quantize_kv_cache import JensenKVQuantizeKVCache
 from .save_kv_cache import JensenKVSaveKVCache
 from .tiny_ar_decode import JensenKVTinyARDecode
 from .tiny_ar_prompt import JensenKVTinyARPrompt
+from .worldplay_trajectory import JensenKVWorldPlayTrajectory
+from .worldplay_trajectory_preview import JensenKVWorldPlayTrajectoryPreview
 
 logger = logging.getLogger("jensen_kv")
 
@@ -56,6 +63,19 @@ DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDeco
 DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
 #: ComfyUI's own AR sampler (v0.27+): the cache window there and the run's report
 CORE_AR_NODES: list[type[io.ComfyNode]] = [JensenKVARCacheWindow, JensenKVCacheReport]
+#: HY-WorldPlay on ComfyUI's HunyuanVideo 1.5 (v0.27+): its loader, its camera path and the path's picture
+WORLDPLAY_NODES: list[type[io.ComfyNode]] = [
+    JensenKVLoadWorldPlay,
+    JensenKVWorldPlayTrajectory,
+    JensenKVWorldPlayTrajectoryPreview,
+]
+#: MAGI-1: its model, VAE and text (the pack's own implementation, magi1/)
+MAGI1_NODES: list[type[io.ComfyNode]] = [
+    JensenKVLoadMagi1,
+    JensenKVLoadMagi1VAE,
+    JensenKVMagi1VAEDecode,
+    JensenKVMagi1TextEncode,
+]
 
 
 def register_routes() -> bool:
@@ -78,7 +98,7 @@ class JensenKVExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         register_bundled_models()
         register_routes()  # ComfyUI v0.3.64 never calls on_load; registering twice is a no-op
-        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *CORE_AR_NODES, *DEMO_NODES]
+        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *CORE_AR_NODES, *MAGI1_NODES, *WORLDPLAY_NODES, *DEMO_NODES]
 
 
 def register_bundled_models() -> bool:
@@ -96,4 +116,13 @@ def register_bundled_models() -> bool:
     return False
 
 
-__all__ = ["AR_NODES", "DEMO_NODES", "DIAGNOSTICS_NODES", "NODES", "JensenKVExtension", "register_bundled_models"]
+__all__ = [
+    "AR_NODES",
+    "DEMO_NODES",
+    "DIAGNOSTICS_NODES",
+    "MAGI1_NODES",
+    "NODES",
+    "WORLDPLAY_NODES",
+    "JensenKVExtension",
+    "register_bundled_models",
+]

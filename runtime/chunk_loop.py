@@ -38,7 +38,7 @@ from ..jensen_core.bias import check_attention_bias
 from ..jensen_core.planner import plan_cache
 from ..jensen_core.retention import Retained, Retention
 from .config import JensenKVConfig, get_config, get_window
-from .families import ModelFamily, detect
+from .families import ModelFamily, attention_override_notice, detect
 from .observer import PHASE_DENOISE, PHASE_WRITE
 from .prompt_schedule import PromptSchedule
 from .report import MIB, build_report, report_text  # noqa: F401 - report_text re-exported for the nodes
@@ -412,6 +412,7 @@ class _Setup:
                 sink_chunks=r.sink_chunks,
                 latent_shape=self.latent_geometry,
                 branches=r.branches,
+                tokens_per_frame=self.adapter.tokens_per_frame(tuple(self.latent_image.shape)),
             )
             self.first_chunk, self.first_frame = r.resume.next_chunk, r.resume.next_frame
             self.active = r.resume.active_prompt
@@ -433,6 +434,7 @@ class _Setup:
             window_chunks=-(-r.recompute_frames // r.chunk_frames) if r.recompute_frames else r.window_chunks,
             layers=adapter.num_layers,
             heads=adapter.heads,
+            kv_heads=adapter.kv_heads,
             head_dim=adapter.head_dim,
             spec_k=self.config.spec_k,
             spec_v=self.config.spec_v,
@@ -456,6 +458,9 @@ def _check_model(r: ChunkedARRequest) -> tuple[ModelFamily, JensenKVConfig, Prom
     """The model's family, the KV-cache settings on it and the prompt schedule, each checked against the request."""
     adapter = detect(r.model)
     adapter.check_latent(r.samples)
+    notice = attention_override_notice(r.model.model_options)
+    if notice is not None:
+        logger.warning("jensen_kv: %s", notice)
     config = get_config(r.model.model_options) or JensenKVConfig()
     config.check_head_dim(adapter.head_dim)
     window_node = get_window(r.model.model_options)
@@ -589,7 +594,8 @@ class _Job:
         self.bytes_after_write: list[int] = []
         # SkyReels' context noise: the cached chunks are re-noised and re-written before every denoising call
         self.redraw = r.context_noise_mode == "skyreels" and self.ctx_sigma > 0
-        self.redraw_noise: torch.Generator | None = None  # per chunk, seeded from the chunk (reproducible)
+        self.redraw_noise: list[torch.Generator] = []  # per chunk and batch item, seeded from both (reproducible)
+        self.step_noise: tuple[tuple[int, int], dict[int, torch.Tensor]] | None = None  # one step's redrawn noise
         self.redraws = 0
 
     # ------------------------------------------------------------------ steps
@@ -610,8 +616,9 @@ class _Job:
         if self.r.recompute_frames:  # Krea's recompute reads the prefix frames before every chunk instead
             return
         for i, (f0, f1) in enumerate(self.s.prefix_bounds):
-            self.write(i, f0, prefix_latent[:, :, f0:f1].to(self.out.dtype), schedule.at(i))
-            self.active = schedule.fingerprint_at(i)
+            prompt = schedule.at(i)
+            self.switch_prompt(i, f0, prompt, schedule.fingerprint_at(i))  # a switch inside the clip, as in one run
+            self.write(i, f0, prefix_latent[:, :, f0:f1].to(self.out.dtype), prompt)
 
     def chunk(self, c: int, f0: int, f1: int) -> None:
         """Chunk ``c`` of this run (latent frames ``f0:f1``): re-cache on a prompt switch, denoise, write."""
@@ -624,15 +631,10 @@ class _Job:
         prompt = schedule.at(chunk_index)
         now = schedule.fingerprint_at(chunk_index)
         rope_frame = self.krea_recompute(chunk_index, frame0, prompt, now) if r.recompute_frames else frame0
-        if self.active is not None and now != self.active and r.recache_on_switch:
-            if r.recache_mode == "longlive":
-                self.recache_longlive(prompt, schedule.index_at(chunk_index), frame0)
-            else:
-                self.recache(prompt, schedule.index_at(chunk_index))
-        self.active = now
+        self.switch_prompt(chunk_index, frame0, prompt, now)
         self.run.begin(chunk_index, rope_frame, PHASE_DENOISE)
         if self.redraw:
-            self.redraw_noise = torch.Generator().manual_seed(chunk_seed(r.seed, chunk_index, REDRAW_STREAM))
+            self.redraw_noise = self._redraw_generators(chunk_index)
         latent_image = self.s.latent_image
         noise = comfy.sample.prepare_noise(
             latent_image[:, :, f0:f1], chunk_seed(r.seed, chunk_index, NOISE_STREAM), self.batch_inds
@@ -662,6 +664,19 @@ class _Job:
             frame0 + f1 - f0 - 1,
             self.seconds[-1],
         )
+
+    def switch_prompt(self, chunk_index: int, frame0: int, prompt, now) -> None:
+        """Chunk ``chunk_index`` (written or denoised next) is made under ``prompt`` (fingerprint ``now``): on a
+        switch, re-cache the retained chunks under it first (``recache_mode``), for a prefix clip's chunks as for
+        generated ones, so a clip extended with a schedule holds what one run would."""
+        r = self.r
+        if self.active is not None and now != self.active and r.recache_on_switch:
+            index = self.s.schedule.index_at(chunk_index)
+            if r.recache_mode == "longlive":
+                self.recache_longlive(prompt, index, frame0)
+            else:
+                self.recache(prompt, index)
+        self.active = now
 
     def _on_step(self, c: int, chunk_index: int):
         """The sampler callback of chunk ``c``: step count, progress bar and preview, step_callback, interrupt."""
@@ -868,9 +883,16 @@ class _Job:
         run.start_rewrite(branches)
         if self.diagnostics is not None:
             self.diagnostics.on_rewrite()
+        if self.step_noise is None or self.step_noise[0] != (chunk, step):
+            self.step_noise = ((chunk, step), {})
+        drawn = self.step_noise[1]
         for kept in self.timeline.items:
             clean = self.work.model.process_latent_in(kept.latent).to(x.device, torch.float32)
-            noise = torch.randn(clean.shape, generator=self.redraw_noise).to(x.device)
+            noise = drawn.get(kept.chunk)
+            if noise is None:  # once per step: cond and uncond in separate calls see the same noise, as batched
+                one = (1, *clean.shape[1:])
+                noise = drawn[kept.chunk] = torch.cat([torch.randn(one, generator=g) for g in self.redraw_noise])
+            noise = noise.to(x.device)
             noised = (clean * (1.0 - self.ctx_sigma) + noise * self.ctx_sigma).to(x.dtype)
             run.begin(kept.chunk, kept.frame_offset, PHASE_WRITE)
             batch = noised.repeat(slots, 1, 1, 1, 1)
@@ -880,6 +902,17 @@ class _Job:
         run.begin(chunk, frame0, PHASE_DENOISE)
         run.step = step
         return executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
+
+    def _redraw_generators(self, chunk_index: int) -> list[torch.Generator]:
+        """SkyReels' redraw noise of chunk ``chunk_index``: one generator per batch item, seeded from the chunk and
+        the item's ``batch_index`` (index 0's is the chunk's stream itself), so an item's noise does not depend on
+        the batch it runs in, as ComfyUI's noise of a LATENT with a batch_index does not."""
+        seed = chunk_seed(self.r.seed, chunk_index, REDRAW_STREAM)
+        inds = self.batch_inds if self.batch_inds is not None else range(self.out.shape[0])
+        return [
+            torch.Generator().manual_seed(seed if int(i) == 0 else chunk_seed(seed, int(i), REDRAW_STREAM))
+            for i in inds
+        ]
 
     def keep_state(self) -> None:
         """The state to continue from: the cache (on the CPU), the retained chunks and where the next run starts."""
@@ -898,7 +931,8 @@ class _Job:
             branches=self.run.branches,
             active_prompt=self.active,
             caches={k: c.copy().to("cpu") for k, c in self.run.caches.items()},
-            retained=list(self.timeline.items),
+            # float32, as the planner counts them (STATE_LATENT_BYTES) and the file's reader wants one dtype
+            retained=[RetainedChunk(c.chunk, c.frame_offset, c.latent.float()) for c in self.timeline.items],
             info={"seed": int(r.seed), "prompts": s.schedule.describe(), "model_class": s.adapter.describe()},
         )
 

@@ -9,19 +9,15 @@ chunk. No ComfyUI import here.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..jensen_core import ChunkCache
+from ..jensen_core.attention import cached_attention
 from ..jensen_core.bias import attention_bias_offsets
 from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
-
-#: whether the core's ChunkCache seeds per global head (``head_offset``): QVG's centroids then shard exactly
-_CACHE_TAKES_HEAD_OFFSET = "head_offset" in inspect.signature(ChunkCache).parameters
 
 
 class RunCaches:
@@ -95,37 +91,18 @@ class RunCaches:
         self._written.clear()
 
     def new_cache(self) -> ChunkCache:
-        extra = {"head_offset": self.head_offset} if self.head_offset else {}
         return ChunkCache(
             self.config.spec_k,
             self.config.spec_v,
             self.window_chunks,
             self.sink_chunks,
             tiers=self.config.tiers,
-            **extra,
+            head_offset=self.head_offset,
         )
 
-    def shard_heads(self, head_offset: int, ranks: int) -> None:
-        """The caches hold heads from global index ``head_offset`` on: one of ``ranks`` sequence-parallel ranks' share.
-
-        RTN and full-precision caches store each head on its own, so the offset changes nothing there.
-        QVG draws its initial centroids per head from the spec's seed: it needs a ``ChunkCache`` that
-        takes ``head_offset`` (seeded per global head) to equal the single-process cache.
-        """
-        if ranks > 1 and not _CACHE_TAKES_HEAD_OFFSET:  # every rank refuses alike (rank 0 too: no rank waits alone)
-            qvg = [
-                side
-                for side, sp in (("keys", self.config.spec_k), ("values", self.config.spec_v))
-                if sp and sp.method == "qvg"
-            ]
-            if qvg:
-                raise ValueError(
-                    f"QVG ({' and '.join(qvg)}) under sequence parallelism: this version seeds QVG's initial centroids "
-                    "with one generator over all heads, so a rank holding its share of the heads would draw other "
-                    "heads' centroids and differ from the single-GPU result. Use method rtn with sequence "
-                    "parallelism, or run QVG on one GPU."
-                )
-            return
+    def shard_heads(self, head_offset: int) -> None:
+        """The caches hold a sequence-parallel rank's share of each layer's heads, from global head ``head_offset`` on
+        (QVG seeds its centroids per global head, so the share equals those heads of a one-process cache)."""
         self.head_offset = int(head_offset)
 
     def adopt(self, caches: dict[tuple[int, int], ChunkCache], branches: list[int]) -> None:
@@ -191,11 +168,12 @@ class RunCaches:
         per = batch // n
         return [(label, slice(i * per, (i + 1) * per)) for i, label in enumerate(labels)]
 
-    def _offsets(self, cache: ChunkCache):
-        """Krea's attention bias as log-offsets of the cached keys (None when off or not denoising)."""
+    def _offsets(self, cache: ChunkCache, last_chunks: int | None = None):
+        """Krea's attention bias as log-offsets of the attended cached keys (None when off or not denoising)."""
         if self.attention_bias == 1.0 or self.phase != PHASE_DENOISE:
             return None
-        return attention_bias_offsets([e.tokens for e in cache.entries], self.attention_bias, self.tokens_per_frame)
+        entries = cache.entries if last_chunks is None else cache.entries[len(cache.entries) - last_chunks :]
+        return attention_bias_offsets([e.tokens for e in entries], self.attention_bias, self.tokens_per_frame)
 
     def _parts(self, tokens: int) -> list[tuple[int, int, slice]]:
         """(chunk, first frame, token slice) of each chunk in this call: one unless it is a joint write."""
@@ -210,10 +188,38 @@ class RunCaches:
             start += f * per
         return parts
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, transformer_options: dict | None) -> Tensor:
-        """Attention of the current chunk for every CFG slot; in the write phase also caches k, v."""
+    def attend(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        transformer_options: dict | None,
+        *,
+        context: tuple[Tensor, Tensor] | None = None,
+        last_chunks: int | None = None,
+    ) -> Tensor:
+        """Attention of the current chunk for every CFG slot; in the write phase also caches k, v.
+
+        The seam a model family routes its self-attention through, per call:
+
+        - ``q`` (batch, H_q, M, d) and ``k``, ``v`` (batch, H_kv, M, d), post-RoPE: this chunk's tokens, stored
+          (quantized) when the call writes the chunk. ``H_q`` may be a multiple of ``H_kv`` (grouped-query
+          attention; the correction stays per K/V head, so it is exact);
+        - the cached chunks of ``layer`` (the family decides what a layer is: one per block, or one per attention
+          stream of a block);
+        - ``context`` (optional ``(k_ctx, v_ctx)``, (batch, H_kv, C, d)): tokens attended in full precision and
+          never stored, quantized or corrected (a joint-attention model's text tokens, chunks still being
+          denoised);
+        - ``last_chunks`` (optional): only the newest n cached chunks are attended (a per-chunk key range).
+        """
         if not self.active:
             raise RuntimeError("this Chunked AR run has finished; its cache is freed")
+        if context is not None and (len(context) != 2 or context[0].shape[0] != q.shape[0]):
+            raise ValueError(
+                "context must be (k_ctx, v_ctx) with the query's batch "
+                f"({q.shape[0]}), got {[tuple(t.shape) for t in context] if isinstance(context, tuple) else context!r}"
+            )
         outs = []
         for branch, sl in self._slots(q.shape[0], transformer_options):
             key = (layer, branch)
@@ -225,11 +231,21 @@ class RunCaches:
                     "keep cfg the same for the whole run"
                 )
             qb, kb, vb = q[sl], k[sl], v[sl]
-            if cache is None or cache.num_chunks == 0:
+            ctx = {} if context is None else {"k_ctx": context[0][sl], "v_ctx": context[1][sl]}
+            if (cache is None or cache.num_chunks == 0) and not ctx and qb.shape[1] == kb.shape[1]:
                 out = F.scaled_dot_product_attention(qb, kb, vb)
+            elif cache is None or cache.num_chunks == 0:  # grouped-query heads or context tokens, nothing cached
+                out = cached_attention(qb, kb, vb, [], correction=self.correction, strength=self.strength, **ctx)
             else:
                 out = cache.attend(
-                    qb, kb, vb, correction=self.correction, strength=self.strength, key_log_offsets=self._offsets(cache)
+                    qb,
+                    kb,
+                    vb,
+                    correction=self.correction,
+                    strength=self.strength,
+                    key_log_offsets=self._offsets(cache, last_chunks),
+                    last_chunks=last_chunks,
+                    **ctx,
                 )
             if self.phase == PHASE_WRITE and self._written.get(key) == self.chunk:
                 raise RuntimeError(

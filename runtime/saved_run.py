@@ -127,6 +127,14 @@ class SavedRun:
             f"{self.sink_chunks}), {self.nbytes / 2**20:.2f} MiB"
         )
 
+    @property
+    def tokens_per_frame(self) -> int | None:
+        """Self-attention tokens per latent frame the caches hold (the newest retained chunk's), None when empty."""
+        cache = next(iter(self.caches.values()), None)
+        if cache is None or not cache.entries or not self.retained:
+            return None
+        return cache.entries[-1].tokens // self.retained[-1].frames
+
     @staticmethod
     def _bits(spec):
         return "full" if spec is None else f"INT{spec.bits}"
@@ -178,15 +186,19 @@ class SavedRun:
         latent_shape: tuple[int, ...],
         branches: list[int],
         tiers: AgeTiers | None = None,
+        tokens_per_frame: int | None = None,
     ) -> None:
-        """ValueError naming the first thing that differs between this state and the run that wants it."""
+        """ValueError naming the first thing that differs between this state and the run that wants it.
+
+        ``tokens_per_frame``: what the run's model family makes of one latent frame of its latent; the caches
+        must hold as many (the file's latent size and its caches' tokens are two fields: both are compared)."""
 
         def differ(what, saved, now, fix):
             raise ValueError(f"this KV cache was made with {what} {saved}, but this run has {now}; {fix}")
 
-        mine = {k: v for k, v in self.fingerprint.items() if k != "weights"}
-        theirs = {k: v for k, v in fingerprint.items() if k != "weights"}
-        order = ["family", "layers", "heads", "head_dim", "dim", "ffn_dim", "text_dim"]
+        mine = {k: v for k, v in with_kv_heads(self.fingerprint).items() if k != "weights"}
+        theirs = {k: v for k, v in with_kv_heads(fingerprint).items() if k != "weights"}
+        order = ["family", "layers", "heads", "kv_heads", "head_dim", "dim", "ffn_dim", "text_dim"]
         for k in sorted(set(mine) | set(theirs), key=lambda k: (order.index(k) if k in order else len(order), k)):
             if mine.get(k) != theirs.get(k):
                 differ(
@@ -240,6 +252,14 @@ class SavedRun:
                 branches,
                 "use cfg 1 on both runs, or cfg > 1 on both (cond and uncond are cached separately)",
             )
+        held = self.tokens_per_frame
+        if tokens_per_frame is not None and held is not None and held != tokens_per_frame:
+            differ(
+                "caches of",
+                f"{held} tokens per latent frame",
+                f"{tokens_per_frame} for its latent of (batch, channels, height, width) {tuple(latent_shape)}",
+                "the file's latent size and its caches disagree (it was edited or damaged): save the cache again",
+            )
 
     # ------------------------------------------------------------------ files
     def save(self, path: str) -> int:
@@ -284,6 +304,14 @@ def _digest(tensors: dict[str, Tensor], state: str) -> str:
 
 def _describe(shape: tuple[int, ...], dtype: torch.dtype) -> bytes:
     return str((tuple(shape), str(dtype))).encode()
+
+
+def with_kv_heads(fingerprint: dict) -> dict:
+    """``fingerprint`` with its ``kv_heads`` (the K/V heads its caches hold): a file written before grouped-query
+    attention, or by a model with as many K/V heads as query heads, records none, and reads as ``heads``."""
+    if "kv_heads" in fingerprint or "heads" not in fingerprint:
+        return fingerprint
+    return {**fingerprint, "kv_heads": fingerprint["heads"]}
 
 
 # ---------------------------------------------------------------------------------------------- reading a file
@@ -606,7 +634,10 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
         if not isinstance(fp.get(k), str):
             raise ValueError(f"fingerprint {k}={_short(fp.get(k))} must be text")
     layers = whole(fp.get("layers"), "fingerprint layers", 1, MAX_LAYERS)
-    whole(fp.get("heads"), "fingerprint heads", 1, MAX_HEADS)
+    heads = whole(fp.get("heads"), "fingerprint heads", 1, MAX_HEADS)
+    kv_heads = whole(fp.get("kv_heads", heads), "fingerprint kv_heads", 1, MAX_HEADS)
+    if heads % kv_heads:
+        raise ValueError(f"fingerprint kv_heads={kv_heads} must divide heads={heads} (grouped-query attention)")
     head_dim = whole(fp.get("head_dim"), "fingerprint head_dim", 1, MAX_HEAD_DIM)
     specs = []
     for side in ("spec_k", "spec_v"):
@@ -701,6 +732,11 @@ def _check_state(st, stored: dict[str, _Stored]) -> _Plan:
             )
         if r["dtype"] not in _LATENT_DTYPES:
             raise ValueError(f"{what} dtype={_short(r['dtype'])} must be one of {', '.join(_LATENT_DTYPES)}")
+        if i and r["dtype"] != records[0]["dtype"]:
+            raise ValueError(
+                f"{what} dtype={r['dtype']} differs from retained[0]'s {records[0]['dtype']}: a run keeps every "
+                "retained latent in one dtype (the file was edited or damaged)"
+            )
         offset = whole(r["frame_offset"], f"{what} frame_offset", 0, MAX_FRAMES)
         lo, hi = chunk, chunk * chunk_frames  # every earlier chunk holds 1 to chunk_frames frames
         if retained:
@@ -812,10 +848,11 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         if len(meta.chunks) != len(frames):
             raise ValueError(f"{where} holds {len(meta.chunks)} chunks, but the state retains {len(frames)}")
         lay = meta.layout
-        if lay[:3] != (batch, plan.fingerprint["heads"], plan.fingerprint["head_dim"]):
+        kv_heads = with_kv_heads(plan.fingerprint)["kv_heads"]  # a cache holds the K/V heads
+        if lay[:3] != (batch, kv_heads, plan.fingerprint["head_dim"]):
             raise ValueError(
                 f"{where} holds (batch, heads, head_dim) = ({lay[0]}, {lay[1]}, {lay[2]}), not "
-                f"({batch}, {plan.fingerprint['heads']}, {plan.fingerprint['head_dim']}) as the metadata says"
+                f"({batch}, {kv_heads}, {plan.fingerprint['head_dim']}) as the metadata says"
             )
         if dtype is not None and lay[3] != dtype:
             raise ValueError(f"{where} holds {lay[3]} chunks, the other caches {dtype}")

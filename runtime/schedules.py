@@ -26,6 +26,10 @@ What each reference feeds its model, per chunk:
   (``causal_forcing_dmd_framewise_1step.yaml`` 7-8): [1000] -> t = 1000. The 2- and 1-step configs give the
   first block its own 4-step list (``denoising_step_list_first_chunk``, 2step 10-14, 1step 9-13; chosen for
   ``block_index == 0`` at ``pipeline/causal_inference.py`` 222-228): :func:`first_chunk_sigmas`.
+- **HY-WorldPlay, AR distilled** (Tencent-Hunyuan/HY-WorldPlay ``run.sh``: ``--few_step true
+  --num_inference_steps 4``; its ``FlowMatchDiscreteScheduler`` at the 480p I2V pipeline's ``flow_shift`` 5):
+  sigmas ``linspace(1, 0, 5)`` warped with shift 5: t = 1000, 937.5, 833.3, 625 (Self-Forcing's values), cfg 1.
+  Core's HunyuanVideo 1.5 samples with shift 7.
 
 Every schedule ends with sigma 0 (the last step predicts the clean chunk). No ComfyUI import here.
 """
@@ -45,6 +49,7 @@ PRESETS = (
     "causal_forcing_framewise_4step",
     "causal_forcing_framewise_2step",
     "causal_forcing_framewise_1step",
+    "worldplay_4step",
     "manual",
 )
 PRESET_HELP = {
@@ -66,6 +71,7 @@ PRESET_HELP = {
         "Causal Forcing++ frame-wise 1-step (chunk_frames 1): t = 1000; its first frame takes 4 steps "
         "(t = 1000, 937.5, 833.3, 625): give the sampler's first_chunk_sigmas a causal_forcing_framewise_4step schedule"
     ),
+    "worldplay_4step": "HY-WorldPlay (AR distilled): 4 Euler steps at shift 5, t = 1000, 937.5, 833.3, 625 (cfg 1)",
     "manual": "your own list: sigmas from 1 down (a trailing 0 is added); values above 1 are timesteps t (divided by 1000)",
 }
 
@@ -116,6 +122,7 @@ _SHIFT5_STEPS = {
     "causal_forcing_framewise_4step": (1000, 750, 500, 250),
     "causal_forcing_framewise_2step": (1000, 500),
     "causal_forcing_framewise_1step": (1000,),
+    "worldplay_4step": (1000, 750, 500, 250),
 }
 #: presets whose reference gives the first block its own schedule (``denoising_step_list_first_chunk``)
 FIRST_CHUNK_PRESET = {

@@ -1,11 +1,12 @@
 """.ci/run, executed with a stand-in Python that records what it is asked to do (nothing is installed).
 
-The script is copied into a throwaway checkout next to fake ``shared/ComfyUI-v0.27`` and
-``shared/ComfyUI`` (v0.3.64) trees, so these tests see which ComfyUI it picks for the main run (the
-order of ``jensen_testing/comfyui.py``), which one it runs the ComfyUI tests against as the oldest, what
-it installs where (the system Python, the oldest ComfyUI's virtual environment), and the environment
-and arguments of both pytest runs. The stand-in logs ``CALL`` for the system Python and ``VENV`` for the
-environment's (``-m venv`` makes one whose ``bin/python`` is the stand-in again).
+The script is copied into a throwaway checkout, with fake ComfyUI trees laid out as
+``../shared/comfyui/lay-out.sh`` lays them (``TREES/v0.33``, ``TREES/v0.27``, ``TREES/v0.3.64``,
+``TREES/ComfyUI-GGUF``; ``COMFYUI_TREES`` points at TREES), so these tests see which ComfyUI it picks for
+each run (the order of ``jensen_testing/comfyui.py``), what it installs where (the system Python, each older
+ComfyUI's virtual environment), and the environment and arguments of the three pytest runs. The stand-in
+logs ``CALL`` for the system Python and ``VENV`` for an environment's (``-m venv`` makes one whose
+``bin/python`` is the stand-in again, tagged with the venv's folder name).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ tag="${FAKE_TAG:-CALL}"
 echo "$tag $*" >> "$log"
 if [ "$1 $2" = "-m venv" ]; then
   dir="${@: -1}"; mkdir -p "$dir/bin"
-  printf '#!/usr/bin/env bash\\nFAKE_TAG=VENV exec %q "$@"\\n' "$0" > "$dir/bin/python"; chmod +x "$dir/bin/python"
+  printf '#!/usr/bin/env bash\\nFAKE_TAG=VENV:%s exec %q "$@"\\n' "$(basename "$dir")" "$0" > "$dir/bin/python"
+  chmod +x "$dir/bin/python"
 fi
 prev=""
 for a in "$@"; do
@@ -44,11 +46,18 @@ exit 0
 OLD_REQUIREMENTS = (
     "comfyui-frontend-package==1.27.10\ntorch\ntorchsde\ntorchvision\ntorchaudio\ntorch>=2.1\nnumpy>=1.25.0\n"
 )
-NEW_REQUIREMENTS = (
+MIDDLE_REQUIREMENTS = (
     "comfyui-frontend-package==1.45.20\ntorch\ntorchsde\ntorchvision\ntorchaudio\nnumpy>=1.25.0\ncomfy-aimdo==0.4.10\n"
 )
+NEW_REQUIREMENTS = (
+    "comfyui-frontend-package==1.49.6\ntorch\ntorchsde\ntorchvision\ntorchaudio\ncomfy-kitchen==0.2.31\n"
+    "comfy-aimdo==0.4.13\nav>=16.0.0\nblake3\n"
+)
 MAIN_RUN = "-m pytest -q"
-OLDEST_RUN = "-m pytest -q -m (comfyui or server or browser) and not core_ar"
+MIDDLE_RUN = "-m pytest -q -m comfyui or server or browser"
+OLDEST_RUN = "-m pytest -q -m (comfyui or server or browser) and not core_ar and not hunyuan15"
+MIDDLE_VENV_TAG = "VENV:comfyui-v0.27"
+OLDEST_VENV_TAG = "VENV:comfyui-oldest"
 
 
 def fake_comfyui(path: Path, requirements: str = OLD_REQUIREMENTS, version: str = "0.3.64") -> Path:
@@ -60,13 +69,6 @@ def fake_comfyui(path: Path, requirements: str = OLD_REQUIREMENTS, version: str 
     return path
 
 
-def fake_shared(tmp: Path, new: bool = True, old: bool = True) -> tuple[Path | None, Path | None]:
-    shared = tmp / "work" / "shared"
-    n = fake_comfyui(shared / "ComfyUI-v0.27", NEW_REQUIREMENTS, "0.27.0") if new else None
-    o = fake_comfyui(shared / "ComfyUI") if old else None
-    return n, o
-
-
 def fake_gguf_pack(path: Path) -> Path:
     path.mkdir(parents=True)
     for f in ("loader.py", "nodes.py", "ops.py"):
@@ -74,12 +76,24 @@ def fake_gguf_pack(path: Path) -> Path:
     return path
 
 
+def fake_trees(trees: Path, new=True, middle=True, old=True, gguf=True) -> dict[str, Path | None]:
+    """The trees lay-out.sh makes, under ``trees``."""
+    return {
+        "new": fake_comfyui(trees / "v0.33", NEW_REQUIREMENTS, "0.33.0") if new else None,
+        "middle": fake_comfyui(trees / "v0.27", MIDDLE_REQUIREMENTS, "0.27.0") if middle else None,
+        "old": fake_comfyui(trees / "v0.3.64") if old else None,
+        "gguf": fake_gguf_pack(trees / "ComfyUI-GGUF") if gguf else None,
+    }
+
+
 @pytest.fixture
 def sandbox(tmp_path):
-    """tmp/work/checkout/.ci/run, a fake python, and stand-ins for apt-get / sudo on PATH."""
+    """tmp/work/checkout/.ci/run, a fake python, stand-ins for apt-get / sudo on PATH, and an empty tmp/trees
+    (COMFYUI_TREES) beside a tmp/work/shared/comfyui/ without lay-out.sh."""
     checkout = tmp_path / "work" / "checkout"
     (checkout / ".ci").mkdir(parents=True)
     shutil.copy2(ROOT / ".ci" / "run", checkout / ".ci" / "run")
+    (tmp_path / "trees").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     py = bin_dir / "python"
@@ -96,9 +110,24 @@ def run_ci(sandbox, **env):
     tmp, checkout, bin_dir = sandbox
     log = bin_dir / "calls.log"
     log.unlink(missing_ok=True)
-    drop = ("COMFYUI_PATH", "COMFYUI_OLDEST_PATH", "COMFYUI_OLDEST_VENV", "COMFYUI_GGUF_PATH", "CI")
+    drop = (
+        "COMFYUI_PATH",
+        "COMFYUI_V027_PATH",
+        "COMFYUI_OLDEST_PATH",
+        "COMFYUI_V027_VENV",
+        "COMFYUI_OLDEST_VENV",
+        "COMFYUI_GGUF_PATH",
+        "COMFYUI_MIRRORS",
+        "COMFYUI_LAY_OUT",
+        "CI",
+    )
     environ = {k: v for k, v in os.environ.items() if k not in drop}
-    environ.update(PYTHON=str(bin_dir / "python"), PATH=f"{bin_dir}:{environ['PATH']}", **env)
+    environ.update(
+        PYTHON=str(bin_dir / "python"),
+        PATH=f"{bin_dir}:{environ['PATH']}",
+        COMFYUI_TREES=str(tmp / "trees"),
+        **env,
+    )
     r = subprocess.run(
         ["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True, env=environ, timeout=120
     )
@@ -110,69 +139,95 @@ def pytest_runs(calls: list[str]) -> list[tuple[str, str]]:
     return [(c, calls[i + 1]) for i, c in enumerate(calls) if c.split(" ", 1)[1].startswith("-m pytest")]
 
 
-def test_runs_the_readme_command_against_v027_then_the_comfyui_tests_against_v0364(sandbox):
+def reqs(calls: list[str], tag: str) -> list[str]:
+    return [c.removeprefix(f"{tag} REQ ") for c in calls if c.startswith(f"{tag} REQ ")]
+
+
+def test_runs_the_readme_command_against_033_then_the_comfyui_tests_against_v027_and_v0364(sandbox):
     tmp, checkout, _ = sandbox
-    new, old = fake_shared(tmp)
+    t = fake_trees(tmp / "trees")
     fake_comfyui(tmp / "ComfyUI-above")  # not a parent: ignored
-    gguf = fake_gguf_pack(tmp / "work" / "shared" / "ComfyUI-GGUF")
     r, calls = run_ci(sandbox)
     assert r.returncode == 0, r.stderr
-    assert f"ComfyUI: {new} (0.27.0)" in r.stdout
-    venv = checkout / ".ci" / "venvs" / "comfyui-oldest"
-    assert f"oldest ComfyUI: {old} (0.3.64), environment {venv}" in r.stdout
+    assert f"ComfyUI: {t['new']} (0.33.0)" in r.stdout
+    middle_venv = checkout / ".ci" / "venvs" / "comfyui-v0.27"
+    old_venv = checkout / ".ci" / "venvs" / "comfyui-oldest"
+    assert f"ComfyUI v0.27: {t['middle']} (0.27.0), environment {middle_venv}" in r.stdout
+    assert f"oldest ComfyUI: {t['old']} (0.3.64), environment {old_venv}" in r.stdout
+    assert f"ComfyUI-GGUF: {t['gguf']}" in r.stdout
 
-    # the system Python: the torch trio, the pack with its extras, v0.27's requirements
+    # the system Python: the torch trio, the pack with its extras, 0.33's requirements
     installs = [c for c in calls if c.startswith("CALL -m pip install")]
     assert all(p in installs[0] for p in ("torch==2.14.1", "torchvision==0.29.1", "torchaudio==2.11.1"))
     assert installs[1].endswith("-e .[test,browser]")
     assert installs[2].endswith("requests") and " -r " in installs[2]
-    assert [c.removeprefix("CALL REQ ") for c in calls if c.startswith("CALL REQ ")] == [
-        "comfyui-frontend-package==1.45.20",
+    assert reqs(calls, "CALL") == [
+        "comfyui-frontend-package==1.49.6",
         "torchsde",
-        "numpy>=1.25.0",
-        "comfy-aimdo==0.4.10",
+        "comfy-kitchen==0.2.31",
+        "comfy-aimdo==0.4.13",
+        "av>=16.0.0",
+        "blake3",
     ]
-    # the oldest ComfyUI's environment: sees the system's packages, gets v0.3.64's pins over them
-    assert f"CALL -m venv --system-site-packages --without-pip {venv}" in calls
-    venv_installs = [c for c in calls if c.startswith("VENV -m pip install")]
-    assert len(venv_installs) == 1 and venv_installs[0].endswith("requests") and " -r " in venv_installs[0]
-    assert [c.removeprefix("VENV REQ ") for c in calls if c.startswith("VENV REQ ")] == [
-        "comfyui-frontend-package==1.27.10",
-        "torchsde",
-        "numpy>=1.25.0",
-    ]
+    # each older ComfyUI's environment: sees the system's packages, gets its own pins over them
+    for venv, tag, pins in (
+        (
+            middle_venv,
+            MIDDLE_VENV_TAG,
+            ["comfyui-frontend-package==1.45.20", "torchsde", "numpy>=1.25.0", "comfy-aimdo==0.4.10"],
+        ),
+        (old_venv, OLDEST_VENV_TAG, ["comfyui-frontend-package==1.27.10", "torchsde", "numpy>=1.25.0"]),
+    ):
+        assert f"CALL -m venv --system-site-packages --without-pip {venv}" in calls
+        venv_installs = [c for c in calls if c.startswith(f"{tag} -m pip install")]
+        assert len(venv_installs) == 1 and venv_installs[0].endswith("requests") and " -r " in venv_installs[0]
+        assert reqs(calls, tag) == pins
 
-    # two pytest runs, both under CI=true: the README's command on v0.27, the ComfyUI tests on v0.3.64
-    (main, main_env), (oldest, oldest_env) = pytest_runs(calls)
+    # three pytest runs, all under CI=true: the README's command on 0.33, the ComfyUI tests on v0.27 (core's AR
+    # path included) and on v0.3.64 (without it)
+    (main, main_env), (middle, middle_env), (oldest, oldest_env) = pytest_runs(calls)
     assert main == f"CALL {MAIN_RUN}"
-    assert main_env == f"CALL ENV CI=true COMFYUI_PATH={new} COMFYUI_GGUF_PATH={gguf}"
-    assert oldest == f"VENV {OLDEST_RUN}"
-    assert oldest_env == f"VENV ENV CI=true COMFYUI_PATH={old} COMFYUI_GGUF_PATH={gguf}"
+    assert main_env == f"CALL ENV CI=true COMFYUI_PATH={t['new']} COMFYUI_GGUF_PATH={t['gguf']}"
+    assert middle == f"{MIDDLE_VENV_TAG} {MIDDLE_RUN}"
+    assert middle_env == f"{MIDDLE_VENV_TAG} ENV CI=true COMFYUI_PATH={t['middle']} COMFYUI_GGUF_PATH={t['gguf']}"
+    assert oldest == f"{OLDEST_VENV_TAG} {OLDEST_RUN}"
+    assert oldest_env == f"{OLDEST_VENV_TAG} ENV CI=true COMFYUI_PATH={t['old']} COMFYUI_GGUF_PATH={t['gguf']}"
     assert calls[-1] == oldest_env
-    summary = r.stdout.splitlines()[-2:]
-    assert summary[0].startswith(f"ComfyUI 0.27.0 ({new}), the whole suite: exit 0, ")
-    assert summary[1].startswith(f"ComfyUI 0.3.64 ({old}), the ComfyUI tests without core_ar: exit 0, ")
+    summary = r.stdout.splitlines()[-3:]
+    assert summary[0].startswith(f"ComfyUI 0.33.0 ({t['new']}), the whole suite: exit 0, ")
+    assert summary[1].startswith(f"ComfyUI 0.27.0 ({t['middle']}), the ComfyUI tests: exit 0, ")
+    assert summary[2].startswith(
+        f"ComfyUI 0.3.64 ({t['old']}), the ComfyUI tests without core_ar / hunyuan15: exit 0, "
+    )
 
-    # a second run reuses the environment
+    # a second run reuses the environments
     r, calls = run_ci(sandbox)
     assert r.returncode == 0, r.stderr
     assert not any(c.startswith("CALL -m venv") for c in calls)
-    assert [c for c, _ in pytest_runs(calls)] == [f"CALL {MAIN_RUN}", f"VENV {OLDEST_RUN}"]
+    assert [c for c, _ in pytest_runs(calls)] == [
+        f"CALL {MAIN_RUN}",
+        f"{MIDDLE_VENV_TAG} {MIDDLE_RUN}",
+        f"{OLDEST_VENV_TAG} {OLDEST_RUN}",
+    ]
 
 
-def test_either_run_failing_fails_ci_and_both_always_run(sandbox):
+def test_any_run_failing_fails_ci_and_all_always_run(sandbox):
     tmp, _, _ = sandbox
-    new, old = fake_shared(tmp)
-    for failing, line in ((new, "the whole suite: exit 1"), (old, "the ComfyUI tests without core_ar: exit 1")):
+    t = fake_trees(tmp / "trees")
+    for failing, line in (
+        (t["new"], "the whole suite: exit 1"),
+        (t["middle"], "the ComfyUI tests: exit 1"),
+        (t["old"], "the ComfyUI tests without core_ar / hunyuan15: exit 1"),
+    ):
         r, calls = run_ci(sandbox, FAKE_FAIL_FOR=str(failing))
         assert r.returncode == 1
-        assert len(pytest_runs(calls)) == 2
+        assert len(pytest_runs(calls)) == 3
         assert line in r.stdout
 
 
-def test_ruff_check_runs_before_the_tests_and_a_finding_fails_ci_after_both_runs(sandbox):
+def test_ruff_check_runs_before_the_tests_and_a_finding_fails_ci_after_all_runs(sandbox):
     tmp, _, _ = sandbox
-    fake_shared(tmp)
+    fake_trees(tmp / "trees")
     r, calls = run_ci(sandbox)
     assert r.returncode == 0, r.stderr
     lint = calls.index("CALL -m ruff check .")
@@ -180,13 +235,13 @@ def test_ruff_check_runs_before_the_tests_and_a_finding_fails_ci_after_both_runs
     assert "ruff check .: exit 0" in r.stdout
     r, calls = run_ci(sandbox, FAKE_FAIL_LINT="1")
     assert r.returncode == 1
-    assert len(pytest_runs(calls)) == 2  # the tests still run
+    assert len(pytest_runs(calls)) == 3  # the tests still run
     assert "ruff check .: exit 1" in r.stdout
 
 
-def test_ruff_format_check_runs_before_the_tests_and_unformatted_code_fails_ci_after_both_runs(sandbox):
+def test_ruff_format_check_runs_before_the_tests_and_unformatted_code_fails_ci_after_all_runs(sandbox):
     tmp, _, _ = sandbox
-    fake_shared(tmp)
+    fake_trees(tmp / "trees")
     r, calls = run_ci(sandbox)
     assert r.returncode == 0, r.stderr
     fmt = calls.index("CALL -m ruff format --check .")
@@ -194,7 +249,7 @@ def test_ruff_format_check_runs_before_the_tests_and_unformatted_code_fails_ci_a
     assert "ruff format --check .: exit 0" in r.stdout
     r, calls = run_ci(sandbox, FAKE_FAIL_FORMAT="1")
     assert r.returncode == 1
-    assert len(pytest_runs(calls)) == 2  # the tests still run
+    assert len(pytest_runs(calls)) == 3  # the tests still run
     assert "ruff format --check .: exit 1" in r.stdout
 
 
@@ -208,50 +263,67 @@ def test_the_test_extra_pins_the_ruff_that_pre_commit_runs():
     assert "id: ruff-format" in hooks
 
 
-def test_comfyui_path_wins_and_a_comfyui_above_the_checkout_is_found(sandbox):
+def test_the_variables_win_and_a_comfyui_above_the_checkout_is_the_newest(sandbox):
     tmp, checkout, _ = sandbox
-    new, old = fake_shared(tmp)
-    chosen = fake_comfyui(tmp / "elsewhere" / "ComfyUI", NEW_REQUIREMENTS, "0.27.0")
-    r, calls = run_ci(sandbox, COMFYUI_PATH=str(chosen))
+    t = fake_trees(tmp / "trees")
+    chosen = fake_comfyui(tmp / "elsewhere" / "ComfyUI", NEW_REQUIREMENTS, "0.33.0")
+    middle = fake_comfyui(tmp / "elsewhere" / "v027", MIDDLE_REQUIREMENTS, "0.27.0")
+    oldest = fake_comfyui(tmp / "elsewhere" / "v0364")
+    gguf = fake_gguf_pack(tmp / "elsewhere" / "gguf")
+    r, calls = run_ci(
+        sandbox,
+        COMFYUI_PATH=str(chosen),
+        COMFYUI_V027_PATH=str(middle),
+        COMFYUI_OLDEST_PATH=str(oldest),
+        COMFYUI_GGUF_PATH=str(gguf),
+    )
     assert r.returncode == 0, r.stderr
-    (_, main_env), (_, oldest_env) = pytest_runs(calls)
-    assert main_env.startswith(f"CALL ENV CI=true COMFYUI_PATH={chosen} ")
-    assert oldest_env.startswith(f"VENV ENV CI=true COMFYUI_PATH={old} ")
+    envs = [e for _, e in pytest_runs(calls)]
+    assert [e.split(" COMFYUI_PATH=")[1] for e in envs] == [
+        f"{p} COMFYUI_GGUF_PATH={gguf}" for p in (chosen, middle, oldest)
+    ]
 
-    # only the v0.3.64 tree next to the checkout: it is the main ComfyUI, and there is nothing older
-    shutil.rmtree(new)
+    # the checkout lives in ComfyUI/custom_nodes/<pack>: that ComfyUI is the newest; the older ones and GGUF
+    # come from the trees; ComfyUI's own custom_nodes/ComfyUI-GGUF comes before the tree's
+    comfy = fake_comfyui(tmp / "work", NEW_REQUIREMENTS, "0.33.0")
+    own_gguf = fake_gguf_pack(comfy / "custom_nodes" / "ComfyUI-GGUF")
     r, calls = run_ci(sandbox)
     assert r.returncode == 0, r.stderr
-    [(main, main_env)] = pytest_runs(calls)
-    assert main == f"CALL {MAIN_RUN}" and main_env.startswith(f"CALL ENV CI=true COMFYUI_PATH={old} ")
+    envs = [e for _, e in pytest_runs(calls)]
+    assert [e.split(" COMFYUI_PATH=")[1] for e in envs] == [
+        f"{p} COMFYUI_GGUF_PATH={own_gguf}" for p in (comfy, t["middle"], t["old"])
+    ]
 
-    # no env, no shared/: the checkout lives in ComfyUI/custom_nodes/<pack>; the oldest comes from
-    # COMFYUI_OLDEST_PATH, its environment from COMFYUI_OLDEST_VENV
-    comfy = fake_comfyui(tmp / "work", NEW_REQUIREMENTS, "0.27.0")
-    oldest = fake_comfyui(tmp / "old" / "ComfyUI")
-    shutil.rmtree(tmp / "work" / "shared")
-    venv = tmp / "venv-oldest"
-    r, calls = run_ci(sandbox, COMFYUI_OLDEST_PATH=str(oldest), COMFYUI_OLDEST_VENV=str(venv))
+    # that ComfyUI is v0.27 itself: it runs once, as the main run; the oldest still runs
+    r, calls = run_ci(sandbox, COMFYUI_V027_PATH=str(comfy))
     assert r.returncode == 0, r.stderr
-    (_, main_env), (_, oldest_env) = pytest_runs(calls)
-    assert main_env.startswith(f"CALL ENV CI=true COMFYUI_PATH={comfy} ")
-    assert oldest_env.startswith(f"VENV ENV CI=true COMFYUI_PATH={oldest} ")
-    assert f"CALL -m venv --system-site-packages --without-pip {venv}" in calls
+    assert [c for c, _ in pytest_runs(calls)] == [f"CALL {MAIN_RUN}", f"{OLDEST_VENV_TAG} {OLDEST_RUN}"]
 
 
-def test_no_oldest_comfyui_stops_before_the_tests(sandbox):
+@pytest.mark.parametrize("missing", ["new", "middle", "old", "gguf"])
+def test_a_missing_tree_stops_before_the_tests_and_names_lay_out_sh(sandbox, missing):
     tmp, _, _ = sandbox
-    fake_shared(tmp, old=False)
+    fake_trees(tmp / "trees", **{missing: False})
     r, calls = run_ci(sandbox)
     assert r.returncode == 1
-    assert "the oldest supported ComfyUI (v0.3.64) not found" in r.stderr
+    assert "not found" in r.stderr and "lay-out.sh" in r.stderr and "fails the" in r.stderr
     assert not pytest_runs(calls)
 
 
-def test_no_comfyui_stops_before_the_tests(sandbox):
-    if Path("/opt/ComfyUI/main.py").is_file():
-        pytest.skip("this machine has /opt/ComfyUI, which .ci/run would use")
-    r, calls = run_ci(sandbox, COMFYUI_PATH="/nonexistent")
-    assert r.returncode == 1
-    assert "ComfyUI not found" in r.stderr and "fails the run" in r.stderr
-    assert not pytest_runs(calls)
+def test_a_missing_tree_is_laid_out_from_the_mirrors_first(sandbox):
+    """With lay-out.sh beside the checkout (../shared/comfyui/), a missing tree is laid out, once, then found."""
+    tmp, _, _ = sandbox
+    trees = tmp / "trees"
+    fake_trees(trees, old=False)
+    script = tmp / "work" / "shared" / "comfyui" / "lay-out.sh"
+    script.parent.mkdir(parents=True)
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "LAY $*" >> "$(dirname "$0")/lay.log"\n'
+        'mkdir -p "$2/v0.3.64/comfy"; touch "$2/v0.3.64/comfy/model_patcher.py" "$2/v0.3.64/main.py"\n'
+        'printf "torchsde\\n" > "$2/v0.3.64/requirements.txt"\n'
+    )
+    r, calls = run_ci(sandbox, COMFYUI_MIRRORS=str(tmp / "mirrors"))
+    assert r.returncode == 0, r.stderr
+    assert (script.parent / "lay.log").read_text().splitlines() == [f"LAY {tmp / 'mirrors'} {trees}"]
+    assert len(pytest_runs(calls)) == 3

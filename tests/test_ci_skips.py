@@ -208,3 +208,57 @@ def test_core_ar_tests_run_where_comfyui_has_the_ar_path_and_may_not_skip_under_
     result = run(pytester, monkeypatch, "true", {"test_a.py": skipping})
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["SKIPPED test_a.py::test_on_core_ar_path: no AR path"])
+
+
+HUNYUAN15_TESTS = """
+import pytest
+
+@pytest.mark.hunyuan15
+def test_on_hunyuan15():
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+def fake_comfyui_hunyuan(path, hunyuan15: bool):
+    fake_comfyui(path, core_ar=False)
+    body = "class HunyuanVideo(BASE):\n    pass\n" + (
+        "class HunyuanVideo15(HunyuanVideo):\n    pass\n" if hunyuan15 else ""
+    )
+    (path / "comfy" / "supported_models.py").write_text(body)
+    return path
+
+
+def test_a_hunyuan15_test_against_comfyui_without_hunyuanvideo_15_stops_the_run(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("COMFYUI_PATH", str(fake_comfyui_hunyuan(tmp_path / "ComfyUI-old", hunyuan15=False)))
+    result = run(pytester, monkeypatch, "true", {"test_a.py": HUNYUAN15_TESTS})
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.assert_outcomes()
+    result.stderr.fnmatch_lines(
+        [
+            "*1 selected test(s) are marked hunyuan15*HunyuanVideo 1.5*ComfyUI-old*class HunyuanVideo15*",
+            "*test_a.py::test_on_hunyuan15*",
+        ]
+    )
+
+
+def test_deselecting_hunyuan15_runs_the_rest_and_it_runs_where_comfyui_has_it(pytester, monkeypatch, tmp_path):
+    monkeypatch.setenv("COMFYUI_PATH", str(fake_comfyui_hunyuan(tmp_path / "ComfyUI-old", hunyuan15=False)))
+    monkeypatch.setenv("CI", "true")
+    pytester.makeini(MARKERS)
+    (pytester.path / "test_a.py").write_text(HUNYUAN15_TESTS)
+    result = pytester.runpytest_inprocess(
+        "-p",
+        "support.ci_skips",
+        "-m",
+        "not core_ar and not hunyuan15",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+    )
+    result.assert_outcomes(passed=1, deselected=1)
+    monkeypatch.setenv("COMFYUI_PATH", str(fake_comfyui_hunyuan(tmp_path / "ComfyUI-new", hunyuan15=True)))
+    result = run(pytester, monkeypatch, "true", {"test_a.py": HUNYUAN15_TESTS})
+    result.assert_outcomes(passed=2)
+    assert result.ret == pytest.ExitCode.OK

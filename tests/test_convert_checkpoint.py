@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -347,6 +348,90 @@ def test_a_safetensors_input_is_copied_byte_for_byte_with_the_flag(tmp_path, cap
     text = capsys.readouterr().out
     assert "tensors copied unchanged" in text and "ComfyUI detection: skipped" in text
     assert sorted(p.name for p in out.parent.iterdir()) == ["tiny-causal.safetensors"]
+
+
+def _rewrite_header(src, dst, edit, data_edit=None):
+    """``src`` written to ``dst`` with its JSON header changed by ``edit(header)`` (and its data by ``data_edit``)."""
+    header, start = cc.read_safetensors_header(src)
+    raw = src.read_bytes()
+    edit(header)
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    data = raw[start:] if data_edit is None else data_edit(raw[start:])
+    dst.write_bytes(len(blob).to_bytes(8, "little") + blob + data)
+
+
+def _shift_after(header, name, by):
+    """Every tensor stored after ``name`` starts ``by`` bytes later (a gap or an overlap before them)."""
+    begin = header[name]["data_offsets"][0]
+    for k, info in header.items():
+        if k != "__metadata__" and info["data_offsets"][0] > begin:
+            info["data_offsets"] = [o + by for o in info["data_offsets"]]
+
+
+#: (field of a safetensors input, the edit of its header (and data), the error it must meet)
+HEADER_PLANTS = [
+    (
+        "data_offsets span",
+        lambda h: h["head.modulation"]["data_offsets"].__setitem__(1, h["head.modulation"]["data_offsets"][1] - 4),
+        None,
+        r"head.modulation: a F16 tensor of shape \[1, 2, 8\] needs 32 bytes, but its data_offsets .* span 28",
+    ),
+    (
+        "dtype against the bytes",
+        lambda h: h["head.modulation"].update(dtype="F32"),
+        None,
+        r"head.modulation: a F32 tensor of shape \[1, 2, 8\] needs 64 bytes, but its data_offsets .* span 32",
+    ),
+    (
+        "shape against the bytes",
+        lambda h: h["head.modulation"].update(shape=[1, 2, 4]),
+        None,
+        r"head.modulation: a F16 tensor of shape \[1, 2, 4\] needs 16 bytes",
+    ),
+    (
+        "offsets of the next tensor (a gap)",
+        lambda h: _shift_after(h, "head.modulation", 2),
+        lambda d: d + b"\0\0",
+        r"its data starts at byte \d+ of the data, but the tensor before it ends at \d+",
+    ),
+    (
+        "the file's length (trailing bytes)",
+        lambda h: None,
+        lambda d: d + b"\0" * 8,
+        r"the tensors' data end at byte \d+, but the file has \d+ bytes: it is longer than its header says",
+    ),
+    (
+        "the file's length (truncated)",
+        lambda h: None,
+        lambda d: d[:-8],
+        r"the tensors' data end at byte \d+, but the file has \d+ bytes: it is truncated",
+    ),
+    (
+        "the recorded dtype",
+        lambda h: h.update(
+            __metadata__={"converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py", "dtype": "bf16"}
+        ),
+        None,
+        r"is float16, but the file's metadata records dtype bf16 for every floating tensor",
+    ),
+]
+
+
+@pytest.mark.parametrize("field,edit,data_edit,match", HEADER_PLANTS, ids=[p[0] for p in HEADER_PLANTS])
+def test_a_header_field_that_disagrees_with_the_others_is_refused(tmp_path, capsys, field, edit, data_edit, match):
+    """Readers take nothing on trust: a safetensors input's dtype, shape and data_offsets of every tensor, their
+    extents against one another and the file's length, and the dtype this tool recorded, each planted wrong alone;
+    nothing is written."""
+    src, bad, out = tmp_path / "in.safetensors", tmp_path / "bad.safetensors", tmp_path / "out.safetensors"
+    _safetensors_wan(src)
+    assert cc.main([str(src), str(tmp_path / "control.safetensors"), "--causal"]) == 0  # the control converts
+    capsys.readouterr()
+    _rewrite_header(src, bad, edit, data_edit)
+    assert cc.main([str(bad), str(out), "--causal"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err), err
+    assert not out.exists()
 
 
 def test_a_safetensors_input_needs_causal_and_takes_no_key_or_dtype(tmp_path, capsys):

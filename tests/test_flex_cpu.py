@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from support.gqa_reference import reference_attention
 
 from jensen_core import CacheEntry, QuantSpec, cached_attention, jensen_bias, quantize
 from jensen_core import correction_layouts as layouts
@@ -98,6 +99,27 @@ def test_flex_on_the_cpu_corrects_qvg_residuals(rotation, choose_flex):
     layouts.set_layout_preference("pad")  # the same attention through the padded layout
     torch.testing.assert_close(cached_attention(q, kc, vc, entries, "taylor", 1.0), out, rtol=1e-5, atol=1e-5)
     assert len(choose_flex) == 1 + len(entries)
+
+
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+def test_flex_on_the_cpu_with_grouped_query_attention_and_context_tokens(rotation, choose_flex):
+    """10 query heads over 2 K/V heads, one query each: folded into their K/V head's rows, the kernel sees the check's
+    shape (2 heads x 5 query rows), so nothing compiles again. Context tokens join the merge uncorrected."""
+    gen = torch.Generator().manual_seed(6)
+    spec = QuantSpec(bits=2, group_size=32, rotation=rotation, seed=3)
+    entries = [
+        CacheEntry(
+            quantize(torch.randn(B, H, T, D, generator=gen) * 2, spec),
+            quantize(torch.randn(B, H, T, D, generator=gen), spec),
+        )
+        for _ in range(2)
+    ]
+    q = torch.randn(B, 5 * H, M // 5, D, generator=gen) * 2
+    kc, vc, kx, vx = (torch.randn(B, H, n, D, generator=gen) for n in (7, 7, 4, 4))
+    out = cached_attention(q, kc, vc, entries, "taylor", 0.9, k_ctx=kx, v_ctx=vx)
+    ref = reference_attention(q, kc, vc, entries, "taylor", 0.9, kx, vx)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=2e-5)
+    assert choose_flex == [torch.float32] * (1 + len(entries))
 
 
 def test_flex_on_the_cpu_in_bfloat16(choose_flex):

@@ -1,6 +1,9 @@
 """The house rules: which room may import which (docs/design.md, "The rooms, and which way imports go").
 
     jensen_core/      pure torch             -> imports no ComfyUI module and nothing else of the pack
+    worldplay/        pure torch (HY-WorldPlay's parts) -> imports no ComfyUI module; of the pack, jensen_core only
+    magi1/            pure torch (MAGI-1)    -> imports no ComfyUI module and no room but jensen_core (absolutely,
+                                                so it imports both as a top-level package and inside the pack)
     runtime/          runs during sampling   -> may import jensen_core and ComfyUI, never nodes/ or routes/
     runtime/core_ar/  core's AR sampler path -> may import runtime/ and jensen_core; nothing else in runtime/
                                                 imports it
@@ -82,7 +85,31 @@ def violations(room: str, forbidden_pack_rooms: set[str], allow_comfy: bool) -> 
 
 
 def test_jensen_core_imports_no_comfyui_and_no_other_room():
-    assert violations("jensen_core", {"nodes", "runtime", "web", "tools"}, allow_comfy=False) == []
+    assert (
+        violations("jensen_core", {"nodes", "runtime", "web", "tools", "worldplay", "magi1"}, allow_comfy=False) == []
+    )
+
+
+def test_worldplay_imports_no_comfyui_and_no_room_but_jensen_core():
+    assert violations("worldplay", {"nodes", "runtime", "routes", "web", "tools"}, allow_comfy=False) == []
+
+
+def test_magi1_imports_no_comfyui_and_no_other_room():
+    assert (
+        violations("magi1", {"nodes", "runtime", "routes", "web", "tools", "jensen_testing"}, allow_comfy=False) == []
+    )
+
+
+def test_magi1_imports_nothing_relative_above_itself():
+    """magi1 is imported as ``magi1`` (tests, tools) and as ``<pack>.magi1`` (ComfyUI): a ``from ..x`` import
+    would break the first."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _py_files("magi1")
+        for line, _module, level in _imports(path)
+        if level > 1
+    ]
+    assert found == []
 
 
 def test_runtime_never_imports_a_node_module():
@@ -130,14 +157,37 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     ]
 
 
-@pytest.mark.parametrize("room", ["jensen_core", "runtime", "runtime/core_ar", "runtime/families", "nodes", "routes"])
+@pytest.mark.parametrize(
+    "room",
+    [
+        "jensen_core",
+        "runtime",
+        "runtime/core_ar",
+        "runtime/families",
+        "runtime/families/worldplay",
+        "nodes",
+        "routes",
+        "worldplay",
+        "magi1",
+        "runtime/families/magi1",
+    ],
+)
 def test_rooms_exist_as_packages(room):
     assert (ROOT / room / "__init__.py").is_file()
 
 
-def test_importing_jensen_core_loads_no_comfyui_module():
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "jensen_core, jensen_core.planner, jensen_core.toy_video, jensen_core.demo",
+        "worldplay.prope, worldplay.trajectory, worldplay.context, worldplay.condition, worldplay.attention, "
+        "worldplay.keys",
+        "magi1.dit, magi1.sampler, magi1.vae, magi1.checkpoint, magi1.caption",
+    ],
+)
+def test_importing_the_pure_rooms_loads_no_comfyui_module(imports):
     code = (
-        "import sys, jensen_core, jensen_core.planner, jensen_core.toy_video, jensen_core.demo\n"
+        f"import sys, {imports}\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(COMFY_MODULES)!r})\n"
         "print(bad)\nsys.exit(1 if bad else 0)"
     )
@@ -159,7 +209,7 @@ def test_node_modules_are_one_node_each():
 
 
 # --------------------------------------------------------------------------------------- no import pairs
-PACK_ROOMS = ("jensen_core", "runtime", "routes", "nodes")
+PACK_ROOMS = ("jensen_core", "worldplay", "magi1", "runtime", "routes", "nodes")
 
 
 def _module_name(path: Path) -> str:

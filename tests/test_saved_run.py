@@ -854,3 +854,50 @@ def test_save_never_writes_through_a_symlink_planted_under_the_old_temporary_nam
     assert outside.read_bytes() == b"keep"
     assert target.is_file() and not target.is_symlink()
     assert sorted(p.name for p in target.parent.iterdir()) == sorted([target.name, f"{target.name}.tmp-{os.getpid()}"])
+
+
+# ------------------------------------------------------------------------------ grouped-query attention
+def test_a_gqa_state_records_its_kv_heads_and_loads_back(tmp_path):
+    """2 query heads over 1 K/V head: the caches hold the K/V head, the fingerprint says so, and a run of the same
+    model continues it; a model with as many K/V heads as query heads is another model."""
+    state = make_state(heads_of=lambda layer, b, c: 1)
+    state.fingerprint = {**state.fingerprint, "kv_heads": 1}
+    path = str(tmp_path / "gqa.safetensors")
+    state.save(path)
+    back = rs.load_saved_run(path)
+    assert back.fingerprint["kv_heads"] == 1 and back.nbytes == state.nbytes
+    back.check_compatible(**_as_saved(state))
+    mha = {k: v for k, v in state.fingerprint.items() if k != "kv_heads"}
+    with pytest.raises(ValueError, match="a model whose kv_heads is 1, but this run has 2"):
+        back.check_compatible(**{**_as_saved(state), "fingerprint": mha})
+
+
+def test_a_state_without_kv_heads_reads_as_as_many_kv_heads_as_heads(tmp_path):
+    """Files written before GQA (and by models without it) record no kv_heads: they read as kv_heads == heads."""
+    state = make_state()
+    path = str(tmp_path / "mha.safetensors")
+    state.save(path)
+    assert "kv_heads" not in json.loads(read_file(path)[0]["state"])["fingerprint"]
+    back = rs.load_saved_run(path)
+    back.check_compatible(**{**_as_saved(state), "fingerprint": {**state.fingerprint, "kv_heads": HEADS}})
+    with pytest.raises(ValueError, match="a model whose kv_heads is 2, but this run has 1"):
+        back.check_compatible(**{**_as_saved(state), "fingerprint": {**state.fingerprint, "kv_heads": 1}})
+
+
+def test_caches_of_the_query_heads_under_a_gqa_fingerprint_are_refused(tmp_path):
+    state = make_state()  # caches of 2 heads
+    state.fingerprint = {**state.fingerprint, "kv_heads": 1}
+    path = str(tmp_path / "wrong.safetensors")
+    state.save(path)
+    refused(path, r"cache of layer 0, branch 0 holds \(batch, heads, head_dim\) = \(1, 2, 32\), not \(1, 1, 32\)")
+
+
+@pytest.mark.parametrize(
+    "kv_heads,match",
+    [(3, r"fingerprint kv_heads=3 must divide heads=2"), (0, r"fingerprint kv_heads=0 must be a whole number")],
+)
+def test_kv_heads_that_do_not_fit_the_heads_are_refused(tmp_path, kv_heads, match):
+    def edit(st, tensors):
+        st["fingerprint"]["kv_heads"] = kv_heads
+
+    refused(craft(tmp_path, edit), match)

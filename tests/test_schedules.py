@@ -114,3 +114,20 @@ def test_causal_forcing_framewise_schedules_in_words():
     )
     assert sched.describe(sched.ar_sigmas("causal_forcing_framewise_1step")) == "1 step; the model sees t = 1000"
     assert all(sched.first_chunk_sigmas(p) is None for p in ("self_forcing_4step", "causvid_3step", "manual"))
+
+
+def test_worldplay_is_its_schedulers_4_steps_at_shift_5():
+    """HY-WorldPlay's FlowMatchDiscreteScheduler(shift=5).set_timesteps(4): linspace(1, 0, 5) warped with shift 5
+    (the same values as the reference's AR rollout's scheduler in tests/data/worldplay/ar_rollout.safetensors)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    base = torch.linspace(1, 0, 5, dtype=torch.float64)
+    expected = 5 * base / (1 + 4 * base)
+    got = sched.ar_sigmas("worldplay_4step")
+    torch.testing.assert_close(got.double(), expected, atol=1e-7, rtol=0)
+    ref = load_file(Path(__file__).parent / "data" / "worldplay" / "ar_rollout.safetensors")
+    torch.testing.assert_close(got, ref["sigmas"], atol=1e-7, rtol=0)
+    assert "worldplay_4step" in sched.PRESETS and "shift 5" in sched.PRESET_HELP["worldplay_4step"]
+    assert sched.describe(got) == "4 steps; the model sees t = 1000, 937.5, 833.3, 625"

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.ci_skips import ci_enabled
+from support.gqa_reference import reference_attention
 
 from jensen_core import CacheEntry, QuantSpec, cached_attention, jensen_bias, quantize
 from jensen_core import attention as attention_mod
@@ -273,6 +274,32 @@ def test_attention_through_the_triton_layout(rotation, monkeypatch):
     out = cached_attention(q, kc, vc, entries, "taylor", 0.8)
     assert len(calls) == len(entries)
     torch.testing.assert_close(out.double(), _window_reference(entries, q, kc, vc, 0.8), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rotation", ["none", "hadamard"])
+@pytest.mark.parametrize("Hq,Hkv,D", [(4, 2, 64), (6, 2, 128)])
+def test_gqa_and_context_tokens_through_the_triton_layout(Hq, Hkv, D, rotation, monkeypatch):
+    """Grouped-query attention: the kernel reads each K/V head's packed codes once for the query rows of its whole
+    group (the query heads folded into rows); context tokens join the merge uncorrected. Against float64."""
+    gen = torch.Generator().manual_seed(2)
+    spec = QuantSpec(bits=2, group_size=32, rotation=rotation, seed=4)
+    entries = [
+        CacheEntry(
+            quantize(torch.randn(1, Hkv, 20, D, generator=gen) * 2, spec),
+            quantize(torch.randn(1, Hkv, 20, D, generator=gen), spec),
+        )
+        for _ in range(2)
+    ]
+    q = torch.randn(1, Hq, 6, D, generator=gen) * 2
+    kc, vc, kx, vx = (torch.randn(1, Hkv, n, D, generator=gen) for n in (5, 5, 7, 7))
+    calls = []
+    real = attention_mod.triton_attend_chunk
+    monkeypatch.setattr(attention_mod, "triton_attend_chunk", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    monkeypatch.setattr(attention_mod, "taylor_layout", lambda *a, **k: Layout("triton", D))
+    out = cached_attention(q, kc, vc, entries, "taylor", 0.8, k_ctx=kx, v_ctx=vx)
+    assert calls == [(1, Hkv, 6 * Hq // Hkv, D)] * len(entries)
+    ref = reference_attention(q, kc, vc, entries, "taylor", 0.8, kx, vx)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_krea_offsets_through_the_triton_layout(monkeypatch):

@@ -61,6 +61,19 @@ stripped the same way (:func:`check_prefixes` names them first): only the header
 the tensor bytes are copied unchanged, and ``--causal`` is optional. A prefix that is no known wrapper is
 refused with a listing of every prefix found.
 
+``--magi1 FOLDER_OR_FILE`` turns Sand AI's MAGI-1 DiT (``ckpt/magi/<model>/inference_weight[.distill]/``: a
+``model.safetensors.index.json`` and its shards, or one ``model.safetensors``) into one file for
+``models/diffusion_models`` (Load MAGI-1 Model), and ``--magi1-vae FOLDER`` the VAE folder (``ckpt/vae``:
+``config.json`` + ``diffusion_pytorch_model.safetensors``) into one file for ``models/vae`` (Load MAGI-1 VAE).
+Both go through :mod:`magi1.checkpoint` first (headers only: the index's shard names must be plain files of
+the folder, every tensor the index names must be in its shard, no tensor twice, a complete model of exact
+shapes; ``.zst`` shards and the ``distill_quant`` fp8 weights are refused with the way on), then copy every
+tensor's bytes unchanged into one file (streamed, never loaded whole), with the architecture in the metadata
+(``magi1_config`` / ``magi1_vae_config``), written atomically and at most the inputs' size plus 1 MiB.
+``--special-tokens special_tokens.npz`` (``example/assets/`` of the MAGI-1 repository) adds the caption's
+special tokens as ``special_tokens.<NAME>`` (float16, as the reference uses them); ``--variant`` and
+``--config`` (the reference's ``example/*/*_config.json``) say base or distill and the input scale.
+
 ``convert()`` is the pure part (no ComfyUI needed); ``main(argv)`` is the command line.
 """
 
@@ -791,6 +804,68 @@ def meta_state_dict(header: dict) -> dict[str, torch.Tensor]:
     return sd
 
 
+def check_extents(header: dict, data_start: int, file_size: int) -> None:
+    """A safetensors header's fields against one another: each tensor's ``data_offsets`` span exactly its dtype x
+    shape, and the spans follow one another from the start of the data to the end of the file (what the
+    safetensors library itself writes). A header that says otherwise would be copied into a file ComfyUI cannot
+    load, or loads as other tensors. Run after :func:`meta_state_dict` (which checks each dtype and shape)."""
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets")
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and 0 <= o for o in offsets)
+        ):
+            raise ConversionError(f"{name}: the safetensors data_offsets {str(offsets)[:100]} are not two byte offsets")
+        need = math.prod(info["shape"]) * torch.empty((), dtype=_ST_DTYPES[info["dtype"]]).element_size()
+        if offsets[1] - offsets[0] != need:
+            raise ConversionError(
+                f"{name}: a {info['dtype']} tensor of shape {info['shape']} needs {need} bytes, but its data_offsets "
+                f"{offsets} span {offsets[1] - offsets[0]}: the file is damaged (download or save it again)"
+            )
+        spans.append((offsets[0], offsets[1], name))
+    pos = 0
+    for begin, end, name in sorted(spans):
+        if begin != pos:
+            raise ConversionError(
+                f"{name}: its data starts at byte {begin} of the data, but the tensor before it ends at {pos}: the "
+                "tensors' data overlap or leave a gap: the file is damaged (download or save it again)"
+            )
+        pos = end
+    if data_start + pos != file_size:
+        raise ConversionError(
+            f"the tensors' data end at byte {data_start + pos}, but the file has {file_size} bytes: it is "
+            f"{'truncated' if data_start + pos > file_size else 'longer than its header says'} (download or save it "
+            "again)"
+        )
+
+
+def check_recorded_dtype(header: dict) -> None:
+    """A file this tool converted records its ``dtype``: every floating tensor must be of it (a file whose tensors
+    were cast afterwards carries a record that lies, and copying it would pass the lie on)."""
+    meta = header.get("__metadata__") or {}
+    if not str(meta.get("converted_by", "")).startswith("comfyui-jensen-kv") or "dtype" not in meta:
+        return
+    want = DTYPES.get(meta["dtype"])
+    if want is None:
+        raise ConversionError(
+            f"the metadata records dtype {str(meta['dtype'])[:40]!r}; this tool writes {', '.join(DTYPES)}"
+        )
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _ST_DTYPES[info["dtype"]]
+        if dtype.is_floating_point and dtype != want:
+            raise ConversionError(
+                f"{name} is {str(dtype).removeprefix('torch.')}, but the file's metadata records dtype "
+                f"{meta['dtype']} for every floating tensor: the file was changed after conversion; convert the "
+                "original checkpoint again"
+            )
+
+
 def _write_atomic(out: Path, write) -> None:
     """``write(tmp_path)`` to a temporary file next to ``out``, fsynced and renamed onto it once complete."""
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -957,6 +1032,36 @@ def _parser() -> argparse.ArgumentParser:
         metavar="A",
         help="the LoRA's alpha (default: r, read from lora_A's rows, as LongLive's config has it: rank 256, alpha 256)",
     )
+    p.add_argument(
+        "--magi1",
+        action="store_true",
+        help="INPUT is Sand AI's MAGI-1 DiT (a folder with model.safetensors.index.json and shards, or one "
+        "model.safetensors): write it as one file for Load MAGI-1 Model (tensor bytes unchanged)",
+    )
+    p.add_argument(
+        "--magi1-vae",
+        action="store_true",
+        help="INPUT is MAGI-1's VAE folder (config.json + diffusion_pytorch_model.safetensors): write one file for "
+        "Load MAGI-1 VAE",
+    )
+    p.add_argument(
+        "--variant",
+        choices=("auto", "base", "distill"),
+        default="auto",
+        help="--magi1: base or distill (auto: 'distill' in the folder's name, as Sand AI names them, else base)",
+    )
+    p.add_argument(
+        "--special-tokens",
+        metavar="NPZ",
+        help="--magi1: MAGI-1's example/assets/special_tokens.npz, stored in the file as special_tokens.<NAME> "
+        "(the HQ / DURATION caption tokens the sampler puts in front of the prompt)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="JSON",
+        help="--magi1: the reference's example/*/*_config.json (its model_config and engine_config.distill "
+        "are checked against the weights and stored)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     return p
 
@@ -979,7 +1084,7 @@ def _copy_safetensors(args, src: Path, out: Path) -> int:
             "--key and --dtype apply to .pt checkpoints, as do --lora and --lora-alpha; a .safetensors input is "
             "copied as it is"
         )
-    header, _ = read_safetensors_header(src)
+    header, data_start = read_safetensors_header(src)
     names = [k for k in header if k != "__metadata__"]
     prefixes = [p for p in check_prefixes(names) if p]
     if not args.causal and not prefixes:
@@ -991,6 +1096,8 @@ def _copy_safetensors(args, src: Path, out: Path) -> int:
         sd = strip_wrappers(meta_state_dict(header))
     except ConversionError as e:
         raise ConversionError(f"{e} (prefixes found: {', '.join(prefixes)})") from None
+    check_extents(header, data_start, src.stat().st_size)
+    check_recorded_dtype(header)
     info = check_wan_t2v(sd)
     metadata = dict(header.get("__metadata__") or {})
     if prefixes:
@@ -1023,6 +1130,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ConversionError("the output would replace the input")
         if out.exists() and not args.overwrite:
             raise ConversionError(f"{out} exists; pass --overwrite to replace it")
+        if args.magi1 or args.magi1_vae:
+            return convert_magi1(args, src, out)
+        if args.variant != "auto" or args.special_tokens or args.config:
+            raise ConversionError("--variant, --special-tokens and --config apply to --magi1")
         if src.suffix.lower() in SAFETENSORS_SUFFIXES:
             return _copy_safetensors(args, src, out)
         dtype = args.dtype or "bf16"
@@ -1072,6 +1183,148 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"model: {info}")
     print(f"ComfyUI detection: {detection}")
+    return 0
+
+
+# ----------------------------------------------------------------------------- MAGI-1 (Sand AI's folders)
+def _magi1_modules():
+    """The pack's ``magi1`` package (the pack root appended to ``sys.path``: tools/ is no package)."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.append(root)
+    import magi1.caption
+    import magi1.checkpoint
+    import magi1.config
+    import magi1.vae
+
+    return magi1
+
+
+def _special_token_tensors(path: Path) -> dict[str, torch.Tensor]:
+    import numpy as np
+
+    m = _magi1_modules()
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise ConversionError(f"--special-tokens {path}: not a readable .npz without pickles ({e})") from None
+    try:
+        tokens = m.caption.special_tokens_from_arrays(arrays)
+    except ValueError as e:
+        raise ConversionError(f"--special-tokens {path}: {e}") from None
+    return {m.caption.PREFIX + k: v.half() for k, v in tokens.items()}
+
+
+def merge_safetensors(
+    sources: dict[str, tuple[Path, dict, int]], extra: dict[str, torch.Tensor], out: Path, metadata: dict[str, str]
+) -> None:
+    """One safetensors file of ``sources`` (name -> (file, its header entry, its data start)), their bytes copied
+    unchanged and streamed, plus the ``extra`` tensors, written atomically."""
+    names = sorted({*sources, *extra})
+    header: dict = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}}
+    blobs: dict[str, bytes] = {}
+    offset = 0
+    inv = {v: k for k, v in _ST_DTYPES.items()}
+    for n in names:
+        if n in extra:
+            t = extra[n].detach().cpu().contiguous()
+            blobs[n] = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            size, dtype, shape = len(blobs[n]), inv[t.dtype], list(t.shape)
+        else:
+            _, info, _ = sources[n]
+            a, b = info["data_offsets"]
+            size, dtype, shape = b - a, info["dtype"], info["shape"]
+        header[n] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)
+
+    def write(tmp):
+        handles: dict[Path, object] = {}
+        try:
+            with open(tmp, "wb") as fout:
+                fout.write(struct.pack("<Q", len(blob)))
+                fout.write(blob)
+                for n in names:
+                    if n in blobs:
+                        fout.write(blobs[n])
+                        continue
+                    path, info, start = sources[n]
+                    f = handles.get(path) or handles.setdefault(path, open(path, "rb"))
+                    a, b = info["data_offsets"]
+                    f.seek(start + a)
+                    left = b - a
+                    while left:
+                        chunk = f.read(min(left, 16 << 20))
+                        if not chunk:
+                            raise ConversionError(f"{path} ended inside {n}")
+                        fout.write(chunk)
+                        left -= len(chunk)
+        finally:
+            for f in handles.values():
+                f.close()
+
+    _write_atomic(out, write)
+
+
+def convert_magi1(args, src: Path, out: Path) -> int:
+    """--magi1 / --magi1-vae: Sand AI's folder (or file) -> one checked safetensors file, bytes unchanged."""
+    if args.magi1 and args.magi1_vae:
+        raise ConversionError("--magi1 and --magi1-vae: pick one (the DiT or the VAE)")
+    for flag in ("key", "dtype", "lora", "lora_alpha"):
+        if getattr(args, flag) is not None:
+            raise ConversionError(
+                f"--{flag.replace('_', '-')} does not apply to MAGI-1 (its tensors are copied as they are)"
+            )
+    if args.causal:
+        raise ConversionError("--causal is for Wan files; MAGI-1 has its own loader (Load MAGI-1 Model)")
+    m = _magi1_modules()
+    ck = m.checkpoint
+    try:
+        if args.magi1:
+            info = ck.inspect_dit(src, args.variant)
+            config = info.config
+            if args.config:
+                try:
+                    ref = m.config.MagiConfig.from_reference_json(json.loads(Path(args.config).read_text()))
+                except (OSError, ValueError) as e:
+                    raise ConversionError(f"--config {args.config}: {e}") from None
+                if args.variant != "auto" and ref.distill != config.distill:
+                    raise ConversionError(f"--config says distill={ref.distill}, --variant says {args.variant}")
+                if m.config.expected_shapes(ref) != m.config.expected_shapes(config):
+                    raise ConversionError(f"--config {args.config} describes another architecture than the weights")
+                config = ref
+            files, names = info.files, sorted(m.config.expected_shapes(config))
+            metadata = {ck.META_CONFIG: config.to_json()}
+            extra = _special_token_tensors(Path(args.special_tokens)) if args.special_tokens else {}
+            kept = [k for k in info.special_tokens if k not in extra]
+            names += kept
+            what = f"MAGI-1 DiT ({config.num_layers} layers, hidden {config.hidden_size}, {config.num_attention_heads} query / {config.num_query_groups} K/V heads, {'distill' if config.distill else 'base'})"
+        else:
+            if args.variant != "auto" or args.special_tokens or args.config:
+                raise ConversionError("--variant, --special-tokens and --config apply to --magi1")
+            info = ck.inspect_vae(src)
+            files, names = info.files, sorted(info.files.where)
+            metadata = {ck.META_VAE_CONFIG: json.dumps(info.config.to_dict(), sort_keys=True)}
+            extra = {}
+            what = f"MAGI-1 VAE ({info.config.depth} decoder blocks, embed {info.config.embed_dim})"
+    except ck.CheckpointError as e:
+        raise ConversionError(str(e)) from None
+    headers = {p: ck.read_header(p) for p in files.files}
+    sources = {n: (files.where[n], headers[files.where[n]][0][n], headers[files.where[n]][1]) for n in names}
+    size = sum(b - a for _, inf, _ in sources.values() for a, b in [inf["data_offsets"]])
+    if size > files.nbytes() + OUTPUT_SLACK:
+        raise ConversionError(f"the output would be {size} bytes, more than the inputs' {files.nbytes()}")
+    metadata.update(
+        {"format": "pt", "converted_from": src.name, "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py"}
+    )
+    merge_safetensors(sources, extra, out, metadata)
+    shown = f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"
+    print(
+        f"wrote {out}: {len(sources) + len(extra)} tensors, {shown}, bytes unchanged from {len(files.files)} file(s) of {src}"
+    )
+    print(f"model: {what}" + (f"; {len(extra)} special tokens from {args.special_tokens}" if extra else ""))
     return 0
 
 

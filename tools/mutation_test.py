@@ -13,9 +13,10 @@ file is put back. A mutant is *killed* when those tests fail, *survives* when th
 mutant, the same tests run on the unmutated copy and must pass; a mutant whose text is not found,
 or whose edit does not compile, is an error of this script (stale after a refactor), not a kill.
 
-Not run in CI: about 12 minutes on 2 idle cores (63 mutants, 5 to 30 s each). Tests that need
-ComfyUI find it as the suite does (``COMFYUI_PATH``, then ``../shared/``); the copy is given the path
-this checkout resolves.
+Not run in CI: about 12 minutes on 2 idle cores for the 63 mutants before the X table (5 to 30 s each), and
+about 25 minutes for the 27 X mutants where features cross (the combination matrix's tests, ~10 minutes of
+baseline). Tests that need ComfyUI find it as the suite does (``COMFYUI_PATH``, then
+``../shared/``); the copy is given the path this checkout resolves.
 """
 
 from __future__ import annotations
@@ -67,6 +68,21 @@ T_FAM = (
     "tests/integration/test_reference_fidelity.py::test_a_model_missing_norm_k_only_in_its_last_block_is_refused_before_the_run "
     "tests/integration/test_reference_fidelity.py::test_a_t2v_subclass_with_its_own_forward_orig_is_refused"
 )
+
+# where features cross (issue 29): the areas' own tests, and the combination matrix written for them
+T_TIERS = "tests/test_tiers.py tests/test_cache.py tests/test_retention_and_warnings.py"
+T_COREAR = (
+    "tests/test_core_ar_session.py tests/integration/test_core_ar_path.py tests/integration/test_core_ar_memory.py"
+)
+T_KREA = "tests/integration/test_krea_recompute.py"
+T_CF = "tests/integration/test_causal_forcing.py"
+T_SKY = "tests/integration/test_context_noise.py"
+T_LL = "tests/integration/test_longlive_recache.py"
+T_READ = "tests/test_saved_run.py tests/test_cache.py tests/test_tiers.py"
+T_MX_CORE = "tests/test_matrix_core.py"
+T_MX_PACK = "tests/integration/test_matrix_pack.py"
+T_MX_AR = "tests/integration/test_matrix_core_ar.py"
+T_MX_READ = "tests/test_matrix_readers.py"
 
 MUTANTS: list[Mutant] = []  # filled by the table at the end of this file
 
@@ -701,6 +717,233 @@ MUTANTS += [
         'ATTN_PARTS = ("q", "k", "v", "o", "norm_q", "num_heads", "head_dim")',
         T_FAM,
         "a self-attention without norm_k is accepted",
+    ),
+]
+
+# ------------------------------------------------------------------------------------ X: where features cross
+TIERS = "jensen_core/tiers.py"
+SESS = "runtime/core_ar/session.py"
+PATCH = "runtime/core_ar/patches.py"
+MUTANTS += [
+    # the seven behaviours issue 29 names
+    M(
+        "X1",
+        TIERS,
+        "xf = t.dequantize(dtype=torch.float32, rotated=True)",
+        "xf = t.dequantize(dtype=torch.float32, rotated=False)",
+        f"{T_TIERS} {T_MX_CORE}",
+        "tiers x rotation: an aging chunk is requantized from the unrotated space (its codes live in the rotated one)",
+    ),
+    M(
+        "X2",
+        PLAN,
+        "ebk, ebv = side_bits(spec_k, 0), side_bits(spec_v, 1)",
+        "ebk, ebv = side_bits(spec_k, 0), side_bits(spec_v, 0)",
+        f"{T_TIERS} {T_MX_CORE}",
+        "tiers x planner: the values are given the keys' average bits when the sides' tiers differ",
+    ),
+    M(
+        "X3",
+        SESS,
+        "cache = run.caches.get((layer, branch)) or run.new_cache()",
+        "cache = run.new_cache()",
+        f"{T_COREAR} {T_MX_AR}",
+        "core path x tiers: the block in flight is prepared at the sink's bits and requantized only at commit",
+    ),
+    M(
+        "X4",
+        LOOP,
+        "if self.s.prefix_latent is not None:\n            history = torch.cat(",
+        "if self.s.prefix_latent is not None and frame0 < 0:\n            history = torch.cat(",
+        f"{T_KREA} {T_MX_PACK}",
+        "Krea recompute x prefix clip: the context of the first generated chunks loses the clip's frames",
+    ),
+    M(
+        "X5",
+        LOOP,
+        "pixels = vae.decode(history[b : b + 1,",
+        "pixels = vae.decode(history[0:1,",
+        f"{T_KREA} {T_MX_PACK}",
+        "Krea recompute x batch 2: every batch item's anchor frame is re-encoded from item 0",
+    ),
+    M(
+        "X6",
+        LOOP,
+        "if c == 0 and self.first_chunk_sigmas is not None and self.resume is None:",
+        "if c == 0 and self.first_chunk_sigmas is not None and self.resume is None and self.prefix is None:",
+        f"{T_CF} {T_MX_PACK}",
+        "Causal Forcing x prefix clip: the first chunk's own schedule is ignored when the run extends a clip",
+    ),
+    M(
+        "X7",
+        CACHE,
+        'if k["shape"] != v["shape"] or k["dtype"] != v["dtype"]:',
+        'if k["shape"] != v["shape"] or k["dtype"] != k["dtype"]:',
+        f"{T_READ} {T_MX_READ}",
+        "saved cache reader: a chunk whose keys and values have different dtypes is accepted (compared with itself)",
+    ),
+    # more crossings
+    M(
+        "X8",
+        SR,
+        "if dtype is not None and lay[3] != dtype:",
+        "if dtype is not None and lay[3] != lay[3]:",
+        f"{T_READ} {T_MX_READ}",
+        "saved run reader: caches of different dtypes in one file are accepted (compared with itself)",
+    ),
+    M(
+        "X9",
+        CACHE,
+        'if (B, H, D, _CACHE_DTYPES[k["dtype"]]) != layout:',
+        "if (B, H, D) != layout[:3]:",
+        f"{T_READ} {T_MX_READ}",
+        "cache file reader: a chunk of another dtype than the layout's is accepted",
+    ),
+    M(
+        "X10",
+        PLAN,
+        'tiers.specs_for(spec_v, n, sink_held, "v")',
+        'tiers.specs_for(spec_v, n, sink_held, "k")',
+        f"{T_TIERS} {T_MX_CORE}",
+        "tiers x planner: the values' bytes follow the keys' tier (recent_chunks_key_bits)",
+    ),
+    M(
+        "X11",
+        CACHE,
+        "sink = self._sink_held < self.sink_chunks",
+        "sink = self._sink_held <= self.sink_chunks",
+        f"{T_TIERS} {T_MX_CORE}",
+        "tiers x sink: the first chunk after the sink is stored at the sink's bits and requantized at once",
+    ),
+    M(
+        "X12",
+        CACHE,
+        'want_v = t.specs_for(self.spec_v, n, self._sink_held, "v")',
+        'want_v = t.specs_for(self.spec_v, n, self._sink_held, "k")',
+        f"{T_TIERS} {T_MX_CORE}",
+        "tiers per side: the values are demoted on the keys' schedule",
+    ),
+    M(
+        "X13",
+        PLAN,
+        "tiers.newest_bits(s.bits, side, bool(tiers.sink_bits))",
+        'tiers.newest_bits(s.bits, "k", bool(tiers.sink_bits))',
+        f"{T_TIERS} {T_COREAR} {T_MX_CORE}",
+        "core path x tiers per side: the block in flight is planned at the keys' bits on both sides",
+    ),
+    M(
+        "X14",
+        LOOP,
+        "spec_v=s.config.spec_v,\n            tiers=s.config.tiers,",
+        "spec_v=s.config.spec_v,",
+        f"{T_LONG} {T_LOADING} {T_MX_PACK}",
+        "tiers x resume: the saved state forgets its tiers (its caches keep them): the file cannot be loaded",
+    ),
+    M(
+        "X15",
+        LOOP,
+        "spec_v=self.config.spec_v,\n                tiers=self.config.tiers,",
+        "spec_v=self.config.spec_v,",
+        f"{T_LONG} {T_LOADING} {T_MX_PACK}",
+        "tiers x resume: a run compares the loaded state's tiers with none (a tiered state is refused)",
+    ),
+    M(
+        "X16",
+        LOOP,
+        "self.redraw_noise = self._redraw_generators(chunk_index)",
+        "self.redraw_noise = self._redraw_generators(c)",
+        f"{T_SKY} {T_MX_PACK}",
+        "SkyReels context noise x resume / prefix: the redraws reuse the run's chunk 0 noise, not the video's chunk",
+    ),
+    M(
+        "X17",
+        LOOP,
+        "kept = list(self.timeline.items)\n        if not kept:\n            return 0\n        self.run.start_rewrite()",
+        "kept = list(self.timeline.items)[self.timeline.sink_held :]\n        if not kept:\n            return 0\n"
+        "        self.run.start_rewrite()",
+        f"{T_LONG} {T_MX_PACK}",
+        "window + sink x prompt switch: the causal re-cache drops the sink",
+    ),
+    M(
+        "X18",
+        LOOP,
+        "r.first_chunk_frames if r.resume is None and r.prefix is None else 0",
+        "r.first_chunk_frames if r.resume is None else 0",
+        f"{T_CF} {T_MX_PACK}",
+        "first chunk frames x prefix clip: a run extending a clip starts with a short chunk again",
+    ),
+    M(
+        "X19",
+        LOOP,
+        "ChunkPlan(self.prefix_latent.shape[2], r.chunk_frames, r.first_chunk_frames).bounds()",
+        "ChunkPlan(self.prefix_latent.shape[2], r.chunk_frames).bounds()",
+        f"{T_CF} {T_MX_PACK}",
+        "first chunk frames x prefix clip: the clip is written in chunks of chunk_frames, not as the video was made",
+    ),
+    M(
+        "X20",
+        LOOP,
+        "sink_held=min(r.sink_chunks, sum(1 for c in r.resume.retained if c.chunk < r.sink_chunks)),",
+        "sink_held=0,",
+        f"{T_LONG} {T_MX_PACK}",
+        "window + sink x resume: the resumed timeline forgets its sink (a later re-cache loses it)",
+    ),
+    M(
+        "X21",
+        LOOP,
+        "            prompt = schedule.at(i)\n",
+        "            prompt = schedule.at(0)\n",
+        f"{T_LONG} {T_MX_PACK}",
+        "prefix clip x prompt schedule: every prefix chunk is written under the first prompt",
+    ),
+    M(
+        "X22",
+        LOOP,
+        "self.run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape))",
+        "self.run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape[:-1]) + "
+        "(setup.latent_image.shape[-2],))",
+        f"{T_KREA} {T_MX_PACK}",
+        "Krea bias x non-square latents: the exempt first frame is counted from the height twice",
+    ),
+    M(
+        "X23",
+        SESS,
+        "sl = slice(i * per, (i + 1) * per)",
+        "sl = slice(0, per)",
+        f"{T_COREAR} {T_MX_AR}",
+        "core path x cfg > 1: the uncond branch's block in flight is the cond branch's",
+    ),
+    M(
+        "X24",
+        SESS,
+        "self.prepare_pending = all(method_of(sp).quantizes_early for sp in specs)",
+        "self.prepare_pending = True",
+        f"{T_COREAR} {T_MX_AR}",
+        "core path x QVG: the block in flight runs k-means at every step (held as QVG, not in the model's dtype)",
+    ),
+    M(
+        "X25",
+        PATCH,
+        "    adapter.check_latent(noise)\n",
+        "",
+        f"{T_COREAR} {T_MX_AR}",
+        "core path x odd latent sizes: a latent of partial patches reaches core's sampler, which fails deep inside",
+    ),
+    M(
+        "X26",
+        LOOP,
+        "keep_sink = local_attn_frames is not None and frame0 > local_attn_frames",
+        "keep_sink = local_attn_frames is not None and frame0 >= local_attn_frames",
+        f"{T_LL} {T_MX_PACK}",
+        "LongLive re-cache x window + sink: a switch exactly at the local attention size keeps the old sink",
+    ),
+    M(
+        "X27",
+        SR,
+        "per = tokens // n if tokens_per_frame is None else tokens_per_frame",
+        "per = tokens // n",
+        f"{T_READ} {T_MX_READ}",
+        "saved run reader: chunks of different tokens per frame in one cache are accepted",
     ),
 ]
 

@@ -20,7 +20,7 @@ What it trains (see models/tiny_ar/MODEL_CARD.md):
 Everything is seeded (data, noise, initialisation, order), fp32, and runs on the CPU. The run
 writes a resumable checkpoint every ``--save-every`` steps and a log line every ``--log-every``
 steps to ``<out>.log``; the final file holds the EMA weights in half precision.
-Needs ComfyUI importable (COMFYUI_PATH, ../shared/ComfyUI, ...; see jensen_testing/comfyui.py).
+Needs ComfyUI importable (COMFYUI_PATH, a ComfyUI above the checkout, /opt/comfyui/v0.33, ...; see jensen_testing/comfyui.py).
 """
 
 from __future__ import annotations

@@ -307,14 +307,20 @@ def _sampler_sample_wrapper(
 
 
 def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreARSession:
-    from ..families import detect
+    from ..families import attention_override_notice, detect
 
     adapter = detect(patcher)
+    notice = attention_override_notice(model_options)
+    if notice is not None:
+        logger.warning("jensen_kv: %s", notice)
     config = get_config(model_options) or JensenKVConfig()
     config.check_head_dim(adapter.head_dim)
     window = get_window(model_options) or CacheWindow()
     if noise.ndim != 5:
         raise ValueError(f"core's AR sampler needs a 5-D video latent, got shape {tuple(noise.shape)}")
+    # whole patches only: core's causal Wan pads a partial patch and does not crop it again, so its sampler
+    # would fail deep inside (measured on v0.27 and v0.33); the family's own check names the fix
+    adapter.check_latent(noise)
     bs, _, lat_t, lat_h, lat_w = noise.shape
     patch = adapter.geometry.patch  # core's Wan pads the latent to whole patches
     frame_tokens = math.ceil(lat_h / patch[1]) * math.ceil(lat_w / patch[2])
@@ -375,6 +381,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
             window_chunks=session.window_chunks,
             layers=adapter.num_layers,
             heads=adapter.heads,
+            kv_heads=adapter.kv_heads,
             head_dim=adapter.head_dim,
             spec_k=config.spec_k,
             spec_v=config.spec_v,
@@ -413,6 +420,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
         block_tokens=session.block_frames * g.frame_tokens,
         layers=adapter.num_layers,
         heads=adapter.heads // session.ranks,
+        kv_heads=adapter.kv_heads // session.ranks,
         head_dim=adapter.head_dim,
         spec_k=config.spec_k,
         spec_v=config.spec_v,

@@ -283,7 +283,7 @@ class CoreARSession:
                     f"sequence parallelism this rank holds {shard.local_heads} of {shard.heads} heads. Remove KV Cache "
                     "Diagnostics from this MODEL, or run it on one GPU."
                 )
-            self.run.shard_heads(int(shard.head_offset), int(shard.ranks))
+            self.run.shard_heads(int(shard.head_offset))
             self.shard = shard
         elif shard != self.shard:
             raise CoreARProtocolError(f"layer heads changed hands mid-run: {shard} after {self.shard}")

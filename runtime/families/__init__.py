@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import AttentionShape, ModelFamily, Probe, UnsupportedModelError
+from .base import AttentionShape, ModelFamily, Probe, UnsupportedModelError, attention_override_notice
 from .wan import WanFamily
 
 #: every family the pack supports, probed in this order
@@ -56,6 +56,7 @@ __all__ = [
     "AttentionShape",
     "ModelFamily",
     "Probe",
+    "attention_override_notice",
     "attention_shape",
     "UnsupportedModelError",
     "WanFamily",

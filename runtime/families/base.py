@@ -32,6 +32,23 @@ from typing import ClassVar, NamedTuple
 from ...jensen_core.geometry import LatentGeometry
 
 
+def attention_override_notice(model_options: dict | None) -> str | None:
+    """What to tell the user when the MODEL carries an attention backend override (ComfyUI 0.33's Model Attention
+    Backend node, or another pack's ``optimized_attention_override``), else None. Every family replaces its
+    models' self-attention with the pack's cached attention, which never calls ComfyUI's attention function, so
+    the override still serves cross-attention but no self-attention: the quantized cache is used either way."""
+    fn = ((model_options or {}).get("transformer_options") or {}).get("optimized_attention_override")
+    if fn is None:
+        return None
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return (
+        f"this MODEL carries an attention backend override ({name} from {module}: Model Attention Backend or "
+        "another pack). Jensen KV's quantized cache replaces every self-attention layer, so the override serves "
+        "cross-attention only; self-attention runs the pack's own corrected attention"
+    )
+
+
 class UnsupportedModelError(ValueError):
     """The MODEL is not one the Chunked AR sampler supports (the message names the supported ones)."""
 
@@ -71,6 +88,16 @@ class ModelFamily(ABC):
     heads: int
     head_dim: int
 
+    @property
+    def kv_heads(self) -> int:
+        """K/V heads of the self-attention: ``heads`` unless a family sets fewer (grouped-query attention, where
+        ``heads`` is a multiple of them). The caches hold these; the planner counts them."""
+        return getattr(self, "_kv_heads", None) or self.heads
+
+    @kv_heads.setter
+    def kv_heads(self, value: int) -> None:
+        self._kv_heads = int(value)
+
     @classmethod
     @abstractmethod
     def probe(cls, model_patcher) -> Probe:
@@ -99,8 +126,12 @@ class ModelFamily(ABC):
         """ValueError naming the fix when this family cannot take ``samples`` (channels, size)."""
 
     def fingerprint(self) -> dict:
-        """The architecture facts a saved cache must match (see ``runtime.saved_run``)."""
-        return {"family": self.name, "layers": self.num_layers, "heads": self.heads, "head_dim": self.head_dim}
+        """The architecture facts a saved cache must match (see ``runtime.saved_run``); ``kv_heads`` only where the
+        K/V heads are fewer than the query heads (a fingerprint without it reads as ``kv_heads == heads``)."""
+        fp = {"family": self.name, "layers": self.num_layers, "heads": self.heads, "head_dim": self.head_dim}
+        if self.kv_heads != self.heads:
+            fp["kv_heads"] = self.kv_heads
+        return fp
 
     @abstractmethod
     def weights_digest(self) -> str:

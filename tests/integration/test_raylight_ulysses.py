@@ -132,13 +132,8 @@ def test_what_is_not_exact_is_refused_alike_on_every_rank(runs, name, error, wor
         assert w in errors[0], (w, errors[0])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="QVG seeds its initial centroids with one generator for all heads, so a rank's heads draw other heads' "
-    "centroids; the pack refuses QVG under sequence parallelism until ChunkCache takes head_offset (QVG seeded per "
-    "global head: branch h-gqa). Then this passes: remove the mark.",
-)
 def test_head_sharded_qvg_equals_the_one_process_pack(runs):
+    """QVG seeds its initial centroids per global head (ChunkCache(head_offset=...)): rank 1's head draws head 1's."""
     one = _ok(runs["one"]["qvg"], "qvg in one process")
     for i, r in enumerate(runs["ranks"]):
         torch.testing.assert_close(_ok(r["qvg"], f"qvg on rank {i}")["out"], one["out"], atol=TOL, rtol=0)

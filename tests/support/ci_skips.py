@@ -11,9 +11,11 @@ Which tests count: those marked ``comfyui``, ``server`` or ``browser``, and ever
 Which skips are allowed: a test marked ``cuda``, or one whose reason says that CUDA is absent: CI
 machines have no GPU.
 
-Tests marked ``core_ar`` need ComfyUI's own AR video path (``comfy/ldm/wan/ar_model.py``, v0.27+). On an
-older ComfyUI they are deselected (``-m "not core_ar"``, as ``.ci/run`` does for v0.3.64), never
-skipped: when one is selected and the ComfyUI the tests use has no AR path, the session stops before
+Tests marked ``core_ar`` need ComfyUI's own AR video path (``comfy/ldm/wan/ar_model.py``, v0.27+), and
+tests marked ``hunyuan15`` need ComfyUI's HunyuanVideo 1.5 (``class HunyuanVideo15`` in
+``comfy/supported_models.py``, v0.27+; HY-WorldPlay is built on it). On an older ComfyUI they are
+deselected (``-m "not core_ar and not hunyuan15"``, as ``.ci/run`` does for v0.3.64), never skipped:
+when one is selected and the ComfyUI the tests use lacks what it needs, the session stops before
 running anything, with an error that says so (CI or not).
 
 ``tests/conftest.py`` loads it (it re-exports :func:`pytest_configure`, which registers one
@@ -31,7 +33,7 @@ from pathlib import Path
 import pytest
 
 #: markers of tests that CI must run
-REQUIRED_MARKERS = ("comfyui", "server", "browser", "core_ar")
+REQUIRED_MARKERS = ("comfyui", "server", "browser", "core_ar", "hunyuan15")
 #: test folders (relative to the rootdir) whose tests all need ComfyUI
 REQUIRED_DIRS = ("tests/integration/",)
 #: skip reasons that only say CUDA is absent (CI machines are CPU-only)
@@ -51,17 +53,59 @@ def has_core_ar(comfy_dir) -> bool:
     return Path(comfy_dir).joinpath(*CORE_AR_FILE).is_file()
 
 
-def core_ar_error(items, comfy_dir) -> str | None:
-    """Why these selected tests cannot run against ``comfy_dir`` (core_ar tests without core's AR path), or None."""
-    needing = [item.nodeid for item in items if item.get_closest_marker(CORE_AR_MARKER) is not None]
-    if not needing or comfy_dir is None or has_core_ar(comfy_dir):
+#: marker of the tests that need ComfyUI's HunyuanVideo 1.5, and where it is defined
+HUNYUAN15_MARKER = "hunyuan15"
+HUNYUAN15_FILE = ("comfy", "supported_models.py")
+HUNYUAN15_CLASS = "class HunyuanVideo15("
+
+
+def has_hunyuan15(comfy_dir) -> bool:
+    """This ComfyUI checkout has HunyuanVideo 1.5 (``class HunyuanVideo15`` in ``comfy/supported_models.py``)."""
+    try:
+        return HUNYUAN15_CLASS in Path(comfy_dir).joinpath(*HUNYUAN15_FILE).read_text(errors="replace")
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class VersionFeature:
+    """A part of newer ComfyUI some tests need: their marker, what it is, and how to tell a checkout has it."""
+
+    marker: str
+    what: str
+    lacks: str
+    present: object  # (comfy_dir) -> bool
+
+
+FEATURES = (
+    VersionFeature(
+        CORE_AR_MARKER, "ComfyUI's own AR video path, v0.27+", f"has no {'/'.join(CORE_AR_FILE)}", has_core_ar
+    ),
+    VersionFeature(
+        HUNYUAN15_MARKER,
+        "ComfyUI's HunyuanVideo 1.5, v0.27+",
+        f"has no {HUNYUAN15_CLASS.removesuffix('(')} in {'/'.join(HUNYUAN15_FILE)}",
+        has_hunyuan15,
+    ),
+)
+
+
+def feature_error(items, comfy_dir, feature: VersionFeature) -> str | None:
+    """Why these selected tests cannot run against ``comfy_dir`` (tests of ``feature`` where it is absent), or None."""
+    needing = [item.nodeid for item in items if item.get_closest_marker(feature.marker) is not None]
+    if not needing or comfy_dir is None or feature.present(comfy_dir):
         return None
     shown = "\n  ".join(needing[:5]) + (f"\n  ... and {len(needing) - 5} more" if len(needing) > 5 else "")
     return (
-        f"{len(needing)} selected test(s) are marked core_ar (they need ComfyUI's own AR video path, v0.27+), but "
-        f"the ComfyUI they would run against, {comfy_dir}, has no {'/'.join(CORE_AR_FILE)}. Deselect them with "
-        f'-m "not core_ar" (never skip them), or point COMFYUI_PATH at a newer ComfyUI:\n  {shown}'
+        f"{len(needing)} selected test(s) are marked {feature.marker} (they need {feature.what}), but the ComfyUI "
+        f'they would run against, {comfy_dir}, {feature.lacks}. Deselect them with -m "not {feature.marker}" '
+        f"(never skip them), or point COMFYUI_PATH at a newer ComfyUI:\n  {shown}"
     )
+
+
+def core_ar_error(items, comfy_dir) -> str | None:
+    """Why these selected tests cannot run against ``comfy_dir`` (core_ar tests without core's AR path), or None."""
+    return feature_error(items, comfy_dir, FEATURES[0])
 
 
 def ci_enabled(environ=None) -> bool:
@@ -116,12 +160,13 @@ class CISkipCollector:
         self.items.update({item.nodeid: item for item in items})
 
     def pytest_collection_finish(self, session):
-        """core_ar tests selected against a ComfyUI without core's AR path: stop, loudly (never skip them)."""
+        """core_ar / hunyuan15 tests selected against a ComfyUI without what they need: stop, loudly (never skip)."""
         from .comfyui import locate_comfyui
 
-        error = core_ar_error(session.items, locate_comfyui())
-        if error:
-            raise pytest.UsageError(error)
+        comfy_dir = locate_comfyui()
+        errors = [e for f in FEATURES if (e := feature_error(session.items, comfy_dir, f))]
+        if errors:
+            raise pytest.UsageError("\n".join(errors))
 
     def pytest_collectreport(self, report):
         """A whole module under a required folder that skips at import (``pytest.importorskip`` at the top)."""
@@ -157,10 +202,10 @@ PLUGIN_NAME = "jensen_kv_ci_skips"
 def pytest_configure(config):
     if not any(line.split(":")[0].strip() == "cuda" for line in config.getini("markers")):
         config.addinivalue_line("markers", "cuda: needs a CUDA device (skipping it is allowed under CI=true)")
-    if not any(line.split(":")[0].strip() == CORE_AR_MARKER for line in config.getini("markers")):
-        config.addinivalue_line(
-            "markers",
-            f"{CORE_AR_MARKER}: needs ComfyUI's own AR video path (v0.27+): deselected on older ComfyUI, never skipped",
-        )
+    for feature in FEATURES:
+        if not any(line.split(":")[0].strip() == feature.marker for line in config.getini("markers")):
+            config.addinivalue_line(
+                "markers", f"{feature.marker}: needs {feature.what}: deselected on older ComfyUI, never skipped"
+            )
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(CISkipCollector(config), PLUGIN_NAME)

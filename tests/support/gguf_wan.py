@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .comfyui import PACK_ROOT, find_comfyui
+from .comfyui import LAY_OUT_HINT, find_comfyui, trees_dir
 
 GGUF_DIRNAME = "ComfyUI-GGUF"
 
@@ -27,11 +27,13 @@ def _is_gguf_pack(p: Path) -> bool:
 
 
 def locate_comfyui_gguf() -> Path | None:
-    """``COMFYUI_GGUF_PATH``, ``../shared/ComfyUI-GGUF`` (next to the checkout), or ComfyUI's custom_nodes."""
-    candidates = [os.environ.get("COMFYUI_GGUF_PATH"), PACK_ROOT.parent / "shared" / GGUF_DIRNAME]
+    """``COMFYUI_GGUF_PATH``, ComfyUI's ``custom_nodes/ComfyUI-GGUF``, or the tree lay-out.sh puts under
+    ``/opt/comfyui`` (the order ``.ci/run`` looks in)."""
+    candidates = [os.environ.get("COMFYUI_GGUF_PATH")]
     comfy = find_comfyui()
     if comfy is not None:
         candidates.append(comfy / "custom_nodes" / GGUF_DIRNAME)
+    candidates.append(trees_dir() / GGUF_DIRNAME)
     for c in candidates:
         if c and _is_gguf_pack(Path(c)):
             return Path(c).resolve()
@@ -46,8 +48,8 @@ def gguf_skip_reason() -> str | None:
         return 'the gguf package is not installed: pip install "gguf>=0.13" (it is in the pack\'s test extra)'
     if locate_comfyui_gguf() is None:
         return (
-            "ComfyUI-GGUF not found: set COMFYUI_GGUF_PATH, put city96/ComfyUI-GGUF at ../shared/ComfyUI-GGUF, or "
-            "install it in ComfyUI's custom_nodes"
+            "ComfyUI-GGUF not found: set COMFYUI_GGUF_PATH, install city96/ComfyUI-GGUF in ComfyUI's custom_nodes, "
+            f"or lay it out under {trees_dir()} with {LAY_OUT_HINT}"
         )
     return None
 

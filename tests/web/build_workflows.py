@@ -1,6 +1,6 @@
 """Build workflows/*.json with the real front end (run by hand after changing workflow_specs.py).
 
-    COMFYUI_PATH=../shared/ComfyUI .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py
+    COMFYUI_PATH=/opt/comfyui/v0.3.64 .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py
 
 Starts a throwaway ComfyUI server with the pack (and placeholder model files, so the loaders list
 the names), opens the UI in headless Chromium, builds each spec with LiteGraph and writes what
@@ -17,7 +17,7 @@ ARVideoI2V exist from v0.27 on) are built with a ComfyUI that has core's AR path
 only there; the others only with the oldest ComfyUI (or ``--any-comfyui``). So each ComfyUI rewrites
 only its own files:
 
-    COMFYUI_PATH=../shared/ComfyUI-v0.27 python tests/web/build_workflows.py
+    COMFYUI_PATH=/opt/comfyui/v0.27 .ci/venvs/comfyui-v0.27/bin/python tests/web/build_workflows.py
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> int:
         print(
             f"ComfyUI {version} at {comfy}: the workflows of the Chunked AR sampler are built with the oldest "
             f"supported ComfyUI {oldest} and its front end, so they load on every supported version:\n  "
-            "COMFYUI_PATH=../shared/ComfyUI .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py\n"
+            "COMFYUI_PATH=/opt/comfyui/v0.3.64 .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py\n"
             "(--any-comfyui builds them anyway)",
             file=sys.stderr,
         )
@@ -75,7 +75,7 @@ def main() -> int:
     else:
         print(
             f"ComfyUI {version} at {comfy} has no core AR path (comfy/ldm/wan/ar_model.py): the workflows on "
-            "SamplerARVideo are built with ComfyUI v0.27+:\n  COMFYUI_PATH=../shared/ComfyUI-v0.27 python "
+            "SamplerARVideo are built with ComfyUI v0.27+:\n  COMFYUI_PATH=/opt/comfyui/v0.27 .ci/venvs/comfyui-v0.27/bin/python "
             "tests/web/build_workflows.py",
             file=sys.stderr,
         )

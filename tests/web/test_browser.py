@@ -8,6 +8,7 @@ Screenshots go to ``artifacts/browser/``.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -33,6 +34,9 @@ SAMPLERS = ("JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple")
 # v0.3.64), the start of the error toast "Some nodes are missing and need to be installed" in 1.45 (v0.27);
 # Playwright's get_by_text matches either (a substring, case ignored)
 MISSING_NODES_TITLE = "Some Nodes Are Missing"
+#: 1.49's (ComfyUI 0.33's) toast for a workflow with errors: "Missing node: <type>" for one missing node, "N errors
+#: found" for several errors (missing nodes or models)
+ERRORS_FOUND = re.compile(r"^Missing node: |\b\d+ errors? found\b")
 
 
 class UI:
@@ -106,25 +110,44 @@ class UI:
         )
 
     def missing_nodes_dialog_shown(self) -> bool:
-        return self.page.get_by_text(MISSING_NODES_TITLE).count() > 0
+        """Whether the front end says the loaded workflow has missing nodes: 1.27 (v0.3.64) shows a dialog and
+        1.45 (v0.27) a toast titled "Some Nodes Are Missing"; 1.49 (0.33) shows a "Missing node: <type>" toast, or
+        "N errors found" for several errors (missing nodes or models; the tests' loaders have their placeholder
+        files, so an error there is a missing node)."""
+        return self.page.get_by_text(MISSING_NODES_TITLE).count() > 0 or self.page.get_by_text(ERRORS_FOUND).count() > 0
+
+    def wait_missing_nodes_shown(self, timeout_ms: int = 10_000) -> None:
+        self.page.get_by_text(MISSING_NODES_TITLE).or_(self.page.get_by_text(ERRORS_FOUND)).first.wait_for(
+            timeout=timeout_ms
+        )
 
     def show_missing_node_types(self) -> None:
         """Make the front end list the missing node types: 1.27's dialog lists them already; 1.45's toast opens
-        the Workflow Overview panel ("Show missing nodes"), which lists them under a collapsed "Unknown pack"."""
+        the Workflow Overview panel ("Show missing nodes"), which lists them under a collapsed "Unknown pack";
+        1.49's toast opens it with "View details", where "Missing Node Packs" lists them under "Unknown pack"."""
         show = self.page.get_by_role("button", name="Show missing nodes")
         if show.count():
             show.first.click()
             self.page.locator("div:has(> p:has-text('Unknown pack')) button[aria-label='Expand']").first.click()
             self.page.wait_for_timeout(300)
+            return
+        details = self.page.get_by_role("button", name="View details")
+        if self.page.get_by_text(ERRORS_FOUND).count() and details.count():
+            details.first.click()
+            self.page.get_by_text("Missing Node Packs").first.wait_for(timeout=10_000)
+            self.page.wait_for_timeout(300)
 
     def close_missing_nodes(self) -> None:
-        """Close what :meth:`show_missing_node_types` left open (1.27: the dialog; 1.45: the side panel)."""
+        """Close what :meth:`show_missing_node_types` left open (1.27: the dialog; 1.45 and 1.49: the side
+        panel), then load an empty graph so no error toast stays."""
         if self.page.get_by_text("Missing Node Packs").count():
             self.page.get_by_role("button", name="Toggle properties panel").click()
             self.page.get_by_text("Missing Node Packs").first.wait_for(state="detached", timeout=10_000)
         else:
             self.page.keyboard.press("Escape")
         self.page.get_by_text(MISSING_NODES_TITLE).first.wait_for(state="detached", timeout=10_000)
+        self.page.evaluate("async () => { app.graph.clear(); }")
+        self.page.get_by_text(ERRORS_FOUND).first.wait_for(state="detached", timeout=10_000)
 
     def object_info(self, node_type: str) -> dict | None:
         if not hasattr(self, "_object_info"):
@@ -199,7 +222,8 @@ def test_missing_node_dialog_is_detected(ui):
     wf = json.loads(WORKFLOWS[0].read_text())
     wf["nodes"][1]["type"] = "JensenKVNodeThatDoesNotExist"
     ui.load(wf)
-    ui.page.get_by_text(MISSING_NODES_TITLE).first.wait_for(timeout=10_000)
+    ui.wait_missing_nodes_shown()
+    assert ui.missing_nodes_dialog_shown()
     ui.show_missing_node_types()
     assert ui.page.get_by_text("JensenKVNodeThatDoesNotExist").count() > 0
     ui.shot("00_missing_node_dialog_positive_control")

@@ -20,6 +20,8 @@ WORKFLOW_DIR = PACK_ROOT / "workflows"
 FILES = sorted(WORKFLOW_DIR.glob("*.json"))
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}  # virtual nodes of the front end
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+#: input types whose widgets depend on another widget's value (0.33's Save Video ``format``)
+DYNAMIC_WIDGET_TYPES = ("COMFY_DYNAMICCOMBO_V3",)
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CLIPLoader": "text_encoders", "VAELoader": "vae"}
 SAMPLERS = {"JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"}
@@ -132,6 +134,13 @@ def validate(wf: dict, object_info: dict) -> list[str]:
             problems.append(f"node #{node['id']}: type {t!r} is not on the server (missing node)")
             continue
         specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
+        dynamic = [n for n, spec in specs.items() if spec[0] in DYNAMIC_WIDGET_TYPES]
+        if dynamic:  # its sub-widgets come and go with the chosen option: one file cannot serve every version
+            problems.append(
+                f"{t} #{node['id']}: {dynamic} is a dynamic combo ({specs[dynamic[0]][0]}), whose widget values this "
+                "ComfyUI reads differently from older ones; use a node whose inputs every supported version shares"
+            )
+            continue
         try:
             for name, value in widget_values(node, info).items():
                 where = f"{t} #{node['id']} {name}"
@@ -202,7 +211,9 @@ def test_ui_format_and_note_names_every_model_file(path):
             assert f"models/{folder}/{name}" in note, f"the Note does not say models/{folder}/{name}"
     for node in g.of_type("CLIPLoader"):
         assert node["widgets_values"][1] == "wan", "the umt5 text encoder loads with CLIPLoader type 'wan'"
-    assert g.of_type("SaveVideo") or g.of_type("SaveAnimatedWEBP"), "each workflow saves a video"
+    assert g.of_type("SaveAnimatedWEBP"), "each workflow saves a video"
+    # Create Video + Save Video read differently across the supported versions (0.33's dynamic format combo)
+    assert not g.of_type("SaveVideo") and not g.of_type("CreateVideo")
 
 
 def _sampler_widgets(g: Graph, node: dict) -> dict:
@@ -352,7 +363,7 @@ def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():
     arms = sorted(tuple(t for t in g.model_chain(s) if t.startswith("JensenKV")) for s in samplers)
     assert arms == [(), ("JensenKVBiasCorrection", "JensenKVQuantizeKVCache"), ("JensenKVQuantizeKVCache",)]
     # all three decoded and stitched into the one saved video
-    (save,) = g.of_type("SaveVideo")
+    (save,) = g.of_type("SaveAnimatedWEBP")
     seen, todo = set(), [save]
     while todo:
         n = todo.pop()
@@ -401,7 +412,7 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     assert specs["recent_chunks_bits"][1]["default"] == specs["sink_bits"][1]["default"] == "off"  # and one precision
     wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
     quant = next(n for n in wf["nodes"] if n["type"] == "JensenKVQuantizeKVCache")
-    assert quant["widgets_values"][len(old) :] == [specs[n][1]["default"] for n in qvg]  # saved before the tiers
+    assert quant["widgets_values"][len(old) : len(old) + len(qvg)] == [specs[n][1]["default"] for n in qvg]
     # such a file is valid: the front end fills the four new widgets with their defaults
     quant["widgets_values"] = quant["widgets_values"][: len(old)]
     assert validate(wf, object_info) == []
@@ -449,6 +460,11 @@ def test_validator_catches_broken_workflows(object_info):
         inp["link"] = None
 
     assert "required input 'latent'" in broken(cut)
+
+    # ComfyUI 0.33's Save Video (a dynamic format combo) is refused; older versions' Save Video is a plain node
+    save_specs = object_info["SaveVideo"]["input"]["required"]
+    if any(spec[0] in DYNAMIC_WIDGET_TYPES for spec in save_specs.values()):
+        assert "dynamic combo" in broken(lambda w: node(w, "SaveAnimatedWEBP").update(type="SaveVideo"))
 
 
 @pytest.mark.comfyui

@@ -204,7 +204,7 @@ Three Chunked AR samplers share the model, prompt, latent, schedule and seed (42
   left   - BF16 cache: no patch nodes, the sampler keeps full-precision keys and values;
   middle - INT2 cache: Quantize KV Cache, no correction;
   right  - INT2 + Jensen: Quantize KV Cache -> Jensen Bias Correction (taylor, strength 1).
-The three decoded videos are stitched side by side into one video (jensen_kv/ab_*.mp4).
+The three decoded videos are stitched side by side into one animated WEBP (jensen_kv/ab_*.webp).
 Each sampler reports its cache size and seconds per chunk on the node.
 {_SCHEDULE_SF}
 
@@ -314,6 +314,14 @@ def _n(key, type_, col, widgets=None, title=None, size=None, color=None, bgcolor
     }
 
 
+def _save_webp(prefix, fps, col, align=None):
+    """The video's save node: Save Animated WEBP, whose inputs are the same on every supported ComfyUI (v0.3.64's
+    V1 node, v0.27's and 0.33's V3 node). Create Video + Save Video would give MP4, but 0.33 made Save Video's
+    ``format`` a dynamic combo that reads v0.27's widget values differently, so the shipped files avoid it."""
+    widgets = {"filename_prefix": prefix, "fps": fps, "lossless": False, "quality": 90, "method": "default"}
+    return _n("save", "SaveAnimatedWEBP", col, widgets, align=align, size=[400, 360])
+
+
 def _note(text, size=(560, 640)):
     return _n(
         "note",
@@ -373,8 +381,7 @@ def _few_step(unet, note, name, schedule, prefix_out, title):
         _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
         _n("sampler", "JensenKVChunkedARSampler", 5, SAMPLER_SF),
         _n("decode", "VAEDecode", 6),
-        _n("video", "CreateVideo", 6, {"fps": 16.0}),
-        _n("save", "SaveVideo", 6, {"filename_prefix": prefix_out, "format": "auto", "codec": "auto"}, size=[400, 360]),
+        _save_webp(prefix_out, 16.0, 6),
     ]
     links = [
         ("unet", "MODEL", "quant", "model"),
@@ -389,8 +396,7 @@ def _few_step(unet, note, name, schedule, prefix_out, title):
         ("sched", "SIGMAS", "sampler", "sigmas"),
         ("sampler", "LATENT", "decode", "samples"),
         ("vae", "VAE", "decode", "vae"),
-        ("decode", "IMAGE", "video", "images"),
-        ("video", "VIDEO", "save", "video"),
+        ("decode", "IMAGE", "save", "images"),
     ]
     return {"name": name, "nodes": nodes, "links": links, "groups": []}
 
@@ -482,14 +488,7 @@ def _skyreels() -> dict:
         _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
         _n("sampler", "JensenKVChunkedARSampler", 5, SAMPLER_SKYREELS),
         _n("decode", "VAEDecode", 6),
-        _n("video", "CreateVideo", 6, {"fps": 24.0}),
-        _n(
-            "save",
-            "SaveVideo",
-            6,
-            {"filename_prefix": "jensen_kv/skyreels_df_cfg6_int2_jensen", "format": "auto", "codec": "auto"},
-            size=[400, 360],
-        ),
+        _save_webp("jensen_kv/skyreels_df_cfg6_int2_jensen", 24.0, 6),
     ]
     links = [
         ("unet", "MODEL", "shift", "model"),
@@ -506,8 +505,7 @@ def _skyreels() -> dict:
         ("sched", "SIGMAS", "sampler", "sigmas"),
         ("sampler", "LATENT", "decode", "samples"),
         ("vae", "VAE", "decode", "vae"),
-        ("decode", "IMAGE", "video", "images"),
-        ("video", "VIDEO", "save", "video"),
+        ("decode", "IMAGE", "save", "images"),
     ]
     return {"name": "jensen_kv_skyreels_v2_df_cfg_int2_jensen", "nodes": nodes, "links": links, "groups": []}
 
@@ -534,14 +532,7 @@ def _ab() -> dict:
         _n("d_jensen", "VAEDecode", 5, align="s_jensen"),
         _n("stitch1", "ImageStitch", 6, stitch, title="A | B", align="s_int2"),
         _n("stitch2", "ImageStitch", 6, stitch, title="A | B | C"),
-        _n("video", "CreateVideo", 7, {"fps": 16.0}, align="s_int2"),
-        _n(
-            "save",
-            "SaveVideo",
-            7,
-            {"filename_prefix": "jensen_kv/ab_bf16_int2_int2jensen", "format": "auto", "codec": "auto"},
-            size=[640, 300],
-        ),
+        _save_webp("jensen_kv/ab_bf16_int2_int2jensen", 16.0, 7, align="s_int2"),
     ]
     links = [
         ("unet", "MODEL", "s_bf16", "model"),
@@ -567,8 +558,7 @@ def _ab() -> dict:
         ("d_int2", "IMAGE", "stitch1", "image2"),
         ("stitch1", "IMAGE", "stitch2", "image1"),
         ("d_jensen", "IMAGE", "stitch2", "image2"),
-        ("stitch2", "IMAGE", "video", "images"),
-        ("video", "VIDEO", "save", "video"),
+        ("stitch2", "IMAGE", "save", "images"),
     ]
     groups = [
         {"title": "A: BF16 cache (no patch nodes)", "members": ["s_bf16", "d_bf16"], "color": "#3f789e"},
@@ -619,14 +609,7 @@ def _story() -> dict:
         _n("sampler", "JensenKVChunkedARSampler", 5, sampler),
         _n("savekv", "JensenKVSaveKVCache", 5, {"filename_prefix": "jensen_kv/story_kv_cache"}),
         _n("decode", "VAEDecode", 6),
-        _n("video", "CreateVideo", 6, {"fps": 16.0}),
-        _n(
-            "save",
-            "SaveVideo",
-            6,
-            {"filename_prefix": "jensen_kv/story_int2_jensen", "format": "auto", "codec": "auto"},
-            size=[400, 360],
-        ),
+        _save_webp("jensen_kv/story_int2_jensen", 16.0, 6),
     ]
     links = [
         ("unet", "MODEL", "quant", "model"),
@@ -649,8 +632,7 @@ def _story() -> dict:
         ("sampler", "JENSEN_KV_CACHE", "savekv", "kv_cache"),
         ("sampler", "LATENT", "decode", "samples"),
         ("vae", "VAE", "decode", "vae"),
-        ("decode", "IMAGE", "video", "images"),
-        ("video", "VIDEO", "save", "video"),
+        ("decode", "IMAGE", "save", "images"),
     ]
     return {"name": "jensen_kv_story_prompt_schedule_int2_jensen", "nodes": nodes, "links": links, "groups": []}
 
@@ -683,14 +665,7 @@ def _continue() -> dict:
         _n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR),
         _n("sampler", "JensenKVChunkedARSampler", 4, sampler, title="Chunked AR Video Sampler (same settings)"),
         _n("decode", "VAEDecode", 5),
-        _n("video", "CreateVideo", 5, {"fps": 16.0}),
-        _n(
-            "save",
-            "SaveVideo",
-            5,
-            {"filename_prefix": "jensen_kv/story_continued", "format": "auto", "codec": "auto"},
-            size=[400, 360],
-        ),
+        _save_webp("jensen_kv/story_continued", 16.0, 5),
     ]
     links = [
         ("unet", "MODEL", "quant", "model"),
@@ -706,8 +681,7 @@ def _continue() -> dict:
         ("load", "JENSEN_KV_CACHE", "sampler", "kv_cache"),
         ("sampler", "LATENT", "decode", "samples"),
         ("vae", "VAE", "decode", "vae"),
-        ("decode", "IMAGE", "video", "images"),
-        ("video", "VIDEO", "save", "video"),
+        ("decode", "IMAGE", "save", "images"),
     ]
     return {"name": "jensen_kv_continue_saved_kv_cache", "nodes": nodes, "links": links, "groups": []}
 
@@ -748,14 +722,7 @@ def _extend(model: str) -> dict:
         _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
         _n("sampler", "JensenKVChunkedARSampler", 5, sampler, title="Chunked AR Video Sampler (prefix = the clip)"),
         _n("decode", "VAEDecode", 6),
-        _n("video", "CreateVideo", 6, {"fps": 24.0 if sky else 16.0}),
-        _n(
-            "save",
-            "SaveVideo",
-            6,
-            {"filename_prefix": f"jensen_kv/extend_{model}", "format": "auto", "codec": "auto"},
-            size=[400, 360],
-        ),
+        _save_webp(f"jensen_kv/extend_{model}", 24.0 if sky else 16.0, 6),
     ]
     base = "shift" if sky else "unet"
     links = [
@@ -777,8 +744,7 @@ def _extend(model: str) -> dict:
         ("sched", "SIGMAS", "sampler", "sigmas"),
         ("sampler", "LATENT", "decode", "samples"),
         ("vae", "VAE", "decode", "vae"),
-        ("decode", "IMAGE", "video", "images"),
-        ("video", "VIDEO", "save", "video"),
+        ("decode", "IMAGE", "save", "images"),
     ]
     name = "jensen_kv_extend_clip_skyreels_v2_df" if sky else "jensen_kv_extend_clip_self_forcing"
     return {"name": name, "nodes": nodes, "links": links, "groups": []}
@@ -1217,14 +1183,7 @@ def _core_ar(kind: str) -> dict:
         _n("guider", "CFGGuider", 4, {"cfg": 1.0}, title="CFG Guider (cfg 1)"),
         _n("sampler", "SamplerCustomAdvanced", 4, size=[300, 130]),
         _n("decode", "VAEDecode", 5),
-        _n("video", "CreateVideo", 5, {"fps": 16.0}),
-        _n(
-            "save",
-            "SaveVideo",
-            5,
-            {"filename_prefix": f"jensen_kv/core_ar_{kind}_int2_jensen", "format": "auto", "codec": "auto"},
-            size=[400, 360],
-        ),
+        _save_webp(f"jensen_kv/core_ar_{kind}_int2_jensen", 16.0, 5),
         _n("report", "JensenKVCacheReport", 6, size=[360, 120]),
     ]
     model = "i2v" if i2v else "window"
@@ -1254,8 +1213,7 @@ def _core_ar(kind: str) -> dict:
         ("i2v" if i2v else "latent", "LATENT", "sampler", "latent_image"),
         ("sampler", "LATENT", "decode", "samples"),
         ("vae", "VAE", "decode", "vae"),
-        ("decode", "IMAGE", "video", "images"),
-        ("video", "VIDEO", "save", "video"),
+        ("decode", "IMAGE", "save", "images"),
         (model, "MODEL", "report", "model"),
         ("sampler", "LATENT", "report", "samples"),
     ]

@@ -1,0 +1,84 @@
+"""The MAGI-1 nodes in a live ComfyUI server: /object_info lists them (with the checkpoints found in the model
+folders) and an API prompt decodes a latent through Load MAGI-1 VAE -> MAGI-1 VAE Decode -> PreviewImage."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from support import comfyui as support_comfyui
+
+pytestmark = [
+    pytest.mark.comfyui,
+    pytest.mark.server,
+    pytest.mark.skipif(support_comfyui.find_comfyui() is None, reason=support_comfyui.SKIP_REASON),
+]
+NODES = ("JensenKVLoadMagi1", "JensenKVLoadMagi1VAE", "JensenKVMagi1VAEDecode", "JensenKVMagi1TextEncode")
+VAE_DD = {"video_size": 32, "video_length": 8, "embed_dim": 256, "depth": 2, "num_heads": 4, "z_chans": 16}
+
+
+@pytest.fixture(scope="module")
+def server(comfy_server):
+    from safetensors.torch import save_file
+
+    from jensen_testing.magi1_tiny import seeded_weights
+    from magi1.config import TINY, expected_shapes
+    from magi1.vae import VAEConfig, decoder_shapes
+
+    models = comfy_server.base_dir / "models"
+    dit = seeded_weights(expected_shapes(TINY))
+    save_file(dit, str(models / "diffusion_models" / "magi-tiny.safetensors"))
+    folder = models / "vae" / "magi_vae_tiny"
+    folder.mkdir(parents=True)
+    cfg = VAEConfig(video_size=32, video_length=8, embed_dim=256, depth=2, num_heads=4)
+    save_file(
+        {"decoder." + k: v for k, v in seeded_weights(decoder_shapes(cfg)).items()},
+        str(folder / "diffusion_pytorch_model.safetensors"),
+    )
+    (folder / "config.json").write_text(json.dumps({"_class_name": "ViTVAE", "ddconfig": VAE_DD}))
+    return comfy_server
+
+
+def test_the_nodes_and_their_checkpoints_are_listed(server):
+    info = server.get("/object_info")
+    for node_id in NODES:
+        assert node_id in info, f"{node_id} missing; server log:\n{server.log_tail()}"
+        assert info[node_id]["category"] == "jensen_kv/MAGI-1"
+        for name, spec in info[node_id]["input"]["required"].items():
+            assert spec[1].get("tooltip"), f"{node_id}.{name} has no tooltip"
+
+    def options(spec):
+        return spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+
+    assert "magi-tiny.safetensors" in options(info["JensenKVLoadMagi1"]["input"]["required"]["model_name"])
+    assert "magi_vae_tiny/" in options(info["JensenKVLoadMagi1VAE"]["input"]["required"]["vae_name"])
+    assert info["JensenKVLoadMagi1"]["output"] == ["MODEL"]
+    assert info["JensenKVLoadMagi1VAE"]["output"] == ["MAGI1_VAE"]
+
+
+def test_a_prompt_decodes_a_latent_through_the_magi1_vae(server):
+    prompt = {
+        "1": {"class_type": "JensenKVLoadMagi1VAE", "inputs": {"vae_name": "magi_vae_tiny/", "dtype": "fp32"}},
+        "2": {
+            "class_type": "EmptyHunyuanLatentVideo",
+            "inputs": {"width": 32, "height": 32, "length": 5, "batch_size": 1},
+        },
+        "3": {
+            "class_type": "JensenKVMagi1VAEDecode",
+            "inputs": {
+                "magi1_vae": ["1", 0],
+                "samples": ["2", 0],
+                "tile_pixels": 256,
+                "tile_frames": 12,
+                "overlap": 0.25,
+            },
+        },
+        "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}},
+    }
+    status, body = server.post("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    assert status == 200 and body["node_errors"] == {}, body
+    entry = server.wait_for_prompt(body["prompt_id"], timeout=300)
+    assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{server.log_tail()}"
+    images = entry["outputs"]["4"]["images"]
+    assert len(images) == 8  # 2 latent frames -> 8 frames

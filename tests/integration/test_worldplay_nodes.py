@@ -1,0 +1,103 @@
+"""The HY-WorldPlay nodes: Load HY-WorldPlay (a tiny checkpoint in models/diffusion_models; hunyuan15), HY-WorldPlay
+Trajectory and its preview (any ComfyUI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from jensen_testing.worldplay_tiny import TINY, tiny_state_dict
+
+EXPECTED = {
+    "JensenKVLoadWorldPlay": ("Load HY-WorldPlay", ["unet_name", "weight_dtype"], ["MODEL"]),
+    "JensenKVWorldPlayTrajectory": (
+        "HY-WorldPlay Trajectory",
+        ["pose", "latents"],
+        ["WORLDPLAY_TRAJECTORY", "INT", "STRING"],
+    ),
+    "JensenKVWorldPlayTrajectoryPreview": ("HY-WorldPlay Trajectory Preview", ["trajectory", "size"], ["IMAGE"]),
+}
+
+
+def _schema(node_cls):
+    s = node_cls.define_schema()
+    s.finalize()
+    return s
+
+
+def test_the_worldplay_nodes_are_registered_with_tooltips(nodes):
+    found = {n.define_schema().node_id: n for n in nodes.WORLDPLAY_NODES}
+    assert set(found) == set(EXPECTED)
+    for node_id, (display, inputs, outputs) in EXPECTED.items():
+        s = _schema(found[node_id])
+        assert s.display_name == display and s.category == "jensen_kv"
+        assert [i.id for i in s.inputs] == inputs and [o.io_type for o in s.outputs] == outputs
+        assert all(i.tooltip and len(i.tooltip) > 20 for i in s.inputs), node_id
+    listed = {n.define_schema().node_id for n in _all_nodes(nodes)}
+    assert set(EXPECTED) <= listed
+
+
+def _all_nodes(nodes):
+    import asyncio
+
+    return asyncio.run(nodes.JensenKVExtension().get_node_list())
+
+
+def test_trajectory_node_checks_the_path_and_gives_its_length(nodes):
+    node = nodes.JensenKVWorldPlayTrajectory
+    out = node.execute("w-31, right-8", 0)
+    trajectory, length, info = out.args
+    assert (trajectory.latents, length) == (40, 157) and "40 latent frames (157 video frames" in info
+    assert trajectory.actions[:2].tolist() == [0, 9] and trajectory.actions[-1] == 1
+    msg = node.validate_inputs(pose="w-30", latents=0)
+    assert isinstance(msg, str) and "32 (125 frames: add 1)" in msg
+    assert node.validate_inputs(pose=None, latents=0) is True  # linked: checked at run time
+    poses = {
+        str(i): {
+            "extrinsic": [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0.08 * i], [0, 0, 0, 1]],
+            "K": [[969.7, 0, 960], [0, 969.7, 540], [0, 0, 1]],
+        }
+        for i in range(33)
+    }
+    assert "set latents to 32" in node.validate_inputs(pose=json.dumps(poses), latents=0)
+    assert node.execute(json.dumps(poses), 32).args[1] == 125
+
+
+def test_preview_node_gives_an_image(nodes):
+    trajectory = nodes.JensenKVWorldPlayTrajectory.execute("w-15, right-16", 0).args[0]
+    out = nodes.JensenKVWorldPlayTrajectoryPreview.execute(trajectory, 192)
+    (image,) = out.args
+    assert image.shape == (1, 192, 192, 3) and float(image.max()) <= 1.0
+    with pytest.raises(ValueError, match="must come from HY-WorldPlay Trajectory"):
+        nodes.JensenKVWorldPlayTrajectoryPreview.execute("w-3", 192)
+
+
+@pytest.mark.hunyuan15
+def test_load_node_loads_a_checkpoint_from_diffusion_models(nodes, tmp_path):
+    import folder_paths
+
+    folder = tmp_path / "diffusion_models"
+    folder.mkdir()
+    path = folder / "hy_worldplay_tiny.safetensors"
+    save_file(tiny_state_dict(TINY), str(path))
+    folder_paths.add_model_folder_path("diffusion_models", str(folder))
+    node = nodes.JensenKVLoadWorldPlay
+    assert "hy_worldplay_tiny.safetensors" in _schema(node).inputs[0].options
+    before = node.fingerprint_inputs("hy_worldplay_tiny.safetensors", "default")
+    out = node.execute("hy_worldplay_tiny.safetensors", "default")
+    (model,) = out.args
+    assert len(model.model.diffusion_model.double_blocks) == 2
+    assert model.model.model_config.sampling_settings["shift"] == 5.0
+    save_file(tiny_state_dict(TINY, seed=1), str(path))
+    assert node.fingerprint_inputs("hy_worldplay_tiny.safetensors", "default") != before
+    assert "diffusion_models" in node.validate_inputs(
+        unet_name="(no file in models/diffusion_models)", weight_dtype="default"
+    )
+    assert "not one of" in node.validate_inputs(unet_name="x", weight_dtype="int4")
+    bad = folder / "plain.safetensors"
+    save_file({"blocks.0.self_attn.q.weight": torch.zeros(2, 2)}, str(bad))
+    with pytest.raises(ValueError, match="not a HunyuanVideo 1.5 / HY-WorldPlay transformer"):
+        node.execute("plain.safetensors", "default")
