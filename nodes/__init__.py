@@ -36,6 +36,7 @@ from .magi1_text_encode import JensenKVMagi1TextEncode
 from .magi1_vae_decode import JensenKVMagi1VAEDecode
 from .prompt_schedule import JensenKVPromptSchedule
 from .quantize_kv_cache import JensenKVQuantizeKVCache
+from .ray_actors_kv import JensenKVRayActors
 from .save_kv_cache import JensenKVSaveKVCache
 from .tiny_ar_decode import JensenKVTinyARDecode
 from .tiny_ar_prompt import JensenKVTinyARPrompt
@@ -63,6 +64,8 @@ DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDeco
 DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
 #: ComfyUI's own AR sampler (v0.27+): the cache window there and the run's report
 CORE_AR_NODES: list[type[io.ComfyNode]] = [JensenKVARCacheWindow, JensenKVCacheReport]
+#: the pack's settings inside Raylight's Ray actors (sequence parallelism over GPUs)
+RAY_NODES: list[type[io.ComfyNode]] = [JensenKVRayActors]
 #: HY-WorldPlay on ComfyUI's HunyuanVideo 1.5 (v0.27+): its loader, its camera path and the path's picture
 WORLDPLAY_NODES: list[type[io.ComfyNode]] = [
     JensenKVLoadWorldPlay,
@@ -98,7 +101,16 @@ class JensenKVExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         register_bundled_models()
         register_routes()  # ComfyUI v0.3.64 never calls on_load; registering twice is a no-op
-        return [*NODES, *AR_NODES, *DIAGNOSTICS_NODES, *CORE_AR_NODES, *MAGI1_NODES, *WORLDPLAY_NODES, *DEMO_NODES]
+        return [
+            *NODES,
+            *AR_NODES,
+            *DIAGNOSTICS_NODES,
+            *CORE_AR_NODES,
+            *RAY_NODES,
+            *MAGI1_NODES,
+            *WORLDPLAY_NODES,
+            *DEMO_NODES,
+        ]
 
 
 def register_bundled_models() -> bool:
@@ -122,6 +134,7 @@ __all__ = [
     "DIAGNOSTICS_NODES",
     "MAGI1_NODES",
     "NODES",
+    "RAY_NODES",
     "WORLDPLAY_NODES",
     "JensenKVExtension",
     "register_bundled_models",

@@ -65,9 +65,10 @@ def build_config(
             )
         )
     tiers = parse_tiers(specs[0], specs[1], recent_chunks_bits, recent_chunks, sink_bits, recent_chunks_key_bits)
-    upstream = get_config(model.model_options)
+    # model None: settings for models elsewhere (Jensen KV Cache (Ray)); their head_dim is checked when they run
+    upstream = None if model is None else get_config(model.model_options)
     config = (upstream or JensenKVConfig()).with_specs(*specs, tiers)
-    shape = attention_shape(model)
+    shape = None if model is None else attention_shape(model)
     if shape is not None:
         config.check_head_dim(shape.head_dim)
     return config
