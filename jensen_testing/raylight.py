@@ -132,7 +132,7 @@ def cases() -> list[dict]:
     for mode in ("taylor", "chunk_mean", "exact", "per_channel", "off"):
         out.append(dict(name=f"pack_{mode}", mode=mode, hw=ODD_HW, **int2))
     out += [
-        dict(name="pack_taylor_cfg_half", mode="taylor", strength=0.5, cfg=2.0, hw=ODD_HW, **int2),
+        dict(name="pack_taylor_cfg_half", mode="taylor", strength=0.5, cfg=2.0, block=2, hw=ODD_HW, **int2),
         dict(name="pack_first_taylor", mode="taylor", hw=ODD_HW, order="pack_first", **int2),
         dict(name="qvg", bits="2", group="16", rotation="none", method="qvg", mode="taylor", hw=ODD_HW, frames=4),
         dict(name="refuse_ring", mode="taylor", hw=ODD_HW, fault="ring", **int2),
@@ -189,7 +189,7 @@ def sample(model, case: dict) -> torch.Tensor:
         model,
         latent(case),
         torch.tensor(SIGMAS),
-        num_frame_per_block=1,
+        num_frame_per_block=case.get("block", 1),
         seed=3,
         cfg=case.get("cfg", 1.0),
         positive=cond[0],
