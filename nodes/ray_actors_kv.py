@@ -125,8 +125,32 @@ class JensenKVRayActors(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, **values):
-        return check_combo_values(cls, **values)
+    def validate_inputs(
+        cls,
+        key_bits=None,
+        value_bits=None,
+        group_size=None,
+        rotation=None,
+        scale_format=None,
+        method=None,
+        recent_chunks_bits=None,
+        sink_bits=None,
+        recent_chunks_key_bits=None,
+        mode=None,
+    ):
+        return check_combo_values(
+            cls,
+            key_bits=key_bits,
+            value_bits=value_bits,
+            group_size=group_size,
+            rotation=rotation,
+            scale_format=scale_format,
+            method=method,
+            recent_chunks_bits=recent_chunks_bits,
+            sink_bits=sink_bits,
+            recent_chunks_key_bits=recent_chunks_key_bits,
+            mode=mode,
+        )
 
     @classmethod
     def execute(

@@ -347,6 +347,30 @@ def test_planner_follows_bits_group_size_and_window(ui):
     assert not our_errors(ui.errors), our_errors(ui.errors)
 
 
+def test_planner_ranks_field_gives_one_gpus_bytes_and_all_gpus(ui):
+    """ranks (Raylight's Ulysses degree): the rows are one GPU's heads' share; a row gives all GPUs together."""
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.focus(QUANT)
+    wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
+    ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
+    assert ui.panel().query_selector("[data-jkv=all-ranks]") is None
+    ranks = ui.panel().query_selector("[data-jkv=in-ranks]")
+    assert ranks.input_value() == "1"
+    ranks.fill("4")
+    ranks.press("Tab")
+    r = ui.wait_planner("el.querySelector('[data-jkv=all-ranks]')?.dataset.bytes")
+    per_rank = _plan_bytes(key_bits="2", value_bits="2", group_size=32, **wan13, ranks=4)
+    one = _plan_bytes(key_bits="2", value_bits="2", group_size=32, **wan13)
+    assert (r["bf16_bytes"], r["quant_bytes"]) == per_rank and 4 * per_rank[1] == one[1]
+    total = ui.panel().query_selector("[data-jkv=all-ranks]")
+    assert int(total.get_attribute("data-bytes")) == one[1] and "on 4 GPUs" in total.text_content()
+    ranks.fill("5")  # 12 heads
+    ranks.press("Tab")
+    r = ui.wait_planner("el.querySelector('[data-jkv=warnings]').textContent.includes('5 ranks')")
+    assert "12 heads do not divide by 5 ranks" in r["warnings"] and r["quant_bytes"] is None
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
 def test_planner_shows_the_k_qvg_auto_picks_for_the_chosen_chunks(ui):
     """method qvg with K auto (0, the default): the bits line names the K picked for the run's chunks, exactly."""
     ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
