@@ -9,6 +9,9 @@ How it reaches the model (all on a *clone* of the ModelPatcher, undone in :meth:
   current chunk's absolute first frame (``rope_encode(..., t_start=offset)``) and calls
   ``forward_orig``; ComfyUI v0.3.64's ``_forward`` always starts the time axis at 0.
 - CFG: ``transformer_options["cond_or_uncond"]`` says which batch slot is cond (0) or uncond (1).
+- ComfyUI's own AR sampler (v0.27+, ``CausalWanModel``): :meth:`WanFamily.attach_core_ar` puts the core-path
+  patches on a clone (``init_kv_caches``, ``init_crossattn_caches``, every block's self-attention; see the end
+  of this file), which hand core's per-layer caches to the pack's session while one runs.
 
 Which models: ComfyUI's ``WAN21`` / ``WanModel`` and their subclasses (e.g. newer ComfyUI's
 ``WAN21_CausalAR`` / ``CausalWanModel`` for Causal Forcing checkpoints), when their self-attention
