@@ -5,8 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..magi1.checkpoint import CheckpointError
-from ..runtime.families.magi1 import files
-from ..runtime.families.magi1.model import VARIANTS, WEIGHT_DTYPES, load_magi1
+from ..runtime.families import MAGI1
 from .common import CATEGORY, check_combo_values
 
 MAGI1_CATEGORY = f"{CATEGORY}/MAGI-1"
@@ -16,7 +15,7 @@ NONE_FOUND = "(no MAGI-1 checkpoint in models/diffusion_models)"
 class JensenKVLoadMagi1(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        names = files.choices("diffusion_models")
+        names = MAGI1.files.choices("diffusion_models")
         return io.Schema(
             node_id="JensenKVLoadMagi1",
             display_name="Load MAGI-1 Model",
@@ -35,13 +34,13 @@ class JensenKVLoadMagi1(io.ComfyNode):
                 ),
                 io.Combo.Input(
                     "weight_dtype",
-                    options=list(WEIGHT_DTYPES),
+                    options=list(MAGI1.weight_dtypes),
                     default="default",
                     tooltip="How the weights are stored in memory: default (as ComfyUI picks), fp8_e4m3fn (half of bf16) or bf16.",
                 ),
                 io.Combo.Input(
                     "variant",
-                    options=list(VARIANTS),
+                    options=list(MAGI1.variants),
                     default="auto",
                     tooltip="base (64 steps, cfg 3) or distill (fewer steps, cfg 1); auto reads the file's metadata or 'distill' in its path.",
                 ),
@@ -56,7 +55,7 @@ class JensenKVLoadMagi1(io.ComfyNode):
     @classmethod
     def fingerprint_inputs(cls, model_name, weight_dtype, variant):
         try:
-            return f"{files.version(files.resolve(model_name))}|{weight_dtype}|{variant}"
+            return f"{MAGI1.files.version(MAGI1.files.resolve(model_name))}|{weight_dtype}|{variant}"
         except (ValueError, OSError):
             return model_name
 
@@ -67,8 +66,8 @@ class JensenKVLoadMagi1(io.ComfyNode):
                 "Load MAGI-1 Model: no MAGI-1 checkpoint in models/diffusion_models. Put Sand AI's "
                 "inference_weight folder there, or a file from tools/convert_checkpoint.py --magi1"
             )
-        path = files.resolve(model_name, "diffusion_models")
+        path = MAGI1.files.resolve(model_name, "diffusion_models")
         try:
-            return io.NodeOutput(load_magi1(path, weight_dtype, variant))
+            return io.NodeOutput(MAGI1.load(path, weight_dtype, variant))
         except CheckpointError as exc:
             raise ValueError(f"Load MAGI-1 Model: {exc}") from None

@@ -5,8 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..magi1.checkpoint import CheckpointError
-from ..runtime.families.magi1 import files
-from ..runtime.families.magi1.vae import VAE_DTYPES, load_magi1_vae
+from ..runtime.families import MAGI1
 from .common import check_combo_values
 from .load_magi1 import MAGI1_CATEGORY
 
@@ -17,7 +16,7 @@ NONE_FOUND = "(no MAGI-1 VAE in models/vae)"
 class JensenKVLoadMagi1VAE(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        names = files.choices("vae")
+        names = MAGI1.files.choices("vae")
         return io.Schema(
             node_id="JensenKVLoadMagi1VAE",
             display_name="Load MAGI-1 VAE",
@@ -35,7 +34,7 @@ class JensenKVLoadMagi1VAE(io.ComfyNode):
                 ),
                 io.Combo.Input(
                     "dtype",
-                    options=list(VAE_DTYPES),
+                    options=list(MAGI1.vae_dtypes),
                     default="auto",
                     tooltip="Weights and compute: auto (bf16 where the device has it, as the reference), bf16 or fp32.",
                 ),
@@ -50,7 +49,7 @@ class JensenKVLoadMagi1VAE(io.ComfyNode):
     @classmethod
     def fingerprint_inputs(cls, vae_name, dtype):
         try:
-            return f"{files.version(files.resolve(vae_name, 'vae'))}|{dtype}"
+            return f"{MAGI1.files.version(MAGI1.files.resolve(vae_name, 'vae'))}|{dtype}"
         except (ValueError, OSError):
             return vae_name
 
@@ -59,6 +58,6 @@ class JensenKVLoadMagi1VAE(io.ComfyNode):
         if vae_name == NONE_FOUND:
             raise ValueError("Load MAGI-1 VAE: no MAGI-1 VAE in models/vae; put Sand AI's ckpt/vae folder there")
         try:
-            return io.NodeOutput(load_magi1_vae(files.resolve(vae_name, "vae"), dtype))
+            return io.NodeOutput(MAGI1.load_vae(MAGI1.files.resolve(vae_name, "vae"), dtype))
         except CheckpointError as exc:
             raise ValueError(f"Load MAGI-1 VAE: {exc}") from None

@@ -6,7 +6,7 @@ import os
 
 from comfy_api.latest import io, ui
 
-from ..runtime.families.worldplay.loader import WEIGHT_DTYPES, describe, load_worldplay
+from ..runtime.families import WORLDPLAY
 from .common import CATEGORY, check_combo_values, logger
 
 NO_FILES = "(no file in models/diffusion_models)"
@@ -53,7 +53,7 @@ class JensenKVLoadWorldPlay(io.ComfyNode):
                 ),
                 io.Combo.Input(
                     "weight_dtype",
-                    options=list(WEIGHT_DTYPES),
+                    options=list(WORLDPLAY.weight_dtypes),
                     default="default",
                     tooltip="default: the file's precision (BF16) where the device has it; fp8_*: store the "
                     "weights in FP8 (half the memory), compute in the manual-cast dtype.",
@@ -83,7 +83,7 @@ class JensenKVLoadWorldPlay(io.ComfyNode):
     def execute(cls, unet_name, weight_dtype="default") -> io.NodeOutput:
         if not has_hunyuan15():
             raise RuntimeError(NEEDS)
-        model = load_worldplay(_path(unet_name), weight_dtype)
-        text = f"{unet_name}: {describe(model)}"
+        model = WORLDPLAY.load(_path(unet_name), weight_dtype)
+        text = f"{unet_name}: {WORLDPLAY.describe(model)}"
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(model, ui=ui.PreviewText(text))

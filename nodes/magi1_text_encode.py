@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..runtime.families.magi1.text import encode
+from ..runtime.families import MAGI1
 from .load_magi1 import MAGI1_CATEGORY
 
 
@@ -34,4 +34,4 @@ class JensenKVMagi1TextEncode(io.ComfyNode):
 
     @classmethod
     def execute(cls, clip, text, clean=True) -> io.NodeOutput:
-        return io.NodeOutput(encode(clip, text, bool(clean)))
+        return io.NodeOutput(MAGI1.encode(clip, text, bool(clean)))

@@ -2,8 +2,8 @@
 
 One source for the formula: the web extension (``web/jensen_kv.js``) only displays what these
 handlers return; the numbers come from :mod:`jensen_core` (``QuantSpec.effective_bits``, the method
-object's ``bits_breakdown``, ``planner.plan_cache``; Wan's latent geometry and model presets from
-``runtime/families/wan.py``), the defaults from the nodes' own (:mod:`runtime.config`).
+object's ``bits_breakdown``, ``planner.plan_cache``; the model presets and each one's latent geometry from the family registry,
+``runtime.families``), the defaults from the nodes' own (:mod:`runtime.config`).
 
 Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
 
@@ -47,8 +47,7 @@ from ..runtime.config import (
     TIER_BITS_CHOICES,
     parse_tiers,
 )
-from ..runtime.families.wan import GEOMETRY as WAN_GEOMETRY
-from ..runtime.families.wan import PRESETS as MODEL_PRESETS
+from ..runtime.families import FAMILIES, family_named, planner_presets
 
 logger = logging.getLogger("jensen_kv")
 
@@ -58,7 +57,8 @@ ROUTE_PREFIX = "/jensen_kv"
 GROUP_CHOICES: tuple[int, ...] = tuple(int(g) for g in GROUP_SIZE_CHOICES)
 SCALE_CHOICES: tuple[str, ...] = tuple(SCALE_FORMAT_CHOICES)
 CUSTOM_PRESET = "custom"
-PRESET_LABELS = {"wan2.1-1.3b": "Wan 2.1 1.3B", "wan2.1-14b": "Wan 2.1 14B", CUSTOM_PRESET: "custom"}
+#: every family's planner presets (name -> (family, preset)), as the registry lists them
+MODEL_PRESETS = planner_presets()
 
 # The nodes' defaults (Quantize KV Cache, the Chunked AR sampler), then the video the planner starts with.
 DEFAULTS: dict[str, object] = {
@@ -76,6 +76,7 @@ DEFAULTS: dict[str, object] = {
     "cfg_branches": 1,
     "ranks": 1,
     "preset": "wan2.1-1.3b",
+    "family": FAMILIES[0].key,
 }
 
 # name -> (min, max, what it is / how to fix it)
@@ -92,6 +93,7 @@ _INT_RANGES: dict[str, tuple[int, int, str]] = {
     "layers": (1, 1000, "transformer blocks of the model, e.g. layers=30 for Wan 1.3B"),
     "heads": (1, 1024, "attention heads per block, e.g. heads=12 for Wan 1.3B"),
     "head_dim": (1, 4096, "channels per attention head, e.g. head_dim=128 for Wan"),
+    "kv_heads": (1, 1024, "K/V heads per block (grouped-query attention; default: heads), e.g. kv_heads=8 for MAGI-1"),
     "group_size": (1, 4096, "one of 8, 16, 32, 64, 128, 256"),
     "qvg_stages": (*QVG_STAGES_RANGE[1:], "QVG's k-means stages S, e.g. qvg_stages=1"),
     "qvg_centroids": (
@@ -132,8 +134,10 @@ PLAN_PARAMS = (
     "cfg_branches",
     "ranks",
     "preset",
+    "family",
     "layers",
     "heads",
+    "kv_heads",
 )
 
 
@@ -255,8 +259,15 @@ def options(params: Mapping[str, str] | None = None) -> dict:
     """Choices, defaults and model presets, so the UI hard-codes none of them."""
     _check_known(params or {}, ())
     presets = {
-        name: {"layers": l_, "heads": h, "head_dim": d, "label": PRESET_LABELS.get(name, name)}
-        for name, (l_, h, d) in MODEL_PRESETS.items()
+        name: {
+            "layers": p.layers,
+            "heads": p.heads,
+            "head_dim": p.head_dim,
+            "kv_heads": p.kv_heads or p.heads,
+            "label": p.label,
+            "family": family.key,
+        }
+        for name, (family, p) in MODEL_PRESETS.items()
     }
     return {
         "bits": list(BITS_CHOICES),
@@ -268,6 +279,7 @@ def options(params: Mapping[str, str] | None = None) -> dict:
         "recent_key_bits": list(RECENT_KEY_BITS_CHOICES),
         "presets": presets,
         "custom_preset": CUSTOM_PRESET,
+        "families": {f.key: f.name for f in FAMILIES},
         "defaults": dict(DEFAULTS),
         "ranges": {k: {"min": lo, "max": hi, "hint": what} for k, (lo, hi, what) in _INT_RANGES.items()},
     }
@@ -299,31 +311,59 @@ def spec_summary(params: Mapping[str, str]) -> dict:
     }
 
 
-def _resolve_model(params: Mapping[str, str]) -> tuple[str, int, int, int]:
+def _resolve_model(params: Mapping[str, str]):
+    """(preset name, family, layers, heads, head_dim, kv_heads) of the query: a preset's, overridden by any
+    dimension given; ``preset=custom`` takes the family from ``family`` and needs every dimension."""
     preset = str(_get(params, "preset"))
     if preset != CUSTOM_PRESET and preset not in MODEL_PRESETS:
         raise ParamError(
             "preset", preset, "is not a known model preset", "use one of " + ", ".join((*MODEL_PRESETS, CUSTOM_PRESET))
         )
-    base = MODEL_PRESETS.get(preset)
+    if preset != CUSTOM_PRESET:
+        family, base = MODEL_PRESETS[preset]
+        base_dims = (*base.dims, base.kv_heads or base.heads)
+    else:
+        key = str(_get(params, "family"))
+        family, base_dims = family_named(key), None
+        if family is None:
+            raise ParamError(
+                "family",
+                key,
+                "is not a model family the pack supports",
+                "use one of " + ", ".join(f.key for f in FAMILIES),
+            )
     dims = []
-    for i, name in enumerate(("layers", "heads", "head_dim")):
+    for i, name in enumerate(("layers", "heads", "head_dim", "kv_heads")):
         given = params.get(name)
         if given is None or str(given).strip() == "":
-            if base is None:
+            if name == "kv_heads":  # as many K/V heads as query heads unless the preset or the query says otherwise
+                dims.append(base_dims[3] if base_dims is not None and params.get("heads") in (None, "") else dims[1])
+                continue
+            if base_dims is None:
                 raise ParamError(
                     name,
                     None,
                     "is missing",
                     f"preset=custom needs layers, heads and head_dim: give {_INT_RANGES[name][2]}",
                 )
-            dims.append(base[i])
+            dims.append(base_dims[i])
         else:
             dims.append(_int(params, name))
-    layers, heads, head_dim = dims
+    layers, heads, head_dim, kv_heads = dims
+    if heads % kv_heads:
+        raise ParamError(
+            "kv_heads", kv_heads, f"does not divide heads={heads}", "give a K/V head count that divides the query heads"
+        )
     # name the preset the dimensions really are (explicit values override the preset)
-    match = next((n for n, d in MODEL_PRESETS.items() if d == (layers, heads, head_dim)), CUSTOM_PRESET)
-    return match, layers, heads, head_dim
+    match = next(
+        (
+            n
+            for n, (f, p) in MODEL_PRESETS.items()
+            if f is family and (*p.dims, p.kv_heads or p.heads) == (layers, heads, head_dim, kv_heads)
+        ),
+        CUSTOM_PRESET,
+    )
+    return match, family, layers, heads, head_dim, kv_heads
 
 
 def plan_summary(params: Mapping[str, str]) -> dict:
@@ -336,7 +376,8 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     _check_known(params, PLAN_PARAMS)
     spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
     tiers = _tiers(params, spec_k, spec_v)
-    preset, layers, heads, head_dim = _resolve_model(params)
+    preset, family, layers, heads, head_dim, kv_heads = _resolve_model(params)
+    geometry = family.geometry
     width, height = _int(params, "width", DEFAULTS["width"]), _int(params, "height", DEFAULTS["height"])
     frames = _int(params, "frames", DEFAULTS["frames"])
     chunk_frames = _int(params, "chunk_frames", DEFAULTS["chunk_frames"])
@@ -346,27 +387,31 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     batch = _int(params, "batch", DEFAULTS["batch"])
     ranks = _int(params, "ranks", DEFAULTS["ranks"])
 
-    latent_frames, latent_h, latent_w = WAN_GEOMETRY.latent_shape(width, height, frames)
+    latent_frames, latent_h, latent_w = geometry.latent_shape(width, height, frames)
     notes = []
-    if width % 16 or height % 16:
+    step = geometry.vae_space_stride * max(geometry.patch[1], geometry.patch[2])  # pixels per whole patch (Wan: 16)
+    short = family.name.split()[0]  # "Wan"
+    if width % step or height % step:
         notes.append(
-            f"{width}x{height} is not a multiple of 16: Wan works on {latent_w // 2 * 16}x{latent_h // 2 * 16} "
-            "(use multiples of 16, e.g. 832x480)"
+            f"{width}x{height} is not a multiple of {step}: {short} works on "
+            f"{latent_w // geometry.patch[2] * step}x{latent_h // geometry.patch[1] * step} "
+            f"(use multiples of {step}, e.g. 832x480)"
         )
-    if (frames - 1) % 4:
+    t = geometry.vae_time_stride
+    if (frames - 1) % t:
         notes.append(
-            f"{frames} frames: Wan's VAE keeps 4k+1 frames, so this is {latent_frames} latent frames "
-            f"({(latent_frames - 1) * 4 + 1} video frames)"
+            f"{frames} frames: {short}'s VAE keeps {t}k+1 frames, so this is {latent_frames} latent frames "
+            f"({(latent_frames - 1) * t + 1} video frames)"
         )
-    if latent_h < 2 or latent_w < 2:
+    if latent_h < geometry.patch[1] or latent_w < geometry.patch[2]:
         raise ParamError(
-            "width" if latent_w < 2 else "height",
-            width if latent_w < 2 else height,
-            "is too small for one Wan patch",
-            "use at least 16 pixels",
+            "width" if latent_w < geometry.patch[2] else "height",
+            width if latent_w < geometry.patch[2] else height,
+            f"is too small for one {short} patch",
+            f"use at least {step} pixels",
         )
 
-    chunk_tokens = chunk_frames * WAN_GEOMETRY.tokens_per_frame(latent_h, latent_w)
+    chunk_tokens = chunk_frames * geometry.tokens_per_frame(latent_h, latent_w)
     spec = spec_summary(
         {
             **{k: v for k, v in params.items() if k in SPEC_PARAMS and k not in TIER_PARAMS},
@@ -382,13 +427,14 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         window_chunks=window,
         layers=layers,
         heads=heads,
+        kv_heads=kv_heads,
         head_dim=head_dim,
         spec_k=spec_k,
         spec_v=spec_v,
         cfg_branches=cfg_branches,
         batch=batch,
         sink_chunks=sink,
-        geometry=WAN_GEOMETRY,
+        geometry=geometry,
         tiers=tiers,
         ranks=ranks,
     )
@@ -399,7 +445,14 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         warnings=d["warnings"] + notes,
         saved_bytes=(d["bf16_bytes"] - quant_bytes) if runnable else None,
         bytes_ratio=(d["bf16_bytes"] / quant_bytes) if runnable and quant_bytes else None,
-        model={"preset": preset, "layers": layers, "heads": heads, "head_dim": head_dim},
+        model={
+            "preset": preset,
+            "family": family.key,
+            "layers": layers,
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "head_dim": head_dim,
+        },
         video={
             "width": width,
             "height": height,

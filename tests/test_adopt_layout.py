@@ -36,7 +36,9 @@ def test_adopting_none_is_the_one_buffer_path():
 
 
 def test_a_layout_this_device_does_not_offer_is_refused_by_name():
-    with pytest.raises(ValueError, match=r"q,k width 40, v width 32 \(split\) .* not offered .* JENSEN_KV_TAYLOR_LAYOUT"):
+    with pytest.raises(
+        ValueError, match=r"q,k width 40, v width 32 \(split\) .* not offered .* JENSEN_KV_TAYLOR_LAYOUT"
+    ):
         adopt_layout(CPU, torch.float32, 32, 2, Layout("split", 40))  # CUDA's narrower-v layout
     with pytest.raises(ValueError, match="not offered"):
         adopt_layout(CPU, torch.float32, 32, 2, Layout("pad", 48))  # not a width this device uses

@@ -143,6 +143,75 @@ def test_only_core_ar_imports_core_ar():
     assert found == []
 
 
+FAMILY_PACKAGE = ("runtime", "families")
+#: the family modules of runtime/families/ (files and packages but the interface and the registry)
+FAMILY_MODULES = sorted(
+    p.stem if p.is_file() else p.name
+    for p in (ROOT / "runtime" / "families").iterdir()
+    if (p.suffix == ".py" and p.stem not in ("__init__", "base")) or (p.is_dir() and (p / "__init__.py").is_file())
+)
+
+
+def family_module_imports(path: Path) -> list[str]:
+    """Where ``path`` imports a family's own module (``runtime.families.wan``, ``from ..families import wan``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve(path, node.module or "", node.level) if node.level else (node.module or "")
+            targets.append(base)
+            targets += [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets += [a.name for a in node.names]
+        for t in targets:
+            parts = t.split(".")
+            # a pack-relative target (runtime.families.wan) or an absolute one (comfyui_jensen_kv.runtime.families.wan)
+            for i in range(len(parts) - 2):
+                if tuple(parts[i : i + 2]) == FAMILY_PACKAGE and parts[i + 2] in FAMILY_MODULES:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {'.'.join(parts[: i + 3])}")
+                    break
+            else:
+                continue
+            break  # one finding per import statement
+    return found
+
+
+def test_only_runtime_families_imports_a_family_module():
+    """A family is one room: the rest of the pack asks ``runtime.families`` (its registry and ModelFamily), never
+    ``runtime.families.wan`` or another family's module."""
+    assert FAMILY_MODULES and "wan" in FAMILY_MODULES
+    found = []
+    for room in ("jensen_core", "worldplay", "magi1", "runtime", "routes", "nodes"):
+        for path in _py_files(room):
+            if path.relative_to(ROOT).parts[:2] == FAMILY_PACKAGE:
+                continue
+            found += family_module_imports(path)
+    assert found == []
+
+
+def test_the_family_import_check_sees_each_form(tmp_path):
+    """Positive control: every way of reaching a family's module is seen; the registry's names are not."""
+    room = tmp_path / "runtime" / "core_ar"
+    room.mkdir(parents=True)
+    bad = room / "x.py"
+    bad.write_text(
+        "from ..families.wan import GEOMETRY\nfrom ..families import wan\nimport comfyui_jensen_kv.runtime.families.wan\n"
+        "from ..families import detect, FAMILIES\n"
+    )
+    global ROOT  # _resolve and the finding's path are relative to the pack root: the sandbox's here
+    old, ROOT = ROOT, tmp_path
+    try:
+        found = family_module_imports(bad)
+    finally:
+        ROOT = old
+    assert [f.split(" imports ")[1] for f in found] == [
+        "runtime.families.wan",
+        "runtime.families.wan",
+        "comfyui_jensen_kv.runtime.families.wan",
+    ]
+
+
 def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
     """Positive control: the checker flags a relative import into nodes/ and a ComfyUI import."""
     fake_root = tmp_path

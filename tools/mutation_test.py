@@ -15,8 +15,8 @@ or whose edit does not compile, is an error of this script (stale after a refact
 
 Not run in CI: about 12 minutes on 2 idle cores for the 63 mutants before the X table (5 to 30 s each), and
 about 25 minutes for the 27 X mutants where features cross (the combination matrix's tests, ~10 minutes of
-baseline). Tests that need ComfyUI find it as the suite does (``COMFYUI_PATH``, then
-``../shared/``); the copy is given the path this checkout resolves.
+baseline). Tests that need ComfyUI find it as the suite does (``COMFYUI_PATH``, a ComfyUI above the
+checkout, ``/opt/comfyui/<version>``); the copy is given the path this checkout resolves.
 """
 
 from __future__ import annotations
@@ -88,14 +88,14 @@ MUTANTS: list[Mutant] = []  # filled by the table at the end of this file
 
 
 def comfyui_path() -> str | None:
-    for c in (
-        os.environ.get("COMFYUI_PATH"),
-        ROOT.parent / "shared" / "ComfyUI-v0.27",
-        ROOT.parent / "shared" / "ComfyUI",
-    ):
-        if c and (Path(c) / "comfy").is_dir():
-            return str(Path(c).resolve())
-    return None
+    """The ComfyUI the suite would use here (jensen_testing.comfyui's lookup: COMFYUI_PATH, a ComfyUI above the
+    checkout, /opt/comfyui/<version>), handed to the copy, which lives elsewhere."""
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+    from jensen_testing.comfyui import locate_comfyui
+
+    found = locate_comfyui()
+    return None if found is None else str(found)
 
 
 def copy_pack(dest: Path) -> Path:
@@ -386,7 +386,7 @@ MUTANTS += [
     M(
         "S8",
         SR,
-        'mine = {k: v for k, v in self.fingerprint.items() if k != "weights"}',
+        'mine = {k: v for k, v in with_kv_heads(self.fingerprint).items() if k != "weights"}',
         'mine = {k: v for k, v in self.fingerprint.items() if k not in ("weights", "heads")}',
         T_COMPAT,
         "a model of another head count is accepted",
@@ -532,8 +532,8 @@ MUTANTS += [
     M(
         "Q5",
         QVGF,
-        "pick = torch.rand(N, T, generator=generator).argsort(-1)[:, :k].to(x.device)",
-        "pick = torch.rand(N, T).argsort(-1)[:, :k].to(x.device)",
+        "pick = torch.rand(N, T, generator=generator).argsort(-1)[:, :k]",
+        "pick = torch.rand(N, T).argsort(-1)[:, :k]",
         T_QVG,
         "k-means starts ignore the spec's seed (runs differ)",
     ),
@@ -647,16 +647,16 @@ MUTANTS += [
     M(
         "P5",
         PLAN,
-        "state_file = None if errors else end_held * layers * cfg_branches * one_chunk + latents",
-        "state_file = None if errors else end_held * layers * one_chunk + latents",
+        "None if errors else layers * cfg_branches * held_bytes(end_held, retention.sink_held(total_chunks)) + latents",
+        "None if errors else layers * held_bytes(end_held, retention.sink_held(total_chunks)) + latents",
         T_PLAN,
         "the projected cache-file size leaves out the uncond branch",
     ),
     M(
         "P6",
         LOOP,
-        "prefix_frames=len(r.resume.retained) * r.chunk_frames if r.resume is not None else self.first_frame",
-        "prefix_frames=self.first_frame",
+        "prefix_frames=len(r.resume.retained) * r.chunk_frames\n",
+        "prefix_frames=self.first_frame\n",
         T_LOADING,
         "a resumed run plans memory for every frame before it, not the chunks the state holds",
     ),

@@ -9,15 +9,15 @@ the ModelPatcher, so ComfyUI applies and undoes them with the model's other patc
   ``CALC_COND_BATCH`` marks the start and end of each sampler model call (core's ``end`` protocol);
   ``APPLY_MODEL`` tells the session which CFG branches a call batches (``cond_or_uncond``),
   since core's ``forward_block`` passes no ``transformer_options`` to the blocks;
-- on a causal model (``CausalWanModel``, with ``init_kv_caches``), object patches on
-  ``diffusion_model.init_kv_caches`` (returns the session's small per-layer dicts instead of the
-  whole-video K/V), on ``diffusion_model.init_crossattn_caches`` (the text K/V cached per CFG
-  branch, so cond and uncond run as separate calls do not share it) and on every ``diffusion_model.blocks.{i}.self_attn.forward`` (reads the pack's
-  cache). Both call core's own code unchanged when no session is running, so the same MODEL in the
-  pack's Chunked AR sampler, or anywhere else, is untouched by them.
+- the family's own object patches for core's path, where the model's family has one
+  (:meth:`runtime.families.ModelFamily.attach_core_ar`: Wan's replace ``init_kv_caches``,
+  ``init_crossattn_caches`` and every block's self-attention). They call core's own code when no session is
+  running, so the same MODEL in the pack's Chunked AR sampler, or anywhere else, is untouched by them.
 
-The running session is found through a context variable set by the ``SAMPLER_SAMPLE`` wrapper for
-the duration of that one sampling call and reset in ``finally``.
+This room knows no model: it asks ``runtime.families`` which family serves core's path on a MODEL, whether a
+patch is the pack's own loop's, and whether the family's patches are in place. The running session is found
+through a context variable set by the ``SAMPLER_SAMPLE`` wrapper for the duration of that one sampling call and
+reset in ``finally``; the family's patches get it as ``active_session``.
 """
 
 from __future__ import annotations
@@ -30,16 +30,13 @@ import weakref
 import torch
 
 from ..config import WINDOW_KEY, CacheWindow, JensenKVConfig, get_config, get_window, set_window
+from ..families import UnusedSettingsError, core_ar_family, is_pack_loop
 from ..shift_observer import REQUEST_KEY, make_diagnostics
-from .session import CoreARGeometry, CoreARProtocolError, CoreARSession, CoreLayerCache
+from .session import CoreARGeometry, CoreARProtocolError, CoreARSession
 
 logger = logging.getLogger("jensen_kv")
 
 WRAPPER_KEY = "jensen_kv_core_ar"
-INIT_KEY = "diffusion_model.init_kv_caches"
-CROSS_INIT_KEY = "diffusion_model.init_crossattn_caches"
-SELF_ATTN_KEY = "diffusion_model.blocks.{}.self_attn.forward"
-
 _ACTIVE: contextvars.ContextVar[CoreARSession | None] = contextvars.ContextVar("jensen_kv_core_ar", default=None)
 #: the report of the last core-path run of each MODEL (read by KV Cache Report)
 _REPORTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -49,10 +46,6 @@ USE_INSTEAD = (
     "SamplerARVideo on a causal-AR checkpoint (WAN21_CausalAR, ComfyUI v0.27+; tools/convert_checkpoint.py --causal "
     "marks one), or take the MODEL from before the Jensen KV nodes for this sampler."
 )
-
-
-class UnusedSettingsError(RuntimeError):
-    """A MODEL with the pack's settings was sent to a sampler that would ignore them."""
 
 
 def carries_settings(model_options: dict | None) -> bool:
@@ -65,125 +58,9 @@ def last_report(model_patcher) -> dict | None:
     return _REPORTS.get(model_patcher)
 
 
-# ---------------------------------------------------------------------------------------------- model probing
-def causal_diffusion_model(model_patcher):
-    """The model's ``CausalWanModel``-like diffusion model (has ``init_kv_caches``), else None."""
-    dm = getattr(getattr(model_patcher, "model", None), "diffusion_model", None)
-    if dm is None or not callable(getattr(dm, "init_kv_caches", None)) or getattr(dm, "blocks", None) is None:
-        return None
-    return dm
-
-
 def _is_ar_video(sampler) -> bool:
     fn = getattr(sampler, "sampler_function", None)
     return getattr(fn, "__name__", None) == "sample_ar_video"
-
-
-def _is_own_loop(model_patcher) -> bool:
-    """Whether the pack's own Chunked AR loop patched this clone (its samplings pass through untouched)."""
-    from ..families.wan import CachedSelfAttention
-
-    return any(isinstance(p, CachedSelfAttention) for p in getattr(model_patcher, "object_patches", {}).values())
-
-
-# ---------------------------------------------------------------------------------------------- object patches
-class InitKVCaches:
-    """Stands in for ``CausalWanModel.init_kv_caches``: the session's small dicts while one runs, else core's."""
-
-    jensen_kv_patch = True
-
-    def __init__(self, dm):
-        self.dm = dm
-
-    def __call__(self, batch_size, max_seq_len, device, dtype):
-        session = _ACTIVE.get()
-        if session is None:
-            return type(self.dm).init_kv_caches(self.dm, batch_size, max_seq_len, device, dtype)
-        return session.init_caches(int(batch_size), int(max_seq_len))
-
-
-class InitCrossAttnCaches:
-    """Stands in for ``CausalWanModel.init_crossattn_caches``: per-CFG-branch text K/V while a session runs."""
-
-    jensen_kv_patch = True
-
-    def __init__(self, dm):
-        self.dm = dm
-
-    def __call__(self, batch_size, device, dtype):
-        session = _ACTIVE.get()
-        if session is None:
-            return type(self.dm).init_crossattn_caches(self.dm, batch_size, device, dtype)
-        return session.init_crossattn_caches()
-
-
-class CoreARSelfAttention:
-    """Stands in for ``CausalWanSelfAttention.forward`` of one layer: the pack's cache when core hands it one."""
-
-    jensen_kv_patch = True
-
-    def __init__(self, layer: int, module: torch.nn.Module):
-        self.layer, self.module = layer, module
-
-    def __call__(self, x, freqs, kv_cache=None, transformer_options=None):
-        if not isinstance(kv_cache, CoreLayerCache):
-            return type(self.module).forward(
-                self.module,
-                x,
-                freqs,
-                kv_cache=kv_cache,
-                transformer_options={} if transformer_options is None else transformer_options,
-            )
-        from ..families.wan import self_attention_via
-
-        session = kv_cache.session
-        labels = session.labels if session.labels is not None else [0]
-        # exactly core's q, k, v (RoPE with core's absolute frequencies); the pack's cache instead of core's
-        return self_attention_via(self.module, x, freqs, lambda q, k, v: session.attend(self.layer, q, k, v, labels))
-
-
-class PackAttention:
-    """One layer's attention of a running session, for a sequence-parallel composition (runtime/families).
-
-    ``attend(q, k, v, shard)``: q, k, v post-RoPE in SDPA layout for the heads ``shard`` says this rank
-    holds (``shard.head_offset`` on, ``shard.ranks`` ranks); the session's store and corrected attention.
-    """
-
-    def __init__(self, session: CoreARSession, layer: int):
-        self.session, self.layer = session, layer
-
-    @property
-    def config(self) -> JensenKVConfig:
-        return self.session.config
-
-    def __call__(self, q, k, v, shard):
-        session = self.session
-        session.use_shard(shard)
-        labels = session.labels if session.labels is not None else [0]
-        return session.attend(self.layer, q, k, v, labels)
-
-
-def pack_attention(layer: int, kv_cache) -> PackAttention | None:
-    """The pack's attention for ``kv_cache`` when it is a session's (core's AR sampler with the pack), else None."""
-    return PackAttention(kv_cache.session, layer) if isinstance(kv_cache, CoreLayerCache) else None
-
-
-def compose_foreign_attention(model_patcher, *_load_args) -> None:
-    """ON_LOAD (and again at session start): wrap a sequence-parallel self-attention another pack put on the blocks.
-
-    ComfyUI runs ON_LOAD callbacks after the object patches, so a pack that injects there (Raylight's
-    Ulysses ``usp_causal_ar_self_attn_forward``) replaces the pack's patch; the family's composition
-    (runtime/families/wan_raylight.py) goes over it and routes the sharded heads through the session.
-    Nothing happens for a MODEL without the pack's settings or without such a forward.
-    """
-    if not carries_settings(model_patcher.model_options):
-        return
-    dm = causal_diffusion_model(model_patcher)
-    if dm is None:
-        return
-    from ..families import wan_raylight
-
-    wan_raylight.compose(dm, pack_attention)
 
 
 # ---------------------------------------------------------------------------------------------- wrappers
@@ -211,61 +88,13 @@ def _apply_model_wrapper(
         session.labels = None
 
 
-def _foreign_name(fn) -> str:
-    what = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    return f"{what} (from {module})"
-
-
-def _check_patched(dm, patcher) -> None:
-    """The model as loaded must carry the pack's patches, and they must not have displaced another pack's.
-
-    A patch another pack put on the module itself (``types.MethodType`` on the instance, as Raylight's
-    sequence-parallel patch does) is what ComfyUI backed up when it applied the pack's object patch:
-    the pack would silently drop it, so it refuses instead.
-    """
-    backup = getattr(patcher, "object_patches_backup", {}) or {}
-    for i, block in enumerate(dm.blocks):
-        old = backup.get(SELF_ATTN_KEY.format(i))
-        if getattr(block.self_attn.__dict__.get("forward"), "serves_core_ar", False):
-            continue  # a sequence-parallel forward the family's composition routes through the pack's session
-        if (
-            old is not None
-            and not getattr(old, "jensen_kv_patch", False)
-            and getattr(old, "__func__", None) is not type(block.self_attn).forward
-        ):
-            raise UnusedSettingsError(
-                f"block {i}'s self-attention carried {_foreign_name(getattr(old, '__func__', old))}, put on the module by "
-                "another node pack (e.g. a sequence-parallel patch of CausalWanSelfAttention.forward); the Jensen KV "
-                "cache replaces that attention on core's AR path and will not silently drop the other patch. Use one "
-                "of the two on this MODEL."
-            )
-    init = getattr(dm, "init_kv_caches", None)
-    if not isinstance(init, InitKVCaches):
-        raise UnusedSettingsError(
-            f"the causal model's init_kv_caches is {getattr(init, '__qualname__', type(init).__qualname__)}, not the "
-            "Jensen KV cache's: another node replaced it, and core's AR sampler would keep its own full-precision cache. "
-            "Remove that node or the Jensen KV nodes."
-        )
-    for i, block in enumerate(dm.blocks):
-        fwd = block.self_attn.__dict__.get("forward")
-        if not isinstance(fwd, CoreARSelfAttention) and not getattr(fwd, "serves_core_ar", False):
-            what = getattr(fwd, "__qualname__", None) or (type(fwd).__qualname__ if fwd is not None else "core's own")
-            module = getattr(fwd, "__module__", None) or (type(fwd).__module__ if fwd is not None else "comfy")
-            raise UnusedSettingsError(
-                f"block {i}'s self-attention runs {what} (from {module}), not the Jensen KV cache's: another node pack "
-                "patches the same attention (e.g. a sequence-parallel patch of CausalWanSelfAttention.forward), and the "
-                "pack's cache would be ignored there. Use one of the two on this MODEL."
-            )
-
-
 def _sampler_sample_wrapper(
     executor, guider, sigmas, extra_args, callback, noise, latent_image=None, denoise_mask=None, disable_pbar=False
 ):
     sampler = executor.class_obj
     model_options = (extra_args or {}).get("model_options", {})
     patcher = guider.model_patcher
-    if not carries_settings(model_options) or _is_own_loop(patcher):
+    if not carries_settings(model_options) or is_pack_loop(patcher):
         return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
     fn = getattr(getattr(sampler, "sampler_function", None), "__name__", type(sampler).__name__)
     if not _is_ar_video(sampler):
@@ -274,16 +103,15 @@ def _sampler_sample_wrapper(
             "sampler denoises the whole video at once and has no KV cache; another pack's AR sampler keeps its own): "
             f"the settings would do nothing. {USE_INSTEAD}"
         )
-    dm = causal_diffusion_model(patcher)
-    if dm is None:
+    family = core_ar_family(patcher)
+    if family is None:
         raise UnusedSettingsError(
             f"SamplerARVideo needs a causal-AR model (ComfyUI's WAN21_CausalAR / CausalWanModel); this MODEL is "
             f"{type(patcher.model).__name__} ({type(getattr(patcher.model, 'diffusion_model', None)).__name__}). Load a "
             "checkpoint whose metadata marks it causal (tools/convert_checkpoint.py --causal), or use the pack's "
             "Chunked AR Video Sampler, which drives plain Wan 2.1 checkpoints."
         )
-    compose_foreign_attention(patcher)
-    _check_patched(dm, patcher)
+    family.check_core_ar_patched(patcher)
     session = start_session(patcher, model_options, sigmas, noise, sampler)
     token = _ACTIVE.set(session)
     ok = False
@@ -464,35 +292,9 @@ def attach(model_patcher) -> None:
     ):
         model_patcher.remove_wrappers_with_key(kind, WRAPPER_KEY)
         model_patcher.add_wrapper_with_key(kind, WRAPPER_KEY, fn)
-    model_patcher.remove_callbacks_with_key(pe.CallbacksMP.ON_LOAD, WRAPPER_KEY)
-    model_patcher.add_callback_with_key(pe.CallbacksMP.ON_LOAD, WRAPPER_KEY, compose_foreign_attention)
-    dm = causal_diffusion_model(model_patcher)
-    if dm is None:
-        return
-    keys = [INIT_KEY, CROSS_INIT_KEY] + [SELF_ATTN_KEY.format(i) for i in range(len(dm.blocks))]
-    ours = (InitKVCaches, InitCrossAttnCaches, CoreARSelfAttention)
-    foreign = [
-        (k, model_patcher.object_patches[k])
-        for k in keys
-        if k in model_patcher.object_patches and not isinstance(model_patcher.object_patches[k], ours)
-    ]
-    if foreign:
-        key, patch = foreign[0]
-        what = getattr(patch, "__qualname__", None) or type(patch).__qualname__
-        raise ValueError(
-            f"the MODEL already carries an object patch on {key} ({what}), put there by another node pack; the Jensen "
-            "KV cache must serve that attention on core's AR path and will not silently drop the other patch. Apply "
-            "the Jensen KV nodes to the MODEL before that node's patch is added, or remove one of the two."
-        )
-    if INIT_KEY not in model_patcher.object_patches:
-        model_patcher.add_object_patch(INIT_KEY, InitKVCaches(dm))
-    if CROSS_INIT_KEY not in model_patcher.object_patches and callable(getattr(dm, "init_crossattn_caches", None)):
-        model_patcher.add_object_patch(CROSS_INIT_KEY, InitCrossAttnCaches(dm))
-    for i in range(len(dm.blocks)):
-        key = SELF_ATTN_KEY.format(i)
-        if key not in model_patcher.object_patches:
-            module = model_patcher.get_model_object(f"diffusion_model.blocks.{i}.self_attn")
-            model_patcher.add_object_patch(key, CoreARSelfAttention(i, module))
+    family = core_ar_family(model_patcher)
+    if family is not None:
+        family.attach_core_ar(model_patcher, _ACTIVE.get)
 
 
 __all__ = [

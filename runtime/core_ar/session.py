@@ -75,6 +75,9 @@ class CoreLayerCache(dict):
     it fails with that finding instead of a bare KeyError.
     """
 
+    #: what a family's core-path self-attention patch recognises it by (families never import this room)
+    jensen_kv_layer = True
+
     def __init__(self, session: CoreARSession, layer: int):
         super().__init__(end=0)
         self.session, self.layer = session, layer

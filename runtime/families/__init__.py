@@ -2,11 +2,77 @@
 
 from __future__ import annotations
 
-from .base import AttentionShape, ModelFamily, Probe, UnsupportedModelError, attention_override_notice
+from types import SimpleNamespace
+
+from .base import (
+    AttentionShape,
+    ModelFamily,
+    ModelPreset,
+    Probe,
+    UnsupportedModelError,
+    UnusedSettingsError,
+    attention_override_notice,
+)
+from .magi1 import files as _magi1_files
+from .magi1 import model as _magi1_model
+from .magi1 import text as _magi1_text
+from .magi1 import vae as _magi1_vae
 from .wan import WanFamily
+from .worldplay import loader as _worldplay_loader
+
+#: what the MAGI-1 and HY-WorldPlay nodes call (their loaders, files and text glue): nodes ask the registry, never
+#: a family's module (tests/test_layout.py). Their ModelFamily adapters come with their recipes.
+MAGI1 = SimpleNamespace(
+    files=_magi1_files,
+    variants=_magi1_model.VARIANTS,
+    weight_dtypes=_magi1_model.WEIGHT_DTYPES,
+    load=_magi1_model.load_magi1,
+    vae_dtypes=_magi1_vae.VAE_DTYPES,
+    load_vae=_magi1_vae.load_magi1_vae,
+    encode=_magi1_text.encode,
+)
+WORLDPLAY = SimpleNamespace(
+    weight_dtypes=_worldplay_loader.WEIGHT_DTYPES,
+    load=_worldplay_loader.load_worldplay,
+    describe=_worldplay_loader.describe,
+)
 
 #: every family the pack supports, probed in this order
 FAMILIES: tuple[type[ModelFamily], ...] = (WanFamily,)
+
+
+def planner_presets() -> dict[str, tuple[type[ModelFamily], ModelPreset]]:
+    """Every family's planner presets by name (the web planner's model list), in family order."""
+    out: dict[str, tuple[type[ModelFamily], ModelPreset]] = {}
+    for family in FAMILIES:
+        for name, preset in family.presets.items():
+            if name in out:
+                raise RuntimeError(f"two families name a planner preset {name!r}: {out[name][0].name}, {family.name}")
+            out[name] = (family, preset)
+    return out
+
+
+def family_named(name: str) -> type[ModelFamily] | None:
+    """The family whose ``name`` or short key (``key``) is ``name`` (case-insensitive), else None."""
+    for family in FAMILIES:
+        if name.lower() in (family.name.lower(), family.key.lower()):
+            return family
+    return None
+
+
+def is_pack_loop(model_patcher) -> bool:
+    """Whether the pack's own Chunked AR sampler patched this clone (asked of every family)."""
+    patches = getattr(model_patcher, "object_patches", {}) or {}
+    return any(family.is_loop_patch(p) for p in patches.values() for family in FAMILIES)
+
+
+def core_ar_family(model_patcher) -> type[ModelFamily] | None:
+    """The family that serves ComfyUI's own AR sampler on this MODEL (it applies and has a causal model core's
+    ``sample_ar_video`` drives), else None."""
+    for family in FAMILIES:
+        if family.probe(model_patcher).applies and family.core_ar_model(model_patcher) is not None:
+            return family
+    return None
 
 
 def describe_model(model_patcher) -> str:
@@ -53,9 +119,17 @@ def detect(model_patcher) -> ModelFamily:
 
 __all__ = [
     "FAMILIES",
+    "MAGI1",
+    "WORLDPLAY",
     "AttentionShape",
     "ModelFamily",
+    "ModelPreset",
     "Probe",
+    "UnusedSettingsError",
+    "core_ar_family",
+    "family_named",
+    "is_pack_loop",
+    "planner_presets",
     "attention_override_notice",
     "attention_shape",
     "UnsupportedModelError",

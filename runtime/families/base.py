@@ -15,12 +15,22 @@ A family adapter knows these things about its models, and nothing about caches o
   planner in ``jensen_core`` takes), how latent frames become tokens (:meth:`tokens_per_frame`) and
   which latents it can take (:meth:`check_latent`);
 - **identity**: the architecture facts a saved cache must match (:meth:`fingerprint`), a digest
-  of its weights (:meth:`weights_digest`) and a label for the run's records (:meth:`describe`).
+  of its weights (:meth:`weights_digest`) and a label for the run's records (:meth:`describe`);
+- **the planner's presets** (:attr:`ModelFamily.presets`: the models users run, as the web planner lists them);
+- **core's AR path** (ComfyUI's own ``sample_ar_video``, v0.27+), where the family has one:
+  :meth:`ModelFamily.core_ar_model` (the causal model core's sampler drives, or None),
+  :meth:`ModelFamily.attach_core_ar` (the object patches that hand core's per-layer caches to the pack's
+  session) and :meth:`ModelFamily.check_core_ar_patched` (refuse when another pack replaced them);
+  ``runtime/core_ar/`` keeps only the family-free ``end`` protocol;
+- **whose patch it is**: :meth:`ModelFamily.is_loop_patch` says whether an object patch is the family's own
+  patch of the pack's sampler (core's path then lets that sampling through untouched).
 
-The chunk loop (``runtime/chunk_loop.py``) and core's AR path (``runtime/core_ar/``) use only
-these members (tests/test_layout.py checks them).
+The chunk loop (``runtime/chunk_loop.py``), core's AR path (``runtime/core_ar/``), the routes and the nodes use
+only these members, through ``runtime.families`` (tests/test_layout.py checks that no room but
+``runtime/families/`` imports a family's module).
 
-Adding a family is adding one file in ``runtime/families/`` and its class to ``FAMILIES`` there.
+Adding a family is adding one file in ``runtime/families/`` (or a package there) and its class to ``FAMILIES``,
+and its tiny model to ``jensen_testing.families``, which the conformance suite (``tests/families/``) runs.
 """
 
 from __future__ import annotations
@@ -47,6 +57,25 @@ def attention_override_notice(model_options: dict | None) -> str | None:
         "another pack). Jensen KV's quantized cache replaces every self-attention layer, so the override serves "
         "cross-attention only; self-attention runs the pack's own corrected attention"
     )
+
+
+class UnusedSettingsError(RuntimeError):
+    """A MODEL with the pack's settings was sent to a sampler (or through a patch) that would ignore them."""
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """One model users run, as the planner lists it: its cache layers, heads (query and K/V) and head_dim."""
+
+    label: str
+    layers: int
+    heads: int
+    head_dim: int
+    kv_heads: int | None = None  # None: as many as query heads
+
+    @property
+    def dims(self) -> tuple[int, int, int]:
+        return (self.layers, self.heads, self.head_dim)
 
 
 class UnsupportedModelError(ValueError):
@@ -78,11 +107,16 @@ class ModelFamily(ABC):
 
     #: short name, e.g. "Wan 2.1 T2V"
     name: ClassVar[str]
+    #: a key for URLs and files, e.g. "wan"
+    key: ClassVar[str]
     #: one sentence for errors: which checkpoints this family covers and how they are loaded
     supported: ClassVar[str]
     #: the family's latent layout (the planner's geometry)
     geometry: ClassVar[LatentGeometry]
     latent_channels: ClassVar[int]
+
+    #: the models of this family users run, for the planner (name -> preset)
+    presets: ClassVar[dict[str, ModelPreset]] = {}
 
     num_layers: int
     heads: int
@@ -140,3 +174,30 @@ class ModelFamily(ABC):
     @abstractmethod
     def describe(self) -> str:
         """Which model classes this run drives, for the saved state's records (``WAN21/WanModel``)."""
+
+    # ------------------------------------------------------------------ whose patch, core's AR path
+    @classmethod
+    def is_loop_patch(cls, patch) -> bool:
+        """Whether ``patch`` (an object patch on a ModelPatcher) is this family's patch of the pack's own sampler."""
+        return getattr(patch, "jensen_kv_loop_of", None) is cls
+
+    @classmethod
+    def core_ar_model(cls, model_patcher):
+        """The causal diffusion model ComfyUI's ``sample_ar_video`` drives on this MODEL when this family serves
+        core's AR path there, else None (the default: the family has no core path)."""
+        return None
+
+    @classmethod
+    def attach_core_ar(cls, model_patcher, active_session) -> None:
+        """Add the object patches that serve core's AR path on ``model_patcher`` (a clone carrying the pack's
+        settings; idempotent): they call core's own code when ``active_session()`` is None, else hand core's
+        per-layer caches and self-attention to that session (``session.init_caches``,
+        ``session.init_crossattn_caches``, ``session.attend(layer, q, k, v, labels)``). ValueError when another
+        pack already patches what they must replace."""
+        raise NotImplementedError(f"{cls.name} has no core AR path")
+
+    @classmethod
+    def check_core_ar_patched(cls, model_patcher) -> None:
+        """The MODEL as loaded carries :meth:`attach_core_ar`'s patches and they displaced nobody's:
+        :class:`UnusedSettingsError` naming the other patch otherwise."""
+        raise NotImplementedError(f"{cls.name} has no core AR path")

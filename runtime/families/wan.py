@@ -9,6 +9,9 @@ How it reaches the model (all on a *clone* of the ModelPatcher, undone in :meth:
   current chunk's absolute first frame (``rope_encode(..., t_start=offset)``) and calls
   ``forward_orig``; ComfyUI v0.3.64's ``_forward`` always starts the time axis at 0.
 - CFG: ``transformer_options["cond_or_uncond"]`` says which batch slot is cond (0) or uncond (1).
+- ComfyUI's own AR sampler (v0.27+, ``CausalWanModel``): :meth:`WanFamily.attach_core_ar` puts the core-path
+  patches on a clone (``init_kv_caches``, ``init_crossattn_caches``, every block's self-attention; see the end
+  of this file), which hand core's per-layer caches to the pack's session while one runs.
 
 Which models: ComfyUI's ``WAN21`` / ``WanModel`` and their subclasses (e.g. newer ComfyUI's
 ``WAN21_CausalAR`` / ``CausalWanModel`` for Causal Forcing checkpoints), when their self-attention
@@ -27,7 +30,7 @@ from torch import Tensor
 
 from ...jensen_core.geometry import LatentGeometry
 from ..saved_run import weights_digest
-from .base import AttentionShape, ModelFamily, Probe
+from .base import AttentionShape, ModelFamily, ModelPreset, Probe, UnusedSettingsError
 
 logger = logging.getLogger("jensen_kv")
 
@@ -82,8 +85,13 @@ def _probe_attention(dm) -> str | None:
 
 class WanFamily(ModelFamily):
     name = "Wan 2.1 T2V"
+    key = "wan"
     supported = SUPPORTED
     geometry = GEOMETRY
+    presets = {
+        "wan2.1-1.3b": ModelPreset("Wan 2.1 1.3B", *PRESETS["wan2.1-1.3b"]),
+        "wan2.1-14b": ModelPreset("Wan 2.1 14B", *PRESETS["wan2.1-14b"]),
+    }
     latent_channels = GEOMETRY.latent_channels
     patch = GEOMETRY.patch
 
@@ -171,6 +179,24 @@ class WanFamily(ModelFamily):
 
     def describe(self) -> str:
         return self.model_class
+
+    # ------------------------------------------------------------------ whose patch, core's AR path
+    @classmethod
+    def is_loop_patch(cls, patch) -> bool:
+        return isinstance(patch, CachedSelfAttention)
+
+    @classmethod
+    def core_ar_model(cls, model_patcher):
+        """ComfyUI's ``CausalWanModel`` (v0.27+: ``init_kv_caches``), which ``sample_ar_video`` drives."""
+        return causal_diffusion_model(model_patcher)
+
+    @classmethod
+    def attach_core_ar(cls, model_patcher, active_session) -> None:
+        attach_core_ar(model_patcher, active_session)
+
+    @classmethod
+    def check_core_ar_patched(cls, model_patcher) -> None:
+        check_core_ar_patched(model_patcher)
 
     # ------------------------------------------------------------------ patches
     def install(self, work, run) -> None:
@@ -302,3 +328,181 @@ def make_rope_offset_wrapper(run):
         return out[:, :, :t, :h, :w]
 
     return rope_offset_wrapper
+
+
+# ============================================================================ core's AR path (v0.27+)
+# ComfyUI's own AR video sampler (``sample_ar_video`` over ``CausalWanModel``): on a causal model, on the clone
+# the pack's nodes return, object patches on ``diffusion_model.init_kv_caches`` (the session's small per-layer
+# dicts instead of the whole-video K/V), ``diffusion_model.init_crossattn_caches`` (the text K/V per CFG branch,
+# so cond and uncond run as separate calls do not share it) and every block's ``self_attn.forward`` (the pack's
+# cache, with core's own q, k, v and absolute RoPE). Each calls core's own code when no session is running
+# (``active_session()`` is None). The session and its ``end`` protocol are family-free (``runtime/core_ar/``,
+# never imported here: the session comes through ``active_session``, core's per-layer dicts carry a
+# ``jensen_kv_layer`` marker).
+INIT_KEY = "diffusion_model.init_kv_caches"
+CROSS_INIT_KEY = "diffusion_model.init_crossattn_caches"
+
+
+def causal_diffusion_model(model_patcher):
+    """The model's ``CausalWanModel``-like diffusion model (has ``init_kv_caches``), else None."""
+    dm = getattr(getattr(model_patcher, "model", None), "diffusion_model", None)
+    if dm is None or not callable(getattr(dm, "init_kv_caches", None)) or getattr(dm, "blocks", None) is None:
+        return None
+    return dm
+
+
+class InitKVCaches:
+    """Stands in for ``CausalWanModel.init_kv_caches``: the session's small dicts while one runs, else core's."""
+
+    jensen_kv_patch = True
+
+    def __init__(self, dm, active_session):
+        self.dm, self.active_session = dm, active_session
+
+    def __call__(self, batch_size, max_seq_len, device, dtype):
+        session = self.active_session()
+        if session is None:
+            return type(self.dm).init_kv_caches(self.dm, batch_size, max_seq_len, device, dtype)
+        return session.init_caches(int(batch_size), int(max_seq_len))
+
+
+class InitCrossAttnCaches:
+    """Stands in for ``CausalWanModel.init_crossattn_caches``: per-CFG-branch text K/V while a session runs."""
+
+    jensen_kv_patch = True
+
+    def __init__(self, dm, active_session):
+        self.dm, self.active_session = dm, active_session
+
+    def __call__(self, batch_size, device, dtype):
+        session = self.active_session()
+        if session is None:
+            return type(self.dm).init_crossattn_caches(self.dm, batch_size, device, dtype)
+        return session.init_crossattn_caches()
+
+
+class CoreARSelfAttention:
+    """Stands in for ``CausalWanSelfAttention.forward`` of one layer: the pack's cache when core hands it one."""
+
+    jensen_kv_patch = True
+
+    def __init__(self, layer: int, module: torch.nn.Module):
+        self.layer, self.module = layer, module
+
+    def __call__(self, x, freqs, kv_cache=None, transformer_options=None):
+        if not getattr(kv_cache, "jensen_kv_layer", False):
+            return type(self.module).forward(
+                self.module,
+                x,
+                freqs,
+                kv_cache=kv_cache,
+                transformer_options={} if transformer_options is None else transformer_options,
+            )
+        session = kv_cache.session
+        labels = session.labels if session.labels is not None else [0]
+        # exactly core's q, k, v (RoPE with core's absolute frequencies); the pack's cache instead of core's
+        return self_attention_via(self.module, x, freqs, lambda q, k, v: session.attend(self.layer, q, k, v, labels))
+
+
+#: the ON_LOAD callback that composes with a sequence-parallel injection (Raylight's Ulysses)
+COMPOSE_KEY = "jensen_kv_sequence_parallel"
+
+
+def compose_sequence_parallel(model_patcher, *_load_args) -> None:
+    """ON_LOAD (and again in :func:`check_core_ar_patched`): where Raylight's Ulysses injection replaced the pack's
+    self-attention patch, put the composition over it (:mod:`.wan_raylight`; a no-op without Raylight's forward).
+
+    ComfyUI runs ON_LOAD callbacks after the object patches, in the order they were added; Raylight adds its own
+    when the model loads, before the pack's nodes clone it, so this one runs after Raylight's injection.
+    """
+    dm = causal_diffusion_model(model_patcher)
+    if dm is not None:
+        from .wan_raylight import compose, pack_attention
+
+        compose(dm, pack_attention)
+
+
+def _foreign_name(fn) -> str:
+    what = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return f"{what} (from {module})"
+
+
+def check_core_ar_patched(model_patcher) -> None:
+    """The model as loaded must carry the pack's patches, and they must not have displaced another pack's.
+
+    A patch another pack put on the module itself (``types.MethodType`` on the instance, as Raylight's
+    sequence-parallel patch does) is what ComfyUI backed up when it applied the pack's object patch:
+    the pack would silently drop it, so it refuses instead.
+    """
+    dm = causal_diffusion_model(model_patcher)
+    compose_sequence_parallel(model_patcher)  # again here: whatever order the ON_LOAD callbacks ran in
+    backup = getattr(model_patcher, "object_patches_backup", {}) or {}
+    for i, block in enumerate(dm.blocks):
+        old = backup.get(SELF_ATTN_KEY.format(i))
+        if getattr(block.self_attn.__dict__.get("forward"), "serves_core_ar", False):
+            continue  # Raylight's sequence-parallel forward, routed through the pack's session (wan_raylight.py)
+        if (
+            old is not None
+            and not getattr(old, "jensen_kv_patch", False)
+            and getattr(old, "__func__", None) is not type(block.self_attn).forward
+        ):
+            raise UnusedSettingsError(
+                f"block {i}'s self-attention carried {_foreign_name(getattr(old, '__func__', old))}, put on the module by "
+                "another node pack (e.g. a sequence-parallel patch of CausalWanSelfAttention.forward); the Jensen KV "
+                "cache replaces that attention on core's AR path and will not silently drop the other patch. Use one "
+                "of the two on this MODEL."
+            )
+    init = getattr(dm, "init_kv_caches", None)
+    if not isinstance(init, InitKVCaches):
+        raise UnusedSettingsError(
+            f"the causal model's init_kv_caches is {getattr(init, '__qualname__', type(init).__qualname__)}, not the "
+            "Jensen KV cache's: another node replaced it, and core's AR sampler would keep its own full-precision cache. "
+            "Remove that node or the Jensen KV nodes."
+        )
+    for i, block in enumerate(dm.blocks):
+        fwd = block.self_attn.__dict__.get("forward")
+        if not isinstance(fwd, CoreARSelfAttention) and not getattr(fwd, "serves_core_ar", False):
+            what = getattr(fwd, "__qualname__", None) or (type(fwd).__qualname__ if fwd is not None else "core's own")
+            module = getattr(fwd, "__module__", None) or (type(fwd).__module__ if fwd is not None else "comfy")
+            raise UnusedSettingsError(
+                f"block {i}'s self-attention runs {what} (from {module}), not the Jensen KV cache's: another node pack "
+                "patches the same attention (e.g. a sequence-parallel patch of CausalWanSelfAttention.forward), and the "
+                "pack's cache would be ignored there. Use one of the two on this MODEL."
+            )
+
+
+def attach_core_ar(model_patcher, active_session) -> None:
+    """Add the core-path object patches to ``model_patcher`` (idempotent); ValueError naming another pack's patch
+    on the same attention."""
+    dm = causal_diffusion_model(model_patcher)
+    if dm is None:
+        return
+    import comfy.patcher_extension as pe
+
+    model_patcher.remove_callbacks_with_key(pe.CallbacksMP.ON_LOAD, COMPOSE_KEY)
+    model_patcher.add_callback_with_key(pe.CallbacksMP.ON_LOAD, COMPOSE_KEY, compose_sequence_parallel)
+    keys = [INIT_KEY, CROSS_INIT_KEY] + [SELF_ATTN_KEY.format(i) for i in range(len(dm.blocks))]
+    ours = (InitKVCaches, InitCrossAttnCaches, CoreARSelfAttention)
+    foreign = [
+        (k, model_patcher.object_patches[k])
+        for k in keys
+        if k in model_patcher.object_patches and not isinstance(model_patcher.object_patches[k], ours)
+    ]
+    if foreign:
+        key, patch = foreign[0]
+        what = getattr(patch, "__qualname__", None) or type(patch).__qualname__
+        raise ValueError(
+            f"the MODEL already carries an object patch on {key} ({what}), put there by another node pack; the Jensen "
+            "KV cache must serve that attention on core's AR path and will not silently drop the other patch. Apply "
+            "the Jensen KV nodes to the MODEL before that node's patch is added, or remove one of the two."
+        )
+    if INIT_KEY not in model_patcher.object_patches:
+        model_patcher.add_object_patch(INIT_KEY, InitKVCaches(dm, active_session))
+    if CROSS_INIT_KEY not in model_patcher.object_patches and callable(getattr(dm, "init_crossattn_caches", None)):
+        model_patcher.add_object_patch(CROSS_INIT_KEY, InitCrossAttnCaches(dm, active_session))
+    for i in range(len(dm.blocks)):
+        key = SELF_ATTN_KEY.format(i)
+        if key not in model_patcher.object_patches:
+            module = model_patcher.get_model_object(f"diffusion_model.blocks.{i}.self_attn")
+            model_patcher.add_object_patch(key, CoreARSelfAttention(i, module))

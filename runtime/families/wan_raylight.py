@@ -153,9 +153,9 @@ def agree_taylor_layout(shard: HeadShard, q: Tensor, group_size: int, tokens: in
 class UlyssesSelfAttention:
     """Stands in for Raylight's ``usp_causal_ar_self_attn_forward`` of one layer (see the module doc).
 
-    ``pack_attention(layer, kv_cache)`` (given by core's-AR-path room) returns, when ``kv_cache`` is
-    the pack's, a callable ``attend(q, k, v, shard)`` with a ``config`` attribute; else None, and
-    Raylight's own forward runs.
+    ``pack_attention(layer, kv_cache)`` (:func:`pack_attention`) returns, when ``kv_cache`` is a
+    running pack session's, a callable ``attend(q, k, v, shard)`` with ``config`` and ``session``
+    attributes; else None, and Raylight's own forward runs.
     """
 
     jensen_kv_patch = True
@@ -210,6 +210,29 @@ class UlyssesSelfAttention:
         if pad:
             out = torch.cat([out, out.new_zeros(b, pad, *out.shape[2:])], 1)
         return m.o(shard.to_tokens(out).reshape(b, s, n * d))
+
+
+class PackAttention:
+    """One layer's attention of a running core-path session (``runtime/core_ar/session.py``, reached through the
+    per-layer dict core hands the block): ``attend(q, k, v, shard)`` on the heads ``shard`` says this rank holds."""
+
+    def __init__(self, session, layer: int):
+        self.session, self.layer = session, layer
+
+    @property
+    def config(self):
+        return self.session.config
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, shard: HeadShard) -> Tensor:
+        session = self.session
+        session.use_shard(shard)
+        labels = session.labels if session.labels is not None else [0]
+        return session.attend(self.layer, q, k, v, labels)
+
+
+def pack_attention(layer: int, kv_cache) -> PackAttention | None:
+    """The pack's attention when ``kv_cache`` is a running session's per-layer dict, else None (Raylight's own)."""
+    return PackAttention(kv_cache.session, layer) if getattr(kv_cache, "jensen_kv_layer", False) else None
 
 
 def compose(dm, pack_attention) -> int:

@@ -35,7 +35,7 @@ import pytest
 #: markers of tests that CI must run
 REQUIRED_MARKERS = ("comfyui", "server", "browser", "core_ar", "hunyuan15")
 #: test folders (relative to the rootdir) whose tests all need ComfyUI
-REQUIRED_DIRS = ("tests/integration/",)
+REQUIRED_DIRS = ("tests/integration/", "tests/families/")
 #: skip reasons that only say CUDA is absent (CI machines are CPU-only)
 CUDA_REASON = re.compile(
     r"(needs|requires|without|no)\s+(a\s+)?(CUDA|GPU)\b|\bCUDA\b.*\b(not available|unavailable|absent|missing)\b",

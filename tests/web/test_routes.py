@@ -168,7 +168,14 @@ def test_plan_matches_plan_cache_for_wan_1_3b_defaults():
     assert out["bf16_bytes"] == ref.bf16_bytes
     assert out["quantized_bytes"] == ref.quantized_bytes
     assert out["tokens_per_latent_frame"] == 1560 and out["chunks"] == 7 and out["cached_chunks_peak"] == 6
-    assert out["model"] == {"preset": "wan2.1-1.3b", "layers": 30, "heads": 12, "head_dim": 128}
+    assert out["model"] == {
+        "preset": "wan2.1-1.3b",
+        "family": "wan",
+        "layers": 30,
+        "heads": 12,
+        "kv_heads": 12,
+        "head_dim": 128,
+    }
     assert out["runnable"] and out["errors"] == [] and out["warnings"] == []
     assert out["bytes_ratio"] == pytest.approx(16 / 2.75, rel=1e-6)
 
@@ -186,7 +193,29 @@ def test_plan_explicit_dims_override_preset_and_are_echoed():
     out = routes.plan_summary({"preset": "wan2.1-14b", "layers": "30", "heads": "12", "head_dim": "128"})
     assert out["model"]["preset"] == "wan2.1-1.3b"  # the dimensions are the 1.3B's
     out = routes.plan_summary({"preset": "custom", "layers": "2", "heads": "2", "head_dim": "32"})
-    assert out["model"] == {"preset": "custom", "layers": 2, "heads": 2, "head_dim": 32}
+    assert out["model"] == {"preset": "custom", "family": "wan", "layers": 2, "heads": 2, "kv_heads": 2, "head_dim": 32}
+
+
+def test_plan_counts_kv_heads_for_grouped_query_attention():
+    """Fewer K/V heads than query heads: the cache holds the K/V heads only (jensen_core's planner counts them)."""
+    mha = routes.plan_summary({"preset": "custom", "layers": "2", "heads": "24", "head_dim": "128"})
+    gqa = routes.plan_summary({"preset": "custom", "layers": "2", "heads": "24", "kv_heads": "8", "head_dim": "128"})
+    assert gqa["model"]["kv_heads"] == 8
+    assert gqa["bf16_bytes"] * 3 == mha["bf16_bytes"] and gqa["quantized_bytes"] * 3 == mha["quantized_bytes"]
+    with pytest.raises(routes.ParamError, match="does not divide heads=24"):
+        routes.plan_summary({"preset": "custom", "layers": "2", "heads": "24", "kv_heads": "7", "head_dim": "128"})
+    with pytest.raises(routes.ParamError, match="not a model family"):
+        routes.plan_summary({"preset": "custom", "family": "nope", "layers": "2", "heads": "2", "head_dim": "32"})
+
+
+def test_the_presets_come_from_every_family_in_the_registry():
+    """routes/ui.py knows no model: each family's presets, labelled, with the family's key."""
+    fams = load_pack_module("runtime.families")
+    opt = routes.options()
+    want = {n: (f.key, p.label, p.dims) for f in fams.FAMILIES for n, p in f.presets.items()}
+    got = {n: (v["family"], v["label"], (v["layers"], v["heads"], v["head_dim"])) for n, v in opt["presets"].items()}
+    assert got == want and want
+    assert opt["families"] == {f.key: f.name for f in fams.FAMILIES}
 
 
 def test_plan_window_smaller_than_video_caps_the_peak():
