@@ -1,8 +1,8 @@
 """Raylight's Ulysses sequence parallelism on the CPU, in real processes, for the tests (and by hand).
 
 Raylight (komikndr/raylight) is run from where ``../shared/comfyui/lay-out.sh`` lays it out, never
-copied: ``RAYLIGHT_PATH``, ``../shared/raylight`` (next to the checkout), ``/opt/comfyui/raylight``,
-or ComfyUI's ``custom_nodes/raylight``. Its worker (``RayWorker``) hard-requires CUDA and NCCL, so,
+copied: ``RAYLIGHT_PATH``, ComfyUI's ``custom_nodes/raylight``, or ``/opt/comfyui/raylight``
+(``COMFYUI_TREES``). Its worker (``RayWorker``) hard-requires CUDA and NCCL, so,
 as Raylight's own tests do, each process here initialises xDiT's parallel groups itself (gloo, over
 TCP on 127.0.0.1) and registers Raylight's injection (``USPInjectRegistry.inject``) as the ON_LOAD
 callback its ``patch_usp`` registers. xfuser 0.7.0 and yunchang 0.6.4 come from PyPI ``--no-deps``
@@ -58,10 +58,11 @@ EVEN_HW, ODD_HW = 8, 6
 
 def find_raylight() -> Path | None:
     """Raylight's checkout (the folder holding ``src/raylight``), where one is laid out; None otherwise."""
-    candidates = [os.environ.get("RAYLIGHT_PATH"), jc.PACK_ROOT.parent / "shared" / "raylight", "/opt/comfyui/raylight"]
+    candidates = [os.environ.get("RAYLIGHT_PATH")]
     comfy = jc.locate_comfyui()
     if comfy is not None:
         candidates.append(comfy / "custom_nodes" / "raylight")
+    candidates.append(jc.trees_dir() / "raylight")
     for c in candidates:
         if c and (Path(c) / "src" / "raylight" / "distributed_modules" / "usp.py").is_file():
             return Path(c).resolve()
@@ -74,8 +75,8 @@ def missing() -> str | None:
 
     if find_raylight() is None:
         return (
-            "Raylight not found (RAYLIGHT_PATH, ../shared/raylight, /opt/comfyui/raylight, ComfyUI/custom_nodes/raylight); "
-            "../shared/comfyui/lay-out.sh lays it out"
+            f"Raylight not found (RAYLIGHT_PATH, ComfyUI/custom_nodes/raylight, {jc.trees_dir() / 'raylight'}): lay it "
+            f"out with {jc.LAY_OUT_HINT}"
         )
     absent = [m for m in ("xfuser", "yunchang") if importlib.util.find_spec(m) is None]
     if absent:
