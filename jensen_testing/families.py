@@ -5,6 +5,11 @@ build a tiny random model of it from ComfyUI's own classes, its latents and cond
 model of the family the pack refuses (with the words the refusal must contain) and the family's own block-causal
 forward, the reference a full-precision cached run must equal. A new family passes the suite by adding its room
 and its entry here, nothing else.
+
+A family whose recipe owns its loop (HY-WorldPlay) gives its run function (``sample``) instead of the Chunked AR
+loop, its own full-precision reference (``reference``), the options of the suite its loop refuses (with the words
+its refusal names: the suite checks the refusal instead of the run) and the markers its tests need (``marks``:
+a family built on a part of newer ComfyUI is deselected on an older one, never skipped).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import causal_wan, reference, wan_tiny
+from . import causal_wan, reference, wan_tiny, worldplay_tiny
 
 
 @dataclass(frozen=True)
@@ -28,7 +33,8 @@ class TinyFamily:
     chunk_frames: int
     # the family's own block-causal forward: (model, cached calls, this call) -> the output this call must give,
     # each call as recorded by :class:`reference.DiffusionModelRecorder` (a cached call: its chunk's write pass)
-    block_causal: Callable[[Any, list[dict], dict], torch.Tensor]
+    # (None for a family with its own ``reference``)
+    block_causal: Callable[[Any, list[dict], dict], torch.Tensor] | None
     # a model of this family that the pack refuses, and words its refusal names
     refused: Callable[[], Any]
     refusal_words: tuple[str, ...]
@@ -37,6 +43,15 @@ class TinyFamily:
     sample_core: Callable[..., torch.Tensor] | None = None
     core_sigmas: Callable[[], torch.Tensor] | None = None  # the schedule core's sampler runs in the suite
     run_options: dict = field(default_factory=dict)  # extra options of run_chunked_ar for this family
+    # a recipe that owns its loop: (model, conditioning(1), latent(frames), *, seed, cfg, sampler, sigmas, observer,
+    # **options) -> a result with .samples and .report, instead of run_chunked_ar
+    sample: Callable[..., Any] | None = None
+    # its full-precision reference: (model, frames) -> the samples a full-precision run of ``sample`` must equal
+    reference: Callable[[Any, int], torch.Tensor] | None = None
+    # options of the suite the family's loop refuses (name -> words its refusal names)
+    refused_options: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # pytest markers of this family's tests (e.g. "hunyuan15": deselected where ComfyUI lacks HunyuanVideo 1.5)
+    marks: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------------------------------- Wan 2.1
@@ -69,6 +84,61 @@ def _wan_refused():
     return m
 
 
+# --------------------------------------------------------------------------------------------------- HY-WorldPlay
+#: the suite's video noise for HY-WorldPlay's runs and its reference (the same noise for both)
+WORLDPLAY_NOISE_SEED = 11
+
+
+def _wp_frames(frames: int) -> int:
+    """HY-WorldPlay's chunks are always 4 latent frames: the suite's frame counts, rounded up to whole chunks."""
+    return 4 * -(-frames // 4)
+
+
+def _wp_latent(frames: int, batch: int = 1) -> dict:
+    return worldplay_tiny.latent(_wp_frames(frames), batch)
+
+
+def _wp_conditioning(seed: int) -> list:
+    # the image condition is cut to each call's frames, so one of the longest video the suite makes serves every run
+    return worldplay_tiny.conditioning(seed, 32)
+
+
+def _wp_sample(model, positive, latent, *, seed, cfg, sampler, sigmas, observer=None, **options):
+    frames = latent["samples"].shape[2]
+    families = worldplay_tiny.pack_module("runtime.families")
+    request = families.WORLDPLAY.request(
+        model,
+        positive,
+        latent,
+        worldplay_tiny.trajectory(frames),
+        seed,
+        sampler,
+        sigmas,
+        cfg=cfg,
+        noise=worldplay_tiny.video_noise(frames, WORLDPLAY_NOISE_SEED),
+        observer=observer,
+        **options,
+    )
+    return families.WORLDPLAY.run(request)
+
+
+def _wp_reference(model, frames: int) -> torch.Tensor:
+    n = _wp_frames(frames)
+    return worldplay_tiny.plain_rollout(model, n, worldplay_tiny.video_noise(n, WORLDPLAY_NOISE_SEED), seed=7)
+
+
+def _wp_refused():
+    """Plain HunyuanVideo 1.5 of the tiny shape (core's classes, e.g. HY-WorldPlay's file through UNETLoader): the
+    family applies (the HunyuanVideo 1.5 lineage) and refuses it, naming Load HY-WorldPlay."""
+    import comfy.model_patcher
+    import comfy.supported_models
+
+    config = comfy.supported_models.HunyuanVideo15(worldplay_tiny.TINY.core_config())
+    config.set_inference_dtype(torch.float32, None)
+    cpu = torch.device("cpu")
+    return comfy.model_patcher.ModelPatcher(config.get_model({}), load_device=cpu, offload_device=cpu)
+
+
 TINY: dict[str, TinyFamily] = {
     "wan": TinyFamily(
         key="wan",
@@ -83,5 +153,26 @@ TINY: dict[str, TinyFamily] = {
         build_causal=lambda seed: causal_wan.build_causal_patcher(seed=seed),
         sample_core=causal_wan.sample_core,
         core_sigmas=causal_wan.self_forcing_sigmas,
+    ),
+    "worldplay": TinyFamily(
+        key="worldplay",
+        build=lambda seed: worldplay_tiny.build_patcher(seed=seed),
+        latent=_wp_latent,
+        conditioning=_wp_conditioning,
+        sigmas=lambda model: worldplay_tiny.worldplay_sigmas(),
+        chunk_frames=4,
+        block_causal=None,
+        refused=_wp_refused,
+        refusal_words=("plain HunyuanVideo 1.5", "Load HY-WorldPlay", "HunyuanVideo15"),
+        sample=_wp_sample,
+        reference=_wp_reference,
+        refused_options={
+            "window_chunks": ("does not apply", "set both to 0"),
+            "sink_chunks": ("does not apply", "set both to 0"),
+            "cfg": ("cfg 1",),
+            "keep_state": ("no cache to hand on",),
+            "resume": ("no cache to hand on",),
+        },
+        marks=("hunyuan15",),
     ),
 }

@@ -40,6 +40,7 @@ from .ray_actors_kv import JensenKVRayActors
 from .save_kv_cache import JensenKVSaveKVCache
 from .tiny_ar_decode import JensenKVTinyARDecode
 from .tiny_ar_prompt import JensenKVTinyARPrompt
+from .worldplay_ar_sampler import JensenKVWorldPlayARSampler
 from .worldplay_trajectory import JensenKVWorldPlayTrajectory
 from .worldplay_trajectory_preview import JensenKVWorldPlayTrajectoryPreview
 
@@ -66,11 +67,12 @@ DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiag
 CORE_AR_NODES: list[type[io.ComfyNode]] = [JensenKVARCacheWindow, JensenKVCacheReport]
 #: the pack's settings inside Raylight's Ray actors (sequence parallelism over GPUs)
 RAY_NODES: list[type[io.ComfyNode]] = [JensenKVRayActors]
-#: HY-WorldPlay on ComfyUI's HunyuanVideo 1.5 (v0.27+): its loader, its camera path and the path's picture
+#: HY-WorldPlay on ComfyUI's HunyuanVideo 1.5 (v0.27+): its loader, its camera path, the path's picture, its sampler
 WORLDPLAY_NODES: list[type[io.ComfyNode]] = [
     JensenKVLoadWorldPlay,
     JensenKVWorldPlayTrajectory,
     JensenKVWorldPlayTrajectoryPreview,
+    JensenKVWorldPlayARSampler,
 ]
 #: MAGI-1: its model, VAE and text (the pack's own implementation, magi1/)
 MAGI1_NODES: list[type[io.ComfyNode]] = [

@@ -47,7 +47,7 @@ from ..runtime.config import (
     TIER_BITS_CHOICES,
     parse_tiers,
 )
-from ..runtime.families import FAMILIES, family_named, planner_presets
+from ..runtime.families import FAMILIES, ModelPreset, family_named, planner_presets
 
 logger = logging.getLogger("jensen_kv")
 
@@ -264,6 +264,9 @@ def options(params: Mapping[str, str] | None = None) -> dict:
             "heads": p.heads,
             "head_dim": p.head_dim,
             "kv_heads": p.kv_heads or p.heads,
+            "streams": p.streams,
+            "chunk_frames": p.chunk_frames,
+            "context_frames": p.context_frames,
             "label": p.label,
             "family": family.key,
         }
@@ -366,6 +369,14 @@ def _resolve_model(params: Mapping[str, str]):
     return match, family, layers, heads, head_dim, kv_heads
 
 
+def _recipe_shape(preset: str, family) -> ModelPreset | None:
+    """The preset whose streams and rebuilt context the plan takes: the named one, or for ``preset=custom`` the
+    family's first (every preset of a family shares its attention streams and recipe)."""
+    if preset != CUSTOM_PRESET:
+        return MODEL_PRESETS[preset][1]
+    return next(iter(family.presets.values()), None)
+
+
 def plan_summary(params: Mapping[str, str]) -> dict:
     """Projected peak cache size of a chunk-wise AR run, at BF16 and at the chosen setting.
 
@@ -389,6 +400,17 @@ def plan_summary(params: Mapping[str, str]) -> dict:
 
     latent_frames, latent_h, latent_w = geometry.latent_shape(width, height, frames)
     notes = []
+    shape = _recipe_shape(preset, family)
+    streams = shape.streams if shape is not None else 1
+    if shape is not None and shape.context_frames:
+        # a recipe that rebuilds its cache before every chunk (HY-WorldPlay): its chunk and context, not the user's
+        if (chunk_frames, window, sink) != (shape.chunk_frames, shape.context_chunks, 0):
+            notes.append(
+                f"{family.name} rebuilds its cache before every chunk from up to {shape.context_frames} latent frames "
+                f"in chunks of {shape.chunk_frames}: planned with chunk {shape.chunk_frames}, window "
+                f"{shape.context_chunks}, sink 0 (the chunk, window and sink given do not apply)"
+            )
+        chunk_frames, window, sink = shape.chunk_frames, shape.context_chunks, 0
     step = geometry.vae_space_stride * max(geometry.patch[1], geometry.patch[2])  # pixels per whole patch (Wan: 16)
     short = family.name.split()[0]  # "Wan"
     if width % step or height % step:
@@ -425,7 +447,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         latent_width=latent_w,
         chunk_frames=chunk_frames,
         window_chunks=window,
-        layers=layers,
+        layers=layers * streams,
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
@@ -452,6 +474,12 @@ def plan_summary(params: Mapping[str, str]) -> dict:
             "heads": heads,
             "kv_heads": kv_heads,
             "head_dim": head_dim,
+            # a model whose blocks keep several K/V streams, or whose recipe rebuilds a context (HY-WorldPlay)
+            **(
+                {"streams": streams, "cache_layers": layers * streams, "context_frames": shape.context_frames}
+                if shape is not None and (streams > 1 or shape.context_frames)
+                else {}
+            ),
         },
         video={
             "width": width,

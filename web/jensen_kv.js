@@ -16,7 +16,9 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const QUANT_NODE = "JensenKVQuantizeKVCache";
-const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"]);
+// HY-WorldPlay's own sampler: its chunk and context are fixed, and the planner takes the family's preset
+const WORLDPLAY_SAMPLER = "JensenKVWorldPlayARSampler";
+const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple", WORLDPLAY_SAMPLER]);
 // ComfyUI's own samplers that run SamplerARVideo (v0.27+): followed for the planner
 const CORE_SAMPLER_NODES = new Set(["SamplerCustomAdvanced", "SamplerCustom"]);
 const REPORT_NODES = new Set([...SAMPLER_NODES, "JensenKVCacheReport"]);
@@ -227,6 +229,12 @@ function fromWorkflow(node) {
       const r = (sampler.getOutputNodes(slot) ?? []).find((m) => m.type === "JensenKVCacheReport");
       if (r) { reporter = r; break; }
     }
+  } else if (sampler.type === WORLDPLAY_SAMPLER) {
+    // the family's preset (both streams, the rebuilt 20-frame context); cfg 1, no window or sink
+    const options = node.jensenKv?.options;
+    const [name, p] = Object.entries(options?.presets ?? {}).find(([, q]) => q.family === "worldplay") ?? [];
+    if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim, chunk_frames: p.chunk_frames });
+    Object.assign(found, { window_chunks: p ? p.context_frames / p.chunk_frames : 0, sink_chunks: 0, cfg_branches: 1 });
   } else {
     for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
       const v = widgetValue(sampler, name);
@@ -462,6 +470,13 @@ function render(node, options, state, req) {
     const v = plan.video;
     row("latent", `${plan.latent_frames} frames × ${v.latent_height}×${v.latent_width} → ${num(plan.tokens_per_latent_frame, 0)} tokens/frame`);
     row("chunks", `${plan.chunks} of ${plan.chunk_frames}; peak ${plan.cached_chunks_peak} cached (${num(plan.cached_tokens_peak, 0)} tokens)`);
+    const m = plan.model ?? {};
+    if ((m.streams ?? 1) > 1 || m.context_frames) {
+      // e.g. HY-WorldPlay: two K/V streams per block, a context rebuilt before every chunk
+      row("model", `${m.layers} blocks × ${m.streams} attention streams = ${m.cache_layers} cached layers`
+        + (m.context_frames ? `; context rebuilt before every chunk from up to ${m.context_frames} latent frames` : ""),
+      { "data-jkv": "streams", "data-streams": m.streams ?? 1, "data-context": m.context_frames ?? 0 });
+    }
     row("BF16 cache", `${bytesText(plan.bf16_bytes)}`, { "data-jkv": "bf16", "data-bytes": plan.bf16_bytes });
     row("this setting", plan.runnable ? `${bytesText(plan.quantized_bytes)} (${num(plan.effective_bits, 3)} bits)` : "cannot run: see the warning above",
       { "data-jkv": "quant", "data-bytes": plan.quantized_bytes ?? "", class: plan.runnable ? "" : "jkv-error" });

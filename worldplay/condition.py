@@ -26,7 +26,8 @@ def call_frames(frames: Sequence[int] | None, call_length: int, video_length: in
             raise ValueError(
                 f"a WorldPlay call on {call_length} latent frames got an image condition of {video_length} frames "
                 "and no frame indices: pass the call's absolute latent frames (conditioning key 'worldplay_frames'), "
-                "or a condition of the call's length"
+                "or a condition of the call's length. HY-WorldPlay AR Sampler does this for every chunk; KSampler runs "
+                "the whole video at once, and the Chunked AR Video Sampler cannot drive HY-WorldPlay"
             )
         return tuple(range(call_length))
     out = tuple(int(f) for f in frames)

@@ -19,9 +19,10 @@ from .magi1 import text as _magi1_text
 from .magi1 import vae as _magi1_vae
 from .wan import WanFamily
 from .worldplay import loader as _worldplay_loader
+from .worldplay.family import WorldPlayFamily
 
-#: what the MAGI-1 and HY-WorldPlay nodes call (their loaders, files and text glue): nodes ask the registry, never
-#: a family's module (tests/test_layout.py). Their ModelFamily adapters come with their recipes.
+#: what the MAGI-1 and HY-WorldPlay nodes call (their loaders, files, text glue and HY-WorldPlay's own sampler): nodes
+#: ask the registry, never a family's module (tests/test_layout.py). MAGI-1's ModelFamily adapter comes with its recipe.
 MAGI1 = SimpleNamespace(
     files=_magi1_files,
     variants=_magi1_model.VARIANTS,
@@ -31,14 +32,42 @@ MAGI1 = SimpleNamespace(
     load_vae=_magi1_vae.load_magi1_vae,
     encode=_magi1_text.encode,
 )
+
+
+def _worldplay_request(*args, **kwargs):
+    """``runtime.families.worldplay.recipe.WorldPlayRequest`` (imported on first use: the recipe imports the chunk
+    loop and the report, which import this registry)."""
+    from .worldplay.recipe import WorldPlayRequest
+
+    return WorldPlayRequest(*args, **kwargs)
+
+
+def _worldplay_run(request):
+    """Sample a HY-WorldPlay video with its recipe (``runtime.families.worldplay.recipe.run``)."""
+    from .worldplay.recipe import run
+
+    return run(request)
+
+
+def _worldplay_report_text(report: dict) -> str:
+    from .worldplay.recipe import report_text
+
+    return report_text(report)
+
+
 WORLDPLAY = SimpleNamespace(
     weight_dtypes=_worldplay_loader.WEIGHT_DTYPES,
     load=_worldplay_loader.load_worldplay,
+    from_state_dict=_worldplay_loader.worldplay_from_state_dict,
     describe=_worldplay_loader.describe,
+    family=WorldPlayFamily,
+    request=_worldplay_request,
+    run=_worldplay_run,
+    report_text=_worldplay_report_text,
 )
 
 #: every family the pack supports, probed in this order
-FAMILIES: tuple[type[ModelFamily], ...] = (WanFamily,)
+FAMILIES: tuple[type[ModelFamily], ...] = (WanFamily, WorldPlayFamily)
 
 
 def planner_presets() -> dict[str, tuple[type[ModelFamily], ModelPreset]]:
@@ -107,13 +136,13 @@ def detect(model_patcher) -> ModelFamily:
             return family(model_patcher)
         if found.applies:
             raise UnsupportedModelError(
-                f"Chunked AR Video Sampler supports {family.supported}. This MODEL ({describe_model(model_patcher)}) "
+                f"{family.sampler_node} supports {family.supported}. This MODEL ({describe_model(model_patcher)}) "
                 f"{found.problem}."
             )
-    names = "; ".join(f.supported for f in FAMILIES)
+    names = "; ".join(f"{f.sampler_node}: {f.supported}" for f in FAMILIES)
     raise UnsupportedModelError(
-        f"Chunked AR Video Sampler supports {names}. This MODEL ({describe_model(model_patcher)}) is not one of them; "
-        "load a supported checkpoint with UNETLoader instead."
+        f"The pack supports {names}. This MODEL ({describe_model(model_patcher)}) is not one of them; "
+        "load a supported checkpoint with the loader each names instead."
     )
 
 
@@ -134,6 +163,7 @@ __all__ = [
     "attention_shape",
     "UnsupportedModelError",
     "WanFamily",
+    "WorldPlayFamily",
     "describe_model",
     "detect",
 ]

@@ -65,17 +65,42 @@ class UnusedSettingsError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelPreset:
-    """One model users run, as the planner lists it: its cache layers, heads (query and K/V) and head_dim."""
+    """One model users run, as the planner lists it: its blocks (``layers``), heads (query and K/V) and head_dim.
+
+    ``streams``: attention streams per block that each keep their own K/V (HY-WorldPlay: 2, its RoPE stream and
+    its PRoPE camera stream), so the cache holds ``layers * streams`` layers. ``chunk_frames`` (0: the user's) and
+    ``context_frames`` (0: none) are for a recipe that rebuilds its cache before every chunk from at most
+    ``context_frames`` latent frames in chunks of ``chunk_frames`` (HY-WorldPlay: 20 in chunks of 4): the planner
+    then holds ``context_frames / chunk_frames`` chunks, whatever window the user typed."""
 
     label: str
     layers: int
     heads: int
     head_dim: int
     kv_heads: int | None = None  # None: as many as query heads
+    streams: int = 1
+    chunk_frames: int = 0
+    context_frames: int = 0
+
+    def __post_init__(self) -> None:
+        if self.streams < 1 or self.chunk_frames < 0 or self.context_frames < 0:
+            raise ValueError(f"{self.label}: streams >= 1, chunk_frames and context_frames >= 0")
+        if self.context_frames and (not self.chunk_frames or self.context_frames % self.chunk_frames):
+            raise ValueError(f"{self.label}: context_frames {self.context_frames} needs a chunk_frames that divides it")
 
     @property
     def dims(self) -> tuple[int, int, int]:
         return (self.layers, self.heads, self.head_dim)
+
+    @property
+    def cache_layers(self) -> int:
+        """The K/V layers the cache holds: blocks x streams."""
+        return self.layers * self.streams
+
+    @property
+    def context_chunks(self) -> int:
+        """Chunks the rebuilt context holds at most (0: no rebuilt context, the user's window applies)."""
+        return self.context_frames // self.chunk_frames if self.context_frames else 0
 
 
 class UnsupportedModelError(ValueError):
@@ -117,6 +142,8 @@ class ModelFamily(ABC):
 
     #: the models of this family users run, for the planner (name -> preset)
     presets: ClassVar[dict[str, ModelPreset]] = {}
+    #: the node that samples this family: the Chunked AR Video Sampler, or the family's own (its recipe owns the loop)
+    sampler_node: ClassVar[str] = "Chunked AR Video Sampler"
 
     num_layers: int
     heads: int

@@ -12,6 +12,11 @@ For every family:
 - the planner equals the bytes the run really cached;
 - save, load and continue give the same video as one run, bit for bit;
 - on core's AR path, where the family has one, the pack with quantization off gives core's own result.
+
+A family whose recipe owns its loop (``TinyFamily.sample``) runs through that loop and is checked against its own
+full-precision reference (``TinyFamily.reference``); where a check needs an option its loop refuses
+(``TinyFamily.refused_options``: a window, cfg > 1, a saved cache), the check is that refusal, naming the option.
+A family's ``marks`` go on its tests (``hunyuan15``: deselected on a ComfyUI without HunyuanVideo 1.5, never skipped).
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ def _families():
 FAMILY_KEYS = [f.key for f in _families()]
 
 
+def _family_param(key: str):
+    """The family's key, with the markers its tiny model asks for (a family on a newer ComfyUI part is deselected
+    where that part is missing, e.g. ``-m "not hunyuan15"`` on v0.3.64)."""
+    tiny = TINY.get(key)
+    return pytest.param(key, marks=[getattr(pytest.mark, m) for m in (tiny.marks if tiny else ())], id=key)
+
+
 def test_every_family_has_a_tiny_model():
     """The suite runs every family: one without a tiny model would pass by not being tested."""
     assert set(FAMILY_KEYS) == set(TINY), (
@@ -42,7 +54,7 @@ def test_every_family_has_a_tiny_model():
     )
 
 
-@pytest.fixture(params=FAMILY_KEYS)
+@pytest.fixture(params=[_family_param(k) for k in FAMILY_KEYS])
 def fam(request, pack):
     families = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.families")
     family = next(f for f in families.FAMILIES if f.key == request.param)
@@ -56,9 +68,40 @@ def _quantized(nodes, model, correction=None, bits="2"):
     return m
 
 
+#: the defaults of the options a family's own loop may refuse (any other value is refused, by name)
+OPTION_DEFAULTS = {"window_chunks": 0, "sink_chunks": 0, "cfg": 1.0, "keep_state": False, "resume": None}
+
+
+def _refused(tiny, **options) -> list[str]:
+    """The options (set away from their defaults) that this family's own loop refuses."""
+    return [n for n, v in options.items() if n in tiny.refused_options and v != OPTION_DEFAULTS.get(n, v)]
+
+
+def _check_refusal(loop, tiny, model, euler, refused: list[str], **kw) -> None:
+    """The family's loop refuses these options with a ValueError naming one of them (its words)."""
+    with pytest.raises(ValueError) as e:
+        _run(loop, tiny, model, euler, **kw)
+    msg = str(e.value)
+    assert any(all(w in msg for w in tiny.refused_options[n]) for n in refused), (refused, msg)
+
+
 def _run(loop, tiny, model, euler, frames=7, recorder=None, observer=None, cfg=1.0, **kw):
     import comfy.patcher_extension
 
+    if tiny.sample is not None:  # the family's recipe owns its loop
+        assert recorder is None, "a family with its own loop is checked against its own reference, not a recorder"
+        return tiny.sample(
+            model,
+            tiny.conditioning(1),
+            tiny.latent(frames, 1),
+            seed=7,
+            cfg=cfg,
+            sampler=euler,
+            sigmas=tiny.sigmas(model),
+            observer=observer,
+            progress=False,
+            **{**tiny.run_options, **kw},
+        )
     m = model
     if recorder is not None:
         m = model.clone()
@@ -139,8 +182,14 @@ def test_a_run_leaves_the_model_it_was_given_untouched(fam, loop, nodes, euler):
 def test_a_full_precision_cached_run_equals_the_family_block_causal_forward(fam, loop, euler):
     family, tiny, _ = fam
     model = tiny.build(0)
-    rec = reference.DiffusionModelRecorder()
     frames = 3 * tiny.chunk_frames + 1  # the last chunk is shorter
+    if tiny.reference is not None:  # the family's own loop against its own full-precision forward
+        result = _run(loop, tiny, model, euler, frames=frames)
+        assert result.report["chunks"] == 4
+        want = tiny.reference(model, frames)
+        torch.testing.assert_close(result.samples, want, atol=1e-5, rtol=1e-5)
+        return
+    rec = reference.DiffusionModelRecorder()
     result = _run(loop, tiny, model, euler, frames=frames, recorder=rec)
     steps = tiny.sigmas(model).numel() - 1
     chunks = result.report["chunks"]
@@ -224,7 +273,13 @@ def test_the_planner_equals_the_bytes_the_run_cached(fam, loop, nodes, euler, wi
     planner = importlib.import_module(f"{support_comfyui.PACK_MODULE}.jensen_core.planner")
     model = _quantized(nodes, tiny.build(0), "taylor")
     frames = 4 * tiny.chunk_frames
+    refused = _refused(tiny, window_chunks=window, cfg=cfg)
+    if refused:
+        _check_refusal(loop, tiny, model, euler, refused, frames=frames, window_chunks=window, cfg=cfg)
+        return
     rep = _run(loop, tiny, model, euler, frames=frames, window_chunks=window, cfg=cfg).report
+    if tiny.sample is None:
+        assert rep["window_chunks"] == window
     latent = tiny.latent(frames, 1)["samples"]
     config = model.model_options["transformer_options"]["jensen_kv"]
     plan = planner.plan_cache(
@@ -232,7 +287,7 @@ def test_the_planner_equals_the_bytes_the_run_cached(fam, loop, nodes, euler, wi
         latent_height=latent.shape[-2],
         latent_width=latent.shape[-1],
         chunk_frames=tiny.chunk_frames,
-        window_chunks=window,
+        window_chunks=rep["window_chunks"],  # the family's own loop may keep a context of its own size
         layers=rep["layers"],
         heads=rep["heads"],
         kv_heads=rep.get("kv_heads", rep["heads"]),
@@ -251,6 +306,10 @@ def test_save_load_and_continue_equal_one_run(fam, loop, nodes, euler, tmp_path)
     saved_run = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.saved_run")
     model = _quantized(nodes, tiny.build(0), "taylor")
     n = 2 * tiny.chunk_frames
+    refused = _refused(tiny, window_chunks=2, sink_chunks=1, keep_state=True)
+    if refused:
+        _check_refusal(loop, tiny, model, euler, refused, frames=n, window_chunks=2, sink_chunks=1, keep_state=True)
+        return
     whole = _run(loop, tiny, model, euler, frames=2 * n, window_chunks=2, sink_chunks=1).samples
     first = _run(loop, tiny, model, euler, frames=n, window_chunks=2, sink_chunks=1, keep_state=True)
     path = str(tmp_path / "state.safetensors")
@@ -279,6 +338,10 @@ def test_the_families_with_a_core_path_say_so(fam):
 @pytest.mark.core_ar
 def test_on_core_path_the_pack_with_quantization_off_gives_core_result(fam, nodes):
     family, tiny, _ = fam
+    if tiny.build_causal is None and tiny.sample is not None:
+        # a family whose recipe owns its loop serves no core path, and says so
+        assert family.core_ar_model(tiny.build(0)) is None
+        return
     if tiny.build_causal is None:
         pytest.fail(f"{family.name} has no core AR path: its tiny model sets none (deselect core_ar only for v<0.27)")
     causal = tiny.build_causal(0)

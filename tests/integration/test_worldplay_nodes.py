@@ -1,5 +1,5 @@
 """The HY-WorldPlay nodes: Load HY-WorldPlay (a tiny checkpoint in models/diffusion_models; hunyuan15), HY-WorldPlay
-Trajectory and its preview (any ComfyUI)."""
+Trajectory and its preview (any ComfyUI), HY-WorldPlay AR Sampler (hunyuan15)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ EXPECTED = {
         ["WORLDPLAY_TRAJECTORY", "INT", "STRING"],
     ),
     "JensenKVWorldPlayTrajectoryPreview": ("HY-WorldPlay Trajectory Preview", ["trajectory", "size"], ["IMAGE"]),
+    "JensenKVWorldPlayARSampler": (
+        "HY-WorldPlay AR Sampler",
+        ["model", "positive", "latent", "trajectory", "seed", "sampler", "sigmas"],
+        ["LATENT", "JENSEN_KV_REPORT"],
+    ),
 }
 
 
@@ -101,3 +106,34 @@ def test_load_node_loads_a_checkpoint_from_diffusion_models(nodes, tmp_path):
     save_file({"blocks.0.self_attn.q.weight": torch.zeros(2, 2)}, str(bad))
     with pytest.raises(ValueError, match="not a HunyuanVideo 1.5 / HY-WorldPlay transformer"):
         node.execute("plain.safetensors", "default")
+
+
+@pytest.mark.hunyuan15
+def test_sampler_node_runs_int2_jensen_and_without_patch_nodes_full_precision(nodes):
+    """HY-WorldPlay AR Sampler on the tiny model, from the Trajectory node's path: a LATENT of the video's shape, the
+    report on the output and in the UI; with Quantize KV Cache + Jensen the cache is INT2 and corrected, without them
+    full precision (the A/B baseline), and the two videos differ."""
+    import comfy.samplers
+
+    from jensen_testing import worldplay_tiny as wt
+
+    model = wt.build_patcher(0)
+    trajectory, length, _ = nodes.JensenKVWorldPlayTrajectory.execute("w-3, right-4", 0).args
+    assert length == 29
+    positive = wt.conditioning(1, 8)
+    latent = {**wt.latent(8), "downscale_ratio_spacial": 16}
+    sampler = comfy.samplers.sampler_object("euler")
+    sigmas = nodes.JensenKVARSchedule.execute("worldplay_4step").args[0]
+    int2 = nodes.JensenKVQuantizeKVCache.execute(model, "2", "2", "16", "hadamard", "fp8_e4m3", 0).args[0]
+    int2 = nodes.JensenKVBiasCorrection.execute(int2, "taylor", 1.0).args[0]
+    runs = {}
+    for name, m in (("fp", model), ("int2", int2)):
+        out = nodes.JensenKVWorldPlayARSampler.execute(m, positive, latent, trajectory, 3, sampler, sigmas)
+        lat, report = out.args
+        assert lat["samples"].shape == (1, 32, 8, 4, 6) and "downscale_ratio_spacial" not in lat
+        assert out.ui["jensen_kv_report"] == [report] and "Context rebuilt before every chunk" in out.ui["text"][0]
+        runs[name] = (lat["samples"], report)
+    assert runs["fp"][1]["key_bits"] == "off" and runs["fp"][1]["correction"] == "off"
+    assert runs["int2"][1]["key_bits"] == 2 and runs["int2"][1]["correction"] == "taylor"
+    assert runs["int2"][1]["cache_bytes"] * 5 < runs["fp"][1]["cache_bytes"]
+    assert float((runs["int2"][0] - runs["fp"][0]).abs().max()) > 1e-4

@@ -218,6 +218,56 @@ def test_the_presets_come_from_every_family_in_the_registry():
     assert opt["families"] == {f.key: f.name for f in fams.FAMILIES}
 
 
+def test_plan_of_hy_worldplay_counts_both_streams_and_the_20_frame_context():
+    """HY-WorldPlay's preset: 54 blocks x 2 streams (RoPE and PRoPE) of 16 heads x 128, chunks of 4, and a context of
+    up to 20 frames rebuilt before every chunk: at 480p, 125 frames, 27.6 GB in BF16 and 4.7 GB at INT2 g32
+    (benchmarks/worldplay_memory.py), whatever chunk, window and sink the query gives."""
+    fams = load_pack_module("runtime.families")
+    preset = fams.WorldPlayFamily.presets["hy-worldplay"]
+    assert (preset.layers, preset.streams, preset.heads, preset.head_dim) == (54, 2, 16, 128)
+    assert (preset.chunk_frames, preset.context_frames, preset.context_chunks) == (4, 20, 5)
+    q = {"preset": "hy-worldplay", "width": "832", "height": "480", "frames": "125"}
+    out = routes.plan_summary({**q, "chunk_frames": "3", "window_chunks": "0", "sink_chunks": "1"})
+    ref = plan_cache(
+        latent_frames=32,
+        latent_height=30,
+        latent_width=52,
+        chunk_frames=4,
+        window_chunks=5,
+        layers=108,
+        heads=16,
+        head_dim=128,
+        spec_k=QuantSpec(2, 32, "hadamard"),
+        spec_v=QuantSpec(2, 32, "hadamard"),
+        geometry=fams.WorldPlayFamily.geometry,
+    )
+    assert out["bf16_bytes"] == ref.bf16_bytes == 27_603_763_200
+    assert out["quantized_bytes"] == ref.quantized_bytes == 4_744_396_800
+    assert out["tokens_per_latent_frame"] == 1560 and out["cached_tokens_peak"] == 20 * 1560
+    assert (out["chunk_frames"], out["window_chunks"], out["sink_chunks"]) == (4, 5, 0)
+    assert out["model"] == {
+        "preset": "hy-worldplay",
+        "family": "worldplay",
+        "layers": 54,
+        "heads": 16,
+        "kv_heads": 16,
+        "head_dim": 128,
+        "streams": 2,
+        "cache_layers": 108,
+        "context_frames": 20,
+    }
+    assert any("rebuilds its cache before every chunk from up to 20 latent frames" in w for w in out["warnings"])
+    # the planner's own chunk and window give the same figure, with no note; one stream would be half
+    same = routes.plan_summary({**q, "chunk_frames": "4", "window_chunks": "5"})
+    assert same["quantized_bytes"] == out["quantized_bytes"] and not any("rebuilds" in w for w in same["warnings"])
+    custom = routes.plan_summary(
+        {**q, "preset": "custom", "family": "worldplay", "layers": "54", "heads": "16", "head_dim": "128"}
+    )
+    assert custom["model"]["preset"] == "hy-worldplay" and custom["bf16_bytes"] == out["bf16_bytes"]
+    opt = routes.options()["presets"]["hy-worldplay"]
+    assert (opt["streams"], opt["chunk_frames"], opt["context_frames"]) == (2, 4, 20)
+
+
 def test_plan_window_smaller_than_video_caps_the_peak():
     full = routes.plan_summary({"window_chunks": "0"})
     win = routes.plan_summary({"window_chunks": "2"})
@@ -287,7 +337,7 @@ def test_plan_projection_equals_bytes_a_real_cache_holds():
         ({"group_size": "48"}, "group_size", ["group_size=48 is not supported", "8, 16, 32, 64, 128, 256"]),
         ({"scale_format": "fp8"}, "scale_format", ["fp8_e4m3, bf16, fp16, fp32"]),
         ({"rotation": "random"}, "rotation", ["none, hadamard"]),
-        ({"preset": "wan2.2"}, "preset", ["wan2.1-1.3b, wan2.1-14b, custom"]),
+        ({"preset": "wan2.2"}, "preset", ["wan2.1-1.3b, wan2.1-14b, hy-worldplay, custom"]),
         ({"preset": "custom"}, "layers", ["layers is missing", "preset=custom needs layers, heads and head_dim"]),
         ({"cfg_branches": "3"}, "cfg_branches", ["out of range 1..2", "cfg > 1"]),
         ({"window_chunks": "-1"}, "window_chunks", ["0 = all"]),
@@ -317,7 +367,8 @@ def test_options_lists_the_node_choices_and_presets():
     assert opt["scale_format"] == list(config.SCALE_FORMAT_CHOICES)
     assert opt["method"] == list(config.METHOD_CHOICES) == ["rtn", "qvg"]
     assert opt["defaults"]["method"] == "rtn" and opt["ranges"]["qvg_centroids"]["max"] == 256
-    assert {k: (v["layers"], v["heads"], v["head_dim"]) for k, v in opt["presets"].items()} == MODEL_PRESETS
+    wan_presets = {k: v for k, v in opt["presets"].items() if v["family"] == "wan"}
+    assert {k: (v["layers"], v["heads"], v["head_dim"]) for k, v in wan_presets.items()} == MODEL_PRESETS
     json.dumps(opt)  # served as JSON
     with pytest.raises(routes.ParamError):
         routes.options({"x": "1"})
