@@ -28,3 +28,20 @@ def test_the_planner_gives_the_issues_276_gb_bf16_and_47_gb_int2():
         assert int4["bytes"] == elements * 19 // 32
         assert (round(bf16["bytes"] / 1e9, 1), round(int2["bytes"] / 1e9, 1)) == (27.6, 4.7)
     assert bench.prefix_bytes(1000) == 1000 * 16 * 128 * 2 * 54 * 2
+
+
+def test_the_table_has_the_reference_and_the_pack_with_and_without_the_correction_at_the_same_bytes():
+    bench = load_bench()
+    table = bench.table()
+    for frames in (125, 253):
+        rows = {(r["setting"], r["correction"]): r["bytes"] for r in table if r["frames"] == frames}
+        assert set(rows) == {
+            ("reference (BF16)", "-"),
+            ("pack, BF16", "-"),
+            *((f"pack, INT{b} g32", c) for b in (4, 2) for c in ("off", "taylor")),
+        }
+        assert rows[("pack, BF16", "-")] == rows[("reference (BF16)", "-")]
+        for b in (4, 2):  # the correction stores nothing
+            assert rows[(f"pack, INT{b} g32", "off")] == rows[(f"pack, INT{b} g32", "taylor")]
+    # the prompt prefix at INT2 g32: 11 bytes per 32 elements, against 64 in BF16
+    assert bench.prefix_bytes_int2(1241) * 64 == bench.prefix_bytes(1241) * 11

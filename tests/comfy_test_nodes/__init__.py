@@ -4,6 +4,10 @@
   text encoder (the test checkpoint is a random tiny Wan; a real UMT5 would be 10 GB).
 - ``JensenKVTestPatchProbe``: reports whether any Wan block's ``self_attn.forward`` is still patched
   on the model ComfyUI holds (after a run, an error or an interrupt).
+- ``JensenKVTestWorldPlayPrompt``: a random HunyuanVideo 1.5 prompt for the tiny HY-WorldPlay (LLM tokens and
+  ByT5 features, ``pooled_output`` None as core's text encoders leave it), standing in for Qwen2.5-VL + ByT5.
+- ``JensenKVTestTinyVAE``: a VAE stand-in with HunyuanVideo 1.5's layout for HunyuanVideo15ImageToVideo: every
+  16 x 16 pixel patch through a fixed random projection to 32 channels (the first frame, then every 4th).
 """
 
 from __future__ import annotations
@@ -63,8 +67,57 @@ async def comfy_entrypoint():
             text = "unpatched" if not patched else "patched: " + ", ".join(patched)
             return io.NodeOutput(text, ui=ui.PreviewText(text))
 
+    class JensenKVTestWorldPlayPrompt(io.ComfyNode):
+        @classmethod
+        def define_schema(cls):
+            return io.Schema(
+                node_id="JensenKVTestWorldPlayPrompt",
+                display_name="Random HY-WorldPlay Prompt (jensen_kv tests)",
+                category="jensen_kv/testing",
+                inputs=[
+                    io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="Seed of the random embedding."),
+                    io.Int.Input("tokens", default=7, min=1, max=4096, tooltip="Number of LLM text tokens."),
+                    io.Int.Input("width", default=32, min=1, max=8192, tooltip="LLM width (Qwen2.5-VL 7B: 3584)."),
+                ],
+                outputs=[io.Conditioning.Output()],
+            )
+
+        @classmethod
+        def execute(cls, seed, tokens, width):
+            g = torch.Generator().manual_seed(seed)
+            text = torch.randn(1, tokens, width, generator=g)
+            byt5 = torch.randn(1, 3, 1472, generator=g)
+            return io.NodeOutput([[text, {"conditioning_byt5small": byt5, "pooled_output": None}]])
+
+    class TinyVAE:
+        def __init__(self, seed):
+            g = torch.Generator().manual_seed(seed)
+            self.proj = torch.randn(32, 3 * 16 * 16, generator=g) / math.sqrt(3 * 16 * 16)
+
+        def encode(self, pixels):
+            frames = pixels[::4, :, :, :3].float()  # (t, H, W, 3): the first frame, then every 4th
+            t, h, w = frames.shape[0], frames.shape[1] // 16, frames.shape[2] // 16
+            patches = frames[:, : h * 16, : w * 16].reshape(t, h, 16, w, 16, 3).permute(0, 1, 3, 5, 2, 4)
+            latent = patches.reshape(t, h, w, -1) @ self.proj.T  # (t, h, w, 32)
+            return latent.permute(3, 0, 1, 2).unsqueeze(0)  # (1, 32, t, h, w)
+
+    class JensenKVTestTinyVAE(io.ComfyNode):
+        @classmethod
+        def define_schema(cls):
+            return io.Schema(
+                node_id="JensenKVTestTinyVAE",
+                display_name="Tiny HunyuanVideo 1.5 VAE (jensen_kv tests)",
+                category="jensen_kv/testing",
+                inputs=[io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="Seed of the projection.")],
+                outputs=[io.Vae.Output()],
+            )
+
+        @classmethod
+        def execute(cls, seed):
+            return io.NodeOutput(TinyVAE(seed))
+
     class TestNodes(ComfyExtension):
         async def get_node_list(self):
-            return [JensenKVTestConditioning, JensenKVTestPatchProbe]
+            return [JensenKVTestConditioning, JensenKVTestPatchProbe, JensenKVTestWorldPlayPrompt, JensenKVTestTinyVAE]
 
     return TestNodes()

@@ -18,6 +18,10 @@ only there; the others only with the oldest ComfyUI (or ``--any-comfyui``). So e
 only its own files:
 
     COMFYUI_PATH=/opt/comfyui/v0.27 .ci/venvs/comfyui-v0.27/bin/python tests/web/build_workflows.py
+
+The HY-WorldPlay workflows (``WORLDPLAY_WORKFLOWS``: HunyuanVideo15ImageToVideo and DualCLIPLoader's
+``hunyuan_video_15`` exist from v0.27 on) are built like the core ones, with a ComfyUI that has HunyuanVideo 1.5.
+``--only NAME`` (repeatable) builds only the named workflows.
 """
 
 from __future__ import annotations
@@ -41,9 +45,15 @@ from support.browser import (  # noqa: E402
     open_comfyui,
     write_frontend_settings,
 )
-from support.ci_skips import has_core_ar  # noqa: E402
+from support.ci_skips import has_core_ar, has_hunyuan15  # noqa: E402
 from support.comfyui import PACK_ROOT, ComfyServer, comfyui_version, find_comfyui, make_base_dir  # noqa: E402
-from workflow_specs import BUILD_JS, CORE_WORKFLOW_NAMES, WORKFLOWS, write_placeholder_files  # noqa: E402
+from workflow_specs import (  # noqa: E402
+    BUILD_JS,
+    CORE_WORKFLOW_NAMES,
+    WORKFLOWS,
+    WORLDPLAY_WORKFLOW_NAMES,
+    write_placeholder_files,
+)
 
 
 def oldest_supported() -> tuple[int, ...]:
@@ -60,8 +70,9 @@ def main() -> int:
         return 2
     version, oldest = comfyui_version(comfy), oldest_supported()
     specs = []
+    newer = CORE_WORKFLOW_NAMES | WORLDPLAY_WORKFLOW_NAMES
     if version == oldest or "--any-comfyui" in sys.argv[1:]:
-        specs += [spec for spec in WORKFLOWS if spec["name"] not in CORE_WORKFLOW_NAMES]
+        specs += [spec for spec in WORKFLOWS if spec["name"] not in newer]
     else:
         print(
             f"ComfyUI {version} at {comfy}: the workflows of the Chunked AR sampler are built with the oldest "
@@ -79,6 +90,18 @@ def main() -> int:
             "tests/web/build_workflows.py",
             file=sys.stderr,
         )
+    if has_hunyuan15(comfy):
+        specs += [spec for spec in WORKFLOWS if spec["name"] in WORLDPLAY_WORKFLOW_NAMES]
+    else:
+        print(
+            f"ComfyUI {version} at {comfy} has no HunyuanVideo 1.5: the HY-WorldPlay workflows are built with ComfyUI "
+            "v0.27+ (as the core ones)",
+            file=sys.stderr,
+        )
+    args = sys.argv[1:]
+    only = {args[i + 1] for i, a in enumerate(args[:-1]) if a == "--only"}
+    if only:
+        specs = [spec for spec in specs if spec["name"] in only]
     if not specs:
         return 2
     from playwright.sync_api import sync_playwright
@@ -94,7 +117,7 @@ def main() -> int:
             page = browser.new_page()
             open_comfyui(page, server.url)
             for spec in specs:
-                if spec["name"] in CORE_WORKFLOW_NAMES:
+                if spec["name"] in newer:
                     # a fresh page for each: v0.27's front end finishes work of the previous graph late (a Load
                     # Image preview resized the node that took its id in the next graph)
                     page.close()

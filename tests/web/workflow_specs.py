@@ -1342,3 +1342,140 @@ def _core_ar_tiny_cpu_demo() -> dict:
 CORE_WORKFLOWS: list[dict] = [_core_ar("chunkwise"), _core_ar("framewise"), _core_ar("i2v"), _core_ar_tiny_cpu_demo()]
 CORE_WORKFLOW_NAMES = frozenset(spec["name"] for spec in CORE_WORKFLOWS)
 WORKFLOWS += CORE_WORKFLOWS
+
+
+# ============================================================================ HY-WorldPlay (ComfyUI v0.27+)
+# HY-WorldPlay is built on ComfyUI's HunyuanVideo 1.5 (v0.27+: HunyuanVideo15ImageToVideo, DualCLIPLoader type
+# hunyuan_video_15): build_workflows.py builds it with a ComfyUI that has HunyuanVideo 1.5, and its tests are marked
+# hunyuan15 (tests/web/conftest.py marks the shared per-file tests too): deselected on v0.3.64, never skipped.
+WORLDPLAY_UNET = "hy_worldplay_ar_distilled_action.safetensors"  # ar_distilled_action_model/model.safetensors
+HY15_QWEN = "qwen_2.5_vl_7b_fp8_scaled.safetensors"
+HY15_BYT5 = "byt5_small_glyphxl_fp16.safetensors"
+HY15_VAE = "hunyuanvideo15_vae_fp16.safetensors"
+SIGCLIP = "sigclip_vision_patch14_384.safetensors"
+MODEL_FILES["diffusion_models"] = (*MODEL_FILES["diffusion_models"], WORLDPLAY_UNET)
+MODEL_FILES["text_encoders"] = (*MODEL_FILES["text_encoders"], HY15_QWEN, HY15_BYT5)
+MODEL_FILES["vae"] = (*MODEL_FILES["vae"], HY15_VAE)
+MODEL_FILES["clip_vision"] = (SIGCLIP,)
+WORLDPLAY_POSE = "w-15, right-8, w-8"  # 1 + 31 = 32 latent frames = 125 video frames
+WORLDPLAY_PROMPT = "A sunlit stone courtyard with arches and potted olive trees, the camera walking through it"
+WORLDPLAY_SAMPLER = {"seed": 42, "control_after_generate": "fixed"}
+
+NOTE_WORLDPLAY = f"""HY-WorldPlay image to video at 480p along a camera path, with a 2-bit KV cache + Jensen bias correction
+
+HY-WorldPlay (Tencent-Hunyuan/HY-WorldPlay): HunyuanVideo 1.5's 480p image-to-video transformer with an action
+embedding and a second, camera-projective (PRoPE) attention stream, distilled to generate chunks of 4 latent
+frames autoregressively in 4 steps. Load HY-WorldPlay builds it from ComfyUI's HunyuanVideo 1.5 classes
+(UNETLoader would read the file as plain HunyuanVideo 1.5 and drop both additions).
+
+The graph: your start image (Load Image; SigLIP features through CLIP Vision Encode) and prompt go through
+HunyuanVideo15ImageToVideo (832x480; length = the trajectory's length output: 125 frames = 32 latent
+frames = 8 chunks). HY-WorldPlay Trajectory turns the pose string "{WORLDPLAY_POSE}" into one camera pose
+per latent frame (w/s forward/back, a/d left/right, left/right yaw, up/down pitch; the number is latent
+frames); HY-WorldPlay Trajectory Preview draws it. HY-WorldPlay AR Sampler then does what the reference's
+AR rollout does: before every chunk it rebuilds the cache from up to 20 context frames chosen by view
+overlap (chunk 0, the older chunk whose views overlap the new one's most, the last 3 chunks), re-encoded
+in one forward at t = 14 with RoPE positions renumbered 0..N-1; the chunk then sits at N..N+3 and is
+denoised with Euler on AR Video Schedule worldplay_4step: t = 1000, 937.5, 833.3, 625 (shift 5), cfg 1.
+The view-overlap points are drawn from the seed (the reference draws them unseeded), so a seed gives
+one video.
+
+The pack's nodes on the MODEL: Quantize KV Cache stores the context of both streams of all 54 blocks in
+INT2 (group 32, Hadamard rotation, FP8 scales: 2.75 bits/element) and Jensen Bias Correction (taylor)
+removes the attention the quantized keys steal. The prompt's keys and values stay in full precision
+beside the cache. At 480p the cache holds 20 frames x 1,560 tokens x 108 layers: 27.6 GB in BF16 (the
+reference's), 4.74 GB here (benchmarks/worldplay_memory.py); remove the two nodes for the full-precision
+A/B baseline. The sampler's report gives the measured bytes and the context of every chunk.
+
+Needs ComfyUI v0.27 or later (HunyuanVideo 1.5 in core).
+
+Model files (put them under ComfyUI/models/, then press R to refresh the loaders):
+- models/diffusion_models/{WORLDPLAY_UNET}
+  tencent/HY-WorldPlay: ar_distilled_action_model/model.safetensors, renamed (BF16; weight_dtype fp8_e4m3fn
+  halves it).
+- models/text_encoders/{HY15_QWEN} and models/text_encoders/{HY15_BYT5}
+  from Comfy-Org/HunyuanVideo_1.5_repackaged (split_files/text_encoders); DualCLIPLoader type
+  "hunyuan_video_15".
+- models/vae/{HY15_VAE}
+  from Comfy-Org/HunyuanVideo_1.5_repackaged (split_files/vae).
+- models/clip_vision/{SIGCLIP}
+  from Comfy-Org/HunyuanVideo_1.5_repackaged (split_files/clip_vision).
+Start image: ComfyUI/input/{START_IMAGE} (put your image there, or upload another)."""
+
+
+def _worldplay_i2v() -> dict:
+    nodes = [
+        _note(NOTE_WORLDPLAY, size=(620, 1080)),
+        _n(
+            "unet", "JensenKVLoadWorldPlay", 1, {"unet_name": WORLDPLAY_UNET, "weight_dtype": "default"}, size=[380, 90]
+        ),
+        _n(
+            "clip",
+            "DualCLIPLoader",
+            1,
+            {"clip_name1": HY15_QWEN, "clip_name2": HY15_BYT5, "type": "hunyuan_video_15", "device": "default"},
+            size=[380, 130],
+        ),
+        _n("vae", "VAELoader", 1, {"vae_name": HY15_VAE}, size=[380, 60]),
+        _n("clipvision", "CLIPVisionLoader", 1, {"clip_name": SIGCLIP}, size=[380, 60]),
+        _n("image", "LoadImage", 1, {"image": START_IMAGE}, title="Start image (ComfyUI/input)"),
+        _n("pos", "CLIPTextEncode", 2, {"text": WORLDPLAY_PROMPT}, title="Prompt", size=[400, 160]),
+        _n("neg", "CLIPTextEncode", 2, {"text": ""}, title="Negative prompt (unused: cfg 1)", size=[400, 100]),
+        _n("encode", "CLIPVisionEncode", 2, {"crop": "center"}),
+        _n(
+            "path",
+            "JensenKVWorldPlayTrajectory",
+            2,
+            {"pose": WORLDPLAY_POSE, "latents": 0},
+            title="HY-WorldPlay Trajectory (32 latent frames)",
+            size=[400, 150],
+        ),
+        _n("i2v", "HunyuanVideo15ImageToVideo", 3, {"width": 832, "height": 480, "length": 125, "batch_size": 1}),
+        _n("preview_path", "JensenKVWorldPlayTrajectoryPreview", 3, {"size": 384}),
+        _n("show_path", "PreviewImage", 3, size=[300, 300]),
+        _n("quant", "JensenKVQuantizeKVCache", 4, QUANT_INT2),
+        _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
+        _n("select", "KSamplerSelect", 4, {"sampler_name": "euler"}),
+        _n(
+            "sched",
+            "JensenKVARSchedule",
+            4,
+            {**SF_SCHEDULE, "preset": "worldplay_4step"},
+            title="HY-WorldPlay schedule (t = 1000, 937.5, 833.3, 625)",
+        ),
+        _n("sampler", "JensenKVWorldPlayARSampler", 5, WORLDPLAY_SAMPLER, size=[360, 200]),
+        _n("decode", "VAEDecode", 6),
+        _save_webp("jensen_kv/worldplay_i2v_int2_jensen", 24.0, 6),
+    ]
+    links = [
+        ("unet", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "sampler", "model"),
+        ("clip", "CLIP", "pos", "clip"),
+        ("clip", "CLIP", "neg", "clip"),
+        ("clipvision", "CLIP_VISION", "encode", "clip_vision"),
+        ("image", "IMAGE", "encode", "image"),
+        ("pos", "CONDITIONING", "i2v", "positive"),
+        ("neg", "CONDITIONING", "i2v", "negative"),
+        ("vae", "VAE", "i2v", "vae"),
+        ("image", "IMAGE", "i2v", "start_image"),
+        ("encode", "CLIP_VISION_OUTPUT", "i2v", "clip_vision_output"),
+        ("path", "length", "i2v", "length"),
+        ("path", "trajectory", "preview_path", "trajectory"),
+        ("preview_path", "IMAGE", "show_path", "images"),
+        ("i2v", "positive", "sampler", "positive"),
+        ("i2v", "latent", "sampler", "latent"),
+        ("path", "trajectory", "sampler", "trajectory"),
+        ("select", "SAMPLER", "sampler", "sampler"),
+        ("sched", "SIGMAS", "sampler", "sigmas"),
+        ("sampler", "LATENT", "decode", "samples"),
+        ("vae", "VAE", "decode", "vae"),
+        ("decode", "IMAGE", "save", "images"),
+    ]
+    return {"name": "jensen_kv_worldplay_i2v_480p_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+
+
+#: the workflows on ComfyUI's HunyuanVideo 1.5 (v0.27+), built and tested apart from the others (see above)
+WORLDPLAY_WORKFLOWS: list[dict] = [_worldplay_i2v()]
+WORLDPLAY_WORKFLOW_NAMES = frozenset(spec["name"] for spec in WORLDPLAY_WORKFLOWS)
+WORKFLOWS += WORLDPLAY_WORKFLOWS
