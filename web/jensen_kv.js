@@ -492,7 +492,7 @@ function render(node, options, state, req) {
       row("age tiers", `${plan.tiers}: keys ${bits(plan.chunk_bits_k)} · values ${bits(plan.chunk_bits_v)} bits (oldest first)`,
         { "data-jkv": "tiers", "data-bits": num(plan.effective_bits, 3) });
     }
-    if (plan.runnable && plan.state_file_bytes != null) {
+    if (plan.runnable && plan.state_file_bytes != null && !m.context_frames) {  // a rebuilt context saves no cache
       row("cache file", `${bytesText(plan.state_file_bytes)} (Save KV Cache, to continue later)`,
         { "data-jkv": "state-file", "data-bytes": plan.state_file_bytes });
     }

@@ -416,6 +416,26 @@ def test_planner_counts_both_cfg_branches_for_skyreels(ui):
     ui.shot("07_planner_skyreels_cfg2")
 
 
+@pytest.mark.hunyuan15
+def test_planner_follows_hy_worldplay_with_both_streams_and_the_20_frame_context(ui):
+    """The HY-WorldPlay workflow: connected to HY-WorldPlay AR Sampler the planner takes the HY-WorldPlay preset, the
+    video's 832x480x125 from HunyuanVideo15ImageToVideo, and shows the 2 streams and the 20-frame context: 27.6 GB in
+    BF16, 4.74 GB at INT2 g32 (benchmarks/worldplay_memory.py)."""
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_worldplay_i2v_480p_int2_jensen.json").read_text()))
+    ui.focus(QUANT)
+    r = ui.wait_planner(
+        "el.querySelector('[data-jkv=streams]')?.dataset.streams === '2'"
+        " && el.querySelector('[data-jkv=quant]')?.dataset.bytes"
+    )
+    assert (r["bf16_bytes"], r["quant_bytes"]) == (27_603_763_200, 4_744_396_800)
+    row = ui.panel().query_selector("[data-jkv='streams']")
+    assert row.get_attribute("data-context") == "20"
+    assert "54 blocks × 2 attention streams = 108 cached layers" in row.text_content()
+    assert ui.panel().query_selector("[data-jkv='state-file']") is None  # HY-WorldPlay saves no KV cache
+    print("\nplanner, HY-WorldPlay 832x480x125:", r["summary"])
+    ui.shot("09_planner_worldplay")
+
+
 def test_planner_counts_age_tiers_to_the_byte(ui):
     """Precision by age on the node: the panel shows the tiers' bytes and average bits, as jensen_core plans them."""
     from jensen_core.tiers import AgeTiers
