@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
 from ....worldplay.attention import STREAMS, TextPrefix
-from ....worldplay.context import CONTEXT_TIMESTEP, MEMORY_FRAMES
+from ....worldplay.context import MEMORY_FRAMES
 from ....worldplay.trajectory import CHUNK_LATENTS
 from ...saved_run import weights_digest
 from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
@@ -305,7 +305,6 @@ class WorldPlayLoopForward:
 
 
 __all__ = [
-    "CONTEXT_TIMESTEP",
     "FORWARD_KEY",
     "GEOMETRY",
     "SAMPLER_NODE",
