@@ -3,7 +3,9 @@
 Every family in ``runtime.families.FAMILIES`` needs an entry in :data:`TINY` (keyed by ``ModelFamily.key``): how to
 build a tiny random model of it from ComfyUI's own classes, its latents and conditioning, a few-step schedule, a
 model of the family the pack refuses (with the words the refusal must contain) and the family's own block-causal
-forward, the reference a full-precision cached run must equal. A new family passes the suite by adding its room
+forward, the reference a full-precision cached run must equal. A family whose recipe owns its loop (MAGI-1's
+multi-noise pipeline) gives its own run function (``sample``) and its own full-precision reference (``reference``)
+instead of the Chunked AR loop's schedule and block-causal forward. A new family passes the suite by adding its room
 and its entry here, nothing else.
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import causal_wan, reference, wan_tiny
+from . import causal_wan, magi1_tiny, reference, wan_tiny
 
 
 @dataclass(frozen=True)
@@ -24,14 +26,23 @@ class TinyFamily:
     build: Callable[[int], Any]  # seed -> a ModelPatcher of a tiny random model (fp32, CPU)
     latent: Callable[[int, int], dict]  # (latent frames, batch) -> an empty LATENT
     conditioning: Callable[[int], list]  # seed -> a CONDITIONING
-    sigmas: Callable[[Any], torch.Tensor]  # model -> a few-step SIGMAS
     chunk_frames: int
-    # the family's own block-causal forward: (model, cached calls, this call) -> the output this call must give,
-    # each call as recorded by :class:`reference.DiffusionModelRecorder` (a cached call: its chunk's write pass)
-    block_causal: Callable[[Any, list[dict], dict], torch.Tensor]
     # a model of this family that the pack refuses, and words its refusal names
     refused: Callable[[], Any]
     refusal_words: tuple[str, ...]
+    # on the Chunked AR loop: model -> a few-step SIGMAS, and the family's own block-causal forward: (model, cached
+    # calls, this call) -> the output this call must give, each call as recorded by
+    # :class:`reference.DiffusionModelRecorder` (a cached call: its chunk's write pass)
+    sigmas: Callable[[Any], torch.Tensor] | None = None
+    block_causal: Callable[[Any, list[dict], dict], torch.Tensor] | None = None
+    # a family whose recipe owns its loop: (model, positive, latent, *, seed, cfg, observer, window_chunks,
+    # sink_chunks, keep_state, resume, **run_options) -> a result with .samples, .report (and .state), and its
+    # full-precision reference (model, positive, latent, *, seed, cfg, **run_options) -> the samples a
+    # full-precision cached run must equal
+    sample: Callable[..., Any] | None = None
+    reference: Callable[..., torch.Tensor] | None = None
+    reference_tolerance: float = 1e-5  # that equality's bound, relative to the reference's largest value
+    continues: bool = True  # save, load and continue a run (False: the recipe refuses it, clearly)
     # core's AR path (v0.27+), where the family has one: seed -> a causal ModelPatcher, and core's own sampling
     build_causal: Callable[[int], Any] | None = None
     sample_core: Callable[..., torch.Tensor] | None = None
@@ -85,3 +96,94 @@ TINY: dict[str, TinyFamily] = {
         core_sigmas=causal_wan.self_forcing_sigmas,
     ),
 }
+
+
+# --------------------------------------------------------------------------------------------------- MAGI-1
+#: the tiny MAGI-1 runs: chunks of 1 latent frame (16 tokens of 8 x 8 latents), 8 steps (the pipeline's window 4
+#: and its 4 stages of key ranges both divide them)
+MAGI1_CHUNK, MAGI1_STEPS = 1, 8
+#: q and k norms' gain of the suite's tiny MAGI-1: scores spread with a standard deviation of ~1 and INT2's noise in
+#: them of ~0.35, where the second-order correction holds (measured ΔP_S 0.014 -> 0.0005 with taylor). At gain 1
+#: (scores ~4, noise ~1.4) the correction overshoots: 0.078 -> -0.034 (exact: -0.033), tests/test_magi1_cache.py.
+MAGI1_QK_GAIN = 0.5
+
+
+def _magi1_families():
+    import importlib
+
+    from .comfyui import PACK_MODULE
+
+    return importlib.import_module(f"{PACK_MODULE}.runtime.families")
+
+
+def _magi1_latent(frames: int, batch: int = 1) -> dict:
+    return {"samples": torch.zeros(batch, 16, frames, 8, 8)}
+
+
+def _magi1_sample(model, positive, latent, *, seed, cfg, observer=None, **options):
+    """A run of the MAGI-1 AR Sampler's recipe (cfg 1 or 3 is the number of passes)."""
+    families = _magi1_families()
+    s = latent["samples"]
+    request = families.MAGI1.Request(
+        model,
+        positive,
+        latent_frames=s.shape[2],
+        latent_height=s.shape[3],
+        latent_width=s.shape[4],
+        seed=seed,
+        cfg_number=int(round(cfg)),
+        chunk_frames=MAGI1_CHUNK,
+        observer=observer,
+        progress=False,
+        **{"num_steps": MAGI1_STEPS, **options},
+    )
+    return families.MAGI1.run(request)
+
+
+def _magi1_reference(model, positive, latent, *, seed, cfg, num_steps=MAGI1_STEPS, window_size=4, **_):
+    """The reference's pipeline (magi1.sampler, which matches Sand AI's own outputs: tests/test_magi1_model.py) with
+    its whole-history full-precision buffer (magi1.attention.FullPrecisionKV), on the same model, noise and captions."""
+    from magi1.caption import chunk_captions
+    from magi1.sampler import MagiSettings, sample
+
+    dm = model.model.diffusion_model
+    s = latent["samples"]
+    chunks = s.shape[2] // MAGI1_CHUNK
+    special = {k: v.float() for k, v in dm.special_tokens.items()}
+    captions = chunk_captions(positive[0][0][0], chunks, special)
+    noise = torch.randn(tuple(s.shape), generator=torch.Generator().manual_seed(seed))
+    settings = MagiSettings(
+        num_steps=num_steps,
+        window_size=window_size,
+        chunk_width=MAGI1_CHUNK,
+        cfg_number=int(round(cfg)),
+        distill=dm.config.distill,
+    )
+    return model.model.process_latent_out(sample(dm, noise, captions, settings))
+
+
+def _magi1_refused():
+    """A MAGI-1 whose DiT patches two latent frames per token: the family applies and refuses it."""
+    from dataclasses import replace
+
+    m = magi1_tiny.build_patcher(seed=0, qk_gain=MAGI1_QK_GAIN)
+    dm = m.model.diffusion_model
+    dm.config = replace(dm.config, t_patch_size=2)
+    return m
+
+
+TINY["magi1"] = TinyFamily(
+    key="magi1",
+    build=lambda seed: magi1_tiny.build_patcher(seed=seed, qk_gain=MAGI1_QK_GAIN),
+    latent=_magi1_latent,
+    conditioning=lambda seed: magi1_tiny.conditioning(seed, tokens=7 + seed % 3),
+    chunk_frames=MAGI1_CHUNK,
+    refused=_magi1_refused,
+    refusal_words=("t_patch_size 2", "MAGI-1 text-to-video"),
+    sample=_magi1_sample,
+    reference=_magi1_reference,
+    # measured 2.8e-7 (cfg 1) and 3.8e-7 (cfg 3) of the largest value, with one CPU thread or two (1.3e-6 and 1.4e-6
+    # at qk_gain 1): the cache's log-sum-exp merge sums in another order than one SDPA over the whole buffer
+    reference_tolerance=1e-5,
+    continues=False,
+)

@@ -7,10 +7,11 @@ For every family:
   what is supported and what the probe found;
 - installing and removing its patches on a clone leaves that clone's object patches and wrappers exactly as found,
   and a run leaves the MODEL it was given untouched;
-- a full-precision cached run equals the family's own block-causal forward, call by call;
+- a full-precision cached run equals the family's own block-causal forward, call by call (a family whose recipe owns
+  its loop, MAGI-1's: its own full-precision reference, whole runs at cfg 1 and 3);
 - INT2 moves the video away from it, and the correction (taylor, chunk_mean) gives back attention mass (ΔP_S);
 - the planner equals the bytes the run really cached;
-- save, load and continue give the same video as one run, bit for bit;
+- save, load and continue give the same video as one run, bit for bit (or the recipe refuses them, saying so);
 - on core's AR path, where the family has one, the pack with quantization off gives core's own result.
 """
 
@@ -57,8 +58,15 @@ def _quantized(nodes, model, correction=None, bits="2"):
 
 
 def _run(loop, tiny, model, euler, frames=7, recorder=None, observer=None, cfg=1.0, **kw):
+    """A run of the family: its own recipe's (``tiny.sample``) or the Chunked AR loop's."""
     import comfy.patcher_extension
 
+    if tiny.sample is not None:
+        assert recorder is None, "a family with its own loop is checked against its own reference, not a recorder"
+        return tiny.sample(
+            model, tiny.conditioning(1), tiny.latent(frames, 1), seed=7, cfg=cfg, observer=observer,
+            **{**tiny.run_options, **kw},
+        )  # fmt: skip
     m = model
     if recorder is not None:
         m = model.clone()
@@ -139,6 +147,18 @@ def test_a_run_leaves_the_model_it_was_given_untouched(fam, loop, nodes, euler):
 def test_a_full_precision_cached_run_equals_the_family_block_causal_forward(fam, loop, euler):
     family, tiny, _ = fam
     model = tiny.build(0)
+    if tiny.reference is not None:  # a family with its own loop: its own full-precision reference, whole runs
+        frames = 4 * tiny.chunk_frames
+        for cfg in (1.0, 3.0):
+            result = _run(loop, tiny, model, euler, frames=frames, cfg=cfg)
+            want = tiny.reference(
+                model, tiny.conditioning(1), tiny.latent(frames, 1), seed=7, cfg=cfg, **tiny.run_options
+            )
+            assert result.report["chunks"] == 4 and result.report["cache_bytes"] > 0
+            assert float((result.samples - tiny.latent(frames, 1)["samples"]).abs().max()) > 0.1  # it sampled
+            tol = tiny.reference_tolerance * float(want.abs().max())  # relative to the largest value
+            torch.testing.assert_close(result.samples, want, atol=tol, rtol=0)
+        return
     rec = reference.DiffusionModelRecorder()
     frames = 3 * tiny.chunk_frames + 1  # the last chunk is shorter
     result = _run(loop, tiny, model, euler, frames=frames, recorder=rec)
@@ -171,14 +191,21 @@ class _Mass:
             return
         if e.cache is None or not e.cache.entries:
             return
-        held = [en for en in e.cache.entries]
+        held = e.cache.entries
+        if e.last_chunks is not None:  # a call that read only the newest n chunks (a per-chunk key range)
+            held = held[len(held) - e.last_chunks :] if e.last_chunks else []
+        if not held:
+            return
         chunks = sorted(c for (layer, b, c) in self.fp if layer == e.layer and b == e.branch and c < e.chunk)
         chunks = chunks[len(chunks) - len(held) :]
+        k_cur, v_cur = e.k, e.v
+        if e.context is not None:  # tokens attended in full precision besides the call's own: current, uncorrected
+            k_cur, v_cur = torch.cat([e.context[0], k_cur], dim=-2), torch.cat([e.context[1], v_cur], dim=-2)
         self.events.append(
             (
                 e.q.detach().clone(),
-                e.k.detach().clone(),
-                e.v.detach().clone(),
+                k_cur.detach().clone(),
+                v_cur.detach().clone(),
                 torch.cat([self.fp[(e.layer, e.branch, c)][0] for c in chunks], dim=-2),
                 torch.cat([self.fp[(e.layer, e.branch, c)][1] for c in chunks], dim=-2),
                 [en.k for en in held],
@@ -227,12 +254,13 @@ def test_the_planner_equals_the_bytes_the_run_cached(fam, loop, nodes, euler, wi
     rep = _run(loop, tiny, model, euler, frames=frames, window_chunks=window, cfg=cfg).report
     latent = tiny.latent(frames, 1)["samples"]
     config = model.model_options["transformer_options"]["jensen_kv"]
+    assert rep["window_chunks"] == window or (window == 0 and tiny.sample is not None)  # 0: the recipe's own choice
     plan = planner.plan_cache(
         latent_frames=frames,
         latent_height=latent.shape[-2],
         latent_width=latent.shape[-1],
         chunk_frames=tiny.chunk_frames,
-        window_chunks=window,
+        window_chunks=rep["window_chunks"],
         layers=rep["layers"],
         heads=rep["heads"],
         kv_heads=rep.get("kv_heads", rep["heads"]),
@@ -251,6 +279,11 @@ def test_save_load_and_continue_equal_one_run(fam, loop, nodes, euler, tmp_path)
     saved_run = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.saved_run")
     model = _quantized(nodes, tiny.build(0), "taylor")
     n = 2 * tiny.chunk_frames
+    if not tiny.continues:  # the recipe refuses to save or continue, and says so
+        for kw in ({"keep_state": True}, {"resume": object()}):
+            with pytest.raises(ValueError, match="does not save or continue"):
+                _run(loop, tiny, model, euler, frames=n, **kw)
+        return
     whole = _run(loop, tiny, model, euler, frames=2 * n, window_chunks=2, sink_chunks=1).samples
     first = _run(loop, tiny, model, euler, frames=n, window_chunks=2, sink_chunks=1, keep_state=True)
     path = str(tmp_path / "state.safetensors")
@@ -278,8 +311,11 @@ def test_the_families_with_a_core_path_say_so(fam):
 
 @pytest.mark.core_ar
 def test_on_core_path_the_pack_with_quantization_off_gives_core_result(fam, nodes):
-    family, tiny, _ = fam
+    family, tiny, families = fam
     if tiny.build_causal is None:
+        if "core_ar_model" not in vars(family):  # the family has no core path: nothing of core's to equal
+            assert families.core_ar_family(tiny.build(0)) is None
+            return
         pytest.fail(f"{family.name} has no core AR path: its tiny model sets none (deselect core_ar only for v<0.27)")
     causal = tiny.build_causal(0)
     sigmas = tiny.core_sigmas()
