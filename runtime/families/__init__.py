@@ -28,6 +28,7 @@ MAGI1 = SimpleNamespace(
     family=Magi1Family,
     Request=_magi1_recipe.Magi1Request,
     run=_magi1_recipe.run,
+    report_text=_magi1_recipe.report_text,
     parse_kv_ranges=_magi1_recipe.parse_kv_ranges,
     default_steps=_magi1_recipe.DEFAULT_STEPS,
     window_sizes=_magi1_recipe.WINDOW_SIZES,

@@ -39,8 +39,10 @@ SUPPORTED = (
     "MAGI-1 text-to-video (Sand AI: 4.5B or 24B, base or distill, loaded with Load MAGI-1 Model, 16 latent "
     "channels, 2 x 2 patches, one latent frame per token row) sampled with MAGI-1 AR Sampler"
 )
-#: MAGI-1's VAE: 16 channels, 8 x 8 pixels and 4 frames per latent pixel; the DiT patches 1 x 2 x 2
-GEOMETRY = LatentGeometry(patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8)
+#: MAGI-1's VAE: 16 channels, 8 x 8 pixels and 4 frames per latent pixel (no causal first frame); patches 1 x 2 x 2
+GEOMETRY = LatentGeometry(
+    patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8, causal_first_frame=False
+)
 #: (layers, query heads, head_dim, K/V heads) of the published DiTs (magi1.config.PUBLISHED)
 PRESETS = {
     "magi1-4.5b": ModelPreset("MAGI-1 4.5B", 34, 24, 128, kv_heads=8),

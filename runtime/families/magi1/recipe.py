@@ -430,6 +430,23 @@ class Magi1Recipe:
         return rep
 
 
+def report_text(report: dict) -> str:
+    """The pack's report paragraph and MAGI-1's own lines (its pipeline, what a query read, the reference's buffer)."""
+    from ...report import report_text as pack_text
+
+    ranges = ",".join(map(str, report["noise2clean_kvrange"])) or "all"
+    lines = [
+        pack_text(report).replace(
+            f"{report['heads']} heads x", f"{report['heads']} query heads over {report['kv_heads']} K/V heads x"
+        ),
+        f"MAGI-1: {report['num_steps']} steps, {report['window_size']} chunk(s) in flight, key ranges {ranges}, "
+        f"{report['cfg_number']} pass(es) per step; each query read at most {report['finished_chunks_read']} finished "
+        f"chunk(s). The reference's whole-video buffer: {report['reference_buffer_bytes'] / MIB:.2f} MiB in BF16.",
+    ]
+    lines += [f"Warning: {w}." for w in report.get("warnings", [])]
+    return "\n".join(lines)
+
+
 def run(request: Magi1Request) -> Magi1Result:
     """Sample a MAGI-1 video with the pack's cache (``request.model`` is never modified: a clone is patched and
     restored, and the cache freed, in ``finally``)."""
