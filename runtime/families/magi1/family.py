@@ -177,9 +177,7 @@ class CachedForward:
                 "this MAGI-1 MODEL is patched for a MAGI-1 AR Sampler run but was called by another sampler (its "
                 "KSampler forward, or the Chunked AR Video Sampler): sample MAGI-1 with MAGI-1 AR Sampler"
             )
-        out = MagiDiT.forward_chunks(self.dm, x, spec, self.attention)
-        self.attention.forwards += 1
-        return out
+        return MagiDiT.forward_chunks(self.dm, x, spec, self.attention)
 
 
 class Magi1CacheAttention:
@@ -192,7 +190,6 @@ class Magi1CacheAttention:
         self.run, self.num_layers = run, num_layers
         self.armed = False
         self.chunk_frames = 1  # latent frames per chunk (the write events' frame offsets); the recipe sets it
-        self.forwards = 0
         self.stored: list[tuple[int, int]] = []
 
     def held(self, layer: int) -> list[int]:
@@ -231,6 +228,12 @@ class Magi1CacheAttention:
 
     def _store(self, layer, q, k, v, out, a: int, b: int, absolute: int) -> None:
         run = self.run
+        appended = run.caches[(layer, BRANCH)].chunks_appended
+        if absolute != appended:  # held() counts on chunk i being the i-th appended
+            raise RuntimeError(
+                f"chunk {absolute} is written to layer {layer}'s cache after {appended} chunks; MAGI-1 writes its "
+                "finished chunks once each, in order"
+            )
         run.chunk = absolute
         if run.observer is not None:  # the chunk's full-precision K/V, just before the cache stores them
             run.observer(
