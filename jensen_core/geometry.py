@@ -12,12 +12,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class LatentGeometry:
     """``patch`` (frames, height, width) of latent pixels per token, ``latent_channels``, and the VAE's strides
-    from video pixels to latent pixels (``vae_time_stride`` frames, ``vae_space_stride`` pixels per side)."""
+    from video pixels to latent pixels (``vae_time_stride`` frames, ``vae_space_stride`` pixels per side).
+    ``causal_first_frame``: the VAE encodes the first frame alone (Wan's, HunyuanVideo's: 4k + 1 frames); False
+    for one that makes ``vae_time_stride`` frames of every latent frame (MAGI-1's)."""
 
     patch: tuple[int, int, int]
     latent_channels: int
     vae_time_stride: int = 1
     vae_space_stride: int = 1
+    causal_first_frame: bool = True
 
     def __post_init__(self) -> None:
         patch = tuple(self.patch)
@@ -35,9 +38,11 @@ class LatentGeometry:
 
     def latent_shape(self, width: int, height: int, frames: int) -> tuple[int, int, int]:
         """(latent frames, latent height, latent width) of a ``width`` x ``height`` video of ``frames`` frames
-        (a causal VAE: the first frame alone, then one latent frame per ``vae_time_stride`` frames)."""
+        (a causal VAE: the first frame alone, then one latent frame per ``vae_time_stride`` frames; otherwise
+        one latent frame per ``vae_time_stride`` frames, a last partial one included)."""
+        t = self.vae_time_stride
         return (
-            (frames - 1) // self.vae_time_stride + 1,
+            (frames - 1) // t + 1 if self.causal_first_frame else -(-frames // t),
             height // self.vae_space_stride,
             width // self.vae_space_stride,
         )

@@ -6,10 +6,11 @@ model of the family the pack refuses (with the words the refusal must contain) a
 forward, the reference a full-precision cached run must equal. A new family passes the suite by adding its room
 and its entry here, nothing else.
 
-A family whose recipe owns its loop (HY-WorldPlay) gives its run function (``sample``) instead of the Chunked AR
-loop, its own full-precision reference (``reference``), the options of the suite its loop refuses (with the words
-its refusal names: the suite checks the refusal instead of the run) and the markers its tests need (``marks``:
-a family built on a part of newer ComfyUI is deselected on an older one, never skipped).
+A family whose recipe owns its loop (HY-WorldPlay's context rebuild, MAGI-1's multi-noise pipeline) gives its run
+function (``sample``) instead of the Chunked AR loop, its own full-precision reference (``reference``, with the
+bound of that equality), the options of the suite its loop refuses (with the words its refusal names: the suite
+checks the refusal instead of the run) and the markers its tests need (``marks``: a family built on a part of newer
+ComfyUI is deselected on an older one, never skipped).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import causal_wan, reference, wan_tiny, worldplay_tiny
+from . import causal_wan, magi1_tiny, reference, wan_tiny, worldplay_tiny
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class TinyFamily:
     build: Callable[[int], Any]  # seed -> a ModelPatcher of a tiny random model (fp32, CPU)
     latent: Callable[[int, int], dict]  # (latent frames, batch) -> an empty LATENT
     conditioning: Callable[[int], list]  # seed -> a CONDITIONING
-    sigmas: Callable[[Any], torch.Tensor]  # model -> a few-step SIGMAS
+    sigmas: Callable[[Any], torch.Tensor] | None  # model -> a few-step SIGMAS (None: the family's loop has its own)
     chunk_frames: int
     # the family's own block-causal forward: (model, cached calls, this call) -> the output this call must give,
     # each call as recorded by :class:`reference.DiffusionModelRecorder` (a cached call: its chunk's write pass)
@@ -46,8 +47,10 @@ class TinyFamily:
     # a recipe that owns its loop: (model, conditioning(1), latent(frames), *, seed, cfg, sampler, sigmas, observer,
     # **options) -> a result with .samples and .report, instead of run_chunked_ar
     sample: Callable[..., Any] | None = None
-    # its full-precision reference: (model, frames) -> the samples a full-precision run of ``sample`` must equal
-    reference: Callable[[Any, int], torch.Tensor] | None = None
+    # its full-precision reference: (model, frames, cfg) -> the samples a full-precision run of ``sample`` must equal
+    # (at cfg 1, and at cfg 3 unless the family refuses it), within ``reference_tolerance`` of its largest value
+    reference: Callable[[Any, int, float], torch.Tensor] | None = None
+    reference_tolerance: float = 1e-5
     # options of the suite the family's loop refuses (name -> words its refusal names)
     refused_options: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # pytest markers of this family's tests (e.g. "hunyuan15": deselected where ComfyUI lacks HunyuanVideo 1.5)
@@ -122,7 +125,7 @@ def _wp_sample(model, positive, latent, *, seed, cfg, sampler, sigmas, observer=
     return families.WORLDPLAY.run(request)
 
 
-def _wp_reference(model, frames: int) -> torch.Tensor:
+def _wp_reference(model, frames: int, cfg: float = 1.0) -> torch.Tensor:
     n = _wp_frames(frames)
     return worldplay_tiny.plain_rollout(model, n, worldplay_tiny.video_noise(n, WORLDPLAY_NOISE_SEED), seed=7)
 
@@ -176,3 +179,103 @@ TINY: dict[str, TinyFamily] = {
         marks=("hunyuan15",),
     ),
 }
+
+
+# --------------------------------------------------------------------------------------------------- MAGI-1
+#: the tiny MAGI-1 runs: chunks of 1 latent frame (16 tokens of 8 x 8 latents), 8 steps (the pipeline's window 4
+#: and its 4 stages of key ranges both divide them)
+MAGI1_CHUNK, MAGI1_STEPS = 1, 8
+#: q and k norms' gain of the suite's tiny MAGI-1: scores spread with a standard deviation of ~1 and INT2's noise in
+#: them of ~0.35, where the second-order correction holds (measured ΔP_S 0.014 -> 0.0005 with taylor). At gain 1
+#: (scores ~4, noise ~1.4) the correction overshoots: 0.078 -> -0.034 (exact: -0.033), tests/test_magi1_cache.py.
+MAGI1_QK_GAIN = 0.5
+
+
+def _magi1_families():
+    import importlib
+
+    from .comfyui import PACK_MODULE
+
+    return importlib.import_module(f"{PACK_MODULE}.runtime.families")
+
+
+def _magi1_latent(frames: int, batch: int = 1) -> dict:
+    return {"samples": torch.zeros(batch, 16, frames, 8, 8)}
+
+
+def _magi1_sample(model, positive, latent, *, seed, cfg, observer=None, **options):
+    """A run of the MAGI-1 AR Sampler's recipe (cfg 1 or 3 is the number of passes)."""
+    families = _magi1_families()
+    s = latent["samples"]
+    request = families.MAGI1.Request(
+        model,
+        positive,
+        latent_frames=s.shape[2],
+        latent_height=s.shape[3],
+        latent_width=s.shape[4],
+        seed=seed,
+        cfg_number=int(round(cfg)),
+        chunk_frames=MAGI1_CHUNK,
+        observer=observer,
+        **{"num_steps": MAGI1_STEPS, "progress": False, **options},
+    )
+    return families.MAGI1.run(request)
+
+
+def _magi1_reference(model, frames: int, cfg: float, *, seed=7, num_steps=MAGI1_STEPS, window_size=4):
+    """The reference's pipeline (magi1.sampler, which matches Sand AI's own outputs: tests/test_magi1_model.py) with
+    its whole-history full-precision buffer (magi1.attention.FullPrecisionKV), on the same model, noise and captions."""
+    from magi1.caption import chunk_captions
+    from magi1.sampler import MagiSettings, sample
+
+    dm = model.model.diffusion_model
+    positive = _magi1_conditioning(1)
+    s = _magi1_latent(frames)["samples"]
+    chunks = s.shape[2] // MAGI1_CHUNK
+    special = {k: v.float() for k, v in dm.special_tokens.items()}
+    captions = chunk_captions(positive[0][0][0], chunks, special)
+    noise = torch.randn(tuple(s.shape), generator=torch.Generator().manual_seed(seed))
+    settings = MagiSettings(
+        num_steps=num_steps,
+        window_size=window_size,
+        chunk_width=MAGI1_CHUNK,
+        cfg_number=int(round(cfg)),
+        distill=dm.config.distill,
+    )
+    return model.model.process_latent_out(sample(dm, noise, captions, settings))
+
+
+def _magi1_conditioning(seed: int) -> list:
+    return magi1_tiny.conditioning(seed, tokens=7 + seed % 3)
+
+
+def _magi1_refused():
+    """A MAGI-1 whose DiT patches two latent frames per token: the family applies and refuses it."""
+    from dataclasses import replace
+
+    m = magi1_tiny.build_patcher(seed=0, qk_gain=MAGI1_QK_GAIN)
+    dm = m.model.diffusion_model
+    dm.config = replace(dm.config, t_patch_size=2)
+    return m
+
+
+TINY["magi1"] = TinyFamily(
+    key="magi1",
+    build=lambda seed: magi1_tiny.build_patcher(seed=seed, qk_gain=MAGI1_QK_GAIN),
+    latent=_magi1_latent,
+    conditioning=_magi1_conditioning,
+    sigmas=None,
+    block_causal=None,
+    chunk_frames=MAGI1_CHUNK,
+    refused=_magi1_refused,
+    refusal_words=("t_patch_size 2", "MAGI-1 text-to-video"),
+    sample=_magi1_sample,
+    reference=_magi1_reference,
+    # the equality's bound: measured 2.8e-7 (cfg 1) and 3.8e-7 (cfg 3) of the largest value, with one CPU thread or two (1.3e-6 and 1.4e-6
+    # at qk_gain 1): the cache's log-sum-exp merge sums in another order than one SDPA over the whole buffer
+    reference_tolerance=1e-5,
+    refused_options={
+        "keep_state": ("does not save or continue",),
+        "resume": ("does not save or continue",),
+    },
+)

@@ -17,7 +17,8 @@ Every self-attention call of the DiT goes through one callable, ``attention(laye
 - returns (batch, query heads, tokens, head_dim).
 
 :class:`FullPrecisionKV` is the reference's behaviour (every written chunk kept in full precision). A
-quantized cache is another object with the same ``__call__`` (phase 2), so the DiT never changes.
+quantized cache is another object with the same ``__call__`` (the pack's: ``runtime/families/magi1/family.py``), so the DiT
+never changes.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from .load_kv_cache import JensenKVLoadKVCache
 from .load_magi1 import JensenKVLoadMagi1
 from .load_magi1_vae import JensenKVLoadMagi1VAE
 from .load_worldplay import JensenKVLoadWorldPlay
+from .magi1_ar_sampler import JensenKVMagi1ARSampler
 from .magi1_text_encode import JensenKVMagi1TextEncode
 from .magi1_vae_decode import JensenKVMagi1VAEDecode
 from .prompt_schedule import JensenKVPromptSchedule
@@ -74,12 +75,13 @@ WORLDPLAY_NODES: list[type[io.ComfyNode]] = [
     JensenKVWorldPlayTrajectoryPreview,
     JensenKVWorldPlayARSampler,
 ]
-#: MAGI-1: its model, VAE and text (the pack's own implementation, magi1/)
+#: MAGI-1: its model, VAE, text and sampler (the pack's own implementation, magi1/, on the pack's cache)
 MAGI1_NODES: list[type[io.ComfyNode]] = [
     JensenKVLoadMagi1,
     JensenKVLoadMagi1VAE,
     JensenKVMagi1VAEDecode,
     JensenKVMagi1TextEncode,
+    JensenKVMagi1ARSampler,
 ]
 
 

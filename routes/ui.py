@@ -420,10 +420,15 @@ def plan_summary(params: Mapping[str, str]) -> dict:
             f"(use multiples of {step}, e.g. 832x480)"
         )
     t = geometry.vae_time_stride
-    if (frames - 1) % t:
+    if geometry.causal_first_frame and (frames - 1) % t:
         notes.append(
             f"{frames} frames: {short}'s VAE keeps {t}k+1 frames, so this is {latent_frames} latent frames "
             f"({(latent_frames - 1) * t + 1} video frames)"
+        )
+    elif not geometry.causal_first_frame and frames % t:
+        notes.append(
+            f"{frames} frames: {short}'s VAE makes {t} frames of every latent frame, so this is {latent_frames} "
+            f"latent frames ({latent_frames * t} video frames)"
         )
     if latent_h < geometry.patch[1] or latent_w < geometry.patch[2]:
         raise ParamError(

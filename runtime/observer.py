@@ -27,7 +27,10 @@ class AttentionEvent:
     ``q``, ``k``, ``v``: the current chunk's post-RoPE queries, keys and values, shape
     (batch, heads, tokens, head_dim), in the model's dtype. ``cache``: the branch's cache of this
     layer as the call read it (during the write phase the current chunk is appended *after* this
-    event). ``out``: the attention output (before the output projection).
+    event). ``out``: the attention output (before the output projection). ``last_chunks``: the call read
+    only the newest n held chunks of ``cache`` (a per-chunk key range: MAGI-1), None: all of them.
+    ``context``: (k_ctx, v_ctx), the tokens besides its own that the call attended in full precision
+    (MAGI-1's chunks in flight), or None.
     """
 
     layer: int
@@ -43,6 +46,8 @@ class AttentionEvent:
     out: Tensor
     correction: str
     strength: float
+    last_chunks: int | None = None
+    context: tuple[Tensor, Tensor] | None = None
 
 
 class AttentionObserver(Protocol):

@@ -274,6 +274,8 @@ class RunCaches:
                             out=op,
                             correction=self.correction,
                             strength=self.strength,
+                            last_chunks=last_chunks,
+                            context=(ctx["k_ctx"], ctx["v_ctx"]) if ctx else None,
                         )
                     )
             if self.phase == PHASE_WRITE:

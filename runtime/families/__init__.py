@@ -15,15 +15,27 @@ from .base import (
 )
 from .magi1 import files as _magi1_files
 from .magi1 import model as _magi1_model
+from .magi1 import recipe as _magi1_recipe
 from .magi1 import text as _magi1_text
 from .magi1 import vae as _magi1_vae
+from .magi1.family import Magi1Family
 from .wan import WanFamily
 from .worldplay import loader as _worldplay_loader
 from .worldplay.family import WorldPlayFamily
 
-#: what the MAGI-1 and HY-WorldPlay nodes call (their loaders, files, text glue and HY-WorldPlay's own sampler): nodes
-#: ask the registry, never a family's module (tests/test_layout.py). MAGI-1's ModelFamily adapter comes with its recipe.
+#: what the MAGI-1 and HY-WorldPlay nodes call (their loaders, files, text glue and their own samplers' recipes):
+#: nodes ask the registry, never a family's module (tests/test_layout.py).
 MAGI1 = SimpleNamespace(
+    family=Magi1Family,
+    Request=_magi1_recipe.Magi1Request,
+    run=_magi1_recipe.run,
+    report_text=_magi1_recipe.report_text,
+    parse_kv_ranges=_magi1_recipe.parse_kv_ranges,
+    default_steps=_magi1_recipe.DEFAULT_STEPS,
+    window_sizes=_magi1_recipe.WINDOW_SIZES,
+    chunk_frames=_magi1_model.CHUNK_FRAMES,
+    vae_time_stride=Magi1Family.geometry.vae_time_stride,
+    vae_space_stride=Magi1Family.geometry.vae_space_stride,
     files=_magi1_files,
     variants=_magi1_model.VARIANTS,
     weight_dtypes=_magi1_model.WEIGHT_DTYPES,
@@ -67,7 +79,7 @@ WORLDPLAY = SimpleNamespace(
 )
 
 #: every family the pack supports, probed in this order
-FAMILIES: tuple[type[ModelFamily], ...] = (WanFamily, WorldPlayFamily)
+FAMILIES: tuple[type[ModelFamily], ...] = (WanFamily, WorldPlayFamily, Magi1Family)
 
 
 def planner_presets() -> dict[str, tuple[type[ModelFamily], ModelPreset]]:
@@ -149,6 +161,7 @@ def detect(model_patcher) -> ModelFamily:
 __all__ = [
     "FAMILIES",
     "MAGI1",
+    "Magi1Family",
     "WORLDPLAY",
     "AttentionShape",
     "ModelFamily",

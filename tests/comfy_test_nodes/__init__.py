@@ -1,7 +1,8 @@
 """Test-only ComfyUI nodes, loaded only by the test server (never shipped, never in user workflows).
 
 - ``JensenKVTestConditioning``: random CONDITIONING (1, tokens, width) from a seed, standing in for a
-  text encoder (the test checkpoint is a random tiny Wan; a real UMT5 would be 10 GB).
+  text encoder (the test checkpoint is a random tiny Wan; a real UMT5 would be 10 GB); ``magi1_caption`` marks it
+  as MAGI-1 Text Encode marks its output (a tiny MAGI-1's T5 stand-in).
 - ``JensenKVTestPatchProbe``: reports whether any Wan block's ``self_attn.forward`` is still patched
   on the model ComfyUI holds (after a run, an error or an interrupt).
 - ``JensenKVTestWorldPlayPrompt``: a random HunyuanVideo 1.5 prompt for the tiny HY-WorldPlay (LLM tokens and
@@ -30,14 +31,18 @@ async def comfy_entrypoint():
                     io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="Seed of the random embedding."),
                     io.Int.Input("tokens", default=512, min=1, max=4096, tooltip="Number of text tokens."),
                     io.Int.Input("width", default=4096, min=1, max=8192, tooltip="Embedding width (UMT5-XXL: 4096)."),
+                    io.Boolean.Input(
+                        "magi1_caption", default=False, optional=True, tooltip="Mark it as MAGI-1 Text Encode does."
+                    ),
                 ],
                 outputs=[io.Conditioning.Output()],
             )
 
         @classmethod
-        def execute(cls, seed, tokens, width):
+        def execute(cls, seed, tokens, width, magi1_caption=False):
             g = torch.Generator().manual_seed(seed)
-            return io.NodeOutput([[torch.randn(1, tokens, width, generator=g), {}]])
+            extra = {"magi1_caption": True} if magi1_caption else {}
+            return io.NodeOutput([[torch.randn(1, tokens, width, generator=g), extra]])
 
     class JensenKVTestPatchProbe(io.ComfyNode):
         @classmethod

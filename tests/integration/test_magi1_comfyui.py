@@ -274,7 +274,10 @@ def test_the_magi1_nodes_are_registered(pack, nodes):
 
     ext = asyncio.run(pack.comfy_entrypoint())
     ids = {n.define_schema().node_id for n in asyncio.run(ext.get_node_list())}
-    assert {"JensenKVLoadMagi1", "JensenKVLoadMagi1VAE", "JensenKVMagi1VAEDecode", "JensenKVMagi1TextEncode"} <= ids
+    assert {
+        "JensenKVLoadMagi1", "JensenKVLoadMagi1VAE", "JensenKVMagi1VAEDecode", "JensenKVMagi1TextEncode",
+        "JensenKVMagi1ARSampler",
+    } <= ids  # fmt: skip
     for cls in nodes.MAGI1_NODES:
         assert all(inp.tooltip for inp in cls.define_schema().inputs), cls
 

@@ -1,5 +1,6 @@
 """The MAGI-1 nodes in a live ComfyUI server: /object_info lists them (with the checkpoints found in the model
-folders) and an API prompt decodes a latent through Load MAGI-1 VAE -> MAGI-1 VAE Decode -> PreviewImage."""
+folders), an API prompt decodes a latent through Load MAGI-1 VAE -> MAGI-1 VAE Decode -> PreviewImage, and one samples
+a tiny MAGI-1 through Quantize KV Cache (INT2) -> Jensen Bias Correction -> MAGI-1 AR Sampler -> MAGI-1 VAE Decode."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ pytestmark = [
     pytest.mark.server,
     pytest.mark.skipif(support_comfyui.find_comfyui() is None, reason=support_comfyui.SKIP_REASON),
 ]
-NODES = ("JensenKVLoadMagi1", "JensenKVLoadMagi1VAE", "JensenKVMagi1VAEDecode", "JensenKVMagi1TextEncode")
+NODES = (
+    "JensenKVLoadMagi1",
+    "JensenKVLoadMagi1VAE",
+    "JensenKVMagi1VAEDecode",
+    "JensenKVMagi1TextEncode",
+    "JensenKVMagi1ARSampler",
+)
 VAE_DD = {"video_size": 32, "video_length": 8, "embed_dim": 256, "depth": 2, "num_heads": 4, "z_chans": 16}
 
 
@@ -22,6 +29,7 @@ VAE_DD = {"video_size": 32, "video_length": 8, "embed_dim": 256, "depth": 2, "nu
 def server(comfy_server):
     from safetensors.torch import save_file
 
+    from jensen_testing import magi1_tiny
     from jensen_testing.magi1_tiny import seeded_weights
     from magi1.config import TINY, expected_shapes
     from magi1.vae import VAEConfig, decoder_shapes
@@ -29,6 +37,8 @@ def server(comfy_server):
     models = comfy_server.base_dir / "models"
     dit = seeded_weights(expected_shapes(TINY))
     save_file(dit, str(models / "diffusion_models" / "magi-tiny.safetensors"))
+    # with the special tokens (HQ, DURATION) the sampler puts in front of each chunk's caption
+    magi1_tiny.write_file(models / "diffusion_models" / "magi-tiny-tokens.safetensors")
     folder = models / "vae" / "magi_vae_tiny"
     folder.mkdir(parents=True)
     cfg = VAEConfig(video_size=32, video_length=8, embed_dim=256, depth=2, num_heads=4)
@@ -82,3 +92,105 @@ def test_a_prompt_decodes_a_latent_through_the_magi1_vae(server):
     assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{server.log_tail()}"
     images = entry["outputs"]["4"]["images"]
     assert len(images) == 8  # 2 latent frames -> 8 frames
+
+
+def test_a_prompt_samples_magi1_through_int2_and_jensen(server):
+    """Load MAGI-1 Model -> Quantize KV Cache (INT2) -> Jensen Bias Correction -> MAGI-1 AR Sampler (a random
+    caption from the test conditioning node, marked as MAGI-1 Text Encode marks its output) -> MAGI-1 VAE Decode."""
+    prompt = {
+        "1": {
+            "class_type": "JensenKVLoadMagi1",
+            "inputs": {"model_name": "magi-tiny-tokens.safetensors", "weight_dtype": "default", "variant": "auto"},
+        },
+        "2": {
+            "class_type": "JensenKVQuantizeKVCache",
+            "inputs": {
+                "model": ["1", 0],
+                "key_bits": "2",
+                "value_bits": "2",
+                "group_size": "32",
+                "rotation": "hadamard",
+                "scale_format": "fp8_e4m3",
+                "rotation_seed": 0,
+            },
+        },  # fmt: skip
+        "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
+        "4": {
+            "class_type": "JensenKVTestConditioning",
+            "inputs": {"seed": 0, "tokens": 7, "width": 32, "magi1_caption": True},
+        },
+        "5": {
+            "class_type": "JensenKVMagi1ARSampler",
+            "inputs": {
+                "model": ["3", 0],
+                "positive": ["4", 0],
+                "width": 64,
+                "height": 64,
+                "frames": 48,
+                "seed": 1234,
+                "steps": 4,
+                "window_size": 4,
+                "cfg": "auto",
+                "kv_ranges": "5,4,3,2",
+                "window_chunks": 0,
+                "sink_chunks": 0,
+                "special_tokens": True,
+            },
+        },  # fmt: skip
+        "6": {"class_type": "JensenKVLoadMagi1VAE", "inputs": {"vae_name": "magi_vae_tiny/", "dtype": "fp32"}},
+        "7": {
+            "class_type": "JensenKVMagi1VAEDecode",
+            "inputs": {
+                "magi1_vae": ["6", 0],
+                "samples": ["5", 0],
+                "tile_pixels": 256,
+                "tile_frames": 12,
+                "overlap": 0.25,
+            },
+        },
+        "8": {"class_type": "PreviewImage", "inputs": {"images": ["7", 0]}},
+    }
+    status, body = server.post("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    assert status == 200 and body["node_errors"] == {}, body
+    entry = server.wait_for_prompt(body["prompt_id"], timeout=600)
+    assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{server.log_tail()}"
+    report = entry["outputs"]["5"]["jensen_kv_report"][0]
+    assert (report["key_bits"], report["correction"], report["chunks"]) == (2, "taylor", 2)
+    assert report["kv_heads"] == 2 and report["heads"] == 4 and report["cfg_number"] == 3  # the tiny file is base
+    assert 0 < report["cache_bytes"] == report["planned_bytes"] < report["bf16_bytes"]
+    assert "K/V heads" in entry["outputs"]["5"]["text"][0]
+    assert len(entry["outputs"]["8"]["images"]) == 12 * 4  # 2 chunks of 6 latent frames, 4 frames each
+
+
+def test_a_bad_kv_range_is_refused_before_it_runs(server):
+    prompt = {
+        "1": {
+            "class_type": "JensenKVLoadMagi1",
+            "inputs": {"model_name": "magi-tiny-tokens.safetensors", "weight_dtype": "default", "variant": "auto"},
+        },
+        "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 0, "tokens": 7, "width": 32}},
+        "5": {
+            "class_type": "JensenKVMagi1ARSampler",
+            "inputs": {
+                "model": ["1", 0],
+                "positive": ["4", 0],
+                "width": 64,
+                "height": 64,
+                "frames": 24,
+                "seed": 0,
+                "steps": 16,
+                "window_size": 4,
+                "cfg": "auto",
+                "kv_ranges": "5,4,three",
+                "window_chunks": 0,
+                "sink_chunks": 0,
+                "special_tokens": True,
+            },
+        },  # fmt: skip
+        "6": {"class_type": "JensenKVMagi1VAEDecode", "inputs": {"magi1_vae": ["7", 0], "samples": ["5", 0]}},
+        "7": {"class_type": "JensenKVLoadMagi1VAE", "inputs": {"vae_name": "magi_vae_tiny/", "dtype": "fp32"}},
+        "8": {"class_type": "PreviewImage", "inputs": {"images": ["6", 0]}},
+    }
+    status, body = server.post("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
+    assert status == 400 and "5" in body["node_errors"], body
+    assert "'all'" in json.dumps(body["node_errors"]["5"])

@@ -208,6 +208,21 @@ def test_plan_counts_kv_heads_for_grouped_query_attention():
         routes.plan_summary({"preset": "custom", "family": "nope", "layers": "2", "heads": "2", "head_dim": "32"})
 
 
+def test_the_magi1_presets_count_its_8_kv_heads():
+    """MAGI-1 4.5B (24 query heads over 8 K/V heads) and 24B (48 over 8): the planner counts the 8 the cache holds,
+    and MAGI-1's VAE (4 frames per latent frame, no causal first frame: 96 frames are 24 latent frames)."""
+    small = routes.plan_summary({"preset": "magi1-4.5b", "width": "1280", "height": "720", "frames": "96"})
+    big = routes.plan_summary({"preset": "magi1-24b", "width": "1280", "height": "720", "frames": "96"})
+    assert small["model"] == {"preset": "magi1-4.5b", "family": "magi1", "layers": 34, "heads": 24, "kv_heads": 8,
+                              "head_dim": 128}  # fmt: skip
+    assert big["model"]["kv_heads"] == 8 and big["model"]["heads"] == 48
+    assert small["latent_frames"] == 24 and small["tokens_per_latent_frame"] == 45 * 80
+    # 34 layers x K and V x 8 heads x 128 x 2 bytes per token; 48 layers for the 24B
+    per_token = 34 * 2 * 8 * 128 * 2
+    assert small["bf16_bytes"] == small["cached_tokens_peak"] * per_token
+    assert big["bf16_bytes"] * 34 == small["bf16_bytes"] * 48
+
+
 def test_the_presets_come_from_every_family_in_the_registry():
     """routes/ui.py knows no model: each family's presets, labelled, with the family's key."""
     fams = load_pack_module("runtime.families")
@@ -337,7 +352,7 @@ def test_plan_projection_equals_bytes_a_real_cache_holds():
         ({"group_size": "48"}, "group_size", ["group_size=48 is not supported", "8, 16, 32, 64, 128, 256"]),
         ({"scale_format": "fp8"}, "scale_format", ["fp8_e4m3, bf16, fp16, fp32"]),
         ({"rotation": "random"}, "rotation", ["none, hadamard"]),
-        ({"preset": "wan2.2"}, "preset", ["wan2.1-1.3b, wan2.1-14b, hy-worldplay, custom"]),
+        ({"preset": "wan2.2"}, "preset", ["wan2.1-1.3b, wan2.1-14b, hy-worldplay, magi1-4.5b, magi1-24b, custom"]),
         ({"preset": "custom"}, "layers", ["layers is missing", "preset=custom needs layers, heads and head_dim"]),
         ({"cfg_branches": "3"}, "cfg_branches", ["out of range 1..2", "cfg > 1"]),
         ({"window_chunks": "-1"}, "window_chunks", ["0 = all"]),

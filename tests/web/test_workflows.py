@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 from support.comfyui import PACK_ROOT
 from support.workflow_api import frontend_defaults
-from workflow_specs import BUNDLED_MODELS, MODEL_FILES, STORY_CACHE, WORKFLOWS, write_placeholder_files
+from workflow_specs import (
+    BUNDLED_MODELS,
+    MAGI1_SAMPLER,
+    MODEL_FILES,
+    STORY_CACHE,
+    T5_XXL,
+    WORKFLOWS,
+    write_placeholder_files,
+)
 
 WORKFLOW_DIR = PACK_ROOT / "workflows"
 FILES = sorted(WORKFLOW_DIR.glob("*.json"))
@@ -23,7 +31,13 @@ WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 #: input types whose widgets depend on another widget's value (0.33's Save Video ``format``)
 DYNAMIC_WIDGET_TYPES = ("COMFY_DYNAMICCOMBO_V3",)
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
-LOADER_FOLDERS = {"UNETLoader": "diffusion_models", "CLIPLoader": "text_encoders", "VAELoader": "vae"}
+LOADER_FOLDERS = {
+    "UNETLoader": "diffusion_models",
+    "CLIPLoader": "text_encoders",
+    "VAELoader": "vae",
+    "JensenKVLoadMagi1": "diffusion_models",
+    "JensenKVLoadMagi1VAE": "vae",
+}
 SAMPLERS = {"JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload")
 
@@ -210,7 +224,10 @@ def test_ui_format_and_note_names_every_model_file(path):
             assert name in MODEL_FILES[folder], f"{t} uses {name!r}, not a file listed in MODEL_FILES[{folder!r}]"
             assert f"models/{folder}/{name}" in note, f"the Note does not say models/{folder}/{name}"
     for node in g.of_type("CLIPLoader"):
-        assert node["widgets_values"][1] == "wan", "the umt5 text encoder loads with CLIPLoader type 'wan'"
+        if node["widgets_values"][0] == T5_XXL:
+            assert node["widgets_values"][1] == "pixart", "MAGI-1's T5-XXL loads with CLIPLoader type 'pixart'"
+        else:
+            assert node["widgets_values"][1] == "wan", "the umt5 text encoder loads with CLIPLoader type 'wan'"
     assert g.of_type("SaveAnimatedWEBP"), "each workflow saves a video"
     # Create Video + Save Video read differently across the supported versions (0.33's dynamic format combo)
     assert not g.of_type("SaveVideo") and not g.of_type("CreateVideo")
@@ -339,6 +356,39 @@ def test_long_video_workflows_wire_what_they_promise():
         assert enc["type"] == "VAEEncode"
         assert g.upstream(g.upstream(g.upstream(enc, "pixels"), "image"), "video")["type"] == "LoadVideo"
         assert _sampler_widgets(g, sampler)["include_prefix"] is True
+
+
+def test_the_magi1_workflow_samples_the_distilled_4p5b_through_int2_and_jensen():
+    """MAGI-1 4.5B distill, text to video: Load MAGI-1 Model -> Quantize KV Cache (INT2) -> Jensen (taylor) -> MAGI-1
+    AR Sampler at the reference's window 4 and key ranges 5,4,3,2, decoded by MAGI-1 VAE Decode; T5 through MAGI-1
+    Text Encode; the Note names the converter and the memory it saves."""
+    g = Graph(by_name("jensen_kv_magi1_4p5b_distill_t2v_int2_jensen"))
+    (sampler,) = g.of_type("JensenKVMagi1ARSampler")
+    assert g.model_chain(sampler) == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache", "JensenKVLoadMagi1"]
+    (load,) = g.of_type("JensenKVLoadMagi1")
+    assert load["widgets_values"][2] == "distill"
+    (quant,) = g.of_type("JensenKVQuantizeKVCache")
+    assert quant["widgets_values"][:3] == ["2", "2", "32"]
+    assert g.of_type("JensenKVBiasCorrection")[0]["widgets_values"][0] == "taylor"
+    names = [k for k in MAGI1_SAMPLER if k != "control_after_generate"]
+    names.insert(names.index("seed") + 1, "control")
+    w = dict(zip(names, sampler["widgets_values"]))
+    assert (w["window_size"], w["kv_ranges"], w["cfg"], w["window_chunks"], w["control"]) == (
+        4,
+        "5,4,3,2",
+        "auto",
+        0,
+        "fixed",
+    )
+    assert w["steps"] % (4 * w["window_size"]) == 0 and w["frames"] % 24 == 0  # whole quarters and whole chunks
+    assert g.upstream(sampler, "positive")["type"] == "JensenKVMagi1TextEncode"
+    decode = g.of_type("JensenKVMagi1VAEDecode")[0]
+    assert g.upstream(decode, "samples")["id"] == sampler["id"]
+    assert g.upstream(decode, "magi1_vae")["type"] == "JensenKVLoadMagi1VAE"
+    note = " ".join(g.note_text().split())
+    for fact in ("--magi1 --special-tokens", "--magi1-vae", 'type "pixart"', "annealed from 5 to 2",
+                 "benchmarks/magi1_memory.py", "A/B baseline"):  # fmt: skip
+        assert fact in note, fact
 
 
 def test_tiny_cpu_demo_runs_three_caches_of_the_bundled_model():

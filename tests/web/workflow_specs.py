@@ -21,11 +21,15 @@ TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_
 CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
 
+MAGI1_DISTILL = "magi1_4.5b_distill.safetensors"  # Sand AI's 4.5B distill folder, converted --magi1 (Load MAGI-1 Model)
+MAGI1_VAE = "magi1_vae.safetensors"  # Sand AI's VAE folder, converted --magi1-vae (Load MAGI-1 VAE)
+T5_XXL = "t5xxl_fp16.safetensors"  # T5 v1.1 XXL, loaded with CLIPLoader type pixart (MAGI-1 Text Encode)
+
 # folder (under ComfyUI/models) -> files the workflows name
 MODEL_FILES: dict[str, tuple[str, ...]] = {
-    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE, KREA),
-    "text_encoders": (TEXT_ENCODER,),
-    "vae": (VAE,),
+    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE, KREA, MAGI1_DISTILL),
+    "text_encoders": (TEXT_ENCODER, T5_XXL),
+    "vae": (VAE, MAGI1_VAE),
 }
 #: shipped with the pack, not downloaded: the Note says where it is
 BUNDLED_MODELS: dict[str, tuple[str, ...]] = {"diffusion_models": (TINY_AR,)}
@@ -839,6 +843,91 @@ def _tiny_cpu_demo() -> dict:
     return {"name": "jensen_kv_tiny_ar_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
 
 
+NOTE_MAGI1 = f"""MAGI-1 4.5B distill, text to video, with a 2-bit KV cache + Jensen bias correction
+
+MAGI-1 AR Sampler runs Sand AI's own pipeline: chunks of 24 frames (6 latent frames), 4 chunks denoised
+together at their own noise levels (window_size 4), each reading a few chunks back (key ranges
+5,4,3,2 over the quarters of its steps: the paper's "sliding window annealed from 5 to 2"), Euler on
+the sd3 shift-3 schedule, 16 steps per chunk (the paper's and the 24B distill config's; the 4.5B
+configs ship 64), cfg auto = 1 pass for a distilled model (with the nearly-clean blend). 720x720,
+96 frames = 24 latent frames = 4 chunks, seed 1234 (the reference's defaults but the steps).
+Finished chunks go into the pack's KV cache in INT2 (group 32, Hadamard rotation, FP8 scales: 2.75
+bits/element) and Jensen Bias Correction (taylor) removes the attention they steal; the chunks
+still in flight are attended in full precision. At window_size 4 every query reads exactly one
+finished chunk, so the cache holds one chunk per layer: 0.27 GiB at 720x720 in INT2 against the
+reference's whole-video buffer (15.8 GiB for 240 frames in BF16; benchmarks/magi1_memory.py).
+Lower window_size (advanced: kv_ranges, window_chunks) trades speed for a longer cached context.
+
+Model files (put them under ComfyUI/models/, then press R to refresh the loaders):
+- models/diffusion_models/{MAGI1_DISTILL}
+  Sand AI's MAGI-1 (huggingface sand-ai/MAGI-1, ckpt/magi/4.5B_distill/inference_weight.distill),
+  converted once into one file with the caption's special tokens (example/assets/special_tokens.npz
+  of github SandAI-org/MAGI-1):
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py 4.5B_distill/inference_weight.distill \\
+        models/diffusion_models/{MAGI1_DISTILL} --magi1 --special-tokens special_tokens.npz
+  (Load MAGI-1 Model also lists Sand AI's folder as it is, if you put it under models/diffusion_models.)
+- models/vae/{MAGI1_VAE}
+  ckpt/vae of the same repository, converted: convert_checkpoint.py vae models/vae/{MAGI1_VAE} --magi1-vae
+- models/text_encoders/{T5_XXL}
+  T5 v1.1 XXL (e.g. comfyanonymous/flux_text_encoders); load it with CLIPLoader type "pixart" (no padding),
+  then MAGI-1 Text Encode.
+
+Without Quantize KV Cache and Jensen Bias Correction the sampler keeps a full-precision cache: the
+same workflow is the A/B baseline. The sampler's report gives the cache's bytes, its BF16 size, the
+effective bits, the K/V heads (8 of 24) and what the reference's buffer would hold."""
+
+MAGI1_SAMPLER = {
+    "width": 720,
+    "height": 720,
+    "frames": 96,
+    "seed": 1234,
+    "control_after_generate": "fixed",
+    "steps": 16,
+    "window_size": 4,
+    "cfg": "auto",
+    "kv_ranges": "5,4,3,2",
+    "window_chunks": 0,
+    "sink_chunks": 0,
+    "special_tokens": True,
+}
+PROMPT_MAGI1 = (
+    "A red fox trotting through fresh snow in a birch forest at golden hour, soft light, the camera tracking "
+    "alongside it"
+)
+
+
+def _magi1() -> dict:
+    nodes = [
+        _note(NOTE_MAGI1, size=(600, 820)),
+        _n(
+            "unet",
+            "JensenKVLoadMagi1",
+            1,
+            {"model_name": MAGI1_DISTILL, "weight_dtype": "default", "variant": "distill"},
+            size=[340, 110],
+        ),  # fmt: skip
+        _n("clip", "CLIPLoader", 1, {"clip_name": T5_XXL, "type": "pixart", "device": "default"}, size=[340, 110]),
+        _n("vae", "JensenKVLoadMagi1VAE", 1, {"vae_name": MAGI1_VAE, "dtype": "auto"}, size=[340, 80]),
+        _n("pos", "JensenKVMagi1TextEncode", 2, {"text": PROMPT_MAGI1, "clean": True}, title="Prompt", size=[400, 160]),
+        _n("quant", "JensenKVQuantizeKVCache", 3, QUANT_INT2),
+        _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
+        _n("sampler", "JensenKVMagi1ARSampler", 5, MAGI1_SAMPLER, size=[340, 330]),
+        _n("decode", "JensenKVMagi1VAEDecode", 6),
+        _save_webp("jensen_kv/magi1_int2_jensen", 24.0, 6),
+    ]
+    links = [
+        ("unet", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "sampler", "model"),
+        ("clip", "CLIP", "pos", "clip"),
+        ("pos", "CONDITIONING", "sampler", "positive"),
+        ("sampler", "LATENT", "decode", "samples"),
+        ("vae", "MAGI1_VAE", "decode", "magi1_vae"),
+        ("decode", "IMAGE", "save", "images"),
+    ]
+    return {"name": "jensen_kv_magi1_4p5b_distill_t2v_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+
+
 WORKFLOWS: list[dict] = [
     _self_forcing(),
     _longlive(),
@@ -851,6 +940,7 @@ WORKFLOWS: list[dict] = [
     _extend("skyreels"),
     _tiny_cpu_demo(),
     _krea(),
+    _magi1(),
 ]
 
 # JavaScript run in the page: builds one spec with LiteGraph and returns app.graph.serialize().

@@ -1,6 +1,6 @@
 """MAGI-1 in ComfyUI: the MODEL (``model.py``), its files (``files.py``), its VAE (``vae.py``) and its caption
-glue (``text.py``), around the pure-torch model in ``magi1/``. ComfyUI is imported lazily, inside functions.
-
-The pack's cache integration (a ``ModelFamily`` adapter and the multi-noise recipe on the pack's sampler)
-is not here yet; the reference-faithful sampler (``magi1.sampler``) runs on ``model.diffusion_model(patcher)``.
+glue (``text.py``), around the pure-torch model in ``magi1/``; its ``ModelFamily`` (``family.py``: probe, geometry,
+presets and the patch that routes the DiT's self-attention through the pack's cache) and the reference's
+multi-noise pipeline on that cache (``recipe.py``, what MAGI-1 AR Sampler runs). ComfyUI is imported lazily,
+inside functions.
 """

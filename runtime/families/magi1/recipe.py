@@ -1,0 +1,471 @@
+"""MAGI-1's multi-noise chunk pipeline on the pack's quantized cache: the recipe the MAGI-1 AR Sampler runs.
+
+The loop is the reference's (github:SandAI-org/MAGI-1 at 6ff822e, ``inference/pipeline/video_generate.py``
+``SampleTransport.walk`` and ``VideoDiTModel.forward_dispatcher``), written once in :mod:`magi1.sampler` and
+driven here over the patched clone (:mod:`.family`): up to ``window_size`` chunks in one forward, each at its own
+time on the ``sd3`` schedule (shift 3), Euler on the predicted velocity; per chunk and per quarter of its steps a
+key range of ``noise2clean_kvrange`` chunks (default 5, 4, 3, 2: itself and up to 4 earlier ones); the finished
+chunk rides once in front of the next stage at ``t = 0.9999`` under the null caption, the forward that writes it to
+the cache; distilled models blend the oldest chunk with a copy of it that sees itself only once it is past
+``t = 0.3``; base models run three passes (text, context, unconditional) blended per chunk (cfg 3).
+
+What the pack changes: the buffer. The reference keeps every chunk of the video in a full-precision buffer; here
+only *finished* chunks are stored, in the run's :class:`runtime.run_caches.RunCaches` (quantized and corrected as
+the MODEL's Quantize KV Cache / Jensen Bias Correction say, full precision without them: the A/B baseline), one
+cache per layer, kept under a window (``window_chunks``; auto: as many finished chunks as the key ranges reach) and
+an attention sink. The chunks still in flight are attended in full precision and never stored.
+
+Memory: at ``window_size`` 4 with 5..2 every query reads exactly one finished chunk (the others in its range are
+in flight), so the cache holds one chunk per layer; at window 1 up to four. The paper's "sliding window annealed
+from 5 to 2" is ``noise2clean_kvrange`` 5, 4, 3, 2, which every published config pairs with ``window_size`` 4.
+
+Hooks (the vocabulary of the pack's recipes): :meth:`Magi1Recipe.check` refuses what it cannot do,
+:meth:`~Magi1Recipe.prefill` (nothing: text-to-video), :meth:`~Magi1Recipe.before_chunk` (a chunk enters the
+window), :meth:`~Magi1Recipe.write` (a finished chunk reached every layer's cache) and
+:meth:`~Magi1Recipe.on_prompt_switch` (nothing to re-cache: the cache is written under the null caption).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ....jensen_core.planner import plan_cache
+from ....magi1 import pipeline as P
+from ....magi1.caption import DEFAULT_TOKENS, chunk_captions
+from ....magi1.sampler import MagiSettings, iter_sample
+from ...config import JensenKVConfig, get_config, get_window
+from ...prompt_schedule import PromptSchedule
+from ...run_caches import RunCaches
+from ...shift_observer import get_request as get_diagnostics
+from ..base import UnsupportedModelError, attention_override_notice
+from .family import Magi1Family
+from .model import CHUNK_FRAMES
+
+logger = logging.getLogger("jensen_kv")
+
+MIB = 2**20
+
+#: the sampler's defaults: 16 steps (the 24B distill config and the paper; the 4.5B configs ship 64), window 4
+DEFAULT_STEPS = 16
+WINDOW_SIZES = (1, 2, 3, 4)
+
+
+def parse_kv_ranges(text: str) -> tuple[int, ...]:
+    """``"5,4,3,2"`` -> (5, 4, 3, 2) (chunks each query reaches back, itself included, per stage of its steps);
+    ``"all"`` -> () (every chunk reads every earlier chunk). ValueError naming the fix otherwise."""
+    t = str(text).strip().lower()
+    if t in ("all", ""):
+        return ()
+    try:
+        out = tuple(int(p) for p in t.replace(" ", "").split(","))
+    except ValueError:
+        out = None
+    if not out or any(v < 1 for v in out):
+        raise ValueError(
+            f"kv_ranges={text!r}: give whole chunk counts >= 1 separated by commas, one per stage of a chunk's steps "
+            "(the reference's 5,4,3,2), or 'all'"
+        )
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Magi1Request:
+    """One MAGI-1 run. ``positive``: MAGI-1 Text Encode's CONDITIONING, or a Prompt Schedule of them (prompts by
+    chunk); the latent to make is ``latent_frames`` x ``latent_height`` x ``latent_width`` (VAE latent units,
+    ``chunk_frames`` latent frames per chunk). ``kv_ranges``: ``noise2clean_kvrange`` (() = every earlier chunk);
+    ``cfg_number`` 1 (distilled) or 3 (base), None for the model's own. ``window_chunks``: finished chunks the cache
+    keeps per layer (0: as many as the key ranges reach, so nothing a query reads is evicted); ``sink_chunks``: the
+    first chunks kept for good besides the window. ``special_tokens``: the HQ and DURATION tokens in front of every
+    chunk's caption (the reference's default). Checked here where no model is needed."""
+
+    model: Any
+    positive: Any
+    latent_frames: int
+    latent_height: int
+    latent_width: int
+    seed: int = 0
+    num_steps: int = DEFAULT_STEPS
+    window_size: int = 4
+    kv_ranges: tuple[int, ...] = P.NOISE2CLEAN_KVRANGE
+    cfg_number: int | None = None
+    window_chunks: int = 0
+    sink_chunks: int = 0
+    chunk_frames: int = CHUNK_FRAMES
+    special_tokens: bool = True
+    keep_state: bool = False
+    resume: Any = None
+    prefix: Any = None
+    observer: Any = None
+    step_callback: Callable[[int, int], None] | None = None
+    progress: bool = True
+    preview: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("latent_frames", "latent_height", "latent_width", "num_steps", "chunk_frames"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}={v!r} must be a whole number >= 1")
+        if self.latent_frames % self.chunk_frames:
+            raise ValueError(
+                f"latent_frames={self.latent_frames} is not a whole number of {self.chunk_frames}-frame chunks; MAGI-1 "
+                f"makes whole chunks: use {math.ceil(self.latent_frames / self.chunk_frames) * self.chunk_frames}"
+            )
+        if self.latent_height % 2 or self.latent_width % 2:
+            raise ValueError(
+                f"latent height {self.latent_height} and width {self.latent_width} must be even (MAGI-1 patches 2x2): "
+                "use a video width and height that are multiples of 16"
+            )
+        if self.window_size not in WINDOW_SIZES:
+            raise ValueError(f"window_size={self.window_size!r}: MAGI-1 keeps 1 to 4 chunks in flight")
+        if self.num_steps % self.window_size:
+            ok = [w for w in WINDOW_SIZES if self.num_steps % w == 0]
+            raise ValueError(
+                f"num_steps {self.num_steps} is not a multiple of window_size {self.window_size} (each chunk spends "
+                f"num_steps / window_size forwards at each place of the window): use window_size {ok} or steps that "
+                f"divide by {self.window_size}"
+            )
+        if self.kv_ranges and self.num_steps % len(self.kv_ranges):
+            raise ValueError(
+                f"num_steps {self.num_steps} does not split into the {len(self.kv_ranges)} stages of kv_ranges "
+                f"{list(self.kv_ranges)}: use steps that divide by {len(self.kv_ranges)}"
+            )
+        if self.cfg_number not in (None, 1, 3):
+            raise ValueError(f"cfg_number={self.cfg_number!r}: MAGI-1 runs 1 pass (distilled) or 3 (base)")
+        for name in ("window_chunks", "sink_chunks", "seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}={v!r} must be a whole number >= 0")
+
+    @property
+    def chunks(self) -> int:
+        return self.latent_frames // self.chunk_frames
+
+    def settings(self, distill: bool) -> MagiSettings:
+        """The reference's runtime settings for this run (``cfg_number`` None: 1 for distilled models, 3 for base)."""
+        return MagiSettings(
+            num_steps=self.num_steps,
+            window_size=self.window_size,
+            chunk_width=self.chunk_frames,
+            noise2clean_kvrange=tuple(self.kv_ranges),
+            cfg_number=self.cfg_number or (1 if distill else 3),
+            distill=distill,
+        )
+
+
+def finished_reached(settings: MagiSettings, chunks: int) -> int:
+    """The most finished chunks any query of this run reads (counted over every forward): what a cache of finished
+    chunks must hold so that nothing in a key range is evicted."""
+    most = 0
+    for st in P.steps_of(settings.num_steps, settings.window_size, chunks):
+        ranges = P.key_ranges(st.slice_point, st.steps_of_chunks, settings.num_steps, settings.noise2clean_kvrange, 1)
+        for s, _ in ranges:
+            most = max(most, st.slice_point - s)
+    return most
+
+
+@dataclass
+class Magi1Result:
+    """The video LATENT's samples (VAE latent units), the report, and per chunk: seconds from the previous chunk's
+    end, and every layer's cache bytes after each write."""
+
+    samples: torch.Tensor
+    report: dict
+    seconds_per_chunk: list[float] = field(default_factory=list)
+    cache_bytes_after_write: list[int] = field(default_factory=list)
+
+
+class Magi1Recipe:
+    """One MAGI-1 run on the pack's cache (see the module docstring); :func:`run` is the shorthand."""
+
+    def __init__(self, request: Magi1Request):
+        self.r = request
+        self.check(request)
+        self.adapter = Magi1Family(request.model)
+        self.config = get_config(request.model.model_options) or JensenKVConfig()
+        self.config.check_head_dim(self.adapter.head_dim)
+        self.settings = request.settings(self.adapter.config.distill)
+        self.schedule = PromptSchedule.from_conditioning(request.positive, "positive")
+        self.reached = finished_reached(self.settings, request.chunks)
+        if request.window_chunks:
+            self.window = request.window_chunks
+        else:  # auto: what the key ranges reach (at least one chunk); every chunk when they are unbounded
+            self.window = max(1, self.reached) if request.kv_ranges else 0
+        self.warnings: list[str] = []
+        if self.window and self.window < self.reached:
+            self.warnings.append(
+                f"window_chunks {self.window} keeps fewer finished chunks than the key ranges reach ({self.reached} at "
+                f"window_size {request.window_size}, kv_ranges {list(request.kv_ranges) or 'all'}): queries read only "
+                "the newest ones (and the sink), not what the reference reads"
+            )
+        self.prompts_report = [{"start_chunk": p.start_chunk, "label": p.label} for p in self.schedule.prompts]
+        self.seconds: list[float] = []
+        self.bytes_after_write: list[int] = []
+        self._t0 = 0.0
+        self.run_caches: RunCaches | None = None
+        self.memory_request: dict | None = None
+
+    # ------------------------------------------------------------------ hooks
+    @staticmethod
+    def check(request: Magi1Request) -> None:
+        """What this recipe cannot do, refused before anything runs (each error names the fix)."""
+        found = Magi1Family.probe(request.model)
+        if not found.applies:
+            base = getattr(request.model, "model", None)
+            what = f"{type(base).__name__} ({type(getattr(base, 'diffusion_model', None)).__name__})"
+            raise UnsupportedModelError(
+                f"MAGI-1 AR Sampler samples {Magi1Family.supported}. This MODEL ({what}) is not MAGI-1: load one with "
+                "Load MAGI-1 Model (Wan models go to the Chunked AR Video Sampler)"
+            )
+        if found.problem:
+            raise UnsupportedModelError(
+                f"MAGI-1 AR Sampler supports {Magi1Family.supported}. This MODEL {found.problem}."
+            )
+        if request.resume is not None or request.keep_state:
+            raise ValueError(
+                "MAGI-1 AR Sampler does not save or continue a run: its chunks are denoised several at a time, so a run "
+                "cut in two would not denoise the chunks around the cut as one run does. Make the whole video in one run "
+                "(leave the kv_cache input and output unconnected)"
+            )
+        if request.prefix is not None:
+            raise ValueError(
+                "MAGI-1 AR Sampler is text-to-video: extending a clip (a prefix video) is not supported; leave prefix "
+                "unconnected"
+            )
+        options = request.model.model_options
+        if get_diagnostics(options) is not None:
+            raise ValueError(
+                "KV Cache Diagnostics follows the Chunked AR Video Sampler's cache (one key range per call); MAGI-1's "
+                "per-chunk key ranges are not supported by it yet: remove KV Cache Diagnostics from this MODEL"
+            )
+        if get_window(options) is not None:
+            raise ValueError(
+                "the MODEL carries an AR Cache Window (for ComfyUI's SamplerARVideo); set the window on MAGI-1 AR "
+                "Sampler's own window_chunks / sink_chunks inputs instead"
+            )
+        notice = attention_override_notice(options)
+        if notice is not None:
+            logger.warning("jensen_kv: %s", notice)
+
+    def prefill(self) -> None:
+        """Nothing goes into the cache before the first chunk: text-to-video (no prefix video, :meth:`check`)."""
+
+    def before_chunk(self, chunk: int) -> None:
+        """Chunk ``chunk`` enters the window (its first forward is next)."""
+        _interrupt_check()
+        logger.debug("jensen_kv: MAGI-1 chunk %d enters the window", chunk)
+
+    def write(self, chunk: int) -> None:
+        """Finished chunk ``chunk`` has been stored in every layer's cache (by the forward that just ran)."""
+        run = self.run_caches
+        run.chunk = chunk
+        run.end_write({0})
+        self.bytes_after_write.append(sum(c.nbytes for c in run.caches.values()))
+
+    def on_prompt_switch(self, chunk: int, label: str) -> None:
+        """The schedule switches to prompt ``label`` at ``chunk``: nothing to re-cache, since MAGI-1 writes every
+        finished chunk under the null caption (the cache does not depend on the prompt)."""
+        logger.info("jensen_kv: MAGI-1 prompt %r from chunk %d", label, chunk)
+
+    # ------------------------------------------------------------------ the run
+    def captions(self, dm) -> list[torch.Tensor]:
+        """One caption per chunk: its prompt's valid T5 tokens with the special tokens in front (as the reference
+        pads them), checked against the model."""
+        special = {k: v.float() for k, v in (dm.special_tokens or {}).items()}
+        tokens = DEFAULT_TOKENS if self.r.special_tokens else ()
+        width = dm.config.caption_channels
+        out, last = [], None
+        chunks = self.r.chunks
+        for c in range(chunks):
+            p = self.schedule.prompts[self.schedule.index_at(c)]
+            tensor, extra = p.entry
+            if not extra.get("magi1_caption"):
+                raise ValueError(
+                    f"the positive conditioning ({p.label}) was not made by MAGI-1 Text Encode: MAGI-1 reads the T5-XXL "
+                    "embeddings of the prompt's valid tokens; encode the prompt with MAGI-1 Text Encode (T5-XXL loaded "
+                    "with CLIPLoader type pixart)"
+                )
+            if tensor.ndim != 3 or tensor.shape[0] != 1 or tensor.shape[-1] != width:
+                raise ValueError(
+                    f"the positive conditioning ({p.label}) has shape {tuple(tensor.shape)}; this MAGI-1 reads "
+                    f"(1, tokens, {width}) T5 embeddings from MAGI-1 Text Encode"
+                )
+            if last is not None and p.label != last:
+                self.on_prompt_switch(c, p.label)
+            last = p.label
+            out.append(chunk_captions(tensor[0], chunks, special, tokens=tokens)[c])
+        return out
+
+    def planned(self, dtype: torch.dtype) -> int:
+        r, a = self.r, self.adapter
+        plan = plan_cache(
+            latent_frames=r.latent_frames,
+            latent_height=r.latent_height,
+            latent_width=r.latent_width,
+            chunk_frames=r.chunk_frames,
+            window_chunks=self.window,
+            layers=a.num_layers,
+            heads=a.heads,
+            kv_heads=a.kv_heads,
+            head_dim=a.head_dim,
+            spec_k=self.config.spec_k,
+            spec_v=self.config.spec_v,
+            geometry=a.geometry,
+            cfg_branches=1,
+            full_bytes=torch.finfo(dtype).bits // 8,
+            sink_chunks=r.sink_chunks,
+            tiers=self.config.tiers,
+        )
+        return plan.quantized_bytes or 0
+
+    def run(self) -> Magi1Result:
+        import comfy.model_management as mm
+        import comfy.utils
+
+        r, adapter = self.r, self.adapter
+        work = r.model.clone()
+        run = self.run_caches = RunCaches(
+            self.config, self.window, adapter.num_layers, observer=r.observer, sink_chunks=r.sink_chunks
+        )
+        dtype = adapter.dm.compute_dtype
+        planned = self.planned(dtype)
+        steps = P.steps_of(self.settings.num_steps, self.settings.window_size, r.chunks)
+        pbar = comfy.utils.ProgressBar(len(steps)) if r.progress else None
+        previewer = _previewer(work, r.preview and r.progress)
+        try:
+            adapter.install(work, run)
+            mm.load_models_gpu([work], memory_required=int(planned))
+            self.memory_request = {"bytes": int(planned), "mib": planned / MIB, "device": str(work.load_device)}
+            dm = work.model.diffusion_model
+            attention = adapter.attention
+            attention.chunk_frames, attention.armed = r.chunk_frames, True
+            device = work.load_device
+            self.prefill()
+            captions = [c.to(device) for c in self.captions(dm)]
+            shape = (1, adapter.latent_channels, r.latent_frames, r.latent_height, r.latent_width)
+            # the reference's noise (torch.randn after manual_seed(seed)), as ComfyUI's prepare_noise draws it
+            noise = torch.randn(shape, generator=torch.Generator().manual_seed(r.seed)).to(device)
+            entered, x = 0, noise
+            self._t0 = time.perf_counter()
+            events = iter_sample(dm, noise, captions, self.settings, attention=attention)
+            for i, step in enumerate(steps):
+                _interrupt_check()
+                while entered < step.chunk_end:
+                    self.before_chunk(entered)
+                    entered += 1
+                run.step = i
+                event = next(events)
+                x = event.latent
+                for chunk in attention.take_stored():
+                    self.write(chunk)
+                if event.finished is not None:
+                    now = time.perf_counter()
+                    self.seconds.append(now - self._t0)
+                    self._t0 = now
+                self._progress(pbar, previewer, i, len(steps), event, work)
+                if r.step_callback is not None:
+                    r.step_callback(i, len(steps))
+            attention.armed = False
+        finally:
+            adapter.remove(work)
+            run.free()
+        samples = work.model.process_latent_out(x.float()).to(mm.intermediate_device())
+        return Magi1Result(samples, self.report(dtype, planned), self.seconds, self.bytes_after_write)
+
+    def _progress(self, pbar, previewer, i: int, total: int, event, work) -> None:
+        if pbar is None:
+            return
+        preview = None
+        if previewer is not None and event.finished is not None:
+            cw, c = self.r.chunk_frames, event.finished
+            try:
+                chunk = work.model.process_latent_out(event.latent[:, :, c * cw : (c + 1) * cw].float())
+                preview = previewer.decode_latent_to_preview_image("JPEG", chunk)
+            except Exception:  # noqa: BLE001 - never fail a run for a preview
+                logger.debug("jensen_kv: MAGI-1 preview failed", exc_info=True)
+        pbar.update_absolute(i + 1, total, preview)
+
+    def report(self, dtype: torch.dtype, planned: int) -> dict:
+        r, a, s = self.r, self.adapter, self.settings
+        from ...report import build_report  # the report imports the family registry: imported when it runs
+
+        rep = build_report(
+            self.run_caches,
+            a,
+            self.config,
+            chunks=r.chunks,
+            chunk_frames=r.chunk_frames,
+            window_chunks=self.window,
+            sink_chunks=r.sink_chunks,
+            seconds=self.seconds,
+            cfg=1.0,
+            tokens_per_frame=a.geometry.tokens_per_frame(r.latent_height, r.latent_width),
+            model_dtype=dtype,
+            prompts=self.prompts_report,
+            memory_request=self.memory_request,
+            planned_bytes=planned,
+        )
+        chunk_tokens = r.chunk_frames * a.geometry.tokens_per_frame(r.latent_height, r.latent_width)
+        rep.update(
+            {
+                "family": a.name,
+                "kv_heads": a.kv_heads,
+                "window_size": s.window_size,
+                "num_steps": s.num_steps,
+                "noise2clean_kvrange": list(s.noise2clean_kvrange),
+                "cfg_number": s.cfg_number,
+                "distill": s.distill,
+                "finished_chunks_read": self.reached,
+                # the reference's buffer: every chunk of the video, K and V, every layer, in BF16
+                "reference_buffer_bytes": r.chunks * chunk_tokens * a.num_layers * 2 * a.kv_heads * a.head_dim * 2,
+                "warnings": list(self.warnings),
+            }
+        )
+        return rep
+
+
+def report_text(report: dict) -> str:
+    """The pack's report paragraph and MAGI-1's own lines (its pipeline, what a query read, the reference's buffer)."""
+    from ...report import report_text as pack_text
+
+    ranges = ",".join(map(str, report["noise2clean_kvrange"])) or "all"
+    lines = [
+        pack_text(report).replace(
+            f"{report['heads']} heads x", f"{report['heads']} query heads over {report['kv_heads']} K/V heads x"
+        ),
+        f"MAGI-1: {report['num_steps']} steps, {report['window_size']} chunk(s) in flight, key ranges {ranges}, "
+        f"{report['cfg_number']} pass(es) per step; each query read at most {report['finished_chunks_read']} finished "
+        f"chunk(s). The reference's whole-video buffer: {report['reference_buffer_bytes'] / MIB:.2f} MiB in BF16.",
+    ]
+    lines += [f"Warning: {w}." for w in report.get("warnings", [])]
+    return "\n".join(lines)
+
+
+def run(request: Magi1Request) -> Magi1Result:
+    """Sample a MAGI-1 video with the pack's cache (``request.model`` is never modified: a clone is patched and
+    restored, and the cache freed, in ``finally``)."""
+    return Magi1Recipe(request).run()
+
+
+def _interrupt_check() -> None:
+    import comfy.model_management
+
+    comfy.model_management.throw_exception_if_processing_interrupted()
+
+
+def _previewer(model, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        import latent_preview
+
+        return latent_preview.get_previewer(model.load_device, model.model.latent_format)
+    except Exception:  # noqa: BLE001 - previews are a nicety
+        logger.debug("jensen_kv: no latent previewer for MAGI-1", exc_info=True)
+        return None
