@@ -141,9 +141,12 @@ def test_first_chunk_sigmas_only_shape_the_first_chunk_of_a_video(loop, tiny, lc
     tail = _run(loop, m, 2, sigmas, lcm, resume=head.state, **opts)
     assert torch.equal(head.samples, whole[:, :, :2]) and torch.equal(tail.samples, whole[:, :, 2:])
     assert len(rec.calls) == 1 + 1 + 1  # frame 2: one step + its write, frame 3: one step
-    # and the first chunk's schedule does reach the sampler: without it frame 0 differs
-    plain = _run(loop, tiny, 2, sigmas, lcm, chunk_frames=1, window_chunks=2, progress=False).samples
+    # and the first chunk's schedule does reach the sampler: without it frame 0 differs (sigmas.clone() drops the
+    # schedule the preset carries); with the preset's SIGMAS alone it is the same
+    plain = _run(loop, tiny, 2, sigmas.clone(), lcm, chunk_frames=1, window_chunks=2, progress=False).samples
     assert (plain[:, :, :1] - whole[:, :, :1]).abs().max() > 1e-3
+    carried = _run(loop, tiny, 2, sigmas, lcm, chunk_frames=1, window_chunks=2, progress=False).samples
+    assert torch.equal(carried, whole[:, :, :2])
 
 
 # ------------------------------------------------------------------------------------------------ first block length
@@ -227,9 +230,18 @@ def test_schedule_and_sampler_nodes_carry_the_first_chunk_options(loop, nodes, t
         context_noise=0.0,
     )
     got = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs, first_chunk_sigmas=first).args[0]["samples"]
-    plain = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[0]["samples"]
     want = _run(loop, tiny, 3, sigmas, lcm, chunk_frames=1, window_chunks=2, first_chunk_sigmas=first, progress=False)
-    assert torch.equal(got, want.samples) and (got - plain).abs().max() > 1e-3
+    assert torch.equal(got, want.samples)
+    # first_chunk_sigmas unconnected: the 2-step preset's SIGMAS carry the first frame's 4 steps (the old default
+    # ran the first frame on 2 steps, silently)
+    carried, report = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[:2]
+    assert torch.equal(carried["samples"], got)
+    assert "4 steps, carried by the SIGMAS' preset" in loop.report_text(report)
+    # the same values without it (SplitSigmas, a manual list, a copy): the first frame on 2 steps, said loudly
+    lost = {**inputs, "sigmas": sigmas.clone()}
+    plain, report = nodes.JensenKVChunkedARSampler.execute(tiny, **lost).args[:2]
+    assert (plain["samples"] - got).abs().max() > 1e-3
+    assert "WARNING" in loop.report_text(report) and "causal_forcing_framewise_2step" in report["recipe_notes"][0]
     inputs.update(chunk_frames=2)
     got = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs, first_chunk_frames=1).args[1]
     assert got["chunks"] == 2  # blocks of 1 and 2
