@@ -416,9 +416,8 @@ class _Job:
 
         self.request, self.setup = r, setup
         self.recipe = setup.recipe
-        adapter, config, model = setup.adapter, setup.config, r.model
-        resumed, ch = r.resumed, r.chunking
-        self.chunk_steps = [r.sampling.sigmas_of(c, resumed).numel() - 1 for c in range(setup.plan.chunks)]
+        model = r.model
+        self.chunk_steps = [r.sampling.sigmas_of(c, r.resumed).numel() - 1 for c in range(setup.plan.chunks)]
         self.steps = max(self.chunk_steps)
         sigma_max = float(model.get_model_object("model_sampling").sigma_max)
         self.ctx_sigma = float(r.recipe.context_noise) * sigma_max
@@ -426,35 +425,8 @@ class _Job:
         self.write_sampler = comfy.samplers.KSAMPLER(_write_relabelled if self.recipe.relabels else _write_once)
         self.batch_inds = r.latent.get("batch_index")
         self.active = setup.active
-        self.diagnostics = make_diagnostics(
-            model.model_options,
-            num_layers=adapter.num_layers,
-            heads=adapter.heads,
-            steps=self.steps,
-            window_chunks=ch.window_chunks,
-            correction=config.effective_correction,
-            strength=config.strength,
-            keys_quantized=config.keys_quantized,
-            sink_chunks=ch.sink_chunks,
-        )
-        if self.diagnostics is not None and resumed:
-            raise ValueError(
-                "KV Cache Diagnostics compares the cache with full-precision keys of every cached chunk; "
-                "a loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a "
-                "cache"
-            )
-        self.run = RunCaches(
-            config,
-            ch.window_chunks,
-            adapter.num_layers,
-            observer=combine_observers(r.hooks.observer, self.diagnostics),
-            sink_chunks=ch.sink_chunks,
-            on_rewrite=None if self.diagnostics is None else self.diagnostics.on_rewrite,
-        )
-        self.run.attention_bias = float(r.recipe.attention_bias)
-        self.run.tokens_per_frame = setup.tokens_per_frame
-        if resumed:
-            self.run.adopt_run(r.continuation.resume, model.load_device)
+        self.diagnostics = self._diagnostics()
+        self.run = self._caches()
         self.work = model.clone()
         self.out = setup.latent_image.clone()
         self.seconds: list[float] = []
@@ -467,6 +439,47 @@ class _Job:
         self.pbar = comfy.utils.ProgressBar(sum(self.chunk_steps)) if hooks.progress else None
         self.memory_request = None
         self.state: SavedRun | None = None
+
+    def _diagnostics(self):
+        """KV Cache Diagnostics' observer when the MODEL asks for it (never with a loaded cache), else None."""
+        r, setup = self.request, self.setup
+        adapter, config, ch = setup.adapter, setup.config, r.chunking
+        diagnostics = make_diagnostics(
+            r.model.model_options,
+            num_layers=adapter.num_layers,
+            heads=adapter.heads,
+            steps=self.steps,
+            window_chunks=ch.window_chunks,
+            correction=config.effective_correction,
+            strength=config.strength,
+            keys_quantized=config.keys_quantized,
+            sink_chunks=ch.sink_chunks,
+        )
+        if diagnostics is not None and r.resumed:
+            raise ValueError(
+                "KV Cache Diagnostics compares the cache with full-precision keys of every cached chunk; "
+                "a loaded KV cache has only its quantized keys. Remove KV Cache Diagnostics to continue a "
+                "cache"
+            )
+        return diagnostics
+
+    def _caches(self) -> RunCaches:
+        """The run's caches (a loaded run's adopted), seen by the hooks' observer and the diagnostics."""
+        r, setup, diagnostics = self.request, self.setup, self.diagnostics
+        adapter, ch = setup.adapter, r.chunking
+        run = RunCaches(
+            setup.config,
+            ch.window_chunks,
+            adapter.num_layers,
+            observer=combine_observers(r.hooks.observer, diagnostics),
+            sink_chunks=ch.sink_chunks,
+            on_rewrite=None if diagnostics is None else diagnostics.on_rewrite,
+        )
+        run.attention_bias = float(r.recipe.attention_bias)
+        run.tokens_per_frame = setup.tokens_per_frame
+        if r.resumed:
+            run.adopt_run(r.continuation.resume, r.model.load_device)
+        return run
 
     # ------------------------------------------------------------------ the loop
     def start(self) -> None:
@@ -486,8 +499,7 @@ class _Job:
             c, index, s.first_frame + f0, f1 - f0, s.schedule.at(index), s.schedule.fingerprint_at(index),
             c == s.plan.chunks - 1,
         )  # fmt: skip
-        rope_frame = self.recipe.before_chunk(self, step)
-        self.switch_prompt(index, step.frame0, step.prompt, step.prompt_key)
+        rope_frame = self.recipe.before_chunk(self, step)  # a prompt switch re-caches there
         self.run.denoise(index, rope_frame)
         latent_image, seed = s.latent_image[:, :, f0:f1], r.sampling.seed
         noise = comfy.sample.prepare_noise(latent_image, chunk_seed(seed, index, NOISE_STREAM), self.batch_inds)
@@ -513,15 +525,6 @@ class _Job:
             self.seconds[-1],
         )  # fmt: skip
 
-    def switch_prompt(self, chunk_index: int, frame0: int, prompt, now) -> None:
-        """Chunk ``chunk_index`` (written or denoised next) is made under ``prompt`` (fingerprint ``now``): on a
-        switch the recipe re-caches the retained chunks under it first, for a prefix clip's chunks as for generated
-        ones, so a clip extended with a schedule holds what one run would."""
-        if self.active is not None and now != self.active and self.request.recipe.recache_on_switch:
-            step = ChunkStep(-1, chunk_index, frame0, 0, prompt, now, False)
-            self.recipe.on_prompt_switch(self, step, self.setup.schedule.index_at(chunk_index))
-        self.active = now
-
     def _on_step(self, c: int, chunk_index: int):
         """The sampler callback of chunk ``c``: step count, progress bar and preview, step_callback, interrupt."""
         steps, total_steps, done = self.chunk_steps[c], sum(self.chunk_steps), sum(self.chunk_steps[:c])
@@ -542,47 +545,6 @@ class _Job:
             _interrupt_check()
 
         return on_step
-
-    # ------------------------------------------------------------------ what recipes call
-    def write(self, chunk_index: int, frame_offset: int, clean, prompt, record: bool = True) -> None:
-        """One cache-writing pass of ``clean`` (LATENT frames of one chunk) under ``prompt`` (RunCaches.write)."""
-        _interrupt_check()
-        self.run.write(chunk_index, frame_offset, clean, lambda: self.write_forward(chunk_index, clean, prompt), record)
-
-    def write_again(self, chunk: RetainedChunk, prompt) -> None:
-        """The model call that writes a retained chunk again under ``prompt`` (a re-cache)."""
-        _interrupt_check()
-        self.write_forward(chunk.chunk, self.on_device(chunk.latent), prompt)
-
-    def write_forward(self, chunk_index: int, clean, prompt) -> None:
-        """The model call of a write: ``clean`` at the context-noise level, as the recipe writes it."""
-        import comfy.sample
-
-        r = self.request
-        comfy.sample.sample_custom(
-            self.work,
-            self.recipe.write_noise(self, chunk_index, clean),
-            r.sampling.cfg,
-            self.write_sampler,
-            self.write_sigmas,
-            prompt,
-            r.negative,
-            clean,
-            disable_pbar=True,
-            seed=chunk_seed(r.sampling.seed, chunk_index, SAMPLER_STREAM),
-        )
-
-    def on_device(self, latent: torch.Tensor) -> torch.Tensor:
-        """A kept latent (on the CPU, float32) as the output's device and dtype."""
-        return latent.to(self.out.device, self.out.dtype)
-
-    def count_recached(self, index: int, n: int) -> None:
-        """``n`` chunks were re-cached when the schedule's ``index``-th prompt began."""
-        self.prompts_report[index]["recached_chunks"] += n
-
-    @staticmethod
-    def interrupt_check() -> None:
-        _interrupt_check()
 
     # ------------------------------------------------------------------ after the loop
     def keep_state(self) -> None:
@@ -618,13 +580,27 @@ class _Job:
                 self.diagnostics.free()
 
     def result(self) -> ChunkedARResult:
-        r, s, state, out, ch = self.request, self.setup, self.state, self.out, self.request.chunking
+        r, s, out = self.request, self.setup, self.out
+        samples_out = out
+        if s.prefix_latent is not None and r.continuation.include_prefix:
+            samples_out = torch.cat([s.prefix_latent.to(out.dtype), out], dim=2)
+        return ChunkedARResult(
+            samples=samples_out,
+            report=self._report(),
+            seconds_per_chunk=self.seconds,
+            denoise_seconds=self.denoise_seconds,
+            state=self.state,
+            cache_bytes_after_write=self.run.bytes_after_write,
+        )
+
+    def _report(self) -> dict:
+        """The run's report: the caches', the recipe's own fields, the diagnostics."""
+        r, s, state, ch, config = self.request, self.setup, self.state, self.request.chunking, self.setup.config
         state_bytes = (
             None
             if state is None
             else state.nbytes + sum(c.latent.numel() * c.latent.element_size() for c in state.retained)
         )
-        config = s.config
         report = build_report(
             self.run,
             s.shape(r),
@@ -649,17 +625,7 @@ class _Job:
         report.update(self.recipe.report())
         if self.diagnostics is not None:
             report["diagnostics"] = self.diagnostics.summary()
-        samples_out = out
-        if s.prefix_latent is not None and r.continuation.include_prefix:
-            samples_out = torch.cat([s.prefix_latent.to(out.dtype), out], dim=2)
-        return ChunkedARResult(
-            samples=samples_out,
-            report=report,
-            seconds_per_chunk=self.seconds,
-            denoise_seconds=self.denoise_seconds,
-            state=state,
-            cache_bytes_after_write=self.run.bytes_after_write,
-        )
+        return report
 
 
 def _write_relabelled(model, x, sigmas, extra_args=None, callback=None, disable=None):

@@ -80,7 +80,7 @@ class RunCaches:
         self.begin(chunk, rope_frame, PHASE_DENOISE)
 
     def write(
-        self, chunk: int, frame_offset: int, clean: Tensor, forward: Callable[[], None], record: bool = True
+        self, chunk: int, frame_offset: int, clean: Tensor, forward: Callable[[], object], record: bool = True
     ) -> None:
         """One cache-writing pass of chunk ``chunk`` (first latent frame ``frame_offset``): ``forward()`` runs the model
         once over ``clean`` (its LATENT frames) and every layer stores the chunk. ``record``: a new chunk, whose clean
@@ -96,15 +96,21 @@ class RunCaches:
                 self.evicted = gone[-1]
 
     def rewrite(
-        self, chunks: Iterable[RetainedChunk], forward: Callable[[RetainedChunk], None], keep_sink: bool = False
+        self,
+        passes: Iterable[tuple[RetainedChunk, Callable[[], object]]],
+        keep_sink: bool = False,
+        check: Callable[[], None] | None = None,
     ) -> int:
-        """The caches emptied (all but the sink when ``keep_sink``) and ``chunks`` written again, one pass each
-        (``forward(chunk)`` runs the model over it); returns how many."""
-        chunks = list(chunks)
+        """The caches emptied (all but the sink when ``keep_sink``) and chunks written again: each of ``passes`` is a
+        retained chunk and the model call that writes it (``check()`` runs before each: an interrupt); returns how
+        many."""
+        passes = list(passes)
         self.empty(keep_sink)
-        for c in chunks:
-            self.write(c.chunk, c.frame_offset, c.latent, lambda c=c: forward(c), record=False)
-        return len(chunks)
+        for c, forward in passes:
+            if check is not None:
+                check()
+            self.write(c.chunk, c.frame_offset, c.latent, forward, record=False)
+        return len(passes)
 
     def empty(self, keep_sink: bool = False) -> None:
         """Every cache emptied to be written again (all but the attention sink when ``keep_sink``)."""
@@ -113,7 +119,7 @@ class RunCaches:
         else:
             self.start_rewrite()
 
-    def joint_write(self, group: list[RetainedChunk], forward: Callable[[], None]) -> None:
+    def joint_write(self, group: list[RetainedChunk], forward: Callable[[], object]) -> None:
         """Consecutive chunks written in one forward (``forward()``): every token attends to the caches and to all of
         them, with no block mask; each is stored as its own entry, oldest first (LongLive's re-cache)."""
         self.begin_joint([(c.chunk, c.frame_offset, c.frames) for c in group])

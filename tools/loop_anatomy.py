@@ -30,7 +30,7 @@ if str(ROOT) not in sys.path:  # the pack's jensen_testing; appended, so ComfyUI
     sys.path.append(str(ROOT))
 
 #: the loop's files: measured by ``sizes`` when no file is given (the recipes' package is taken whole where it exists)
-LOOP_FILES = ("runtime/chunk_loop.py", "runtime/run_caches.py", "runtime/request.py", "runtime/chunk_life.py")
+LOOP_FILES = ("runtime/chunk_loop.py", "runtime/run_caches.py", "runtime/options.py")
 LOOP_DIRS = ("runtime/recipes",)
 #: the rooms the walk counts (jensen_core is the library the rooms call; its calls are not steps of the walk)
 ROOMS = ("runtime/", "nodes/")
@@ -153,6 +153,40 @@ def trace_walk(fn, model=None) -> list[tuple[str, str]]:
     return steps
 
 
+def traffic(fn) -> dict[tuple[str, str], int]:
+    """Every call of ``fn()`` from one room to another outside the model's forward, not deduplicated: (caller's
+    file, callee's file) -> calls."""
+    pack, tools = str(ROOT) + "/", str(ROOT / "tools") + "/"
+    counts: dict[tuple[str, str], int] = {}
+
+    def room(code) -> bool:
+        f = code.co_filename
+        return f.startswith(pack) and not f.startswith(tools) and f[len(pack) :].startswith(ROOMS)
+
+    def prof(frame, event, arg):
+        if event != "call" or frame.f_code.co_name.startswith("<") and frame.f_code.co_name != "<lambda>":
+            return
+        caller = frame.f_back
+        if caller is None or not room(frame.f_code) or not room(caller.f_code):
+            return
+        a, b = caller.f_code.co_filename[len(pack) :], frame.f_code.co_filename[len(pack) :]
+        if a == b:
+            return
+        f = frame
+        while f is not None and not f.f_code.co_filename.startswith(tools):
+            if not f.f_code.co_filename.startswith(pack):
+                return  # inside ComfyUI (the model's forward): not the loop's traffic
+            f = f.f_back
+        counts[(a, b)] = counts.get((a, b), 0) + 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
 def rooms(steps: list[tuple[str, str]]) -> list[str]:
     """The files of ``steps``, consecutive repeats collapsed."""
     out: list[str] = []
@@ -240,6 +274,7 @@ def main(argv=None) -> int:
     w.add_argument("--recipe", default="plain", choices=("plain", "longlive", "krea", "skyreels", "causal_forcing"))
     w.add_argument("--steps", action="store_true", help="print every step")
     w.add_argument("--all-calls", action="store_true", help="every call, not only those that take the MODEL")
+    w.add_argument("--traffic", action="store_true", help="also every call between two rooms, counted")
     args = ap.parse_args(argv)
 
     if args.what == "sizes":
@@ -266,6 +301,14 @@ def main(argv=None) -> int:
         print(f"  returns to a file already left: {sum(back.values())}")
         for f, n in sorted(back.items(), key=lambda kv: -kv[1]):
             print(f"    {f}: {n}")
+    if args.traffic:
+        run, _ = node_run(args.recipe)
+        counts = traffic(run)
+        print(f"{args.recipe} recipe, calls between rooms (not deduplicated): {sum(counts.values())}")
+        for (a, b), n in sorted(counts.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"    {a} -> {b}: {n}")
+        rc = sum(n for (a, b), n in counts.items() if b == "runtime/run_caches.py")
+        print(f"  into runtime/run_caches.py: {rc}")
     return 0
 
 

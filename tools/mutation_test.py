@@ -323,8 +323,8 @@ MUTANTS += [
     M(
         "W5",
         RUN,
-        "self.write(c.chunk, c.frame_offset, c.latent, lambda c=c: forward(c), record=False)",
-        "self.write(c.chunk, c.frame_offset + 1, c.latent, lambda c=c: forward(c), record=False)",
+        "self.write(c.chunk, c.frame_offset, c.latent, forward, record=False)",
+        "self.write(c.chunk, c.frame_offset + 1, c.latent, forward, record=False)",
         T_RESUME + " " + T_LONG + "::test_recache_rewrites_every_layer_but_the_first",
         "a re-cache on a prompt switch writes the retained chunks one frame late (wrong RoPE positions)",
     ),
@@ -861,8 +861,8 @@ MUTANTS += [
     M(
         "X17",
         PLAIN,
-        "kept = list(job.run.timeline.items)\n",
-        "kept = list(job.run.timeline.items)[job.run.timeline.sink_held :]\n",
+        "kept = list(run.timeline.items)\n",
+        "kept = list(run.timeline.items)[run.timeline.sink_held :]\n",
         f"{T_LONG} {T_MX_PACK}",
         "window + sink x prompt switch: the causal re-cache drops the sink",
     ),
@@ -901,8 +901,8 @@ MUTANTS += [
     M(
         "X22",
         LOOP,
-        "self.run.tokens_per_frame = setup.tokens_per_frame",
-        "self.run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape[:-1]) + "
+        "run.tokens_per_frame = setup.tokens_per_frame",
+        "run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape[:-1]) + "
         "(setup.latent_image.shape[-2],))",
         f"{T_KREA} {T_MX_PACK}",
         "Krea bias x non-square latents: the exempt first frame is counted from the height twice",

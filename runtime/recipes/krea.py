@@ -102,14 +102,14 @@ class Krea(SelfForcing):
         n = context.shape[2]
         for p, a in enumerate(range(0, n, F)):
             # distinct negative ids (each piece its own context-noise stream): no chunks of the video, never recorded
-            job.write(-1 - step.index * K - p, a, context[:, :, a : a + F], step.prompt, record=False)
+            self.write_chunk(job, -1 - step.index * K - p, a, context[:, :, a : a + F], step.prompt, record=False)
         return n
 
     def write(self, job, step: ChunkStep, clean) -> None:
         """Nothing: a chunk is never written itself (the next chunk's recompute writes its frames)."""
 
     def on_prompt_switch(self, job, step: ChunkStep, index: int) -> int:
-        return 0  # before_chunk re-caches under the chunk's own prompt (and marks it active)
+        return 0  # before_chunk re-caches under the chunk's own prompt (and marks it active): never called
 
     def reencoded(self, history: torch.Tensor, frame: int) -> torch.Tensor:
         """Latent ``frame`` as Krea re-encodes it: the video decoded from its first latent frame through ``frame`` (as

@@ -15,7 +15,7 @@ import torch
 
 from ..saved_run import RetainedChunk
 from .base import ChunkStep
-from .plain import SelfForcing
+from .plain import SelfForcing, interrupted
 
 logger = logging.getLogger("jensen_kv")
 
@@ -38,7 +38,7 @@ class LongLiveRecache:
 
     name = "longlive"
 
-    def __call__(self, job, step: ChunkStep, index: int) -> int:
+    def __call__(self, recipe, job, step: ChunkStep, index: int) -> int:
         run = job.run
         kept = list(run.timeline.items)
         if not kept:
@@ -58,14 +58,13 @@ class LongLiveRecache:
             else:
                 groups.append([c])
         run.empty(keep_sink=keep_sink)
+        out = job.out
         for group in groups:
-            job.interrupt_check()
-            clean = torch.cat([c.latent for c in group], dim=2)
-            run.joint_write(
-                group, lambda g=group, x=clean: job.write_forward(g[0].chunk, job.on_device(x), step.prompt)
-            )
+            interrupted()
+            clean = torch.cat([c.latent for c in group], dim=2).to(out.device, out.dtype)
+            run.joint_write(group, recipe.write_pass(job, group[0].chunk, clean, step.prompt))
         n = sum(len(g) for g in groups)
-        job.count_recached(index, n)
+        job.prompts_report[index]["recached_chunks"] += n
         prompt = job.setup.schedule.prompts[index]
         logger.info(
             "jensen_kv: prompt %r from chunk %d: LongLive re-cache of %d chunk(s) in %d forward(s), sink %s",

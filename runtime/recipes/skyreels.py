@@ -61,7 +61,7 @@ class SkyReels(SelfForcing):
     def before_chunk(self, job, step: ChunkStep) -> int:
         if job.ctx_sigma > 0:
             self.redraw_noise = self.redraw_generators(job, step.index)
-        return step.frame0
+        return super().before_chunk(job, step)
 
     def write_noise(self, job, index: int, clean: torch.Tensor) -> torch.Tensor:
         """The chunk's own context noise (its stream), which the write forward scales to context_noise."""
