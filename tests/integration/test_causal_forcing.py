@@ -262,3 +262,38 @@ def test_quantized_framewise_run_with_diagnostics_and_a_longer_first_schedule(lo
     assert torch.isfinite(res.samples).all() and res.report["chunks"] == 4
     diag = res.report["diagnostics"]
     assert diag["steps"] == [0, 1, 2, 3] and diag["calls"] > 0
+
+
+def test_the_ksampler_node_takes_the_first_chunk_steps_and_frames(loop, nodes, tiny):
+    """The KSampler-style node could not give Causal Forcing++'s first frame its own schedule: first_chunk_steps
+    runs the video's first chunk on KSampler's sigmas for that many steps (4 with lcm, simple and shift 5 are the
+    reference's t = 1000, 937.5, 833.3, 625), first_chunk_frames cuts it as on the plain sampler."""
+    import comfy.samplers
+
+    ks = importlib.import_module("comfyui_jensen_kv.nodes.chunked_ar_ksampler")
+    inputs = dict(
+        positive=wan_tiny.conditioning(1, 13, 32),
+        negative=wan_tiny.conditioning(2, 13, 32),
+        latent=wan_tiny.video_latent(3),
+        seed=7,
+        steps=2,
+        cfg=1.0,
+        sampler_name="lcm",
+        scheduler="simple",
+        chunk_frames=1,
+        window_chunks=0,
+        context_noise=0.0,
+    )
+    got = nodes.JensenKVChunkedARKSampler.execute(tiny, **inputs, first_chunk_steps=4).args[0]["samples"]
+    two, four = (ks.ksampler_sigmas(tiny, n, "lcm", "simple") for n in (2, 4))
+    want = _run(
+        loop, tiny, 3, two, comfy.samplers.sampler_object("lcm"), chunk_frames=1, first_chunk_sigmas=four,
+        progress=False,
+    ).samples  # fmt: skip
+    assert torch.equal(got, want)
+    plain = nodes.JensenKVChunkedARKSampler.execute(tiny, **inputs).args[0]["samples"]
+    assert (plain[:, :, :1] - got[:, :, :1]).abs().max() > 1e-3  # without it the first frame takes 2 steps
+    report = nodes.JensenKVChunkedARKSampler.execute(tiny, **{**inputs, "chunk_frames": 2}, first_chunk_frames=1).args[
+        1
+    ]
+    assert report["chunks"] == 2  # blocks of 1 and 2
