@@ -17,6 +17,12 @@ from .spec import QuantSpec
 from .tiers import AgeTiers
 
 
+def _is(value, cls: type, *members: str) -> bool:
+    """``value`` is a ``cls``, or the same class of another import of this package (ComfyUI imports the pack as
+    ``comfyui_jensen_kv.jensen_core``, tests and tools as ``jensen_core``): same name, the same members."""
+    return isinstance(value, cls) or (type(value).__name__ == cls.__name__ and all(hasattr(value, m) for m in members))
+
+
 def _whole(name: str, value, lo: int = 1) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise ValueError(f"{name}={value!r} must be a whole number >= {lo}")
@@ -44,7 +50,7 @@ class CacheShape:
     def __post_init__(self) -> None:
         for name in ("layers", "heads", "head_dim", "cfg_branches", "batch", "full_bytes", "ranks"):
             _whole(name, getattr(self, name))
-        if self.geometry is not None and not isinstance(self.geometry, LatentGeometry):
+        if self.geometry is not None and not _is(self.geometry, LatentGeometry, "tokens_per_frame", "latent_channels"):
             raise TypeError(
                 f"geometry must be a LatentGeometry (the model family's), got {type(self.geometry).__name__}"
             )
@@ -83,9 +89,9 @@ class CachePrecision:
     def __post_init__(self) -> None:
         for name in ("spec_k", "spec_v"):
             s = getattr(self, name)
-            if s is not None and not isinstance(s, QuantSpec):
+            if s is not None and not _is(s, QuantSpec, "bits", "group_size", "check_head_dim"):
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
-        if self.tiers is not None and not isinstance(self.tiers, AgeTiers):
+        if self.tiers is not None and not _is(self.tiers, AgeTiers, "specs_for", "recent_bits"):
             raise TypeError(f"tiers must be an AgeTiers or None, got {type(self.tiers).__name__}")
 
     @property

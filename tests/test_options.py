@@ -231,3 +231,17 @@ def test_a_cache_and_a_saved_run_take_the_precision():
         state.check_compatible(precision=jk.CachePrecision(spec, None, None), **same)
     with pytest.raises(TypeError, match="not both"):
         state.check_compatible(precision=precision, spec_k=spec, **same)
+
+
+def test_the_values_take_the_same_classes_of_the_pack_as_comfyui_imports_it():
+    """ComfyUI imports the pack as comfyui_jensen_kv (its own jensen_core classes); a value built here from them is
+    accepted, anything else is not."""
+    jk, geo = load_pack_module("jensen_core"), load_pack_module("jensen_core.geometry")
+    pack_geometry = geo.LatentGeometry(patch=(1, 2, 2), latent_channels=16)
+    assert type(pack_geometry) is not LatentGeometry
+    plan = plan_cache(
+        **_loose(shape=CacheShape(2, 8, 64, pack_geometry), precision=CachePrecision(jk.QuantSpec(bits=2)))
+    )
+    assert plan == plan_cache(**_loose(shape=CacheShape(2, 8, 64, GEOMETRY), precision=CachePrecision(SPEC)))
+    with pytest.raises(TypeError, match="geometry must be a LatentGeometry"):
+        CacheShape(2, 8, 64, (1, 2, 2))
