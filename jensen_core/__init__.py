@@ -8,6 +8,7 @@ from ._version import __version__ as __version__
 from .attention import CacheEntry, cached_attention
 from .bias import MODES, jensen_bias, log_sinhc
 from .cache import ChunkCache, window_bytes
+from .cache_values import CachePrecision, CacheShape
 from .hadamard import fwht, rotate, unrotate
 from .methods import method_of
 from .packing import pack_codes, unpack_codes
@@ -19,6 +20,8 @@ from .spec import QuantSpec
 __all__ = [
     "MODES",
     "CacheEntry",
+    "CachePrecision",
+    "CacheShape",
     "ChunkCache",
     "QuantSpec",
     "QuantizedTensor",

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .attention import CacheEntry, cached_attention
+from .cache_values import CachePrecision
 from .methods import method_of
 from .quant import QuantizedTensor, StoredTensor, check_finite, quantize
 from .retention import Retention
@@ -94,6 +95,19 @@ class ChunkCache:
         self._layout: tuple | None = None  # (batch, heads, head_dim, dtype, device) of the first chunk
         self.chunks_appended = 0
         self.chunks_evicted = 0
+
+    @classmethod
+    def with_precision(
+        cls, precision: CachePrecision, window_chunks: int | None = None, sink_chunks: int = 0, head_offset: int = 0
+    ) -> ChunkCache:
+        """A cache storing as ``precision`` says (a :class:`~jensen_core.cache_values.CachePrecision`: the specs and
+        the age tiers), with this window, sink and first head."""
+        return cls(precision.spec_k, precision.spec_v, window_chunks, sink_chunks, precision.tiers, head_offset)
+
+    @property
+    def precision(self) -> CachePrecision:
+        """How this cache stores its chunks (the specs and the age tiers)."""
+        return CachePrecision(self.spec_k, self.spec_v, self.tiers)
 
     @property
     def window_chunks(self) -> int | None:

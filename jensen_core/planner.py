@@ -12,7 +12,8 @@ import math
 from dataclasses import asdict, dataclass
 
 from .cache import chunk_bytes
-from .geometry import LatentGeometry
+from .cache_values import CachePrecision, CacheShape
+from .geometry import LatentGeometry as LatentGeometry  # re-exported: callers build the geometry from here
 from .methods import method_of
 from .retention import Retention
 from .spec import QuantSpec
@@ -94,6 +95,41 @@ def check_kv_heads(heads: int, kv_heads: int | None) -> int:
     return kv_heads
 
 
+_SHAPE_FIELDS = ("layers", "heads", "head_dim", "geometry", "kv_heads", "cfg_branches", "batch", "full_bytes", "ranks")
+_PRECISION_FIELDS = ("spec_k", "spec_v", "tiers")
+
+
+def _values(
+    shape: CacheShape | None, precision: CachePrecision | None, loose: dict, fn: str
+) -> tuple[CacheShape, CachePrecision]:
+    """``shape`` and ``precision``, or the two built from their fields given one by one (the older calling form)."""
+    unknown = sorted(set(loose) - set(_SHAPE_FIELDS) - set(_PRECISION_FIELDS))
+    if unknown:
+        raise TypeError(f"{fn}() got unexpected keyword arguments {unknown}")
+    given_shape = {k: loose[k] for k in _SHAPE_FIELDS if k in loose}
+    given_precision = {k: loose[k] for k in _PRECISION_FIELDS if k in loose}
+    if shape is not None and given_shape or precision is not None and given_precision:
+        raise TypeError(
+            f"{fn}(): give shape= (a CacheShape) or its fields {sorted(given_shape)}, and precision= (a "
+            f"CachePrecision) or its fields {sorted(given_precision)}, not both"
+        )
+    if shape is None:
+        for name, v in given_shape.items():  # the messages the one-by-one form always gave
+            if name not in ("geometry", "kv_heads") and not isinstance(v, bool) and isinstance(v, int) and v < 1:
+                raise ValueError(f"{name}={v} must be at least 1")
+        if "kv_heads" in given_shape:
+            check_kv_heads(given_shape["heads"], given_shape["kv_heads"])
+        shape = CacheShape(**given_shape)
+    if precision is None:
+        precision = CachePrecision(**given_precision)
+    if not isinstance(shape, CacheShape) or not isinstance(precision, CachePrecision):
+        raise TypeError(
+            f"{fn}(): shape must be a CacheShape and precision a CachePrecision, got {type(shape).__name__} and "
+            f"{type(precision).__name__}"
+        )
+    return shape, precision
+
+
 def plan_cache(
     *,
     latent_frames: int,
@@ -101,21 +137,12 @@ def plan_cache(
     latent_width: int,
     chunk_frames: int,
     window_chunks: int,
-    layers: int,
-    heads: int,
-    head_dim: int,
-    spec_k: QuantSpec | None,
-    spec_v: QuantSpec | None,
-    geometry: LatentGeometry,
-    cfg_branches: int = 1,
-    batch: int = 1,
-    full_bytes: int = 2,
+    shape: CacheShape | None = None,
+    precision: CachePrecision | None = None,
     sink_chunks: int = 0,
     write_last: bool = False,
     prefix_frames: int = 0,
-    tiers: AgeTiers | None = None,
-    kv_heads: int | None = None,
-    ranks: int = 1,
+    **loose,
 ) -> CachePlan:
     """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
 
@@ -143,26 +170,27 @@ def plan_cache(
     holds ``heads / ranks`` heads of every cached token, so ``bf16_bytes`` and ``quantized_bytes`` are
     one rank's and ``*_all_ranks`` the sum (a head count that does not divide by ``ranks`` is an error);
     ``state_file_bytes`` stays the single-process file's (Save KV Cache runs on one GPU).
+
+    The model's and the run's facts come as ``shape`` (:class:`~jensen_core.cache_values.CacheShape`: layers,
+    heads, kv_heads, head_dim, geometry, cfg_branches, batch, full_bytes, ranks) and the storage as ``precision``
+    (:class:`~jensen_core.cache_values.CachePrecision`: spec_k, spec_v, tiers). Those fields may still be given
+    one by one instead (``layers=..., spec_k=...``), as before the two values existed; not both.
     """
-    for name, v in (
-        ("latent_frames", latent_frames),
-        ("chunk_frames", chunk_frames),
-        ("layers", layers),
-        ("heads", heads),
-        ("head_dim", head_dim),
-        ("cfg_branches", cfg_branches),
-        ("batch", batch),
-        ("ranks", ranks),
-    ):
+    shape, precision = _values(shape, precision, loose, "plan_cache")
+    layers, heads, head_dim, geometry = shape.layers, shape.heads, shape.head_dim, shape.geometry
+    cfg_branches, batch, full_bytes, ranks = shape.cfg_branches, shape.batch, shape.full_bytes, shape.ranks
+    kv_heads = shape.kv_heads
+    spec_k, spec_v, tiers = precision.spec_k, precision.spec_v, precision.tiers
+    for name, v in (("latent_frames", latent_frames), ("chunk_frames", chunk_frames)):
         if v < 1:
             raise ValueError(f"{name}={v} must be at least 1")
-    kv_heads = check_kv_heads(heads, kv_heads)
+    kv_heads = shape.cached_heads
     if window_chunks < 0:
         raise ValueError(f"window_chunks={window_chunks} must be 0 (all) or positive")
     if sink_chunks < 0 or prefix_frames < 0:
         raise ValueError(f"sink_chunks={sink_chunks} and prefix_frames={prefix_frames} must be 0 or positive")
     warnings: list[str] = []
-    tokens_per_frame = geometry.tokens_per_frame(latent_height, latent_width)
+    tokens_per_frame = shape.tokens_per_frame(latent_height, latent_width)
     prefix_chunks = math.ceil(prefix_frames / chunk_frames)
     chunks = math.ceil(latent_frames / chunk_frames)
     written = prefix_chunks + chunks - (0 if write_last else 1)
@@ -302,16 +330,9 @@ def _tier_warnings(
 def block_in_flight_bytes(
     *,
     block_tokens: int,
-    layers: int,
-    heads: int,
-    head_dim: int,
-    spec_k: QuantSpec | None,
-    spec_v: QuantSpec | None,
-    cfg_branches: int = 1,
-    batch: int = 1,
-    full_bytes: int = 2,
-    tiers: AgeTiers | None = None,
-    kv_heads: int | None = None,
+    shape: CacheShape | None = None,
+    precision: CachePrecision | None = None,
+    **loose,
 ) -> int:
     """Bytes of the block a run on ComfyUI core's AR sampler holds until the next model call says it is final.
 
@@ -319,9 +340,13 @@ def block_in_flight_bytes(
     side waits in the model's precision (``full_bytes``: its k-means runs once, at commit). Add it to
     :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path. Under age tiers the block
     is held at the newest chunk's bits (a sink chunk's while the sink fills): the higher tier's bits here.
-    ``kv_heads`` as in :func:`plan_cache` (the block holds K/V heads).
+    ``kv_heads`` as in :func:`plan_cache` (the block holds K/V heads); ``shape`` and ``precision`` as there (or
+    their fields one by one).
     """
-    kv_heads = check_kv_heads(heads, kv_heads)
+    shape, precision = _values(shape, precision, loose, "block_in_flight_bytes")
+    spec_k, spec_v, tiers = precision.spec_k, precision.spec_v, precision.tiers
+    layers, cfg_branches, batch, kv_heads = shape.layers, shape.cfg_branches, shape.batch, shape.cached_heads
+    head_dim, full_bytes = shape.head_dim, shape.full_bytes
     if tiers is not None:
         spec_k, spec_v = (
             None if s is None else tiers.spec_at(s, tiers.newest_bits(s.bits, side, bool(tiers.sink_bits)))

@@ -51,7 +51,12 @@ class JensenKVARSchedule(io.ComfyNode):
                     "added); values above 1 are read as timesteps and divided by 1000.",
                 ),
             ],
-            outputs=[io.Sigmas.Output(tooltip="Sigmas of one chunk, ending in 0; connect to the sampler's sigmas.")],
+            outputs=[
+                io.Sigmas.Output(
+                    tooltip="Sigmas of one chunk, ending in 0; connect to the sampler's sigmas. The Causal Forcing++ "
+                    "2-step / 1-step presets carry their first frame's 4-step schedule to the sampler."
+                )
+            ],
         )
 
     @classmethod
@@ -64,6 +69,9 @@ class JensenKVARSchedule(io.ComfyNode):
         text = f"{preset}: {describe(sigmas)}"
         first = first_chunk_sigmas(preset)
         if first is not None:
-            text += f"; the reference's first frame: {describe(first)} (wire that to the sampler's first_chunk_sigmas)"
+            text += (
+                f"; the reference's first frame: {describe(first)}, carried by these SIGMAS (the sampler's first "
+                "chunk takes it unless its first_chunk_sigmas is connected; SplitSigmas and the like drop it)"
+            )
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(sigmas, ui=ui.PreviewText(text))

@@ -10,11 +10,12 @@ from .chunked_ar_sampler import (
     cfg_input,
     common_head_inputs,
     common_tail_inputs,
+    first_chunk_frames_input,
     hidden_inputs,
     outputs,
     sample_node,
 )
-from .common import CATEGORY, check_combo_values
+from .common import CATEGORY, advanced, check_combo_values
 
 #: Which settings of this node reproduce which reference (checked in tests/integration/test_nodes.py).
 STEPS_TOOLTIP = (
@@ -72,6 +73,19 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
                     tooltip="ComfyUI scheduler giving each chunk's sigmas (with the model's shift).",
                 ),
                 *common_tail_inputs(),
+                advanced(
+                    io.Int.Input(
+                        "first_chunk_steps",
+                        default=0,
+                        min=0,
+                        max=10000,
+                        optional=True,
+                        tooltip="Steps of the video's first chunk (the first one after a prefix); 0 = steps. Causal "
+                        "Forcing++ 2-step / 1-step: 4 (its first frame's own 4 steps; with lcm, simple and shift 5 "
+                        "these are its t = 1000, 937.5, 833.3, 625). A continued kv_cache run uses steps.",
+                    )
+                ),
+                first_chunk_frames_input(),
             ],
             outputs=outputs(),
             hidden=hidden_inputs(),
@@ -83,53 +97,16 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
 
     @classmethod
     def execute(
-        cls,
-        model,
-        positive,
-        negative,
-        latent,
-        seed,
-        steps,
-        cfg,
-        sampler_name,
-        scheduler,
-        chunk_frames=3,
-        window_chunks=0,
-        context_noise=0.0,
-        sink_chunks=0,
-        prefix=None,
-        include_prefix=True,
-        kv_cache=None,
-        recache_on_switch=True,
-        recompute_frames=0,
-        kv_cache_attention_bias=1.0,
-        vae=None,
-        recache_mode="causal",
-        context_noise_mode="relabel",
-    ) -> io.NodeOutput:
-        sigmas = ksampler_sigmas(model, steps, sampler_name, scheduler)
-        sampler = comfy.samplers.sampler_object(sampler_name)
-        return sample_node(
-            cls,
-            model,
-            positive,
-            negative,
-            latent,
-            seed,
-            cfg,
-            sampler,
-            sigmas,
-            chunk_frames,
-            window_chunks,
-            context_noise,
-            sink_chunks,
-            prefix,
-            include_prefix,
-            kv_cache,
-            recache_on_switch,
-            recompute_frames=recompute_frames,
-            kv_cache_attention_bias=kv_cache_attention_bias,
-            vae=vae,
-            recache_mode=recache_mode,
-            context_noise_mode=context_noise_mode,
+        cls, model, positive, negative, latent, seed, steps, cfg, sampler_name, scheduler, chunk_frames=3,
+        window_chunks=0, context_noise=0.0, first_chunk_steps=0, **inputs,
+    ) -> io.NodeOutput:  # fmt: skip
+        sampling = dict(
+            seed=seed,
+            cfg=cfg,
+            sampler=comfy.samplers.sampler_object(sampler_name),
+            sigmas=ksampler_sigmas(model, steps, sampler_name, scheduler),
         )
+        if first_chunk_steps:
+            sampling["first_chunk_sigmas"] = ksampler_sigmas(model, first_chunk_steps, sampler_name, scheduler)
+        tail = dict(chunk_frames=chunk_frames, window_chunks=window_chunks, context_noise=context_noise)
+        return sample_node(cls, model, positive, negative, latent, {**sampling, **tail, **inputs})

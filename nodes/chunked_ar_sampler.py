@@ -126,8 +126,8 @@ def common_tail_inputs() -> list:
                 default=True,
                 optional=True,
                 tooltip="When the prompt schedule switches prompts, rewrite the cached chunks under the "
-                "new prompt (recache_mode says how), since every layer after the first sees the "
-                "prompt. Off keeps the entries written under the old prompt.",
+                "new prompt (recache_mode says how: LongLive's by default), since every layer after the first sees "
+                "the prompt. Off keeps the entries written under the old prompt.",
             )
         ),
         *krea_inputs(),
@@ -135,13 +135,14 @@ def common_tail_inputs() -> list:
             io.Combo.Input(
                 "recache_mode",
                 options=list(RECACHE_MODES),
-                default="causal",
+                default="longlive",
                 optional=True,
-                tooltip="How recache_on_switch rewrites the cache. causal: every retained chunk, the sink "
-                "included, one chunk per forward, each attending to the ones before it. longlive: as LongLive "
-                "does it - the sink keeps the old prompt's K/V and the window plus the chunk about to be evicted "
-                "are recomputed in one forward, attending to each other without the block mask (within the first "
-                "(sink + window + 1) chunks the sink is recomputed too, as in LongLive). See docs/long-videos.md.",
+                tooltip="How recache_on_switch rewrites the cache. longlive (default): NVlabs/LongLive's re-cache - "
+                "the sink keeps the old prompt's K/V, the window plus the chunk about to be evicted are recomputed in "
+                "one forward without the block mask (within the first (sink + window + 1) chunks the sink is "
+                "recomputed too, as in LongLive). causal: the pack's own, not LongLive's - every retained chunk, the "
+                "sink included, one chunk per forward, each attending to the ones before it. See "
+                "docs/long-videos.md.",
             )
         ),
         advanced(
@@ -168,21 +169,26 @@ def first_chunk_inputs() -> list:
             optional=True,
             tooltip="Optional: the schedule of the video's first chunk (the first one after a prefix), e.g. AR Video "
             "Schedule causal_forcing_framewise_4step for Causal Forcing++ 2-step / 1-step, whose first frame takes 4 "
-            "steps. Unconnected: sigmas for every chunk. A continued kv_cache run uses sigmas.",
+            "steps. Unconnected: the schedule sigmas carry (AR Video Schedule's causal_forcing_framewise_2step / "
+            "_1step carry the 4 steps), else sigmas. A continued kv_cache run uses sigmas.",
         ),
-        advanced(
-            io.Int.Input(
-                "first_chunk_frames",
-                default=0,
-                min=0,
-                max=1024,
-                optional=True,
-                tooltip="Latent frames of the video's first chunk (a prefix's first chunk when extending a clip); 0 "
-                "= chunk_frames. 1 is Self-Forcing's / Causal Forcing's independent_first_frame (blocks of 1, k, k, "
-                "...); at most chunk_frames. A continued kv_cache run already has its first chunk.",
-            )
-        ),
+        first_chunk_frames_input(),
     ]
+
+
+def first_chunk_frames_input() -> io.Int.Input:
+    return advanced(
+        io.Int.Input(
+            "first_chunk_frames",
+            default=0,
+            min=0,
+            max=1024,
+            optional=True,
+            tooltip="Latent frames of the video's first chunk (a prefix's first chunk when extending a clip); 0 = "
+            "chunk_frames. 1 is Self-Forcing's / Causal Forcing's independent_first_frame (blocks of 1, k, k, ...); "
+            "at most chunk_frames. A continued kv_cache run already has its first chunk.",
+        )
+    )
 
 
 def krea_inputs() -> list:
@@ -238,65 +244,58 @@ def hidden_inputs() -> list:
     return [io.Hidden.unique_id, io.Hidden.prompt]
 
 
-def sample_node(
-    node_cls,
-    model,
-    positive,
-    negative,
-    latent,
-    seed,
-    cfg,
-    sampler,
-    sigmas,
-    chunk_frames,
-    window_chunks,
-    context_noise,
-    sink_chunks=0,
-    prefix=None,
-    include_prefix=True,
-    kv_cache=None,
-    recache_on_switch=True,
-    first_chunk_sigmas=None,
-    first_chunk_frames=0,
-    recompute_frames=0,
-    kv_cache_attention_bias=1.0,
-    vae=None,
-    recache_mode="causal",
-    context_noise_mode="relabel",
-) -> io.NodeOutput:
+#: every input of the two sampler nodes that becomes a request option, and the option's name (a new input is one
+#: schema line and one line here; its default comes from the schema)
+REQUEST_OPTIONS = {
+    "seed": "seed",
+    "cfg": "cfg",
+    "sampler": "sampler",
+    "sigmas": "sigmas",
+    "chunk_frames": "chunk_frames",
+    "window_chunks": "window_chunks",
+    "context_noise": "context_noise",
+    "sink_chunks": "sink_chunks",
+    "prefix": "prefix",
+    "include_prefix": "include_prefix",
+    "kv_cache": "resume",
+    "recache_on_switch": "recache_on_switch",
+    "first_chunk_sigmas": "first_chunk_sigmas",
+    "first_chunk_frames": "first_chunk_frames",
+    "recompute_frames": "recompute_frames",
+    "kv_cache_attention_bias": "attention_bias",
+    "vae": "vae",
+    "recache_mode": "recache_mode",
+    "context_noise_mode": "context_noise_mode",
+}
+
+
+def schema_defaults(node_cls) -> dict:
+    """The default of every input of ``node_cls`` that has one (what an API prompt saved before it gets)."""
+    return {i.id: i.default for i in node_cls.define_schema().inputs if getattr(i, "default", None) is not None}
+
+
+def build_request(node_cls, model, positive, negative, latent, inputs: dict) -> ChunkedARRequest:
+    """The request of one sampler node's inputs (each named in :data:`REQUEST_OPTIONS`; absent ones take the
+    schema's default); the kv_cache output's connection decides ``keep_state``."""
+    unknown = sorted(set(inputs) - set(REQUEST_OPTIONS))
+    if unknown:
+        raise TypeError(f"{node_cls.__name__} got inputs it does not know: {unknown}")
+    values = {**schema_defaults(node_cls), **inputs}
+    kv_cache = values.get("kv_cache")
     if kv_cache is not None and not isinstance(kv_cache, SavedRun):
         raise ValueError(
             f"kv_cache must come from Load KV Cache or a sampler's kv_cache output, got {type(kv_cache).__name__}"
         )
+    if not values.get("recompute_frames"):
+        values["vae"] = None  # the VAE re-encodes Krea's anchor frame only (a connected one is otherwise unused)
+    options = {REQUEST_OPTIONS[k]: v for k, v in values.items() if k in REQUEST_OPTIONS}
     keep_state = output_connected(node_cls, KV_CACHE_OUTPUT)
-    result = run(
-        ChunkedARRequest(
-            model,
-            positive,
-            negative,
-            latent,
-            seed=seed,
-            cfg=cfg,
-            sampler=sampler,
-            sigmas=sigmas,
-            chunk_frames=chunk_frames,
-            window_chunks=window_chunks,
-            context_noise=context_noise,
-            sink_chunks=sink_chunks,
-            prefix=prefix,
-            include_prefix=include_prefix,
-            resume=kv_cache,
-            keep_state=keep_state,
-            recache_on_switch=recache_on_switch,
-            first_chunk_sigmas=first_chunk_sigmas,
-            first_chunk_frames=first_chunk_frames,
-            recompute_frames=recompute_frames,
-            attention_bias=kv_cache_attention_bias,
-            vae=vae if recompute_frames else None,
-            recache_mode=recache_mode,
-            context_noise_mode=context_noise_mode,
-        )
-    )
+    return ChunkedARRequest.from_options(model, positive, negative, latent, keep_state=keep_state, **options)
+
+
+def sample_node(node_cls, model, positive, negative, latent, inputs: dict) -> io.NodeOutput:
+    """Run the request of a sampler node's inputs; the LATENT, the report and the state to continue from."""
+    result = run(build_request(node_cls, model, positive, negative, latent, inputs))
     out = latent.copy()
     out.pop("downscale_ratio_spacial", None)
     out["samples"] = result.samples
@@ -332,54 +331,9 @@ class JensenKVChunkedARSampler(io.ComfyNode):
 
     @classmethod
     def execute(
-        cls,
-        model,
-        positive,
-        negative,
-        latent,
-        seed,
-        cfg,
-        sampler,
-        sigmas,
-        chunk_frames=3,
-        window_chunks=0,
-        context_noise=0.0,
-        sink_chunks=0,
-        prefix=None,
-        include_prefix=True,
-        kv_cache=None,
-        recache_on_switch=True,
-        first_chunk_sigmas=None,
-        first_chunk_frames=0,
-        recompute_frames=0,
-        kv_cache_attention_bias=1.0,
-        vae=None,
-        recache_mode="causal",
-        context_noise_mode="relabel",
-    ) -> io.NodeOutput:
-        return sample_node(
-            cls,
-            model,
-            positive,
-            negative,
-            latent,
-            seed,
-            cfg,
-            sampler,
-            sigmas,
-            chunk_frames,
-            window_chunks,
-            context_noise,
-            sink_chunks,
-            prefix,
-            include_prefix,
-            kv_cache,
-            recache_on_switch,
-            first_chunk_sigmas,
-            first_chunk_frames,
-            recompute_frames=recompute_frames,
-            kv_cache_attention_bias=kv_cache_attention_bias,
-            vae=vae,
-            recache_mode=recache_mode,
-            context_noise_mode=context_noise_mode,
-        )
+        cls, model, positive, negative, latent, seed, cfg, sampler, sigmas, chunk_frames=3, window_chunks=0,
+        context_noise=0.0, **inputs,
+    ) -> io.NodeOutput:  # fmt: skip
+        required = dict(seed=seed, cfg=cfg, sampler=sampler, sigmas=sigmas)
+        tail = dict(chunk_frames=chunk_frames, window_chunks=window_chunks, context_noise=context_noise)
+        return sample_node(cls, model, positive, negative, latent, {**required, **tail, **inputs})

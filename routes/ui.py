@@ -28,6 +28,7 @@ import logging
 import sys
 from collections.abc import Mapping
 
+from ..jensen_core.cache_values import CachePrecision, CacheShape
 from ..jensen_core.methods import method_of
 from ..jensen_core.planner import head_dim_problems, plan_cache
 from ..jensen_core.spec import METHOD_KNOBS, QuantSpec
@@ -452,18 +453,18 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         latent_width=latent_w,
         chunk_frames=chunk_frames,
         window_chunks=window,
-        layers=layers * streams,
-        heads=heads,
-        kv_heads=kv_heads,
-        head_dim=head_dim,
-        spec_k=spec_k,
-        spec_v=spec_v,
-        cfg_branches=cfg_branches,
-        batch=batch,
+        shape=CacheShape(
+            layers * streams,
+            heads,
+            head_dim,
+            geometry,
+            kv_heads=kv_heads,
+            cfg_branches=cfg_branches,
+            batch=batch,
+            ranks=ranks,
+        ),
+        precision=CachePrecision(spec_k, spec_v, tiers),
         sink_chunks=sink,
-        geometry=geometry,
-        tiers=tiers,
-        ranks=ranks,
     )
     d = plan.to_dict()
     runnable, quant_bytes = plan.runnable, plan.quantized_bytes

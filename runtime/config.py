@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ..jensen_core import MODES, QuantSpec
+from ..jensen_core import MODES, CachePrecision, QuantSpec
 from ..jensen_core.bias import check_mode
 from ..jensen_core.methods import method_of
 from ..jensen_core.spec import METHOD_KNOBS, METHODS, QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
@@ -181,6 +181,11 @@ class JensenKVConfig:
             raise ValueError(
                 f"strength={s!r} must be a number from 0 to {STRENGTH_MAX:g} (1.0 applies the full correction)"
             )
+
+    @property
+    def precision(self) -> CachePrecision:
+        """How the cache stores keys and values (the specs and the age tiers), as the planner and caches take it."""
+        return CachePrecision(self.spec_k, self.spec_v, self.tiers)
 
     @property
     def keys_quantized(self) -> bool:

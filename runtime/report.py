@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from ..jensen_core.cache_values import CachePrecision, CacheShape
 from ..jensen_core.methods import REGISTRY, RTN, method_of
-from .config import JensenKVConfig
-from .families import ModelFamily
 from .run_caches import RunCaches
 
 MIB = 2**20
@@ -16,15 +13,16 @@ MIB = 2**20
 
 def build_report(
     run: RunCaches,
-    adapter: ModelFamily,
-    config: JensenKVConfig,
+    shape: CacheShape,
+    precision: CachePrecision,
     *,
+    correction: str,
+    strength: float,
     chunks: int,
     chunk_frames: int,
     window_chunks: int,
     sink_chunks: int,
     seconds: list[float],
-    cfg: float,
     tokens_per_frame: int,
     model_dtype: torch.dtype,
     first_chunk: int = 0,
@@ -35,18 +33,22 @@ def build_report(
     state_file_bytes: int | None = None,
     resumed: bool = False,
 ) -> dict:
-    spec = config.spec_k or config.spec_v
+    """The report of a run whose caches are ``run``: ``shape`` (the model's layers, heads, head_dim; its
+    ``cfg_branches`` counted when no cache was written) and ``precision`` (the specs and tiers) as the caches had
+    them, the ``correction`` attention applied at ``strength``, and the run's own facts."""
+    spec_k, spec_v, tiers = precision.spec_k, precision.spec_v, precision.tiers
+    spec = precision.spec
     full_bits = torch.finfo(model_dtype).bits if model_dtype.is_floating_point else 16
-    branches = run.branches or ([0] if math.isclose(cfg, 1.0) else [0, 1])
+    cfg_branches = len(run.branches) or shape.cfg_branches
     if run.peak_bf16_bytes:
         effective = 16.0 * run.peak_bytes / run.peak_bf16_bytes
     else:  # nothing was cached (a single chunk): what the specs would give on chunks of this size
         chunk_tokens = chunk_frames * tokens_per_frame
 
         def bits(s):
-            return method_of(s).effective_bits_for(s, adapter.head_dim, chunk_tokens) if s is not None else full_bits
+            return method_of(s).effective_bits_for(s, shape.head_dim, chunk_tokens) if s is not None else full_bits
 
-        effective = (bits(config.spec_k) + bits(config.spec_v)) / 2
+        effective = (bits(spec_k) + bits(spec_v)) / 2
     return {
         "cache_bytes": int(run.peak_bytes),
         "bf16_bytes": int(run.peak_bf16_bytes),
@@ -62,25 +64,25 @@ def build_report(
         "window_chunks": int(window_chunks),
         "sink_chunks": int(sink_chunks),
         "seconds_per_chunk": [float(s) for s in seconds],
-        "key_bits": config.spec_k.bits if config.spec_k else "off",
-        "value_bits": config.spec_v.bits if config.spec_v else "off",
+        "key_bits": spec_k.bits if spec_k else "off",
+        "value_bits": spec_v.bits if spec_v else "off",
         "group_size": spec.group_size if spec else None,
         "rotation": spec.rotation if spec else "none",
         "method": spec.method if spec else "rtn",
         **(method_of(spec) if spec else RTN).report_fields(spec),
         **(method_of(spec).report_chunk_fields(spec, chunk_frames * tokens_per_frame) if spec else {}),
-        "tiers": None if config.tiers is None else str(config.tiers),
-        "recent_chunks_bits": config.tiers.recent_bits if config.tiers else 0,
-        "recent_chunks": config.tiers.recent_chunks if config.tiers else 0,
-        "sink_bits": config.tiers.sink_bits if config.tiers else 0,
-        "recent_chunks_key_bits": config.tiers.recent_side_bits("k") if config.tiers else 0,
+        "tiers": None if tiers is None else str(tiers),
+        "recent_chunks_bits": tiers.recent_bits if tiers else 0,
+        "recent_chunks": tiers.recent_chunks if tiers else 0,
+        "sink_bits": tiers.sink_bits if tiers else 0,
+        "recent_chunks_key_bits": tiers.recent_side_bits("k") if tiers else 0,
         "chunks_demoted": int(run.chunks_demoted),
-        "correction": config.effective_correction,
-        "strength": float(config.strength),
-        "layers": adapter.num_layers,
-        "heads": adapter.heads,
-        "head_dim": adapter.head_dim,
-        "cfg_branches": len(branches),
+        "correction": correction,
+        "strength": float(strength),
+        "layers": shape.layers,
+        "heads": shape.heads,
+        "head_dim": shape.head_dim,
+        "cfg_branches": cfg_branches,
         "tokens_per_frame": int(tokens_per_frame),
         "prompts": list(prompts or []),
         "memory_request": memory_request,
@@ -121,6 +123,7 @@ def report_text(report: dict) -> str:
             extra = f", re-cached {p['recached_chunks']} chunk(s)" if p.get("recached_chunks") else ""
             parts.append(f"{p['label']} from chunk {p['start_chunk']}{extra}")
         lines.append("Prompts: " + "; ".join(parts) + ".")
+    lines.extend(report.get("recipe_notes") or [])
     if report["bf16_bytes"]:
         ratio = report["bf16_bytes"] / report["cache_bytes"]
         versus = (

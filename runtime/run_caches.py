@@ -1,13 +1,21 @@
-"""The KV caches of a Chunked AR run in progress: one per (layer, CFG branch), and the chunk being made.
+"""The KV caches of a Chunked AR run in progress: one per (layer, CFG branch), and the life of every chunk.
 
 Family-independent: a model family's adapter (``runtime/families/``) routes each self-attention
 call of the patched model to :meth:`RunCaches.attend` with post-RoPE q, k, v of shape
 (batch, heads, tokens, head_dim); this class picks the cache of that layer and CFG branch,
 attends over it with :meth:`jensen_core.ChunkCache.attend` and, in the write phase, appends the
-chunk. No ComfyUI import here.
+chunk.
+
+A chunk's life is here too, one method per event, each given the model call it wraps: :meth:`RunCaches.denoise`
+(the chunk's denoising steps read the caches), :meth:`RunCaches.write` (one forward writes it; the clean latents of
+the chunks the caches hold are kept in :attr:`RunCaches.timeline`), :meth:`RunCaches.rewrite` (the caches emptied and
+chunks written again), :meth:`RunCaches.joint_write` (several chunks in one forward) and :meth:`RunCaches.adopt_run`
+(a saved run's caches and chunks become this run's). No ComfyUI import here.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -16,17 +24,26 @@ from torch import Tensor
 from ..jensen_core import ChunkCache
 from ..jensen_core.attention import cached_attention
 from ..jensen_core.bias import attention_bias_offsets
+from ..jensen_core.retention import Retained, Retention
 from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+from .saved_run import RetainedChunk, SavedRun
 
 
 class RunCaches:
     """The caches of every (layer, CFG branch) of a run in progress, the current chunk and phase."""
 
     def __init__(
-        self, config: JensenKVConfig, window_chunks: int, num_layers: int, observer=None, sink_chunks: int = 0
+        self,
+        config: JensenKVConfig,
+        window_chunks: int,
+        num_layers: int,
+        observer=None,
+        sink_chunks: int = 0,
+        on_rewrite: Callable[[], None] | None = None,
     ):
         self.config = config
+        self.precision = config.precision
         self.num_layers = num_layers
         self.window_chunks = window_chunks or None
         self.sink_chunks = int(sink_chunks)
@@ -51,6 +68,90 @@ class RunCaches:
         self.chunks_demoted = 0  # chunks requantized at the specs' bits as they left an age tier (all caches)
         self.active = True
         self.head_offset = 0  # global index of the caches' first head (a sequence-parallel rank's share)
+        # the clean latents of the chunks the caches hold, under the caches' rule; the chunk the window dropped last
+        self.timeline: Retained[RetainedChunk] = Retained(Retention(window_chunks, sink_chunks))
+        self.evicted: RetainedChunk | None = None
+        self.bytes_after_write: list[int] = []  # every (layer, branch) cache's bytes, after each write
+        self.on_rewrite = on_rewrite  # told when the caches are emptied to be written again (diagnostics)
+
+    # ------------------------------------------------------------ a chunk's life
+    def denoise(self, chunk: int, rope_frame: int) -> None:
+        """Chunk ``chunk`` is denoised next at RoPE frame ``rope_frame``: its steps read the caches, never write."""
+        self.begin(chunk, rope_frame, PHASE_DENOISE)
+
+    def write(
+        self, chunk: int, frame_offset: int, clean: Tensor, forward: Callable[[], object], record: bool = True
+    ) -> None:
+        """One cache-writing pass of chunk ``chunk`` (first latent frame ``frame_offset``): ``forward()`` runs the model
+        once over ``clean`` (its LATENT frames) and every layer stores the chunk. ``record``: a new chunk, whose clean
+        latents join :attr:`timeline` (a re-write of a held chunk is not)."""
+        self.begin(chunk, frame_offset, PHASE_WRITE)
+        forward()
+        self._written_one()
+        if record:
+            before = list(self.timeline.items)
+            self.timeline.add(RetainedChunk(chunk, frame_offset, clean.detach().to("cpu").clone()))
+            gone = [c for c in before if all(c is not k for k in self.timeline.items)]
+            if gone:
+                self.evicted = gone[-1]
+
+    def rewrite(
+        self,
+        passes: Iterable[tuple[RetainedChunk, Callable[[], object]]],
+        keep_sink: bool = False,
+        check: Callable[[], None] | None = None,
+    ) -> int:
+        """The caches emptied (all but the sink when ``keep_sink``) and chunks written again: each of ``passes`` is a
+        retained chunk and the model call that writes it (``check()`` runs before each: an interrupt); returns how
+        many."""
+        passes = list(passes)
+        self.empty(keep_sink)
+        for c, forward in passes:
+            if check is not None:
+                check()
+            self.write(c.chunk, c.frame_offset, c.latent, forward, record=False)
+        return len(passes)
+
+    def empty(self, keep_sink: bool = False) -> None:
+        """Every cache emptied to be written again (all but the attention sink when ``keep_sink``)."""
+        if keep_sink:
+            self.keep_sink()
+        else:
+            self.start_rewrite()
+
+    def joint_write(self, group: list[RetainedChunk], forward: Callable[[], object]) -> None:
+        """Consecutive chunks written in one forward (``forward()``): every token attends to the caches and to all of
+        them, with no block mask; each is stored as its own entry, oldest first (LongLive's re-cache)."""
+        self.begin_joint([(c.chunk, c.frame_offset, c.frames) for c in group])
+        forward()
+        self._written_one()
+
+    def adopt_run(self, saved: SavedRun, device) -> None:
+        """Continue ``saved`` (never modified): copies of its caches on ``device`` and its retained chunks become this
+        run's, the sink counted as the rule keeps it."""
+        self.adopt({k: c.copy().to(device) for k, c in saved.caches.items()}, saved.branches)
+        sink = self.sink_chunks
+        self.timeline = Retained(
+            self.timeline.rule,
+            saved.retained,
+            sink_held=min(sink, sum(1 for c in saved.retained if c.chunk < sink)),
+        )
+
+    def redraw(self, forward: Callable[[RetainedChunk], None], branches: set[int]) -> None:
+        """Inside a denoising step, every held chunk written again for the CFG branches ``branches`` (``forward(chunk)``
+        runs the model over it: SkyReels-V2 DF's context redrawn with fresh noise); the step's state is restored."""
+        chunk, frame_offset, step = self.chunk, self.frame_offset, self.step
+        self.start_rewrite(branches)
+        for kept in self.timeline.items:
+            self.begin(kept.chunk, kept.frame_offset, PHASE_WRITE)
+            forward(kept)
+            self.end_write(branches)
+        self.begin(chunk, frame_offset, PHASE_DENOISE)
+        self.step = step
+
+    def _written_one(self, branches: set[int] | None = None) -> None:
+        self.end_write(branches)
+        self.bytes_after_write.append(sum(c.nbytes for c in self.caches.values()))
 
     # ------------------------------------------------------------ chunk lifecycle
     def begin(self, chunk: int, frame_offset: int, phase: str) -> None:
@@ -91,14 +192,7 @@ class RunCaches:
         self._written.clear()
 
     def new_cache(self) -> ChunkCache:
-        return ChunkCache(
-            self.config.spec_k,
-            self.config.spec_v,
-            self.window_chunks,
-            self.sink_chunks,
-            tiers=self.config.tiers,
-            head_offset=self.head_offset,
-        )
+        return ChunkCache.with_precision(self.precision, self.window_chunks, self.sink_chunks, self.head_offset)
 
     def shard_heads(self, head_offset: int) -> None:
         """The caches hold a sequence-parallel rank's share of each layer's heads, from global head ``head_offset`` on
@@ -113,6 +207,8 @@ class RunCaches:
 
     def start_rewrite(self, branches: set[int] | None = None) -> None:
         """Empty every cache (of ``branches`` only, when given) before re-writing the retained chunks."""
+        if self.on_rewrite is not None:
+            self.on_rewrite()
         for (_, branch), cache in self.caches.items():
             if branches is None or branch in branches:
                 cache.clear()

@@ -40,7 +40,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from ..jensen_core import ChunkCache, QuantSpec
+from ..jensen_core import CachePrecision, ChunkCache, QuantSpec
 from ..jensen_core.cache import MAX_META_BYTES, META_KEY, parse_json, read_meta, whole
 from ..jensen_core.retention import Retention
 from ..jensen_core.tiers import AgeTiers
@@ -117,6 +117,11 @@ class SavedRun:
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.caches.values())
 
+    @property
+    def precision(self) -> CachePrecision:
+        """How its caches store keys and values (the specs and the age tiers)."""
+        return CachePrecision(self.spec_k, self.spec_v, self.tiers)
+
     def describe(self) -> str:
         spec = self.spec_k or self.spec_v
         kind = "full precision" if spec is None else f"K {self._bits(self.spec_k)}/V {self._bits(self.spec_v)}"
@@ -178,20 +183,29 @@ class SavedRun:
         self,
         *,
         fingerprint: dict,
-        spec_k,
-        spec_v,
         chunk_frames: int,
         window_chunks: int,
         sink_chunks: int,
         latent_shape: tuple[int, ...],
         branches: list[int],
-        tiers: AgeTiers | None = None,
+        precision: CachePrecision | None = None,
         tokens_per_frame: int | None = None,
+        **specs,
     ) -> None:
         """ValueError naming the first thing that differs between this state and the run that wants it.
 
-        ``tokens_per_frame``: what the run's model family makes of one latent frame of its latent; the caches
-        must hold as many (the file's latent size and its caches' tokens are two fields: both are compared)."""
+        ``precision``: how the run stores its caches (a :class:`CachePrecision`; or its ``spec_k``, ``spec_v`` and
+        ``tiers`` one by one, as before the value existed). ``tokens_per_frame``: what the run's model family makes
+        of one latent frame of its latent; the caches must hold as many (the file's latent size and its caches'
+        tokens are two fields: both are compared)."""
+        if precision is None:
+            unknown = sorted(set(specs) - {"spec_k", "spec_v", "tiers"})
+            if unknown:
+                raise TypeError(f"check_compatible() got unexpected keyword arguments {unknown}")
+            precision = CachePrecision(specs.get("spec_k"), specs.get("spec_v"), specs.get("tiers"))
+        elif specs:
+            raise TypeError("check_compatible(): give precision= or spec_k / spec_v / tiers, not both")
+        spec_k, spec_v, tiers = precision.spec_k, precision.spec_v, precision.tiers
 
         def differ(what, saved, now, fix):
             raise ValueError(f"this KV cache was made with {what} {saved}, but this run has {now}; {fix}")
@@ -876,7 +890,9 @@ def _build(plan: _Plan, f: _CacheFile, tick: Callable[[], None]) -> SavedRun:
         for name, t in group.items():
             tick()
             sd[name] = f.read(t)
-        cache = ChunkCache(plan.spec_k, plan.spec_v, plan.window_chunks or None, plan.sink_chunks, plan.tiers)
+        cache = ChunkCache.with_precision(
+            CachePrecision(plan.spec_k, plan.spec_v, plan.tiers), plan.window_chunks or None, plan.sink_chunks
+        )
         try:
             cache.load_state_dict(sd)
         except ValueError as exc:

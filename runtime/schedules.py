@@ -65,11 +65,13 @@ PRESET_HELP = {
     "causal_forcing_framewise_4step": "Causal Forcing frame-wise (chunk_frames 1): t = 1000, 937.5, 833.3, 625",
     "causal_forcing_framewise_2step": (
         "Causal Forcing++ frame-wise 2-step (chunk_frames 1): t = 1000, 833.3; its first frame takes 4 steps "
-        "(t = 1000, 937.5, 833.3, 625): give the sampler's first_chunk_sigmas a causal_forcing_framewise_4step schedule"
+        "(t = 1000, 937.5, 833.3, 625), which these SIGMAS carry to the sampler (or connect a "
+        "causal_forcing_framewise_4step schedule to its first_chunk_sigmas)"
     ),
     "causal_forcing_framewise_1step": (
         "Causal Forcing++ frame-wise 1-step (chunk_frames 1): t = 1000; its first frame takes 4 steps "
-        "(t = 1000, 937.5, 833.3, 625): give the sampler's first_chunk_sigmas a causal_forcing_framewise_4step schedule"
+        "(t = 1000, 937.5, 833.3, 625), which these SIGMAS carry to the sampler (or connect a "
+        "causal_forcing_framewise_4step schedule to its first_chunk_sigmas)"
     ),
     "worldplay_4step": "HY-WorldPlay (AR distilled): 4 Euler steps at shift 5, t = 1000, 937.5, 833.3, 625 (cfg 1)",
     "manual": "your own list: sigmas from 1 down (a trailing 0 is added); values above 1 are timesteps t (divided by 1000)",
@@ -131,8 +133,37 @@ FIRST_CHUNK_PRESET = {
 }
 
 
+#: the attribute a preset's SIGMAS carry their first chunk's own schedule in (:func:`carry_first_chunk`)
+FIRST_CHUNK_ATTR = "jensen_kv_first_chunk_sigmas"
+
+
+def carry_first_chunk(sigmas: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+    """``sigmas`` carrying ``first`` as the first chunk's schedule: the sampler takes it when its first_chunk_sigmas
+    is unconnected, so a Causal Forcing++ preset cannot lose its first frame's 4 steps on the way. An attribute of
+    this tensor only: anything that makes a new tensor (SplitSigmas, a conversion) drops it."""
+    setattr(sigmas, FIRST_CHUNK_ATTR, first)
+    return sigmas
+
+
+def carried_first_chunk(sigmas) -> torch.Tensor | None:
+    """The first chunk's schedule ``sigmas`` carries (:func:`carry_first_chunk`), else None."""
+    first = getattr(sigmas, FIRST_CHUNK_ATTR, None)
+    return first if isinstance(first, torch.Tensor) else None
+
+
+def lost_first_chunk(sigmas: torch.Tensor) -> str | None:
+    """The preset whose reference gives the first block its own schedule when ``sigmas`` has exactly its values (and
+    so, given without that schedule, runs the video's first frame on too few steps), else None."""
+    for preset in FIRST_CHUNK_PRESET:
+        ref = ar_sigmas(preset)
+        if sigmas.shape == ref.shape and torch.allclose(sigmas.detach().to("cpu", torch.float32), ref, atol=1e-4):
+            return preset
+    return None
+
+
 def ar_sigmas(preset: str, steps: int = 30, shift: float = 8.0, manual: str = "") -> torch.Tensor:
-    """The SIGMAS of ``preset`` (see the module docstring), float32, ending in 0."""
+    """The SIGMAS of ``preset`` (see the module docstring), float32, ending in 0; a preset whose reference gives the
+    first block its own schedule carries it (:func:`carry_first_chunk`)."""
     if preset in _SHIFT5_STEPS:
         values = [warp(t / 1000, 5.0) for t in _SHIFT5_STEPS[preset]] + [0.0]
     elif preset == "causvid_3step":
@@ -149,7 +180,9 @@ def ar_sigmas(preset: str, steps: int = 30, shift: float = 8.0, manual: str = ""
         values = parse_manual(manual)
     else:
         raise ValueError(f"preset={preset!r} is not known; use one of {', '.join(PRESETS)}")
-    return torch.tensor(values, dtype=torch.float32)
+    sigmas = torch.tensor(values, dtype=torch.float32)
+    first = FIRST_CHUNK_PRESET.get(preset)
+    return sigmas if first is None else carry_first_chunk(sigmas, ar_sigmas(first))
 
 
 def first_chunk_sigmas(preset: str) -> torch.Tensor | None:

@@ -911,6 +911,33 @@ def test_cli_merges_a_lora_and_records_it_in_the_metadata(tmp_path, capsys):
     assert "as do --lora and --lora-alpha" in capsys.readouterr().err
 
 
+def test_a_lora_goes_into_generator_not_generator_ema_without_a_key(tmp_path, capsys):
+    """LongLive's inference and its LoRA training put the LoRA on ``generator``: with --lora and no --key the
+    converter takes it even when the checkpoint also has ``generator_ema`` (which it takes without a LoRA), and a
+    checkpoint with only ``generator_ema`` is refused instead of guessed."""
+    ema, gen, lora = fake_wan(0), fake_wan(1), fake_lora(rank=3)
+    both = {"generator_ema": prefixed(ema, lambda k: f"model.{k}"), "generator": prefixed(gen, lambda k: f"model.{k}")}
+    assert cc.select_state_dict(both)[0] == "generator_ema"
+    assert cc.select_state_dict(both, lora=True)[0] == "generator"
+    out = cc.convert(both, dtype="fp32", lora=cc.read_lora({"generator_lora": lora}))
+    assert_merged(out, merged_reference(gen, lora, None), torch.float32)
+    # --key still picks what it names
+    out = cc.convert(both, key="generator_ema", dtype="fp32", lora=cc.read_lora(lora))
+    assert_merged(out, merged_reference(ema, lora, None), torch.float32)
+    with pytest.raises(cc.ConversionError, match="no 'generator' state dict.*--key generator_ema"):
+        cc.convert({"generator_ema": ema}, lora=cc.read_lora(lora))
+    # the command line: the written file says which entry it came from
+    src, lora_path, dst = tmp_path / "longlive_base.pt", tmp_path / "lora.pt", tmp_path / "longlive.safetensors"
+    torch.save(both, src)
+    torch.save({"generator_lora": lora}, lora_path)
+    assert cc.main([str(src), str(dst), "--lora", str(lora_path), "--dtype", "fp32"]) == 0
+    assert st_metadata(dst)["source_key"] == "generator"
+    assert_merged(load_file(str(dst)), merged_reference(gen, lora, None), torch.float32)
+    torch.save({"generator_ema": ema}, src)
+    assert cc.main([str(src), str(tmp_path / "no.safetensors"), "--lora", str(lora_path)]) == 2
+    assert "no 'generator' state dict" in capsys.readouterr().err and not (tmp_path / "no.safetensors").exists()
+
+
 def test_the_lora_file_gets_the_same_hostile_file_checks(tmp_path, capsys, monkeypatch):
     src = _saved(tmp_path / "base.pt", {"generator": fake_wan(0)})
 

@@ -4,7 +4,7 @@
     python tools/convert_checkpoint.py model.pt causvid.safetensors --key generator --dtype fp16
     python tools/convert_checkpoint.py self_forcing_dmd.pt self_forcing_causal.safetensors --causal
     python tools/convert_checkpoint.py models/tiny_ar/jensen-kv-tiny-ar.safetensors tiny-causal.safetensors --causal
-    python tools/convert_checkpoint.py longlive_base.pt longlive.safetensors --key generator --lora lora.pt
+    python tools/convert_checkpoint.py longlive_base.pt longlive.safetensors --lora lora.pt
 
 Self-Forcing saves ``{"generator": ..., "generator_ema": ..., "critic": ...}`` and CausVid
 ``{"generator": ...}``: Wan 2.1 state dicts in fp32 whose keys carry the training wrappers'
@@ -17,7 +17,8 @@ lists ``.pt`` files but finds no model in that nesting. This tool:
    containers only, a pickle that holds anything else is refused, never executed (``mmap`` when the
    file allows it, so a 17 GB checkpoint is not read whole);
 2. takes the sub-dict: ``--key``, else ``generator_ema`` (the EMA weights Self-Forcing samples with),
-   else ``generator``, else the file itself when it is a bare state dict;
+   else ``generator``, else the file itself when it is a bare state dict; with ``--lora``, ``generator`` (the
+   weights LongLive's inference and LoRA training use), and a checkpoint without it is refused, not guessed;
 3. strips the wrappers' path components: leading ``model.`` / ``module.`` / ``diffusion_model.``,
    and ``_fsdp_wrapped_module.`` / ``_checkpoint_wrapped_module.`` / ``_orig_mod.`` anywhere;
 4. checks that every tensor's storage holds its data (a ``zeros(1).expand(30000, 30000)`` is 4 bytes in
@@ -101,6 +102,8 @@ import torch
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 #: sub-dicts tried in this order when --key is not given
 AUTO_KEYS = ("generator_ema", "generator")
+#: the entry a LoRA is merged into when --key is not given (LongLive: ``longlive_base.pt``'s ``generator``)
+LORA_BASE_KEY = "generator"
 #: wrapper path components dropped at the start of a key
 LEADING_WRAPPERS = ("model", "module", "diffusion_model")
 #: wrapper path components dropped wherever they occur (FSDP, activation checkpointing, torch.compile)
@@ -279,8 +282,12 @@ def _is_state_dict(obj) -> bool:
     )
 
 
-def select_state_dict(state, key: str | None = None) -> tuple[str | None, dict[str, torch.Tensor]]:
-    """(the key used or None for a bare state dict, the state dict) of a loaded checkpoint."""
+def select_state_dict(state, key: str | None = None, lora: bool = False) -> tuple[str | None, dict[str, torch.Tensor]]:
+    """(the key used or None for a bare state dict, the state dict) of a loaded checkpoint.
+
+    Without ``key``: ``generator_ema`` (the EMA weights Self-Forcing samples with), else ``generator``. With a LoRA to
+    merge (``lora``): ``generator``, the weights LongLive's inference and LoRA training put the LoRA on (its
+    checkpoints hold both); a checkpoint with only ``generator_ema`` is refused rather than guessed (``--key``)."""
     if not isinstance(state, dict):
         raise ConversionError(f"the checkpoint holds a {type(state).__name__}, not a dict of weights")
     if key is not None:
@@ -292,6 +299,16 @@ def select_state_dict(state, key: str | None = None) -> tuple[str | None, dict[s
                 f"the checkpoint has: {_listing(state)}"
             )
         return key, state[key]
+    if lora:
+        if LORA_BASE_KEY in state and _is_state_dict(state[LORA_BASE_KEY]):
+            return LORA_BASE_KEY, state[LORA_BASE_KEY]
+        if any(k in state for k in AUTO_KEYS):
+            raise ConversionError(
+                f"--lora merges a LoRA trained on the {LORA_BASE_KEY!r} weights (LongLive's inference and LoRA "
+                f"training load {LORA_BASE_KEY!r}), but this checkpoint has no {LORA_BASE_KEY!r} state dict; it has: "
+                f"{_listing(state)}. Name the entry to merge it into with --key (e.g. --key generator_ema) if you "
+                "mean it"
+            )
     for k in AUTO_KEYS:
         if k in state and _is_state_dict(state[k]):
             return k, state[k]
@@ -708,7 +725,7 @@ def convert(
     target = DTYPES[dtype] if isinstance(dtype, str) and dtype in DTYPES else dtype
     if target not in DTYPES.values():
         raise ConversionError(f"dtype {dtype!r}: use one of {', '.join(DTYPES)}")
-    _, sd = select_state_dict(state, key)
+    _, sd = select_state_dict(state, key, lora=lora is not None)
     sd = strip_wrappers(sd)
     check_storage(sd)
     check_wan_t2v(sd)
@@ -995,7 +1012,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--key",
         help="the entry holding the weights (default: generator_ema, then generator, then the "
-        "file itself when it is a bare state dict); .pt input only",
+        "file itself when it is a bare state dict; with --lora: generator, as LongLive merges its LoRA into it); "
+        ".pt input only",
     )
     p.add_argument(
         "--dtype",
@@ -1142,7 +1160,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConversionError("--lora-alpha applies to a --lora; there is none")
         lora = read_lora(load_checkpoint(args.lora)) if args.lora is not None else None
         state = load_checkpoint(src)
-        used, _ = select_state_dict(state, args.key)
+        used, _ = select_state_dict(state, args.key, lora=lora is not None)
         sd = convert(
             state,
             key=used,

@@ -194,6 +194,8 @@ RET = "jensen_core/retention.py"
 CACHE = "jensen_core/cache.py"
 SR = "runtime/saved_run.py"
 LOOP = "runtime/chunk_loop.py"
+RUN = "runtime/run_caches.py"
+PLAIN, LONGLIVE, KREA, SKYREELS = (f"runtime/recipes/{n}.py" for n in ("plain", "longlive", "krea", "skyreels"))
 QVGF = "jensen_core/qvg.py"
 METH = "jensen_core/methods.py"
 LAY = "jensen_core/correction_layouts.py"
@@ -289,7 +291,7 @@ MUTANTS += [
     M(
         "W1",
         LOOP,
-        "self.active = r.resume.active_prompt",
+        "self.active = resume.active_prompt",
         "self.active = None",
         T_RESUME,
         "a resumed run forgets the prompt its cache was written under: no re-cache on the switch",
@@ -313,16 +315,16 @@ MUTANTS += [
     M(
         "W4",
         LOOP,
-        "chunk_index, frame0 = self.s.first_chunk + c, self.s.first_frame + f0",
-        "chunk_index, frame0 = c, self.s.first_frame + f0",
+        "index, t0 = s.first_chunk + c, time.perf_counter()",
+        "index, t0 = c, time.perf_counter()",
         T_RESUME,
         "a continuation reuses chunk 0's seeds and prompt schedule position",
     ),
     M(
         "W5",
-        LOOP,
-        "self.write(r.chunk, r.frame_offset, r.latent.to(self.out.device, self.out.dtype), prompt, record=False)",
-        "self.write(r.chunk, r.frame_offset + 1, r.latent.to(self.out.device, self.out.dtype), prompt, record=False)",
+        RUN,
+        "self.write(c.chunk, c.frame_offset, c.latent, forward, record=False)",
+        "self.write(c.chunk, c.frame_offset + 1, c.latent, forward, record=False)",
         T_RESUME + " " + T_LONG + "::test_recache_rewrites_every_layer_but_the_first",
         "a re-cache on a prompt switch writes the retained chunks one frame late (wrong RoPE positions)",
     ),
@@ -655,7 +657,7 @@ MUTANTS += [
     M(
         "P6",
         LOOP,
-        "prefix_frames=len(r.resume.retained) * r.chunk_frames\n",
+        "prefix_frames=len(resume.retained) * ch.chunk_frames\n",
         "prefix_frames=self.first_frame\n",
         T_LOADING,
         "a resumed run plans memory for every frame before it, not the chunks the state holds",
@@ -752,15 +754,15 @@ MUTANTS += [
     ),
     M(
         "X4",
-        LOOP,
-        "if self.s.prefix_latent is not None:\n            history = torch.cat(",
-        "if self.s.prefix_latent is not None and frame0 < 0:\n            history = torch.cat(",
+        KREA,
+        "if s.prefix_latent is not None:\n            history = torch.cat(",
+        "if s.prefix_latent is not None and frame0 < 0:\n            history = torch.cat(",
         f"{T_KREA} {T_MX_PACK}",
         "Krea recompute x prefix clip: the context of the first generated chunks loses the clip's frames",
     ),
     M(
         "X5",
-        LOOP,
+        KREA,
         "pixels = vae.decode(history[b : b + 1,",
         "pixels = vae.decode(history[0:1,",
         f"{T_KREA} {T_MX_PACK}",
@@ -769,8 +771,8 @@ MUTANTS += [
     M(
         "X6",
         LOOP,
-        "if c == 0 and self.first_chunk_sigmas is not None and self.resume is None:",
-        "if c == 0 and self.first_chunk_sigmas is not None and self.resume is None and self.prefix is None:",
+        "r.sampling.sigmas_of(c, r.resumed),",
+        "r.sampling.sigmas_of(c, r.resumed or r.continuation.prefix is not None),",
         f"{T_CF} {T_MX_PACK}",
         "Causal Forcing x prefix clip: the first chunk's own schedule is ignored when the run extends a clip",
     ),
@@ -834,73 +836,73 @@ MUTANTS += [
     M(
         "X14",
         LOOP,
-        "spec_v=s.config.spec_v,\n            tiers=s.config.tiers,",
-        "spec_v=s.config.spec_v,",
+        "spec_v=precision.spec_v,\n            tiers=precision.tiers,",
+        "spec_v=precision.spec_v,",
         f"{T_LONG} {T_LOADING} {T_MX_PACK}",
         "tiers x resume: the saved state forgets its tiers (its caches keep them): the file cannot be loaded",
     ),
     M(
         "X15",
         LOOP,
-        "spec_v=self.config.spec_v,\n                tiers=self.config.tiers,",
-        "spec_v=self.config.spec_v,",
+        "precision=self.config.precision,\n                chunk_frames=ch.chunk_frames,",
+        "precision=self.config.with_specs(self.config.spec_k, self.config.spec_v).precision,\n"
+        "                chunk_frames=ch.chunk_frames,",
         f"{T_LONG} {T_LOADING} {T_MX_PACK}",
         "tiers x resume: a run compares the loaded state's tiers with none (a tiered state is refused)",
     ),
     M(
         "X16",
-        LOOP,
-        "self.redraw_noise = self._redraw_generators(chunk_index)",
-        "self.redraw_noise = self._redraw_generators(c)",
+        SKYREELS,
+        "self.redraw_noise = self.redraw_generators(job, step.index)",
+        "self.redraw_noise = self.redraw_generators(job, step.run_index)",
         f"{T_SKY} {T_MX_PACK}",
         "SkyReels context noise x resume / prefix: the redraws reuse the run's chunk 0 noise, not the video's chunk",
     ),
     M(
         "X17",
-        LOOP,
-        "kept = list(self.timeline.items)\n        if not kept:\n            return 0\n        self.run.start_rewrite()",
-        "kept = list(self.timeline.items)[self.timeline.sink_held :]\n        if not kept:\n            return 0\n"
-        "        self.run.start_rewrite()",
+        PLAIN,
+        "kept = list(run.timeline.items)\n",
+        "kept = list(run.timeline.items)[run.timeline.sink_held :]\n",
         f"{T_LONG} {T_MX_PACK}",
         "window + sink x prompt switch: the causal re-cache drops the sink",
     ),
     M(
         "X18",
         LOOP,
-        "r.first_chunk_frames if r.resume is None and r.prefix is None else 0",
-        "r.first_chunk_frames if r.resume is None else 0",
+        "ch.first_chunk_frames if co.resume is None and co.prefix is None else 0",
+        "ch.first_chunk_frames if co.resume is None else 0",
         f"{T_CF} {T_MX_PACK}",
         "first chunk frames x prefix clip: a run extending a clip starts with a short chunk again",
     ),
     M(
         "X19",
         LOOP,
-        "ChunkPlan(self.prefix_latent.shape[2], r.chunk_frames, r.first_chunk_frames).bounds()",
-        "ChunkPlan(self.prefix_latent.shape[2], r.chunk_frames).bounds()",
+        "ChunkPlan(self.prefix_latent.shape[2], ch.chunk_frames, ch.first_chunk_frames).bounds()",
+        "ChunkPlan(self.prefix_latent.shape[2], ch.chunk_frames).bounds()",
         f"{T_CF} {T_MX_PACK}",
         "first chunk frames x prefix clip: the clip is written in chunks of chunk_frames, not as the video was made",
     ),
     M(
         "X20",
-        LOOP,
-        "sink_held=min(r.sink_chunks, sum(1 for c in r.resume.retained if c.chunk < r.sink_chunks)),",
+        RUN,
+        "sink_held=min(sink, sum(1 for c in saved.retained if c.chunk < sink)),",
         "sink_held=0,",
         f"{T_LONG} {T_MX_PACK}",
         "window + sink x resume: the resumed timeline forgets its sink (a later re-cache loses it)",
     ),
     M(
         "X21",
-        LOOP,
-        "            prompt = schedule.at(i)\n",
-        "            prompt = schedule.at(0)\n",
+        PLAIN,
+        "            prompt = s.schedule.at(i)\n",
+        "            prompt = s.schedule.at(0)\n",
         f"{T_LONG} {T_MX_PACK}",
         "prefix clip x prompt schedule: every prefix chunk is written under the first prompt",
     ),
     M(
         "X22",
         LOOP,
-        "self.run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape))",
-        "self.run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape[:-1]) + "
+        "run.tokens_per_frame = setup.tokens_per_frame",
+        "run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape[:-1]) + "
         "(setup.latent_image.shape[-2],))",
         f"{T_KREA} {T_MX_PACK}",
         "Krea bias x non-square latents: the exempt first frame is counted from the height twice",
@@ -931,9 +933,9 @@ MUTANTS += [
     ),
     M(
         "X26",
-        LOOP,
-        "keep_sink = local_attn_frames is not None and frame0 > local_attn_frames",
-        "keep_sink = local_attn_frames is not None and frame0 >= local_attn_frames",
+        LONGLIVE,
+        "keep_sink = local_attn_frames is not None and step.frame0 > local_attn_frames",
+        "keep_sink = local_attn_frames is not None and step.frame0 >= local_attn_frames",
         f"{T_LL} {T_MX_PACK}",
         "LongLive re-cache x window + sink: a switch exactly at the local attention size keeps the old sink",
     ),

@@ -26,6 +26,7 @@ import contextvars
 import logging
 import math
 import weakref
+from dataclasses import replace
 
 import torch
 
@@ -198,6 +199,11 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
 
     g, cfg_branches = session.geometry, max(len(session.run.branches), 1)
     adapter, config = session.adapter, session.config
+    full_bytes = torch.finfo(session.model_dtype).bits // 8
+    shape = replace(
+        adapter.cache_shape().for_run(cfg_branches=cfg_branches, batch=g.batch, full_bytes=full_bytes),
+        ranks=session.ranks,
+    )
     generated = g.latent_frames - session.prefix_frames
     planned = None
     if generated >= 1:
@@ -207,33 +213,24 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
             latent_width=g.latent_width,
             chunk_frames=session.block_frames,
             window_chunks=session.window_chunks,
-            layers=adapter.num_layers,
-            heads=adapter.heads,
-            kv_heads=adapter.kv_heads,
-            head_dim=adapter.head_dim,
-            spec_k=config.spec_k,
-            spec_v=config.spec_v,
-            cfg_branches=cfg_branches,
-            batch=g.batch,
-            full_bytes=torch.finfo(session.model_dtype).bits // 8,
+            shape=shape,
+            precision=config.precision,
             sink_chunks=session.sink_chunks,
             write_last=False,
             prefix_frames=session.prefix_frames,
-            geometry=adapter.geometry,
-            tiers=config.tiers,
-            ranks=session.ranks,
         )
     chunks = session.commits + (1 if session.pending_start is not None or session.pending else 0)
     report = build_report(
         session.run,
-        adapter,
-        config,
+        shape,
+        config.precision,
+        correction=config.effective_correction,
+        strength=config.strength,
         chunks=chunks,
         chunk_frames=session.block_frames,
         window_chunks=session.window_chunks,
         sink_chunks=session.sink_chunks,
         seconds=[],
-        cfg=1.0 if cfg_branches == 1 else 2.0,
         tokens_per_frame=g.frame_tokens,
         model_dtype=session.model_dtype,
         planned_bytes=None if planned is None else planned.quantized_bytes,
@@ -244,18 +241,15 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     # the last call's block, held (quantized like the cache, QVG and diagnostics: model dtype) until the next
     # call shows whether it is final; not in cache_bytes / planned_bytes
     report["in_flight_bytes"] = int(session.in_flight_peak_bytes)
+    # one rank's heads (a sequence-parallel rank holds heads / ranks of every layer)
+    rank_shape = replace(
+        shape,
+        heads=shape.heads // session.ranks,
+        kv_heads=None if shape.kv_heads is None else shape.kv_heads // session.ranks,
+        ranks=1,
+    )
     report["planned_in_flight_bytes"] = block_in_flight_bytes(
-        block_tokens=session.block_frames * g.frame_tokens,
-        layers=adapter.num_layers,
-        heads=adapter.heads // session.ranks,
-        kv_heads=adapter.kv_heads // session.ranks,
-        head_dim=adapter.head_dim,
-        spec_k=config.spec_k,
-        spec_v=config.spec_v,
-        cfg_branches=cfg_branches,
-        batch=g.batch,
-        full_bytes=torch.finfo(session.model_dtype).bits // 8,
-        tiers=config.tiers,
+        block_tokens=session.block_frames * g.frame_tokens, shape=rank_shape, precision=config.precision
     )
     if session.diagnostics is not None:
         report["diagnostics"] = session.diagnostics.summary()

@@ -39,6 +39,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
+from ...jensen_core.cache_values import CacheShape
 from ...jensen_core.geometry import LatentGeometry
 
 
@@ -158,6 +159,14 @@ class ModelFamily(ABC):
     @kv_heads.setter
     def kv_heads(self, value: int) -> None:
         self._kv_heads = int(value)
+
+    def cache_shape(self) -> CacheShape:
+        """What the caches of this model hold per (layer, CFG branch): layers, query and K/V heads, head_dim, and the
+        latent geometry (a run sets its CFG branches, batch and element size with :meth:`CacheShape.for_run`)."""
+        kv = self.kv_heads
+        return CacheShape(
+            self.num_layers, self.heads, self.head_dim, self.geometry, kv_heads=None if kv == self.heads else kv
+        )
 
     @classmethod
     @abstractmethod

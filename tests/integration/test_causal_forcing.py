@@ -141,9 +141,12 @@ def test_first_chunk_sigmas_only_shape_the_first_chunk_of_a_video(loop, tiny, lc
     tail = _run(loop, m, 2, sigmas, lcm, resume=head.state, **opts)
     assert torch.equal(head.samples, whole[:, :, :2]) and torch.equal(tail.samples, whole[:, :, 2:])
     assert len(rec.calls) == 1 + 1 + 1  # frame 2: one step + its write, frame 3: one step
-    # and the first chunk's schedule does reach the sampler: without it frame 0 differs
-    plain = _run(loop, tiny, 2, sigmas, lcm, chunk_frames=1, window_chunks=2, progress=False).samples
+    # and the first chunk's schedule does reach the sampler: without it frame 0 differs (sigmas.clone() drops the
+    # schedule the preset carries); with the preset's SIGMAS alone it is the same
+    plain = _run(loop, tiny, 2, sigmas.clone(), lcm, chunk_frames=1, window_chunks=2, progress=False).samples
     assert (plain[:, :, :1] - whole[:, :, :1]).abs().max() > 1e-3
+    carried = _run(loop, tiny, 2, sigmas, lcm, chunk_frames=1, window_chunks=2, progress=False).samples
+    assert torch.equal(carried, whole[:, :, :2])
 
 
 # ------------------------------------------------------------------------------------------------ first block length
@@ -227,9 +230,18 @@ def test_schedule_and_sampler_nodes_carry_the_first_chunk_options(loop, nodes, t
         context_noise=0.0,
     )
     got = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs, first_chunk_sigmas=first).args[0]["samples"]
-    plain = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[0]["samples"]
     want = _run(loop, tiny, 3, sigmas, lcm, chunk_frames=1, window_chunks=2, first_chunk_sigmas=first, progress=False)
-    assert torch.equal(got, want.samples) and (got - plain).abs().max() > 1e-3
+    assert torch.equal(got, want.samples)
+    # first_chunk_sigmas unconnected: the 2-step preset's SIGMAS carry the first frame's 4 steps (the old default
+    # ran the first frame on 2 steps, silently)
+    carried, report = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[:2]
+    assert torch.equal(carried["samples"], got)
+    assert "4 steps, carried by the SIGMAS' preset" in loop.report_text(report)
+    # the same values without it (SplitSigmas, a manual list, a copy): the first frame on 2 steps, said loudly
+    lost = {**inputs, "sigmas": sigmas.clone()}
+    plain, report = nodes.JensenKVChunkedARSampler.execute(tiny, **lost).args[:2]
+    assert (plain["samples"] - got).abs().max() > 1e-3
+    assert "WARNING" in loop.report_text(report) and "causal_forcing_framewise_2step" in report["recipe_notes"][0]
     inputs.update(chunk_frames=2)
     got = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs, first_chunk_frames=1).args[1]
     assert got["chunks"] == 2  # blocks of 1 and 2
@@ -250,3 +262,38 @@ def test_quantized_framewise_run_with_diagnostics_and_a_longer_first_schedule(lo
     assert torch.isfinite(res.samples).all() and res.report["chunks"] == 4
     diag = res.report["diagnostics"]
     assert diag["steps"] == [0, 1, 2, 3] and diag["calls"] > 0
+
+
+def test_the_ksampler_node_takes_the_first_chunk_steps_and_frames(loop, nodes, tiny):
+    """The KSampler-style node could not give Causal Forcing++'s first frame its own schedule: first_chunk_steps
+    runs the video's first chunk on KSampler's sigmas for that many steps (4 with lcm, simple and shift 5 are the
+    reference's t = 1000, 937.5, 833.3, 625), first_chunk_frames cuts it as on the plain sampler."""
+    import comfy.samplers
+
+    ks = importlib.import_module("comfyui_jensen_kv.nodes.chunked_ar_ksampler")
+    inputs = dict(
+        positive=wan_tiny.conditioning(1, 13, 32),
+        negative=wan_tiny.conditioning(2, 13, 32),
+        latent=wan_tiny.video_latent(3),
+        seed=7,
+        steps=2,
+        cfg=1.0,
+        sampler_name="lcm",
+        scheduler="simple",
+        chunk_frames=1,
+        window_chunks=0,
+        context_noise=0.0,
+    )
+    got = nodes.JensenKVChunkedARKSampler.execute(tiny, **inputs, first_chunk_steps=4).args[0]["samples"]
+    two, four = (ks.ksampler_sigmas(tiny, n, "lcm", "simple") for n in (2, 4))
+    want = _run(
+        loop, tiny, 3, two, comfy.samplers.sampler_object("lcm"), chunk_frames=1, first_chunk_sigmas=four,
+        progress=False,
+    ).samples  # fmt: skip
+    assert torch.equal(got, want)
+    plain = nodes.JensenKVChunkedARKSampler.execute(tiny, **inputs).args[0]["samples"]
+    assert (plain[:, :, :1] - got[:, :, :1]).abs().max() > 1e-3  # without it the first frame takes 2 steps
+    report = nodes.JensenKVChunkedARKSampler.execute(tiny, **{**inputs, "chunk_frames": 2}, first_chunk_frames=1).args[
+        1
+    ]
+    assert report["chunks"] == 2  # blocks of 1 and 2

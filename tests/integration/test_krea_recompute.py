@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from support import wan_tiny
-from support.fake_vae import FakeVAE
+from support.fake_vae import FakeVAE, StreamVAE
 
 STEPS = 2
 TPF = 16  # tokens per latent frame of the tiny latent (8 x 8 latent pixels, 2 x 2 patches)
@@ -124,14 +124,19 @@ def _per_chunk(calls, K, block, frames):
 
 
 @pytest.mark.parametrize(
-    "K,block,bias,with_vae", [(2, 2, 0.3, True), (3, 2, 0.5, True), (2, 2, 0.3, False)], ids=["K2", "K3", "no-vae"]
+    "K,block,bias,vae_type",
+    [(2, 2, 0.3, FakeVAE), (3, 2, 0.5, FakeVAE), (2, 2, 0.3, StreamVAE), (3, 1, 0.5, StreamVAE), (2, 2, 0.3, None)],
+    ids=["K2", "K3", "K2-causal-vae", "K3-block1-causal-vae", "no-vae"],
 )
-def test_every_call_matches_scopes_recompute_and_bias(loop, tiny, euler, K, block, bias, with_vae):
+def test_every_call_matches_scopes_recompute_and_bias(loop, tiny, euler, K, block, bias, vae_type):
+    """StreamVAE decodes a frame differently without the frames before it (as Wan's causal VAE does): scope's
+    re-encoded first frame is the one a decode of the whole video so far gives, not a decode of the last frames."""
     frames = 8
-    vae = FakeVAE() if with_vae else None
+    with_vae = vae_type is not None
+    vae = vae_type() if with_vae else None
     calls, result = _run(loop, tiny, euler, K=K, block=block, frames=frames, bias=bias, vae=vae)
     dm, samples = tiny.model.diffusion_model, result.samples
-    ref_vae = FakeVAE() if with_vae else None
+    ref_vae = vae_type() if with_vae else None
     reencoded = 0
     for n, writes, denoise in _per_chunk(calls, K, block, frames):
         context = tiny.model.process_latent_in(scope_context(samples, n, K, block, ref_vae))  # as the model sees it
@@ -146,6 +151,20 @@ def test_every_call_matches_scopes_recompute_and_bias(loop, tiny, euler, K, bloc
     assert reencoded >= 1  # the re-encoded first frame was exercised
     if with_vae:
         assert ("encode", 1) in vae.calls
+        assert result.report["anchor_frame"] == "vae"
+    else:  # the report says the anchor frame was not re-encoded, and how to get it
+        assert result.report["anchor_frame"] == "latent"
+        assert "no VAE connected" in loop.report_text(result.report)
+
+
+def test_the_causal_vae_decodes_a_window_otherwise_than_the_whole_video():
+    """What makes StreamVAE a test of the anchor frame: its last pixel frame of a 3-frame window differs from the one
+    the whole video's decode gives (FakeVAE's do not)."""
+    latents = torch.randn(1, 16, 7, 4, 4, generator=torch.Generator().manual_seed(0))
+    for vae, differs in ((StreamVAE(), True), (FakeVAE(), False)):
+        window = vae.decode(latents[:, :, 3:6])[:, -1]
+        whole = vae.decode(latents[:, :, :6])[:, -1]
+        assert (float((window - whole).abs().max()) > 0.05) is differs, type(vae).__name__
 
 
 def test_the_reference_catches_a_dropped_bias_absolute_rope_and_a_kept_first_frame(loop, tiny, euler):

@@ -243,8 +243,10 @@ def test_prompt_schedule_switches_and_recaches(loop, tiny, euler):
     assert [p["recached_chunks"] for p in off.report["prompts"]] == [0, 0]
 
 
-def test_recache_rewrites_every_layer_but_the_first(loop, tiny, euler):
-    """Layer 0's self-attention input holds no text yet: its re-cached keys are identical; the rest change."""
+@pytest.mark.parametrize("mode", ["longlive", "causal"])
+def test_recache_rewrites_every_layer_but_the_first(loop, tiny, euler, mode):
+    """Layer 0's self-attention input holds no text yet: its re-cached keys are identical (at the same RoPE frames,
+    in either re-cache); the rest change."""
     ps = importlib.import_module("comfyui_jensen_kv.runtime.prompt_schedule")
     written = {}
 
@@ -253,7 +255,7 @@ def test_recache_rewrites_every_layer_but_the_first(loop, tiny, euler):
             if e.phase == "write":
                 written.setdefault((e.layer, e.chunk), []).append(e.k.detach().clone())
 
-    _run(loop, tiny, 6, positive=_schedule(ps), observer=Watch())
+    _run(loop, tiny, 6, positive=_schedule(ps), observer=Watch(), recache_mode=mode)
     # chunks 0 and 1 were written under A, then again under B at the switch
     for c in (0, 1):
         assert len(written[(0, c)]) == 2 and len(written[(1, c)]) == 2
@@ -317,7 +319,11 @@ def test_resume_across_a_prompt_switch_equals_the_one_run_schedule(loop, tiny, r
     second = _run(loop, tiny, FRAMES // 2, positive=_schedule(ps, switch_at), resume=rs.load_saved_run(path), **kw)
     assert torch.equal(first.samples, whole.samples[:, :, : FRAMES // 2])
     assert torch.equal(second.samples, whole.samples[:, :, FRAMES // 2 :])
-    assert [(p["label"], p["recached_chunks"]) for p in second.report["prompts"]] == [("A", 0), ("B", 2)]
+    # LongLive's re-cache (the default): sink and window, and at chunk 3 also the chunk the window dropped after
+    # chunk 2 (written by the second run, so known to it as to the one run)
+    recached = {2: 2, 3: 3}[switch_at]
+    assert [(p["label"], p["recached_chunks"]) for p in second.report["prompts"]] == [("A", 0), ("B", recached)]
+    assert [p["recached_chunks"] for p in whole.report["prompts"]] == [0, recached]
 
 
 def test_a_second_continuation_reports_its_next_frame_and_equals_one_long_run(loop, nodes, tiny, rs, tmp_path):

@@ -203,9 +203,14 @@ def _recorded_run(loop, tiny, euler, switch_at, observer=None, cfg=1.0, **kw):
 
 # switch at chunk 5 (frame 10 > local_attn_size 8): the sink keeps prompt A's K/V, window + evicted chunk re-cached;
 # at chunk 4 (frame 8, not past local_attn_size): LongLive's recompute starts at frame 0, the sink is re-cached too
+# (the default re-cache is LongLive's: a run that does not name recache_mode is checked too; it was the pack's own
+# causal re-cache before, which fails this comparison: test_causal_recache_differs_from_longlive)
+@pytest.mark.parametrize("mode", ["longlive", None], ids=["longlive", "default"])
 @pytest.mark.parametrize("switch_at,recached", [(5, 3), (4, 4)])
-def test_longlive_recache_matches_longlive(loop, tiny, euler, switch_at, recached):
-    res, calls, seen = _recorded_run(loop, tiny, euler, switch_at, recache_mode="longlive")
+def test_longlive_recache_matches_longlive(loop, tiny, euler, switch_at, recached, mode):
+    kw = {} if mode is None else {"recache_mode": mode}
+    res, calls, seen = _recorded_run(loop, tiny, euler, switch_at, **kw)
+    assert res.report["recipe"] == "longlive" and res.report["recache_mode"] == "longlive"
     dm = tiny.model.diffusion_model
     # the re-cache is one forward of the recomputed chunks, at t = context_noise = 0, under prompt B
     recache = calls[3 * switch_at]
@@ -327,7 +332,7 @@ def test_diagnostics_follow_the_longlive_recache(loop, nodes, tiny, euler, switc
     assert "diagnostics" in res.report
 
 
-def test_both_sampler_nodes_pass_the_modes_on(nodes, tiny, monkeypatch):
+def test_both_sampler_nodes_pass_the_modes_on(loop, nodes, tiny, monkeypatch):
     mod = importlib.import_module("comfyui_jensen_kv.nodes.chunked_ar_sampler")
     seen, real = [], mod.run
     monkeypatch.setattr(mod, "run", lambda request: (seen.append(request), real(request))[1])
@@ -350,12 +355,16 @@ def test_both_sampler_nodes_pass_the_modes_on(nodes, tiny, monkeypatch):
         tiny, sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, **common
     )
     nodes.JensenKVChunkedARKSampler.execute(tiny, steps=2, sampler_name="euler", scheduler="simple", **common)
-    assert [(r.recache_mode, r.context_noise_mode) for r in seen] == [("longlive", "skyreels")] * 2
+    assert [(r.recipe.recache_mode, r.recipe.context_noise_mode) for r in seen] == [("longlive", "skyreels")] * 2
     defaults = {k: v for k, v in common.items() if k not in ("recache_mode", "context_noise_mode")}
     nodes.JensenKVChunkedARSampler.execute(
         tiny, sampler=comfy.samplers.sampler_object("euler"), sigmas=sigmas, **defaults
     )
-    assert (seen[-1].recache_mode, seen[-1].context_noise_mode) == ("causal", "relabel")
+    nodes.JensenKVChunkedARKSampler.execute(tiny, steps=2, sampler_name="euler", scheduler="simple", **defaults)
+    # a prompt switch re-caches as LongLive does unless asked otherwise (the old default was the pack's causal one,
+    # which re-writes the sink LongLive keeps)
+    assert [(r.recipe.recache_mode, r.recipe.context_noise_mode) for r in seen[2:]] == [("longlive", "relabel")] * 2
+    assert loop.RecipeOptions().recache_mode == "longlive"
 
 
 def test_longlive_recache_with_both_cfg_branches(loop, tiny, euler):

@@ -88,7 +88,9 @@ def recipe_options(recipe, sched, model):
 
     simple = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", STEPS)
     euler, lcm = comfy.samplers.sampler_object("euler"), comfy.samplers.sampler_object("lcm")
-    o = {"sampler": euler, "sigmas": simple, "chunk_frames": 2}
+    # a prompt switch re-caches the pack's causal way (the column's masked reference); LongLive's, the default, in the
+    # longlive row (and tests/integration/test_longlive_recache.py)
+    o = {"sampler": euler, "sigmas": simple, "chunk_frames": 2, "recache_mode": "causal"}
     if recipe == "self_forcing":
         o.update(sampler=lcm, sigmas=sched.ar_sigmas("self_forcing_4step"))
     elif recipe == "causvid":

@@ -10,6 +10,8 @@ import torch
 from support import wan_tiny
 
 REPORT_KEYS = {
+    "recipe",
+    "recache_mode",
     "cache_bytes",
     "bf16_bytes",
     "cache_mib",
@@ -135,6 +137,8 @@ def test_schemas_follow_the_contract(nodes):
                 "window_chunks",
                 "context_noise",
                 *NEW_SAMPLER_INPUTS,
+                "first_chunk_steps",
+                "first_chunk_frames",
             ],
             SAMPLER_OUTPUTS,
         ),

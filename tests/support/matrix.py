@@ -83,6 +83,7 @@ CHECKS: dict[str, str] = {
     "odd_tokens": "as window_sink without a window (15 tokens per frame); INT2 cache bytes == planner bytes",
     "odd_size": "refused by the Wan family",
     "prompt_switch": (
+        "(the pack's causal re-cache; LongLive's, the default, in the longlive row) "
         "the calls after the switch == a masked forward over the chunks re-cached under the new prompt; the run "
         "resumed from a state saved at chunk 3 (one chunk before the switch) == the one run, bit for bit"
     ),

@@ -245,6 +245,11 @@ def _sampler_widgets(g: Graph, node: dict) -> dict:
         "sink_chunks",
         "include_prefix",
         "recache_on_switch",
+        "recompute_frames",
+        "kv_cache_attention_bias",
+        "recache_mode",
+        "context_noise_mode",
+        "first_chunk_frames",
     ]
     if node["type"] == "JensenKVChunkedARSamplerSimple":
         names = ["seed", "control", "steps", "cfg", "sampler_name", "scheduler", *names[3:]]
@@ -295,7 +300,37 @@ def test_the_longlive_workflow_keeps_what_longlive_attends():
     (latent,) = g.of_type("EmptyHunyuanLatentVideo")
     assert (latent["widgets_values"][2] - 1) // 4 + 1 == 120  # num_output_frames: 120 latent frames
     note = g.note_text()
-    assert "--key generator --lora lora.pt" in note and "local_attn_size 12 and sink_size 3" in note
+    # --lora merges into the base's generator entry without --key (LongLive's), never generator_ema
+    assert "--lora lora.pt" in note and "generator entry" in note and "local_attn_size 12 and sink_size 3" in note
+
+
+@pytest.mark.parametrize("name", ["jensen_kv_longlive_t2v_int2_jensen", "jensen_kv_story_prompt_schedule_int2_jensen"])
+def test_prompt_switches_re_cache_as_longlive_does_and_the_note_says_which_is_which(name):
+    """LongLive keeps the old prompt's sink on a switch: the workflows re-cache its way, and their Notes call the
+    causal mode the pack's own, not LongLive's."""
+    g = Graph(by_name(name))
+    (sampler,) = g.of_type("JensenKVChunkedARSampler")
+    assert _sampler_widgets(g, sampler)["recache_mode"] == "longlive"
+    note = g.note_text()
+    assert "_recache_after_switch" in note and "sink keeps the old prompt" in note
+    assert "causal is the\npack's own re-cache, not LongLive's" in note or "causal is the pack's own" in note.replace(
+        "\n", " "
+    )
+
+
+def test_the_causal_forcing_workflow_runs_its_first_frame_on_four_steps():
+    """Causal Forcing++ frame-wise 2-step: chunk_frames 1, lcm, the 2-step preset as sigmas and the 4-step one on
+    first_chunk_sigmas (the reference's denoising_step_list_first_chunk)."""
+    g = Graph(by_name("jensen_kv_causal_forcing_framewise_2step_int2_jensen"))
+    (sampler,) = g.of_type("JensenKVChunkedARSampler")
+    w = _sampler_widgets(g, sampler)
+    assert (w["chunk_frames"], w["cfg"], w["first_chunk_frames"]) == (1, 1, 0)
+    assert g.upstream(sampler, "sigmas")["widgets_values"][0] == "causal_forcing_framewise_2step"
+    assert g.upstream(sampler, "first_chunk_sigmas")["widgets_values"][0] == "causal_forcing_framewise_4step"
+    assert g.upstream(sampler, "sampler")["widgets_values"] == ["lcm"]
+    assert g.model_chain(sampler)[:2] == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache"]
+    note = g.note_text()
+    assert "t = 1000, 937.5, 833.3, 625" in note and "t = 1000, 833.3" in note and "convert_checkpoint.py" in note
 
 
 def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt_and_full_unipc_sigmas():

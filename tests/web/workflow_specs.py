@@ -17,6 +17,7 @@ CAUSVID = "causvid_autoregressive_3step.safetensors"
 SKYREELS_DF = "Wan2_1-SkyReels-V2-DF-1_3B-540P_fp32.safetensors"
 LONGLIVE = "longlive.safetensors"  # LongLive 1.0's base with its LoRA merged (tools/convert_checkpoint.py --lora)
 KREA = "krea_realtime_video_14b.safetensors"  # Krea Realtime 14B's single file, prefixes stripped by the converter
+CAUSAL_FORCING = "causal_forcing-framewise-2step.safetensors"  # Causal Forcing++ frame-wise 2-step (generator_ema)
 TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_ar), listed by Load Diffusion Model
 CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
@@ -27,7 +28,7 @@ T5_XXL = "t5xxl_fp16.safetensors"  # T5 v1.1 XXL, loaded with CLIPLoader type pi
 
 # folder (under ComfyUI/models) -> files the workflows name
 MODEL_FILES: dict[str, tuple[str, ...]] = {
-    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE, KREA, MAGI1_DISTILL),
+    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE, KREA, CAUSAL_FORCING, MAGI1_DISTILL),
     "text_encoders": (TEXT_ENCODER, T5_XXL),
     "vae": (VAE, MAGI1_VAE),
 }
@@ -131,7 +132,8 @@ _LONGLIVE_FILE = f"""- models/diffusion_models/{LONGLIVE}
   LongLive 1.0 (Wan 2.1 T2V 1.3B, chunk-wise causal): NVlabs ships longlive_models/models/longlive_base.pt
   (the base generator) and lora.pt (a rank-256 LoRA). Convert the base with the LoRA merged in once:
     python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py longlive_base.pt \\
-        models/diffusion_models/{LONGLIVE} --key generator --lora lora.pt"""
+        models/diffusion_models/{LONGLIVE} --lora lora.pt
+  (with --lora it merges into the base's generator entry, as LongLive's inference does)"""
 
 #: LongLive's configs/longlive_inference.yaml: local_attn_size 12, sink_size 3 (latent frames), 3 per block
 LONGLIVE_WINDOW = {"chunk_frames": 3, "window_chunks": 2, "sink_chunks": 1}
@@ -147,6 +149,10 @@ Schedule: AR Video Schedule, preset longlive_4step: LongLive's denoising steps [
 warped with shift 5 (its timestep_shift), i.e. the model sees t = 1000, 937.5, 833.3, 625 (sigma =
 t / 1000; the last step goes to 0). LCM sampler: predict x0, then re-noise with fresh noise.
 The KV cache of finished chunks is stored in INT2 (group 32, FP8 scales) + Jensen bias correction.
+Prompt switches (a Prompt Schedule on positive) re-cache as LongLive does (the sampler's recache_mode
+longlive, its _recache_after_switch): the sink keeps the old prompt's K/V, the window and the chunk
+about to be evicted are recomputed under the new prompt in one forward. recache_mode causal is the
+pack's own re-cache, not LongLive's: it re-writes the sink under the new prompt too.
 
 {_COMMON_FILES}
 {_LONGLIVE_FILE}
@@ -223,8 +229,12 @@ Three CLIPTextEncode prompts chained through Prompt Schedule nodes (start_chunk 
 sampler's positive. 832x480, 161 frames = 41 latent frames = 14 chunks of 3, cache window 6 chunks
 plus an attention sink of 1 (the first chunk stays cached for the whole video; Self-Forcing's
 local_attn_size = (sink + window + 1) x 3 = 24 latent frames, sink_size = 3). On each switch the
-sampler re-caches the chunks it keeps under the new prompt (LongLive's re-cache; recache_on_switch
-under the sampler's advanced inputs turns it off). The report says where each prompt started.
+sampler re-caches as LongLive does (recache_mode longlive, NVlabs/LongLive's _recache_after_switch):
+the sink keeps the old prompt's K/V and the window plus the chunk about to be evicted are recomputed
+under the new prompt in one forward. recache_mode causal is the pack's own re-cache, not LongLive's:
+every kept chunk, the sink included, re-written under the new prompt one chunk per forward.
+recache_on_switch (both under the sampler's advanced inputs) off keeps the old entries. The report
+says where each prompt started and how many chunks each switch re-cached.
 The sampler's kv_cache output goes to Save KV Cache ({STORY_CACHE}):
 open "continue from a saved KV cache" to go on with this video later.
 {_SCHEDULE_SF}
@@ -429,8 +439,60 @@ def _longlive() -> dict:
         if node["key"] == "latent":
             node["widgets"] = {**node["widgets"], "length": 477}  # num_output_frames 120 (latent)
         if node["key"] == "sampler":
-            node["widgets"] = {**node["widgets"], **LONGLIVE_WINDOW}
+            node["widgets"] = {**node["widgets"], **LONGLIVE_WINDOW, "recache_mode": "longlive"}
             node["title"] = "Chunked AR Video Sampler (window 2 + sink 1 = LongLive's 12 / 3 frames)"
+    return spec
+
+
+_CAUSAL_FORCING_FILE = f"""- models/diffusion_models/{CAUSAL_FORCING}
+  Causal Forcing++ frame-wise 2-step (Wan 2.1 T2V 1.3B): thu-ml/Causal-Forcing ships
+  checkpoints/causal-forcing++/framewise-2step.pt; its README samples with --use_ema (generator_ema, the
+  entry the converter takes by default). Convert it once:
+    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py framewise-2step.pt \\
+        models/diffusion_models/{CAUSAL_FORCING}"""
+
+NOTE_CAUSAL_FORCING = f"""Causal Forcing++ frame-wise 2-step text-to-video with INT2 + Jensen
+
+Causal Forcing's frame-wise models make one latent frame per block: chunk_frames 1, 832x480, 81 frames
+= 21 latent frames = 21 chunks, cfg 1, LCM (predict x0, re-noise with fresh noise), as its
+configs/causal_forcing_dmd_framewise_2step.yaml and pipeline/causal_inference.py have it.
+Schedule: AR Video Schedule, preset causal_forcing_framewise_2step: [1000, 500] warped with shift 5,
+t = 1000, 833.3 for every frame but the first. The first frame runs on its own 4-step list
+(denoising_step_list_first_chunk): t = 1000, 937.5, 833.3, 625, the second AR Video Schedule
+(causal_forcing_framewise_4step) on the sampler's first_chunk_sigmas. The 2-step preset's SIGMAS carry
+that schedule as well, so the first frame keeps its 4 steps if first_chunk_sigmas is left unconnected;
+SIGMAS with these values that lost it (SplitSigmas, a manual list) make the sampler warn in its report.
+The 1-step model (framewise-1step.pt): preset causal_forcing_framewise_1step, the same first schedule.
+
+{_COMMON_FILES}
+{_CAUSAL_FORCING_FILE}
+
+{_PLANNER_TIP}"""
+
+
+def _causal_forcing() -> dict:
+    spec = _few_step(
+        CAUSAL_FORCING,
+        NOTE_CAUSAL_FORCING,
+        "jensen_kv_causal_forcing_framewise_2step_int2_jensen",
+        {**SF_SCHEDULE, "preset": "causal_forcing_framewise_2step"},
+        "jensen_kv/causal_forcing_2step_int2_jensen",
+        "Causal Forcing++ 2-step schedule (t = 1000, 833.3)",
+    )
+    for node in spec["nodes"]:
+        if node["key"] == "sampler":
+            node["widgets"] = {**node["widgets"], "chunk_frames": 1}
+            node["title"] = "Chunked AR Video Sampler (frame-wise: chunk_frames 1)"
+    spec["nodes"].append(
+        _n(
+            "sched_first",
+            "JensenKVARSchedule",
+            2,
+            {**SF_SCHEDULE, "preset": "causal_forcing_framewise_4step"},
+            title="First frame's schedule (t = 1000, 937.5, 833.3, 625)",
+        )
+    )
+    spec["links"].append(("sched_first", "SIGMAS", "sampler", "first_chunk_sigmas"))
     return spec
 
 
@@ -573,7 +635,7 @@ def _ab() -> dict:
 
 
 def _story() -> dict:
-    sampler = {**SAMPLER_SF, "window_chunks": 6, "sink_chunks": 1}
+    sampler = {**SAMPLER_SF, "window_chunks": 6, "sink_chunks": 1, "recache_mode": "longlive"}
     nodes = [
         _note(NOTE_STORY, size=(560, 760)),
         *_loaders(),
@@ -940,6 +1002,7 @@ WORKFLOWS: list[dict] = [
     _extend("skyreels"),
     _tiny_cpu_demo(),
     _krea(),
+    _causal_forcing(),
     _magi1(),
 ]
 
