@@ -397,14 +397,15 @@ class Magi1Recipe:
 
         rep = build_report(
             self.run_caches,
-            a,
-            self.config,
+            a.cache_shape(),
+            self.config.precision,
+            correction=self.config.effective_correction,
+            strength=self.config.strength,
             chunks=r.chunks,
             chunk_frames=r.chunk_frames,
             window_chunks=self.window,
             sink_chunks=r.sink_chunks,
             seconds=self.seconds,
-            cfg=1.0,
             tokens_per_frame=a.geometry.tokens_per_frame(r.latent_height, r.latent_width),
             model_dtype=dtype,
             prompts=self.prompts_report,

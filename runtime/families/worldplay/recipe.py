@@ -430,14 +430,15 @@ class WorldPlayRecipe:
     def result(self) -> WorldPlayResult:
         report = build_report(
             self.run,
-            self.adapter,
-            self.config,
+            self.adapter.cache_shape(),
+            self.config.precision,
+            correction=self.config.effective_correction,
+            strength=self.config.strength,
             chunks=self.chunks,
             chunk_frames=CHUNK_LATENTS,
             window_chunks=CONTEXT_CHUNKS,
             sink_chunks=0,
             seconds=self.seconds,
-            cfg=1.0,
             tokens_per_frame=self.run.tokens_per_frame,
             model_dtype=self.r.model.model_dtype(),
             memory_request=self.memory_request,
