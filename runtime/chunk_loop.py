@@ -36,7 +36,7 @@ import torch
 
 from ..jensen_core.planner import plan_cache
 from .config import JensenKVConfig, get_config, get_window
-from .families import ModelFamily, attention_override_notice, detect
+from .families import CHUNKED_AR_SAMPLER, ModelFamily, attention_override_notice, detect
 from .noise import CONTEXT_STREAM, NOISE_STREAM, REDRAW_STREAM, SAMPLER_STREAM, chunk_seed  # noqa: F401 - re-exported
 from .options import CONTEXT_NOISE_MODES, RECACHE_MODES, Chunking, Continuation, Hooks, RecipeOptions, Sampling
 from .prompt_schedule import PromptSchedule
@@ -353,6 +353,11 @@ class _Setup:
 def _check_model(r: ChunkedARRequest) -> tuple[ModelFamily, JensenKVConfig, PromptSchedule]:
     """The model's family, the KV-cache settings on it and the prompt schedule, each checked against the request."""
     adapter = detect(r.model)
+    if adapter.sampler_node != CHUNKED_AR_SAMPLER:
+        raise ValueError(
+            f"this MODEL is {adapter.name}, which is sampled by {adapter.sampler_node}: its recipe owns the chunk loop "
+            f"(the Chunked AR Video Sampler's loop cannot drive it); sample {adapter.name} with {adapter.sampler_node}"
+        )
     adapter.check_latent(r.samples)
     notice = attention_override_notice(r.model.model_options)
     if notice is not None:

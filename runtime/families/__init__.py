@@ -5,6 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from .base import (
+    CHUNKED_AR_SAMPLER,
     AttentionShape,
     ModelFamily,
     ModelPreset,
@@ -159,6 +160,7 @@ def detect(model_patcher) -> ModelFamily:
 
 
 __all__ = [
+    "CHUNKED_AR_SAMPLER",
     "FAMILIES",
     "MAGI1",
     "Magi1Family",

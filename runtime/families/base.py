@@ -42,6 +42,9 @@ from typing import ClassVar, NamedTuple
 from ...jensen_core.cache_values import CacheShape
 from ...jensen_core.geometry import LatentGeometry
 
+#: the pack's own sampler node; a family whose recipe owns its loop names its own node in ``sampler_node``
+CHUNKED_AR_SAMPLER = "Chunked AR Video Sampler"
+
 
 def attention_override_notice(model_options: dict | None) -> str | None:
     """What to tell the user when the MODEL carries an attention backend override (ComfyUI 0.33's Model Attention
@@ -144,7 +147,7 @@ class ModelFamily(ABC):
     #: the models of this family users run, for the planner (name -> preset)
     presets: ClassVar[dict[str, ModelPreset]] = {}
     #: the node that samples this family: the Chunked AR Video Sampler, or the family's own (its recipe owns the loop)
-    sampler_node: ClassVar[str] = "Chunked AR Video Sampler"
+    sampler_node: ClassVar[str] = CHUNKED_AR_SAMPLER
 
     num_layers: int
     heads: int

@@ -269,11 +269,11 @@ def test_what_the_recipe_refuses_names_the_fix(fams, tiny):
 
 
 def test_another_sampler_on_the_patched_model_is_refused_and_the_model_stays_unpatched(fams, loop, euler):
-    """The Chunked AR Video Sampler finds the MAGI-1 family but cannot run MAGI-1's pipeline: the patched forward
-    says which sampler to use, and the patch is gone afterwards."""
+    """The Chunked AR Video Sampler finds the MAGI-1 family but cannot run MAGI-1's pipeline: it says which sampler
+    to use before any model call, and the model carries no patch afterwards."""
     model = magi1_tiny.build_patcher()
     cond = magi1_tiny.conditioning(0)
-    with pytest.raises(Exception, match="sample MAGI-1 with MAGI-1 AR Sampler"):
+    with pytest.raises(ValueError, match="its recipe owns the chunk loop.*sample MAGI-1 with MAGI-1 AR Sampler"):
         loop.run_chunked_ar(
             model, cond, cond, {"samples": torch.zeros(1, 16, 2, 8, 8)}, seed=0, cfg=1.0, sampler=euler,
             sigmas=torch.tensor([1.0, 0.0]), chunk_frames=1, progress=False,

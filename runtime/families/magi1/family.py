@@ -60,6 +60,7 @@ class Magi1Family(ModelFamily):
     name = "MAGI-1"
     key = "magi1"
     supported = SUPPORTED
+    sampler_node = "MAGI-1 AR Sampler"
     geometry = GEOMETRY
     presets = PRESETS
     latent_channels = GEOMETRY.latent_channels
