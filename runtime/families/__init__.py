@@ -152,7 +152,7 @@ def detect(model_patcher) -> ModelFamily:
                 f"{family.sampler_node} supports {family.supported}. This MODEL ({describe_model(model_patcher)}) "
                 f"{found.problem}."
             )
-    names = "; ".join(f"{f.sampler_node}: {f.supported}" for f in FAMILIES)
+    names = "; ".join(f"{f.supported} (node: {f.sampler_node})" for f in FAMILIES)
     raise UnsupportedModelError(
         f"The pack supports {names}. This MODEL ({describe_model(model_patcher)}) is not one of them; "
         "load a supported checkpoint with the loader each names instead."

@@ -271,7 +271,11 @@ def test_other_wan_variants_are_rejected_by_name(loop, comfy, tiny, euler, kind,
 def test_non_wan_models_are_rejected_by_name(loop, tiny, euler):
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     not_wan = types.SimpleNamespace(model=torch.nn.Linear(2, 2), model_options={"transformer_options": {}})
-    with pytest.raises(ValueError, match=r"supports Wan 2\.1 text-to-video.*This MODEL \(Linear\) is not one"):
+    with pytest.raises(
+        ValueError,
+        match=r"supports Wan 2\.1 text-to-video.*\(node: Chunked AR Video Sampler\).*HY-WorldPlay.*MAGI-1.*"
+        r"This MODEL \(Linear\) is not one",
+    ):
         loop.run_chunked_ar(
             not_wan,
             pos,
