@@ -14,7 +14,9 @@ Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
   for the exact figure, else the answer says which part it leaves out);
 - ``GET /jensen_kv/plan?width=832&height=480&frames=81&chunk_frames=3&...`` - the projected peak cache
   size of a run at BF16 and at the chosen setting, with warnings; its ``spec`` is the spec summary
-  at the run's head_dim and tokens per chunk (exact for QVG as well).
+  at the run's head_dim and tokens per chunk (exact for QVG as well). A family's own sampler may add fields
+  (``ModelFamily.planner_fields``: MAGI-1 AR Sampler's ``window_size``, ``kv_ranges``, ``steps``, which decide
+  what its window 0 keeps); a family whose sampler fixes the chunk (MAGI-1: 6) plans with that chunk.
 
 A bad query value answers HTTP 400 with ``{"error": ..., "param": ..., "value": ..., "fix": ...}``.
 The pure functions :func:`options`, :func:`spec_summary` and :func:`plan_summary` do the work and
@@ -48,7 +50,7 @@ from ..runtime.config import (
     TIER_BITS_CHOICES,
     parse_tiers,
 )
-from ..runtime.families import FAMILIES, ModelPreset, family_named, planner_presets
+from ..runtime.families import FAMILIES, ModelPreset, PlannerFieldError, family_named, planner_presets
 
 logger = logging.getLogger("jensen_kv")
 
@@ -140,6 +142,8 @@ PLAN_PARAMS = (
     "heads",
     "kv_heads",
 )
+#: inputs of a family's own sampler the plan takes (MAGI-1 AR Sampler's window_size, kv_ranges, steps)
+FAMILY_PLAN_PARAMS = tuple(dict.fromkeys(name for f in FAMILIES for name in f.planner_fields))
 
 
 class ParamError(ValueError):
@@ -340,8 +344,10 @@ def _resolve_model(params: Mapping[str, str]):
     for i, name in enumerate(("layers", "heads", "head_dim", "kv_heads")):
         given = params.get(name)
         if given is None or str(given).strip() == "":
-            if name == "kv_heads":  # as many K/V heads as query heads unless the preset or the query says otherwise
-                dims.append(base_dims[3] if base_dims is not None and params.get("heads") in (None, "") else dims[1])
+            if name == "kv_heads":
+                # the preset's K/V heads while the query heads are the preset's (the web planner always sends them);
+                # as many as the query heads otherwise
+                dims.append(base_dims[3] if base_dims is not None and dims[1] == base_dims[1] else dims[1])
                 continue
             if base_dims is None:
                 raise ParamError(
@@ -385,10 +391,19 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     validates the query and adds what the UI needs to display (MiB, savings, the errors that would
     stop the run as distinct from warnings).
     """
-    _check_known(params, PLAN_PARAMS)
+    _check_known(params, PLAN_PARAMS + FAMILY_PLAN_PARAMS)
     spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
     tiers = _tiers(params, spec_k, spec_v)
     preset, family, layers, heads, head_dim, kv_heads = _resolve_model(params)
+    for name in FAMILY_PLAN_PARAMS:
+        if name in params and name not in family.planner_fields:
+            owner = next(f for f in FAMILIES if name in f.planner_fields)
+            raise ParamError(
+                name,
+                params[name],
+                f"is an input of {owner.sampler_node}, not of the {family.name} plan asked for",
+                f"leave it out, or plan a {owner.name} model (preset={next(iter(owner.presets), CUSTOM_PRESET)})",
+            )
     geometry = family.geometry
     width, height = _int(params, "width", DEFAULTS["width"]), _int(params, "height", DEFAULTS["height"])
     frames = _int(params, "frames", DEFAULTS["frames"])
@@ -412,6 +427,22 @@ def plan_summary(params: Mapping[str, str]) -> dict:
                 f"{shape.context_chunks}, sink 0 (the chunk, window and sink given do not apply)"
             )
         chunk_frames, window, sink = shape.chunk_frames, shape.context_chunks, 0
+    elif shape is not None and shape.chunk_frames and chunk_frames != shape.chunk_frames:
+        # a family whose own sampler fixes the chunk (MAGI-1: 6 latent frames, 24 video frames)
+        if str(params.get("chunk_frames") or "").strip():
+            notes.append(
+                f"{family.sampler_node} makes chunks of {shape.chunk_frames} latent frames: planned with chunk "
+                f"{shape.chunk_frames} (the chunk given, {chunk_frames}, does not apply)"
+            )
+        chunk_frames = shape.chunk_frames
+    if window == 0:  # a family whose own sampler decides what window 0 keeps (MAGI-1: what its key ranges reach)
+        try:
+            auto = family.planner_window(params, latent_frames, chunk_frames)
+        except PlannerFieldError as exc:
+            raise ParamError(exc.param, exc.value, exc.problem, exc.fix) from None
+        if auto is not None:
+            window, why = auto
+            notes.append(why)
     step = geometry.vae_space_stride * max(geometry.patch[1], geometry.patch[2])  # pixels per whole patch (Wan: 16)
     short = family.name.split()[0]  # "Wan"
     if width % step or height % step:
@@ -467,6 +498,8 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         sink_chunks=sink,
     )
     d = plan.to_dict()
+    if not family.saves_runs:  # MAGI-1, HY-WorldPlay: no Save KV Cache file to size
+        d["state_file_bytes"] = d["state_file_mib"] = None
     runnable, quant_bytes = plan.runnable, plan.quantized_bytes
     d.update(
         spec=spec,

@@ -18,7 +18,11 @@ import { api } from "../../scripts/api.js";
 const QUANT_NODE = "JensenKVQuantizeKVCache";
 // HY-WorldPlay's own sampler: its chunk and context are fixed, and the planner takes the family's preset
 const WORLDPLAY_SAMPLER = "JensenKVWorldPlayARSampler";
-const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple", WORLDPLAY_SAMPLER]);
+// MAGI-1's own sampler: the video size is on the sampler, its chunk is fixed, and the server reads its window_size,
+// kv_ranges and steps to say what window 0 keeps (what its key ranges reach)
+const MAGI1_SAMPLER = "JensenKVMagi1ARSampler";
+const MAGI1_FIELDS = ["window_size", "kv_ranges", "steps"];
+const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple", WORLDPLAY_SAMPLER, MAGI1_SAMPLER]);
 // ComfyUI's own samplers that run SamplerARVideo (v0.27+): followed for the planner
 const CORE_SAMPLER_NODES = new Set(["SamplerCustomAdvanced", "SamplerCustom"]);
 const REPORT_NODES = new Set([...SAMPLER_NODES, "JensenKVCacheReport"]);
@@ -208,10 +212,30 @@ function upstreamLatent(sampler) {
   return null;
 }
 
+function upstreamLoader(node) {
+  // the node that loads the MODEL this one takes (walking through the MODEL inputs: Quantize KV Cache, Jensen, ...)
+  let n = inputNode(node, "model");
+  for (let depth = 0; n && depth < 8; depth++) {
+    if (widgetValue(n, "model_name") != null || widgetValue(n, "unet_name") != null) return n;
+    n = inputNode(n, "model");
+  }
+  return null;
+}
+
+function familyPreset(options, family, fileName, current) {
+  // a preset of the family: the one whose size ("24B") the loader's file name carries, else the one chosen
+  // already, else the family's first
+  const presets = Object.entries(options?.presets ?? {}).filter(([, p]) => p.family === family);
+  const file = String(fileName ?? "").toLowerCase();
+  const bySize = presets.find(([, p]) => file.includes(String(p.label).split(" ").pop().toLowerCase()));
+  return bySize ?? presets.find(([name]) => name === current) ?? presets[0] ?? [];
+}
+
 function fromWorkflow(node) {
   const found = {};
+  const fields = {};  // the family sampler's own inputs the plan takes (MAGI-1's window_size, kv_ranges, steps)
   const { sampler, windows } = downstreamSampler(node);
-  if (!sampler) return { found, sampler: null };
+  if (!sampler) return { found, fields, sampler: null };
   // the node that shows the measured report: the pack's sampler itself, or a KV Cache Report after core's
   let reporter = sampler;
   if (CORE_SAMPLER_NODES.has(sampler.type)) {
@@ -235,6 +259,23 @@ function fromWorkflow(node) {
     const [name, p] = Object.entries(options?.presets ?? {}).find(([, q]) => q.family === "worldplay") ?? [];
     if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim, chunk_frames: p.chunk_frames });
     Object.assign(found, { window_chunks: p ? p.context_frames / p.chunk_frames : 0, sink_chunks: 0, cfg_branches: 1 });
+  } else if (sampler.type === MAGI1_SAMPLER) {
+    // the MAGI-1 preset the loader's file names (4.5B / 24B), the video on the sampler; one cached branch (every
+    // cfg pass reads the same finished chunks)
+    const loader = upstreamLoader(sampler);
+    const current = node.properties?.[STATE_KEY]?.preset;
+    const [name, p] = familyPreset(node.jensenKv?.options, "magi1", widgetValue(loader, "model_name"), current);
+    if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim, chunk_frames: p.chunk_frames });
+    for (const f of ["width", "height", "frames", "window_chunks", "sink_chunks"]) {
+      const v = widgetValue(sampler, f);
+      if (v != null) found[f] = v;
+    }
+    Object.assign(found, { batch: 1, cfg_branches: 1 });
+    for (const f of MAGI1_FIELDS) {
+      const v = widgetValue(sampler, f);
+      if (v != null) fields[f] = String(v);
+    }
+    return { found, fields, sampler };
   } else {
     for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
       const v = widgetValue(sampler, name);
@@ -250,7 +291,7 @@ function fromWorkflow(node) {
       if (v != null) found[field] = v;
     }
   }
-  return { found, sampler: reporter };
+  return { found, fields, sampler: reporter };
 }
 
 // ----------------------------------------------------------------------------- quantize node panel
@@ -344,9 +385,9 @@ function requestFor(node, state) {
     const v = widgetValue(node, name);
     if (v != null) spec[name] = String(v);
   }
-  const { found, sampler } = state.follow ? fromWorkflow(node) : { found: {}, sampler: null };
+  const { found, fields, sampler } = state.follow ? fromWorkflow(node) : { found: {}, fields: {}, sampler: null };
   const values = { ...state, ...found };
-  const plan = { ...spec, preset: values.preset };
+  const plan = { ...spec, preset: values.preset, ...fields };
   for (const name of TIER_WIDGETS) {
     const v = widgetValue(node, name);
     if (v != null) plan[name] = String(v);

@@ -9,6 +9,7 @@ from .base import (
     AttentionShape,
     ModelFamily,
     ModelPreset,
+    PlannerFieldError,
     Probe,
     UnsupportedModelError,
     UnusedSettingsError,
@@ -19,6 +20,7 @@ from .magi1 import model as _magi1_model
 from .magi1 import recipe as _magi1_recipe
 from .magi1 import text as _magi1_text
 from .magi1 import vae as _magi1_vae
+from .magi1 import window as _magi1_window
 from .magi1.family import Magi1Family
 from .wan import WanFamily
 from .worldplay import loader as _worldplay_loader
@@ -31,9 +33,9 @@ MAGI1 = SimpleNamespace(
     Request=_magi1_recipe.Magi1Request,
     run=_magi1_recipe.run,
     report_text=_magi1_recipe.report_text,
-    parse_kv_ranges=_magi1_recipe.parse_kv_ranges,
-    default_steps=_magi1_recipe.DEFAULT_STEPS,
-    window_sizes=_magi1_recipe.WINDOW_SIZES,
+    parse_kv_ranges=_magi1_window.parse_kv_ranges,
+    default_steps=_magi1_window.DEFAULT_STEPS,
+    window_sizes=_magi1_window.WINDOW_SIZES,
     chunk_frames=_magi1_model.CHUNK_FRAMES,
     vae_time_stride=Magi1Family.geometry.vae_time_stride,
     vae_space_stride=Magi1Family.geometry.vae_space_stride,
@@ -168,6 +170,7 @@ __all__ = [
     "AttentionShape",
     "ModelFamily",
     "ModelPreset",
+    "PlannerFieldError",
     "Probe",
     "UnusedSettingsError",
     "core_ar_family",

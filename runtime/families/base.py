@@ -36,6 +36,7 @@ and its tiny model to ``jensen_testing.families``, which the conformance suite (
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -107,6 +108,15 @@ class ModelPreset:
         return self.context_frames // self.chunk_frames if self.context_frames else 0
 
 
+class PlannerFieldError(ValueError):
+    """A field of a family's own sampler that the planner cannot use: the field, its value, what is wrong with it,
+    and the fix (the routes answer it as a 400 naming that field)."""
+
+    def __init__(self, param: str, value: object, problem: str, fix: str):
+        self.param, self.value, self.problem, self.fix = param, value, problem, fix
+        super().__init__(f"{param}={value!r} {problem}; {fix}")
+
+
 class UnsupportedModelError(ValueError):
     """The MODEL is not one the Chunked AR sampler supports (the message names the supported ones)."""
 
@@ -148,6 +158,12 @@ class ModelFamily(ABC):
     presets: ClassVar[dict[str, ModelPreset]] = {}
     #: the node that samples this family: the Chunked AR Video Sampler, or the family's own (its recipe owns the loop)
     sampler_node: ClassVar[str] = CHUNKED_AR_SAMPLER
+    #: whether a run's cache can be saved and continued (Save KV Cache / Load KV Cache); a family whose recipe
+    #: rebuilds or shares its cache across chunks in flight refuses both, and the planner shows no file size
+    saves_runs: ClassVar[bool] = True
+    #: inputs of the family's own sampler that decide what its cache holds, which the planner takes besides its own
+    #: fields (name -> what it is, with an example); read by :meth:`planner_window`
+    planner_fields: ClassVar[dict[str, str]] = {}
 
     num_layers: int
     heads: int
@@ -170,6 +186,14 @@ class ModelFamily(ABC):
         return CacheShape(
             self.num_layers, self.heads, self.head_dim, self.geometry, kv_heads=None if kv == self.heads else kv
         )
+
+    @classmethod
+    def planner_window(cls, fields: Mapping[str, str], latent_frames: int, chunk_frames: int) -> tuple[int, str] | None:
+        """For a plan whose window is 0: the finished chunks this family's sampler keeps per layer (0: every one) and
+        a line that says why, from its :attr:`planner_fields` in ``fields`` (query strings; absent: the sampler's
+        defaults); :class:`PlannerFieldError` for a value the sampler would refuse. None (the default): a window of
+        0 keeps every chunk."""
+        return None
 
     @classmethod
     @abstractmethod

@@ -322,6 +322,8 @@ def test_save_load_and_continue_equal_one_run(fam, loop, nodes, euler, tmp_path)
     model = _quantized(nodes, tiny.build(0), "taylor")
     n = 2 * tiny.chunk_frames
     refused = _refused(tiny, window_chunks=2, sink_chunks=1, keep_state=True)
+    # what the family tells the planner (no Save KV Cache file to size) is what its loop does
+    assert family.saves_runs == ("keep_state" not in tiny.refused_options and "resume" not in tiny.refused_options)
     if refused:
         _check_refusal(loop, tiny, model, euler, refused, frames=n, window_chunks=2, sink_chunks=1, keep_state=True)
         return

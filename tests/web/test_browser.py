@@ -436,6 +436,31 @@ def test_planner_follows_hy_worldplay_with_both_streams_and_the_20_frame_context
     ui.shot("09_planner_worldplay")
 
 
+def test_planner_follows_magi1_ar_sampler_and_its_window(ui):
+    """The MAGI-1 workflow: connected to MAGI-1 AR Sampler the planner takes the MAGI-1 4.5B preset the loader's file
+    names (8 K/V heads), the sampler's 720x720x96 and its 6-frame chunks, and what its window 0 keeps: one finished
+    chunk at window_size 4 (the key ranges 5,4,3,2 reach no further), three at window_size 1 (of the 3 a 4-chunk
+    video has before its last)."""
+    from support.pack import load_pack_module
+
+    routes = load_pack_module("routes.ui")
+    per_chunk = 6 * 45 * 45 * 34 * 2 * 8 * 128 * 2  # tokens of a chunk x layers x K and V x K/V heads x dim x BF16
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_magi1_4p5b_distill_t2v_int2_jensen.json").read_text()))
+    ui.focus(QUANT)
+    for window_size, held in ((4, 1), (1, 3)):
+        ui.set_widget("JensenKVMagi1ARSampler", "window_size", window_size)
+        r = ui.wait_planner(f"el.querySelector('[data-jkv=bf16]')?.dataset.bytes === '{held * per_chunk}'")
+        assert f"{held} finished chunk(s) at window_size {window_size}" in r["warnings"]
+        want = routes.plan_summary(
+            {"preset": "magi1-4.5b", "width": "720", "height": "720", "frames": "96", "window_size": str(window_size),
+             "key_bits": "2", "value_bits": "2", "group_size": "32", "rotation": "hadamard", "scale_format": "fp8_e4m3"}
+        )  # fmt: skip
+        assert r["quant_bytes"] == want["quantized_bytes"] and want["cached_chunks_peak"] == held
+    assert ui.panel().query_selector("[data-jkv='state-file']") is None  # MAGI-1 saves no KV cache
+    print("\nplanner, MAGI-1 4.5B 720x720x96, window_size 1:", r["summary"])
+    ui.shot("10_planner_magi1")
+
+
 def test_planner_counts_age_tiers_to_the_byte(ui):
     """Precision by age on the node: the panel shows the tiers' bytes and average bits, as jensen_core plans them."""
     from jensen_core.tiers import AgeTiers

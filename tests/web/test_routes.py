@@ -223,6 +223,72 @@ def test_the_magi1_presets_count_its_8_kv_heads():
     assert big["bf16_bytes"] * 34 == small["bf16_bytes"] * 48
 
 
+def test_a_presets_own_dimensions_keep_its_kv_heads():
+    """The web planner sends layers, heads and head_dim with every preset: the same numbers keep the preset (and its
+    8 K/V heads for MAGI-1, not 24: three times the bytes); other query heads make a custom model with as many K/V
+    heads as query heads."""
+    base = {"preset": "magi1-4.5b", "width": "1280", "height": "720", "frames": "96"}
+    bare = routes.plan_summary(base)
+    sent = routes.plan_summary({**base, "layers": "34", "heads": "24", "head_dim": "128"})
+    assert sent["model"] == bare["model"] and sent["model"]["kv_heads"] == 8
+    assert sent["bf16_bytes"] == bare["bf16_bytes"] == bare["cached_tokens_peak"] * 34 * 2 * 8 * 128 * 2
+    other = routes.plan_summary({**base, "heads": "16"})
+    assert other["model"]["preset"] == "custom" and other["model"]["kv_heads"] == 16
+
+
+@pytest.mark.parametrize("window_size,held", [(4, 1), (3, 2), (2, 3), (1, 4)])
+def test_a_magi1_plan_holds_what_its_samplers_key_ranges_reach(window_size, held):
+    """MAGI-1 AR Sampler's chunk is 6 latent frames, and its window 0 keeps the finished chunks its key ranges
+    (5,4,3,2 over the quarters of a chunk's steps) reach: a chunk denoised with W-1 younger ones in flight reaches
+    back 5 chunks, W-1 of them in flight, so at its first quarter it reads 5-W finished ones (at least 1). The
+    bytes are those chunks' tokens (6 x 45 x 80 at 720p) x 34 layers x K and V x 8 K/V heads x 128 x 2 bytes."""
+    steps = "12" if window_size == 3 else "16"  # steps divide by the window and by the 4 stages
+    out = routes.plan_summary(
+        {"preset": "magi1-4.5b", "width": "1280", "height": "720", "frames": "240", "window_size": str(window_size),
+         "steps": steps}
+    )  # fmt: skip
+    assert held == max(1, 5 - window_size)
+    assert out["chunk_frames"] == 6 and out["cached_chunks_peak"] == held
+    assert out["bf16_bytes"] == held * 6 * 45 * 80 * 34 * 2 * 8 * 128 * 2
+    assert any(f"{held} finished chunk(s) at window_size {window_size}" in n for n in out["warnings"])
+    # a window typed by the user is the user's; kv_ranges 'all' keeps every finished chunk (9 of 10 at 240 frames)
+    typed = routes.plan_summary({"preset": "magi1-4.5b", "frames": "240", "window_chunks": "2"})
+    assert typed["cached_chunks_peak"] == 2
+    every = routes.plan_summary({"preset": "magi1-4.5b", "frames": "240", "kv_ranges": "all"})
+    assert every["cached_chunks_peak"] == 9 and every["chunks"] == 10
+
+
+@pytest.mark.parametrize(
+    "query,param,fix",
+    [
+        ({"preset": "wan2.1-1.3b", "window_size": "4"}, "window_size", "plan a MAGI-1 model (preset=magi1-4.5b)"),
+        ({"preset": "magi1-4.5b", "window_size": "5"}, "window_size", "MAGI-1 keeps 1 to 4 chunks in flight"),
+        ({"preset": "magi1-4.5b", "steps": "15"}, "steps", "steps that divide by 4"),
+        ({"preset": "magi1-4.5b", "kv_ranges": "5;4"}, "kv_ranges", "the reference's 5,4,3,2"),
+        ({"preset": "magi1-4.5b", "steps": "many"}, "steps", "steps=16"),
+    ],
+)
+def test_magi1_sampler_fields_that_the_sampler_would_refuse_are_named(query, param, fix):
+    with pytest.raises(routes.ParamError) as err:
+        routes.plan_summary(query)
+    assert err.value.param == param and fix in str(err.value)
+
+
+def test_only_families_that_save_runs_get_a_state_file_size():
+    """MAGI-1 and HY-WorldPlay refuse Save KV Cache: their plans size no file; Wan's does."""
+    assert routes.plan_summary({"preset": "wan2.1-1.3b"})["state_file_bytes"] > 0
+    for preset in ("magi1-4.5b", "hy-worldplay"):
+        out = routes.plan_summary({"preset": preset})
+        assert out["state_file_bytes"] is None and out["state_file_mib"] is None
+
+
+def test_a_chunk_given_to_a_magi1_plan_is_replaced_by_its_samplers_and_said_so():
+    out = routes.plan_summary({"preset": "magi1-24b", "chunk_frames": "3"})
+    assert out["chunk_frames"] == 6
+    assert any("makes chunks of 6 latent frames" in n for n in out["warnings"])
+    assert not any("makes chunks" in n for n in routes.plan_summary({"preset": "magi1-24b"})["warnings"])
+
+
 def test_the_presets_come_from_every_family_in_the_registry():
     """routes/ui.py knows no model: each family's presets, labelled, with the family's key."""
     fams = load_pack_module("runtime.families")

@@ -32,7 +32,8 @@ from ....magi1.dit import MagiDiT
 from ...observer import PHASE_WRITE, AttentionEvent
 from ...saved_run import weights_digest
 from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
-from .model import ComfyMagiDiT
+from .model import CHUNK_FRAMES, ComfyMagiDiT
+from .window import planner_window
 
 FORWARD_KEY = "diffusion_model.forward_chunks"
 SUPPORTED = (
@@ -45,8 +46,8 @@ GEOMETRY = LatentGeometry(
 )
 #: (layers, query heads, head_dim, K/V heads) of the published DiTs (magi1.config.PUBLISHED)
 PRESETS = {
-    "magi1-4.5b": ModelPreset("MAGI-1 4.5B", 34, 24, 128, kv_heads=8),
-    "magi1-24b": ModelPreset("MAGI-1 24B", 48, 48, 128, kv_heads=8),
+    "magi1-4.5b": ModelPreset("MAGI-1 4.5B", 34, 24, 128, kv_heads=8, chunk_frames=CHUNK_FRAMES),
+    "magi1-24b": ModelPreset("MAGI-1 24B", 48, 48, 128, kv_heads=8, chunk_frames=CHUNK_FRAMES),
 }
 #: the only branch MAGI-1 writes: one buffer per layer, read by every conditional pass
 BRANCH = 0
@@ -61,9 +62,21 @@ class Magi1Family(ModelFamily):
     key = "magi1"
     supported = SUPPORTED
     sampler_node = "MAGI-1 AR Sampler"
+    saves_runs = False  # several chunks are denoised at once: no state between two chunks to save
     geometry = GEOMETRY
     presets = PRESETS
     latent_channels = GEOMETRY.latent_channels
+    planner_fields = {
+        "window_size": "MAGI-1 AR Sampler's chunks denoised together, 1 to 4, e.g. window_size=4",
+        "kv_ranges": "MAGI-1 AR Sampler's key ranges, e.g. kv_ranges=5,4,3,2 (or all)",
+        "steps": "MAGI-1 AR Sampler's steps per chunk, e.g. steps=16",
+    }
+
+    @classmethod
+    def planner_window(cls, fields, latent_frames, chunk_frames):
+        """Window 0 on the MAGI-1 AR Sampler: as many finished chunks as its key ranges reach (every chunk with
+        kv_ranges 'all'), from its window_size, kv_ranges and steps (the recipe's own rule)."""
+        return planner_window(fields, latent_frames, chunk_frames)
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:

@@ -47,32 +47,11 @@ from ...shift_observer import get_request as get_diagnostics
 from ..base import UnsupportedModelError, attention_override_notice
 from .family import Magi1Family
 from .model import CHUNK_FRAMES
+from .window import DEFAULT_STEPS, check_schedule, finished_reached
 
 logger = logging.getLogger("jensen_kv")
 
 MIB = 2**20
-
-#: the sampler's defaults: 16 steps (the 24B distill config and the paper; the 4.5B configs ship 64), window 4
-DEFAULT_STEPS = 16
-WINDOW_SIZES = (1, 2, 3, 4)
-
-
-def parse_kv_ranges(text: str) -> tuple[int, ...]:
-    """``"5,4,3,2"`` -> (5, 4, 3, 2) (chunks each query reaches back, itself included, per stage of its steps);
-    ``"all"`` -> () (every chunk reads every earlier chunk). ValueError naming the fix otherwise."""
-    t = str(text).strip().lower()
-    if t in ("all", ""):
-        return ()
-    try:
-        out = tuple(int(p) for p in t.replace(" ", "").split(","))
-    except ValueError:
-        out = None
-    if not out or any(v < 1 for v in out):
-        raise ValueError(
-            f"kv_ranges={text!r}: give whole chunk counts >= 1 separated by commas, one per stage of a chunk's steps "
-            "(the reference's 5,4,3,2), or 'all'"
-        )
-    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,20 +101,7 @@ class Magi1Request:
                 f"latent height {self.latent_height} and width {self.latent_width} must be even (MAGI-1 patches 2x2): "
                 "use a video width and height that are multiples of 16"
             )
-        if self.window_size not in WINDOW_SIZES:
-            raise ValueError(f"window_size={self.window_size!r}: MAGI-1 keeps 1 to 4 chunks in flight")
-        if self.num_steps % self.window_size:
-            ok = [w for w in WINDOW_SIZES if self.num_steps % w == 0]
-            raise ValueError(
-                f"num_steps {self.num_steps} is not a multiple of window_size {self.window_size} (each chunk spends "
-                f"num_steps / window_size forwards at each place of the window): use window_size {ok} or steps that "
-                f"divide by {self.window_size}"
-            )
-        if self.kv_ranges and self.num_steps % len(self.kv_ranges):
-            raise ValueError(
-                f"num_steps {self.num_steps} does not split into the {len(self.kv_ranges)} stages of kv_ranges "
-                f"{list(self.kv_ranges)}: use steps that divide by {len(self.kv_ranges)}"
-            )
+        check_schedule(self.num_steps, self.window_size, self.kv_ranges)
         if self.cfg_number not in (None, 1, 3):
             raise ValueError(f"cfg_number={self.cfg_number!r}: MAGI-1 runs 1 pass (distilled) or 3 (base)")
         for name in ("window_chunks", "sink_chunks", "seed"):
@@ -157,17 +123,6 @@ class Magi1Request:
             cfg_number=self.cfg_number or (1 if distill else 3),
             distill=distill,
         )
-
-
-def finished_reached(settings: MagiSettings, chunks: int) -> int:
-    """The most finished chunks any query of this run reads (counted over every forward): what a cache of finished
-    chunks must hold so that nothing in a key range is evicted."""
-    most = 0
-    for st in P.steps_of(settings.num_steps, settings.window_size, chunks):
-        ranges = P.key_ranges(st.slice_point, st.steps_of_chunks, settings.num_steps, settings.noise2clean_kvrange, 1)
-        for s, _ in ranges:
-            most = max(most, st.slice_point - s)
-    return most
 
 
 @dataclass

@@ -86,6 +86,7 @@ class WorldPlayFamily(ModelFamily):
     }
     #: the pack's node that samples this family (its recipe owns the loop)
     sampler_node = SAMPLER_NODE
+    saves_runs = False  # the cache is rebuilt from the chosen context frames before every chunk
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:

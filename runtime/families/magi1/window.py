@@ -1,0 +1,98 @@
+"""The MAGI-1 AR Sampler's schedule rules that decide what its cache holds, shared by the recipe (which runs them)
+and the family (which tells the planner): the window sizes and steps it takes, its key ranges, and how many
+finished chunks a query reads."""
+
+from __future__ import annotations
+
+import math
+
+from ....magi1 import pipeline as P
+from ....magi1.sampler import MagiSettings
+from ..base import PlannerFieldError
+
+#: the sampler's defaults: 16 steps (the 24B distill config and the paper; the 4.5B configs ship 64), window 4
+DEFAULT_STEPS = 16
+WINDOW_SIZES = (1, 2, 3, 4)
+
+
+def parse_kv_ranges(text: str) -> tuple[int, ...]:
+    """``"5,4,3,2"`` -> (5, 4, 3, 2) (chunks each query reaches back, itself included, per stage of its steps);
+    ``"all"`` -> () (every chunk reads every earlier chunk). ValueError naming the fix otherwise."""
+    t = str(text).strip().lower()
+    if t in ("all", ""):
+        return ()
+    try:
+        out = tuple(int(p) for p in t.replace(" ", "").split(","))
+    except ValueError:
+        out = None
+    if not out or any(v < 1 for v in out):
+        raise ValueError(
+            f"kv_ranges={text!r}: give whole chunk counts >= 1 separated by commas, one per stage of a chunk's steps "
+            "(the reference's 5,4,3,2), or 'all'"
+        )
+    return out
+
+
+def check_schedule(num_steps: int, window_size: int, kv_ranges: tuple[int, ...]) -> None:
+    """ValueError naming the fix when the MAGI-1 AR Sampler cannot run ``num_steps`` steps per chunk at
+    ``window_size`` chunks in flight with these key ranges (one per stage of a chunk's steps)."""
+    if window_size not in WINDOW_SIZES:
+        raise ValueError(f"window_size={window_size!r}: MAGI-1 keeps 1 to 4 chunks in flight")
+    if num_steps % window_size:
+        ok = [w for w in WINDOW_SIZES if num_steps % w == 0]
+        raise ValueError(
+            f"num_steps {num_steps} is not a multiple of window_size {window_size} (each chunk spends "
+            f"num_steps / window_size forwards at each place of the window): use window_size {ok} or steps that "
+            f"divide by {window_size}"
+        )
+    if kv_ranges and num_steps % len(kv_ranges):
+        raise ValueError(
+            f"num_steps {num_steps} does not split into the {len(kv_ranges)} stages of kv_ranges "
+            f"{list(kv_ranges)}: use steps that divide by {len(kv_ranges)}"
+        )
+
+
+def finished_reached(settings: MagiSettings, chunks: int) -> int:
+    """The most finished chunks any query of this run reads (counted over every forward): what a cache of finished
+    chunks must hold so that nothing in a key range is evicted."""
+    most = 0
+    for st in P.steps_of(settings.num_steps, settings.window_size, chunks):
+        ranges = P.key_ranges(st.slice_point, st.steps_of_chunks, settings.num_steps, settings.noise2clean_kvrange, 1)
+        for s, _ in ranges:
+            most = max(most, st.slice_point - s)
+    return most
+
+
+def planner_window(fields, latent_frames: int, chunk_frames: int) -> tuple[int, str]:
+    """What the MAGI-1 AR Sampler's window 0 keeps, for the planner (``Magi1Family.planner_window``): the finished
+    chunks its key ranges reach at ``window_size`` / ``kv_ranges`` / ``steps`` (query strings, the node's defaults
+    when absent), checked as the sampler checks them; and a line that says so."""
+
+    def whole(name: str, default: int) -> int:
+        raw = str(fields.get(name) or "").strip() or str(default)
+        try:
+            return int(raw)
+        except ValueError:
+            raise PlannerFieldError(name, raw, "is not a whole number", "give e.g. " + f"{name}={default}") from None
+
+    window_size, steps = whole("window_size", 4), whole("steps", DEFAULT_STEPS)
+    text = str(fields.get("kv_ranges") or "").strip() or ",".join(map(str, P.NOISE2CLEAN_KVRANGE))
+    try:
+        ranges = parse_kv_ranges(text)
+    except ValueError as exc:
+        raise PlannerFieldError("kv_ranges", text, "is not a list of key ranges", str(exc)) from None
+    chunks = max(1, math.ceil(latent_frames / chunk_frames))
+    try:
+        check_schedule(steps, window_size, ranges)
+    except ValueError as exc:
+        name = "window_size" if "window_size=" in str(exc) else "steps"
+        value = window_size if name == "window_size" else steps
+        raise PlannerFieldError(name, value, "is not one the MAGI-1 AR Sampler runs", str(exc)) from None
+    if not ranges:
+        return 0, "MAGI-1 AR Sampler with kv_ranges 'all' and window 0 keeps every finished chunk"
+    reached = finished_reached(MagiSettings(num_steps=steps, window_size=window_size, chunk_width=chunk_frames,
+                                            noise2clean_kvrange=ranges), chunks)  # fmt: skip
+    return max(1, reached), (
+        f"MAGI-1 AR Sampler's window 0 keeps what its key ranges reach: {max(1, reached)} finished chunk(s) at "
+        f"window_size {window_size}, kv_ranges {text}"
+    )
