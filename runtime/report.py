@@ -81,6 +81,7 @@ def build_report(
         "strength": float(strength),
         "layers": shape.layers,
         "heads": shape.heads,
+        "kv_heads": shape.cached_heads,  # what the cache stores per layer (fewer than heads under grouped-query attention)
         "head_dim": shape.head_dim,
         "cfg_branches": cfg_branches,
         "tokens_per_frame": int(tokens_per_frame),

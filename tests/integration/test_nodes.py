@@ -29,6 +29,7 @@ REPORT_KEYS = {
     "strength",
     "layers",
     "heads",
+    "kv_heads",
     "head_dim",
     "cfg_branches",
     "tokens_per_frame",
@@ -342,6 +343,7 @@ def test_sampler_node_outputs_latent_report_and_ui(nodes, tiny):
     assert latent["samples"].shape == (1, 16, 5, 8, 8) and torch.isfinite(latent["samples"]).all()
     assert inputs["latent"]["samples"].abs().sum() == 0  # input latent untouched
     assert set(report) == REPORT_KEYS
+    assert report["kv_heads"] == report["heads"] == 2  # the tiny Wan's K/V heads: as many as its query heads
     assert report["chunks"] == 3 and len(report["seconds_per_chunk"]) == 3
     assert report["effective_bits"] == pytest.approx(2 + 24 / 16)
     assert report["cache_mib"] == report["cache_bytes"] / 2**20
