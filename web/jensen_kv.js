@@ -518,6 +518,12 @@ function render(node, options, state, req) {
         + (m.context_frames ? `; context rebuilt before every chunk from up to ${m.context_frames} latent frames` : ""),
       { "data-jkv": "streams", "data-streams": m.streams ?? 1, "data-context": m.context_frames ?? 0 });
     }
+    if (m.kv_heads != null && m.kv_heads < m.heads) {
+      // grouped-query attention (MAGI-1: 24 query heads over 8 K/V heads): the cache holds the K/V heads only
+      row("K/V heads", `${m.kv_heads} of ${m.heads} (grouped-query)`,
+        { "data-jkv": "kv-heads", "data-kv-heads": m.kv_heads,
+          title: "Grouped-query attention: several query heads share one K/V head, and the cache holds the K/V heads only." });
+    }
     row("BF16 cache", `${bytesText(plan.bf16_bytes)}`, { "data-jkv": "bf16", "data-bytes": plan.bf16_bytes });
     row("this setting", plan.runnable ? `${bytesText(plan.quantized_bytes)} (${num(plan.effective_bits, 3)} bits)` : "cannot run: see the warning above",
       { "data-jkv": "quant", "data-bytes": plan.quantized_bytes ?? "", class: plan.runnable ? "" : "jkv-error" });
@@ -578,7 +584,7 @@ function showReport(node, report) {
   const lines = [
     `KV cache ${bytesText(report.cache_bytes)} (BF16 ${bytesText(report.bf16_bytes)}) · ${num(report.effective_bits, 3)} bits`,
     `${quant}${corr}`,
-    `${report.chunks} chunks × ${report.chunk_frames} latent frames, window ${report.window_chunks || "all"}${report.sink_chunks ? ` + sink ${report.sink_chunks}` : ""} · ${report.layers} layers × ${report.heads} heads × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
+    `${report.chunks} chunks × ${report.chunk_frames} latent frames, window ${report.window_chunks || "all"}${report.sink_chunks ? ` + sink ${report.sink_chunks}` : ""} · ${report.layers} layers × ${report.heads} heads${report.kv_heads != null && report.kv_heads < report.heads ? ` (${report.kv_heads} K/V)` : ""} × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
   ];
   // the pack's sampler times each chunk; on core's sampler (KV Cache Report) core runs the loop
   if (spc.length) lines.push(`s/chunk: ${spc.map((s) => fmt(s, 2)).join(" ")} (total ${fmt(total, 2)} s)`);

@@ -432,6 +432,7 @@ def test_planner_follows_hy_worldplay_with_both_streams_and_the_20_frame_context
     assert row.get_attribute("data-context") == "20"
     assert "54 blocks × 2 attention streams = 108 cached layers" in row.text_content()
     assert ui.panel().query_selector("[data-jkv='state-file']") is None  # HY-WorldPlay saves no KV cache
+    assert ui.panel().query_selector("[data-jkv='kv-heads']") is None  # as many K/V heads as query heads
     print("\nplanner, HY-WorldPlay 832x480x125:", r["summary"])
     ui.shot("09_planner_worldplay")
 
@@ -457,6 +458,8 @@ def test_planner_follows_magi1_ar_sampler_and_its_window(ui):
         )  # fmt: skip
         assert r["quant_bytes"] == want["quantized_bytes"] and want["cached_chunks_peak"] == held
     assert ui.panel().query_selector("[data-jkv='state-file']") is None  # MAGI-1 saves no KV cache
+    kv = ui.panel().query_selector("[data-jkv='kv-heads']")  # the bytes are 8 K/V heads', and the panel says so
+    assert kv.get_attribute("data-kv-heads") == "8" and "8 of 24" in kv.text_content()
     print("\nplanner, MAGI-1 4.5B 720x720x96, window_size 1:", r["summary"])
     ui.shot("10_planner_magi1")
 
