@@ -73,8 +73,9 @@ class ModelPreset:
     """One model users run, as the planner lists it: its blocks (``layers``), heads (query and K/V) and head_dim.
 
     ``streams``: attention streams per block that each keep their own K/V (HY-WorldPlay: 2, its RoPE stream and
-    its PRoPE camera stream), so the cache holds ``layers * streams`` layers. ``chunk_frames`` (0: the user's) and
-    ``context_frames`` (0: none) are for a recipe that rebuilds its cache before every chunk from at most
+    its PRoPE camera stream), so the cache holds ``layers * streams`` layers. ``chunk_frames`` (0: the user's) is the
+    chunk the family's own sampler fixes (MAGI-1: 6 latent frames), which the planner takes instead of the user's.
+    ``context_frames`` (0: none) is for a recipe that rebuilds its cache before every chunk from at most
     ``context_frames`` latent frames in chunks of ``chunk_frames`` (HY-WorldPlay: 20 in chunks of 4): the planner
     then holds ``context_frames / chunk_frames`` chunks, whatever window the user typed."""
 

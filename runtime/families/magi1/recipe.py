@@ -47,7 +47,7 @@ from ...shift_observer import get_request as get_diagnostics
 from ..base import UnsupportedModelError, attention_override_notice
 from .family import Magi1Family
 from .model import CHUNK_FRAMES
-from .window import DEFAULT_STEPS, check_schedule, finished_reached
+from .window import DEFAULT_STEPS, auto_window, check_schedule, finished_reached
 
 logger = logging.getLogger("jensen_kv")
 
@@ -151,7 +151,7 @@ class Magi1Recipe:
         if request.window_chunks:
             self.window = request.window_chunks
         else:  # auto: what the key ranges reach (at least one chunk); every chunk when they are unbounded
-            self.window = max(1, self.reached) if request.kv_ranges else 0
+            self.window = auto_window(self.settings, request.chunks)
         self.warnings: list[str] = []
         if self.window and self.window < self.reached:
             self.warnings.append(

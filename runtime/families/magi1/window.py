@@ -63,6 +63,12 @@ def finished_reached(settings: MagiSettings, chunks: int) -> int:
     return most
 
 
+def auto_window(settings: MagiSettings, chunks: int) -> int:
+    """What the sampler's window 0 keeps: as many finished chunks as the key ranges reach (at least one), or every
+    chunk (0) when the ranges are unbounded."""
+    return max(1, finished_reached(settings, chunks)) if settings.noise2clean_kvrange else 0
+
+
 def planner_window(fields, latent_frames: int, chunk_frames: int) -> tuple[int, str]:
     """What the MAGI-1 AR Sampler's window 0 keeps, for the planner (``Magi1Family.planner_window``): the finished
     chunks its key ranges reach at ``window_size`` / ``kv_ranges`` / ``steps`` (query strings, the node's defaults
@@ -81,18 +87,18 @@ def planner_window(fields, latent_frames: int, chunk_frames: int) -> tuple[int, 
         ranges = parse_kv_ranges(text)
     except ValueError as exc:
         raise PlannerFieldError("kv_ranges", text, "is not a list of key ranges", str(exc)) from None
-    chunks = max(1, math.ceil(latent_frames / chunk_frames))
     try:
         check_schedule(steps, window_size, ranges)
-    except ValueError as exc:
-        name = "window_size" if "window_size=" in str(exc) else "steps"
-        value = window_size if name == "window_size" else steps
+    except ValueError as exc:  # window_size out of range, or steps that do not divide by it or by the stages
+        name, value = ("window_size", window_size) if window_size not in WINDOW_SIZES else ("steps", steps)
         raise PlannerFieldError(name, value, "is not one the MAGI-1 AR Sampler runs", str(exc)) from None
-    if not ranges:
+    settings = MagiSettings(
+        num_steps=steps, window_size=window_size, chunk_width=chunk_frames, noise2clean_kvrange=ranges
+    )
+    window = auto_window(settings, max(1, math.ceil(latent_frames / chunk_frames)))
+    if not window:
         return 0, "MAGI-1 AR Sampler with kv_ranges 'all' and window 0 keeps every finished chunk"
-    reached = finished_reached(MagiSettings(num_steps=steps, window_size=window_size, chunk_width=chunk_frames,
-                                            noise2clean_kvrange=ranges), chunks)  # fmt: skip
-    return max(1, reached), (
-        f"MAGI-1 AR Sampler's window 0 keeps what its key ranges reach: {max(1, reached)} finished chunk(s) at "
+    return window, (
+        f"MAGI-1 AR Sampler's window 0 keeps what its key ranges reach: {window} finished chunk(s) at "
         f"window_size {window_size}, kv_ranges {text}"
     )
