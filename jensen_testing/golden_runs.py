@@ -1,19 +1,29 @@
-"""A fixed set of runs whose outputs must stay bit-identical through refactors: every recipe on the pack's sampler,
-core's AR path, save and continue, tiers, QVG, a prefix clip, a prompt switch.
+"""A fixed set of runs whose outputs refactors must leave unchanged: every recipe on the pack's sampler, core's AR
+path, save and continue, tiers, QVG, a prefix clip, a prompt switch.
 
-Each run is tiny (2-layer random Wan, 8x8 latents, 2 to 4 steps) and is recorded as the SHA-256 of its output
-latent's float32 bytes (with the sum and the sum of absolute values, so a failure says how far off it is), per
-ComfyUI version (the model's arithmetic differs a little between versions: 0.33's Wan FFN is a module of its
-own). ``tests/integration/test_golden_runs.py`` recomputes them; ``python tools/golden_runs.py --record``
-rewrites ``tests/data/golden_runs.json`` for the ComfyUI it runs against (only when a change is *meant* to
-alter outputs; say which in the commit).
+Each run is tiny (2-layer random Wan, 8x8 latents, 2 to 4 steps). Its output latents are recorded whole, in
+float32, per ComfyUI version (the model's arithmetic differs a little between versions: 0.33's Wan FFN is a module
+of its own, and v0.3.64's LCM sampler draws its noise otherwise): ``tests/data/golden_runs.safetensors`` holds
+each distinct tensor once, ``tests/data/golden_runs.json`` says which tensor each version's run recorded and how
+many Wan blocks it evaluated (``depth``).
+
+A run is compared with its recording within float32 rounding, not bit for bit: BLAS and the vectorised kernels
+round differently on another CPU (:mod:`jensen_testing.numerics`: relative L2 error at most
+``8 * (1 + 2 * sqrt(REDUCTION)) * 2**-24`` = 1.6e-5 for the tiny Wan's 2 blocks). ``depth``, the Wan blocks the run
+evaluates, is counted while it runs and must equal the recorded one: a run that evaluates its blocks another number
+of times has changed. ``tests/integration/test_golden_runs.py``
+recomputes them and plants one-line bugs (:data:`PLANTS`) to show that the bound still catches a behaviour change;
+``python tools/golden_runs.py --record`` rewrites a version's entry (only when a change is *meant* to alter
+outputs; say which in the commit).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +31,14 @@ import torch
 
 from . import causal_wan, wan_tiny
 from .comfyui import PACK_MODULE, PACK_ROOT, comfyui_version, find_comfyui
+from .numerics import RoundingBound, relative_error, rounding_bound
 
 GOLDEN_FILE = PACK_ROOT / "tests" / "data" / "golden_runs.json"
+GOLDEN_TENSORS = PACK_ROOT / "tests" / "data" / "golden_runs.safetensors"
 COND_TOKENS = 13
+#: the longest reduction of a golden run, rounded up to a power of two: the tiny Wan's FFN (128 wide) and its
+#: attention over at most 9 latent frames of 16 tokens (144 keys)
+REDUCTION = 256
 
 
 @dataclass(frozen=True)
@@ -33,14 +48,15 @@ class GoldenRun:
     core_ar: bool = False  # needs core's AR path (v0.27+)
 
 
-def digest(t: torch.Tensor) -> dict:
-    x = t.detach().to("cpu", torch.float32).contiguous()
-    return {
-        "sha256": hashlib.sha256(x.numpy().tobytes()).hexdigest(),
-        "shape": list(x.shape),
-        "sum": float(x.double().sum()),
-        "abs_sum": float(x.double().abs().sum()),
-    }
+@dataclass
+class Computed:
+    """One run's outputs and the number of Wan blocks it evaluated."""
+
+    outputs: dict[str, torch.Tensor]
+    depth: int
+
+    def bound(self) -> RoundingBound:
+        return rounding_bound(wan_tiny.TINY["num_layers"], REDUCTION)
 
 
 def version_key(comfy_dir: Path | None = None) -> str:
@@ -232,6 +248,147 @@ RUNS: tuple[GoldenRun, ...] = (
 )
 
 
-def compute(run: GoldenRun) -> dict[str, dict]:
+@contextlib.contextmanager
+def _counting_wan_blocks() -> Iterator[list[int]]:
+    """Counts every Wan block evaluated while active (a global forward pre-hook, removed on exit)."""
+    from comfy.ldm.wan.model import WanAttentionBlock
+
+    n = [0]
+
+    def hook(module, _args):
+        if isinstance(module, WanAttentionBlock):
+            n[0] += 1
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    try:
+        yield n
+    finally:
+        handle.remove()
+
+
+def compute(run: GoldenRun) -> Computed:
     torch.manual_seed(0)
-    return {k: digest(v) for k, v in run.fn().items()}
+    with _counting_wan_blocks() as n:
+        outputs = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in run.fn().items()}
+    return Computed(outputs, n[0])
+
+
+# ------------------------------------------------------------------------------------------------ the recording
+def _digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]
+
+
+def load_recorded(version: str) -> dict[str, Computed]:
+    """This ComfyUI version's recorded runs, by name (empty when none is recorded)."""
+    from safetensors.torch import load_file
+
+    index = json.loads(GOLDEN_FILE.read_text()) if GOLDEN_FILE.is_file() else {}
+    if version not in index:
+        return {}
+    tensors = load_file(str(GOLDEN_TENSORS))
+    return {
+        name: Computed({k: tensors[e["tensor"]] for k, e in entry["outputs"].items()}, entry["depth"])
+        for name, entry in index[version].items()
+    }
+
+
+def record(version: str, computed: dict[str, Computed]) -> None:
+    """Write ``computed`` as this version's runs (other runs and versions are kept). A tensor within the rounding
+    bound of one already stored for the same run and output is shared, so versions that agree store it once."""
+    from safetensors.torch import load_file, save_file
+
+    index = json.loads(GOLDEN_FILE.read_text()) if GOLDEN_FILE.is_file() else {}
+    tensors = load_file(str(GOLDEN_TENSORS)) if GOLDEN_TENSORS.is_file() else {}
+    mine = index.setdefault(version, {})
+    for name, c in computed.items():
+        outputs = {}
+        for key, t in c.outputs.items():
+            prefix = f"{name}/{key}/"
+            same = [
+                k
+                for k, old in tensors.items()
+                if k.startswith(prefix) and old.shape == t.shape and relative_error(t, old) <= c.bound().value
+            ]
+            tkey = same[0] if same else prefix + _digest(t)
+            tensors.setdefault(tkey, t)
+            outputs[key] = {"tensor": tkey, "shape": list(t.shape), "sum": float(t.double().sum())}
+        mine[name] = {"depth": c.depth, "outputs": outputs}
+    used = {e["tensor"] for v in index.values() for r in v.values() for e in r["outputs"].values()}
+    save_file({k: t for k, t in sorted(tensors.items()) if k in used}, str(GOLDEN_TENSORS))
+    GOLDEN_FILE.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+
+
+def differences(got: Computed, want: Computed) -> list[str]:
+    """What differs beyond float32 rounding (empty: the run matches its recording)."""
+    out = []
+    if got.depth != want.depth:
+        out.append(f"{got.depth} Wan block evaluations (recorded {want.depth})")
+    if got.outputs.keys() != want.outputs.keys():
+        return out + [f"outputs {sorted(got.outputs)} (recorded {sorted(want.outputs)})"]
+    bound = want.bound()
+    for key, t in got.outputs.items():
+        w = want.outputs[key]
+        if tuple(t.shape) != tuple(w.shape):
+            out.append(f"{key}: shape {tuple(t.shape)} (recorded {tuple(w.shape)})")
+            continue
+        err = relative_error(t, w)
+        if not err <= bound.value:
+            out.append(f"{key}: relative L2 error {err:.3g} over the bound {bound}")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ planted bugs
+def _plant_one_layer_uncorrected():
+    """One layer's cache (the second cache a run attends through: layer 1, or layer 0's second CFG branch) attends
+    without its correction."""
+    ChunkCache = importlib.import_module(f"{PACK_MODULE}.jensen_core.cache").ChunkCache  # noqa: N806
+    real = ChunkCache.attend
+    seen: list[int] = []
+
+    def attend(self, *a, **k):
+        if id(self) not in seen:
+            seen.append(id(self))
+        if len(seen) > 1 and seen[1] == id(self):
+            k = {**k, "correction": "none"}
+        return real(self, *a, **k)
+
+    return [(ChunkCache, "attend", attend)]
+
+
+def _plant_one_wrong_timestep():
+    """The third denoising call of the run (a model call above sigma 0.2) gets its timestep 10 % off: one step of
+    one chunk."""
+    import comfy.model_base
+
+    real = comfy.model_base.BaseModel.apply_model
+    calls = [0]
+
+    def apply_model(self, x, t, *a, **k):
+        if bool((t > 0.2).any()):  # apply_model takes sigma: a denoising step, not a cache write
+            calls[0] += 1
+            if calls[0] == 3:
+                t = t * 0.9
+        return real(self, x, t, *a, **k)
+
+    return [(comfy.model_base.BaseModel, "apply_model", apply_model)]
+
+
+#: one-line bugs a refactor could make, each a function giving the (owner, attribute, replacement) it patches
+PLANTS: dict[str, Callable[[], list]] = {
+    "one_layer_uncorrected": _plant_one_layer_uncorrected,
+    "one_wrong_timestep": _plant_one_wrong_timestep,
+}
+
+
+@contextlib.contextmanager
+def planted(name: str) -> Iterator[None]:
+    """Run with the planted bug ``name`` (every patch undone on exit)."""
+    patches = PLANTS[name]()
+    saved = [(owner, attr, owner.__dict__[attr]) for owner, attr, _ in patches]
+    try:
+        for owner, attr, fn in patches:
+            setattr(owner, attr, fn)
+        yield
+    finally:
+        for owner, attr, fn in saved:
+            setattr(owner, attr, fn)
