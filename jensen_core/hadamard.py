@@ -82,7 +82,15 @@ def _apply(x: Tensor, seed: int, inverse: bool) -> Tensor:
     _check_pow2(n)
     xf = x.to(_compute_dtype(x))
     if n <= MATMUL_MAX_DIM:
-        return (xf @ _matrix(n, seed, x.device, xf.dtype, inverse)).to(x.dtype)
+        m = _matrix(n, seed, x.device, xf.dtype, inverse)
+        if xf.dim() < 3:
+            return (xf @ m).to(x.dtype)
+        # one (tokens, n) matmul per leading index (batch, head): a BLAS blocks a matrix by its row count, so a
+        # matmul over all heads folded together would round a head's rows differently from a matmul over a slice
+        # of the heads (MKL's AVX2 kernels do); per head, a rank holding heads [h0, h0 + k) rotates them exactly as
+        # one process holding every head does
+        x3 = xf.reshape(-1, *xf.shape[-2:])
+        return torch.bmm(x3, m.expand(x3.shape[0], n, n)).reshape(xf.shape).to(x.dtype)
     signs = random_signs(n, seed, x.device, xf.dtype)
     return (fwht(xf) * signs if inverse else fwht(xf * signs)).to(x.dtype)
 
