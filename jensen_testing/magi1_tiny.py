@@ -1,8 +1,11 @@
 """Tiny MAGI-1 models for tests, with weights rebuilt from a seed and the tensor names alone.
 
 :func:`seeded_weights` gives every tensor a value that depends only on its name, its shape and the seed, so
-the reference (run outside the repo, ``tests/data/magi1/README.md``) and :mod:`magi1` get bit-identical
-weights without storing them. Scales keep a 2-layer model's activations of order 1: linear weights are
+the reference (run outside the repo, ``tests/data/magi1/README.md``) and :mod:`magi1` get the same weights without
+storing them: the same draws, equal bit for bit on x86 CPUs with AVX2 (ATen's float32 normal sampler takes a
+vectorised Box-Muller transform there and libm's elsewhere, which round differently: a few float32 steps of the
+largest value), and ``rope.bands``' exponential taken in float64 and rounded once, because MKL's float32 ``exp``
+rounds differently per instruction set. Scales keep a 2-layer model's activations of order 1: linear weights are
 normal / sqrt(fan_in); the zero-centred norms' weights (gamma = 1 + w) are 0.1 normal; plain LayerNorm
 gammas 1 + 0.1 normal; biases 0.1 normal; ``rope.bands`` the reference's default frequencies times
 exp(0.1 normal); the null caption unit normal.
@@ -10,7 +13,6 @@ exp(0.1 normal); the null caption unit normal.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import zlib
 
@@ -28,10 +30,10 @@ def seeded_tensor(name: str, shape: tuple[int, ...], seed: int = 0) -> torch.Ten
     """The value of tensor ``name`` of ``shape`` under ``seed`` (float32)."""
     g = _gen(name, seed)
     r = torch.randn(tuple(shape), generator=g, dtype=torch.float32)
-    if name == "rope.bands":
+    if name == "rope.bands":  # float64, rounded once: MKL's float32 exp and pow round per instruction set
         n = shape[0]
-        default = 1.0 / (10000.0 ** (torch.arange(n, dtype=torch.float32) / n))
-        return default * torch.exp(0.1 * r)
+        default = 1.0 / (10000.0 ** (torch.arange(n, dtype=torch.float64) / n))
+        return (default * torch.exp(0.1 * r.double())).float()
     if name.endswith("null_caption_embedding") or name.endswith(("pos_embed", "cls_token")):
         return r
     if name.endswith(".bias"):
@@ -49,14 +51,35 @@ def seeded_weights(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict[st
     return {name: seeded_tensor(name, tuple(shape), seed) for name, shape in sorted(shapes.items())}
 
 
-def fingerprint(sd: dict[str, torch.Tensor]) -> torch.Tensor:
-    """SHA-256 (32 uint8) of every tensor's name, shape and float32 bytes in name order (to check a rebuild)."""
-    h = hashlib.sha256()
-    for k in sorted(sd):
-        t = sd[k].detach().float().contiguous().cpu()
-        h.update(f"{k}{tuple(t.shape)}".encode())
-        h.update(t.numpy().tobytes())
-    return torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8)
+#: how many values of each tensor :func:`samples` keeps
+SAMPLES = 16
+
+
+def samples(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per tensor, :data:`SAMPLES` values spread over it (every ``n // SAMPLES``-th), to store beside a reference's
+    outputs and compare a rebuild with (``tests/data/magi1/weights.safetensors``)."""
+    out = {}
+    for k, t in sd.items():
+        flat = t.detach().float().reshape(-1)
+        out[k] = flat[:: max(1, flat.numel() // SAMPLES)][:SAMPLES].clone()
+    return out
+
+
+#: the longest reduction of the tiny DiT (its FFN, 512 wide; attention reads at most 96 keys)
+DIT_REDUCTION = 512
+
+
+def dit_bound(distill: bool):
+    """The float32 rounding bound (:func:`jensen_testing.numerics.rounding_bound`) between two runs of the tiny DiT
+    on two machines: its 2 blocks, and its timestep sinusoid, whose frequencies come from float32 ``exp`` (MKL
+    rounds it per instruction set) and whose argument is up to 1000 t (t <= 1), and 1000 times the distilled
+    models' step constant (8 at 16 steps)."""
+    from magi1.config import FREQ_DIM
+    from magi1.pipeline import distill_dt
+
+    from .numerics import rounding_bound
+
+    return rounding_bound(2, DIT_REDUCTION, sinusoid=(1000.0 * (distill_dt(16, 1) if distill else 1.0), FREQ_DIM))
 
 
 def build(config=None, seed: int = 0, dtype: torch.dtype = torch.float32):
@@ -133,3 +156,30 @@ def conditioning(seed: int = 0, tokens: int = 7, width: int = 32) -> list:
     """A CONDITIONING as MAGI-1 Text Encode gives it: (1, tokens, width) T5 embeddings of the valid tokens."""
     g = torch.Generator().manual_seed(1000 + seed)
     return [[torch.randn(1, tokens, width, generator=g), {"magi1_caption": True}]]
+
+
+# ---------------------------------------------------------------------------------------------- stored samples
+#: the weights tests/test_magi1_model.py compares with the stored samples: the four forwards' DiTs and the VAE decoder
+def sampled_weights() -> dict[str, dict[str, torch.Tensor]]:
+    from dataclasses import replace
+
+    from magi1.config import TINY, TINY_24B_STYLE, expected_shapes
+    from magi1.vae import VAEConfig, decoder_shapes
+
+    vae = VAEConfig(video_size=32, video_length=8, embed_dim=256, depth=2, num_heads=4)
+    return {
+        "base": samples(seeded_weights(expected_shapes(TINY))),
+        "distill": samples(seeded_weights(expected_shapes(replace(TINY, distill=True)))),
+        "24b_style": samples(seeded_weights(expected_shapes(TINY_24B_STYLE))),
+        "vae": samples(seeded_weights({"decoder." + k: v for k, v in decoder_shapes(vae).items()})),
+    }
+
+
+if __name__ == "__main__":  # python -m jensen_testing.magi1_tiny OUT: write the stored samples
+    import sys
+
+    from safetensors.torch import save_file
+
+    flat = {f"{model}/{k}": v for model, sd in sampled_weights().items() for k, v in sd.items()}
+    save_file(flat, sys.argv[1])
+    print(f"wrote {len(flat)} tensors' samples to {sys.argv[1]}")

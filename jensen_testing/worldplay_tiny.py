@@ -41,6 +41,17 @@ TINY = WorldPlayShape(
     byt5=True,
     cond_type_embedding=True,
 )
+
+
+#: the float32 rounding bound (:func:`jensen_testing.numerics.rounding_bound`) between the tiny model's outputs on two
+#: machines (a stored reference's and this one's): its 2 double blocks and the text's 2-block token refiner, reductions
+#: up to 256 (the 4x MLP of width 64; at most 200 keys), and the 256-wide timestep sinusoid of t <= 1000
+def reference_bound():
+    from .numerics import rounding_bound
+
+    return rounding_bound(TINY.depth + 2, 256, sinusoid=(1000.0, 256))
+
+
 #: the released key list (54 blocks, byt5, SigLIP) at a tiny width: the real names, small tensors
 REAL_KEYS_SMALL = WorldPlayShape(
     hidden_size=32,

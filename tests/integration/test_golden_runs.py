@@ -4,9 +4,9 @@ recorded for this ComfyUI version (tests/data/golden_runs.safetensors; ``python 
 rewrites an entry when a change is meant to alter outputs).
 
 The comparison is within float32 rounding, not bit for bit: another CPU's BLAS and vectorised kernels round
-otherwise. The bound (jensen_testing/numerics.py) is 8 x D x sqrt(256) x 2^-24 in relative L2, D being the Wan
-blocks the run evaluates (about 1e-4 to 3e-4 here); three kernel sets on one machine (native AVX-512 with AMX,
-AVX2, ATen's default) differ by at most 6.4e-7. The planted-bug tests show that the bound still catches a
+otherwise. The bound (jensen_testing/numerics.py) is 3.2e-5 in relative L2: the tiny Wan's 2 blocks with
+reductions up to 256, and its timestep sinusoid; three kernel sets on one machine (native AVX-512 with AMX, AVX2,
+ATen's default) differ by at most 6.4e-7. The number of Wan blocks a run evaluates must equal the recorded one. The planted-bug tests show that the bound still catches a
 behaviour change: one layer attending without its correction, one model call with its timestep 10 % off.
 """
 

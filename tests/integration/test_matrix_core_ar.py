@@ -172,19 +172,27 @@ def test_batch2(cell, nodes, causal):
 @cells("cfg")
 def test_cfg(cell, nodes, loop, core_ar, causal, monkeypatch):
     """cfg 3 (core's own sampler cannot batch cond and uncond over its caches: only the pack's path runs it): INT2
-    with cond and uncond as separate calls (ComfyUI's low-memory path) == batched; one step == the pack's own
-    loop."""
+    reports both branches and one step == the pack's own loop; cond and uncond as separate calls (ComfyUI's
+    low-memory path) == batched.
+
+    Split and batched calls round differently (other matrix shapes), so they agree to float32 rounding only, which
+    INT4 shows (2e-7 relative, FP32_ATOL element-wise). INT2 cannot: Self-Forcing's 4 steps at cfg 3 amplify a
+    rounding difference chunk after chunk (keys near a code boundary take the other code, which moves the next
+    chunk's keys), and after 5 one-frame chunks the runs differ by about 4e-4 relative, as two CPUs' kernels do
+    (6e-4), and as much as cfg 1 against cfg 3 (3e-4 to 8e-4 on this random-weight model)."""
     _runs(cell)
     lat = torch.zeros(1, 16, FRAMES, 8, 8)
     m = quantized(nodes, causal, "2")
-    batched = core(m, lat, cell.recipe, cfg=3.0)
+    core(m, lat, cell.recipe, cfg=3.0)
     assert core_ar.last_report(m)["cfg_branches"] == 2
     if cell.recipe == "plain":
         pack_loop_equals_core(loop, m, lat, cfg=3.0)
+    m4 = quantized(nodes, causal, "4")
+    batched = core(m4, lat, cell.recipe, cfg=3.0)
     monkeypatch.setattr(causal.model, "memory_required", lambda *a, **k: 1e30)  # nothing fits: one branch per call
-    split = core(m, lat, cell.recipe, cfg=3.0)
+    split = core(m4, lat, cell.recipe, cfg=3.0)
     torch.testing.assert_close(split, batched, atol=FP32_ATOL, rtol=0)
-    assert (core(m, lat, cell.recipe, cfg=1.0) - batched).abs().max() > 1e-3
+    assert (core(m4, lat, cell.recipe, cfg=1.0) - batched).abs().max() > 1e-3
 
 
 @cells("tiers")

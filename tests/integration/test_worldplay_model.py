@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from support import comfyui as support_comfyui
 
-from jensen_testing.worldplay_tiny import REAL_KEYS_SMALL, TINY, tiny_state_dict
+from jensen_testing.numerics import assert_within_rounding, relative_error
+from jensen_testing.worldplay_tiny import REAL_KEYS_SMALL, TINY, reference_bound, tiny_state_dict
 
 pytestmark = pytest.mark.hunyuan15
 
@@ -186,7 +187,7 @@ def test_block_causal_forward_matches_the_reference(wp, tiny_model, ref_inputs, 
         worldplay_trajectory=trajectory,
     )
     assert out.shape == ref_inputs["out_block_causal"].shape
-    assert rel_err(out, ref_inputs["out_block_causal"]) < 2e-6  # measured 3.3e-7
+    assert_within_rounding(out, ref_inputs["out_block_causal"], reference_bound(), "forward_bi")  # 3e-7 on an AMX Xeon
 
 
 def test_first_chunk_forward_matches_the_reference_and_needs_both_streams(wp, tiny_model, ref_inputs, trajectory):
@@ -209,17 +210,17 @@ def test_first_chunk_forward_matches_the_reference_and_needs_both_streams(wp, ti
         )
 
     out = run(tiny_model)
-    assert rel_err(out, ref_inputs["out_chunk0"]) < 2e-6  # measured 3.1e-7
+    assert_within_rounding(out, ref_inputs["out_chunk0"], reference_bound(), "forward_vision")
     saved = [b.img_attn_prope_proj.weight.detach().clone() for b in tiny_model.double_blocks]
     try:
         for b in tiny_model.double_blocks:
             b.img_attn_prope_proj.weight.data.zero_()
-        assert rel_err(run(tiny_model), ref_inputs["out_chunk0"]) > 1e-3
+        assert relative_error(run(tiny_model), ref_inputs["out_chunk0"]) > 10 * reference_bound().value
     finally:
         for b, w in zip(tiny_model.double_blocks, saved):
             b.img_attn_prope_proj.weight.data.copy_(w)
     turned = pack_module("worldplay.trajectory").parse_trajectory("w-1, left-6")
-    assert rel_err(run(tiny_model, turned), ref_inputs["out_chunk0"]) > 1e-3
+    assert relative_error(run(tiny_model, turned), ref_inputs["out_chunk0"]) > 10 * reference_bound().value
 
 
 def test_a_two_chunk_ar_rollout_through_the_injectable_attention_matches_the_reference(
@@ -276,14 +277,13 @@ def test_a_two_chunk_ar_rollout_through_the_injectable_attention_matches_the_ref
         latents[:, :, own] = x
     assert calls[4] == ("write", (0, 1, 2, 3), (0, 1, 2, 3)) and calls[5] == ("read", (4, 5, 6, 7), (4, 5, 6, 7))
     assert len(memory.kept) == 2 * TINY.depth  # both streams of every block went through the callable
-    err = rel_err(latents, ref["final"])
-    assert err < 2e-6, err  # measured 1.8e-7
+    assert_within_rounding(latents, ref["final"], reference_bound(), "AR rollout")
     # the context reaches chunk 1: without the re-encoded frames (an empty memory) it comes out elsewhere
     memory.clear()
     x = ref_inputs["noise"][:, :, 4:].clone()
     for i in range(4):
         x = x + (sigmas[i + 1] - sigmas[i]) * forward(x, 1000 * float(sigmas[i]), (4, 5, 6, 7), (4, 5, 6, 7))
-    assert rel_err(x, ref["final"][:, :, 4:]) > 1e-3
+    assert relative_error(x, ref["final"][:, :, 4:]) > 10 * reference_bound().value
 
 
 # ------------------------------------------------------------------------------------------------ ComfyUI's paths

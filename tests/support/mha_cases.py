@@ -70,7 +70,8 @@ def mha_outputs() -> dict[str, torch.Tensor]:
 
 
 def record(path: str) -> None:
-    """Write :func:`mha_outputs` with the machine's CPU class and torch version (bit-identity holds on one machine)."""
+    """Write :func:`mha_outputs` with the machine's CPU class and torch version (tests/test_gqa.py compares within float32
+    rounding: another machine's kernels round otherwise)."""
     from safetensors.torch import save_file
 
     from jensen_core.cpu import cpu_class
