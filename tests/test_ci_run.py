@@ -12,6 +12,7 @@ logs ``CALL`` for the system Python and ``VENV`` for an environment's (``-m venv
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -36,8 +37,10 @@ for a in "$@"; do
 done
 if [ "$1 $2" = "-m pytest" ]; then
   echo "$tag ENV CI=${CI:-} COMFYUI_PATH=${COMFYUI_PATH:-} COMFYUI_GGUF_PATH=${COMFYUI_GGUF_PATH:-}" >> "$log"
+  echo "$tag LANE ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-} MKL_ENABLE_INSTRUCTIONS=${MKL_ENABLE_INSTRUCTIONS:-} RAYLIGHT_PATH=${RAYLIGHT_PATH:-}" >> "$log"
   if [ -n "${FAKE_FAIL_FOR:-}" ] && [ "${COMFYUI_PATH:-}" = "$FAKE_FAIL_FOR" ]; then exit 1; fi
 fi
+if [ "$1" = "-c" ] && [ -n "${FAKE_CAPABILITY:-}" ]; then echo "$FAKE_CAPABILITY"; fi
 if [ "$1 $2 $3" = "-m ruff check" ] && [ -n "${FAKE_FAIL_LINT:-}" ]; then exit 1; fi
 if [ "$1 $2 $3" = "-m ruff format" ] && [ -n "${FAKE_FAIL_FORMAT:-}" ]; then exit 1; fi
 exit 0
@@ -56,6 +59,7 @@ NEW_REQUIREMENTS = (
 MAIN_RUN = "-m pytest -q"
 MIDDLE_RUN = "-m pytest -q -m comfyui or server or browser"
 OLDEST_RUN = "-m pytest -q -m (comfyui or server or browser) and not core_ar and not hunyuan15"
+LANE_RUN = "-m pytest -q -m not slow or numerics"
 MIDDLE_VENV_TAG = "VENV:comfyui-v0.27"
 OLDEST_VENV_TAG = "VENV:comfyui-oldest"
 
@@ -76,13 +80,21 @@ def fake_gguf_pack(path: Path) -> Path:
     return path
 
 
-def fake_trees(trees: Path, new=True, middle=True, old=True, gguf=True) -> dict[str, Path | None]:
+def fake_raylight(path: Path) -> Path:
+    usp = path / "src" / "raylight" / "distributed_modules" / "usp.py"
+    usp.parent.mkdir(parents=True)
+    usp.write_text("")
+    return path
+
+
+def fake_trees(trees: Path, new=True, middle=True, old=True, gguf=True, raylight=True) -> dict[str, Path | None]:
     """The trees lay-out.sh makes, under ``trees``."""
     return {
         "new": fake_comfyui(trees / "v0.33", NEW_REQUIREMENTS, "0.33.0") if new else None,
         "middle": fake_comfyui(trees / "v0.27", MIDDLE_REQUIREMENTS, "0.27.0") if middle else None,
         "old": fake_comfyui(trees / "v0.3.64") if old else None,
         "gguf": fake_gguf_pack(trees / "ComfyUI-GGUF") if gguf else None,
+        "raylight": fake_raylight(trees / "raylight") if raylight else None,
     }
 
 
@@ -92,7 +104,8 @@ def sandbox(tmp_path):
     (COMFYUI_TREES) beside a tmp/work/shared/comfyui/ without lay-out.sh."""
     checkout = tmp_path / "work" / "checkout"
     (checkout / ".ci").mkdir(parents=True)
-    shutil.copy2(ROOT / ".ci" / "run", checkout / ".ci" / "run")
+    for script in ("run", "fetch-trees.sh"):
+        shutil.copy2(ROOT / ".ci" / script, checkout / ".ci" / script)
     (tmp_path / "trees").mkdir()
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -119,15 +132,25 @@ def run_ci(sandbox, **env):
         "COMFYUI_GGUF_PATH",
         "COMFYUI_MIRRORS",
         "COMFYUI_LAY_OUT",
+        "COMFYUI_FETCH_DIR",
+        "COMFYUI_GIT_URL",
+        "COMFYUI_GGUF_GIT_URL",
+        "RAYLIGHT_GIT_URL",
+        "RAYLIGHT_PATH",
         "CI",
     )
     environ = {k: v for k, v in os.environ.items() if k not in drop}
+    nowhere = f"file://{tmp}/no-such-repository"  # no network in tests (the public-clone test gives mirrors)
     environ.update(
         PYTHON=str(bin_dir / "python"),
         PATH=f"{bin_dir}:{environ['PATH']}",
         COMFYUI_TREES=str(tmp / "trees"),
-        **env,
+        COMFYUI_FETCH_DIR=str(tmp / "fetched"),
+        COMFYUI_GIT_URL=nowhere,
+        COMFYUI_GGUF_GIT_URL=nowhere,
+        RAYLIGHT_GIT_URL=nowhere,
     )
+    environ.update(env)
     r = subprocess.run(
         ["bash", str(checkout / ".ci" / "run")], capture_output=True, text=True, env=environ, timeout=120
     )
@@ -187,20 +210,28 @@ def test_runs_the_readme_command_against_033_then_the_comfyui_tests_against_v027
 
     # three pytest runs, all under CI=true: the README's command on 0.33, the ComfyUI tests on v0.27 (core's AR
     # path included) and on v0.3.64 (without it)
-    (main, main_env), (middle, middle_env), (oldest, oldest_env) = pytest_runs(calls)
+    (main, main_env), (middle, middle_env), (oldest, oldest_env), (lane, lane_env) = pytest_runs(calls)
     assert main == f"CALL {MAIN_RUN}"
     assert main_env == f"CALL ENV CI=true COMFYUI_PATH={t['new']} COMFYUI_GGUF_PATH={t['gguf']}"
     assert middle == f"{MIDDLE_VENV_TAG} {MIDDLE_RUN}"
     assert middle_env == f"{MIDDLE_VENV_TAG} ENV CI=true COMFYUI_PATH={t['middle']} COMFYUI_GGUF_PATH={t['gguf']}"
     assert oldest == f"{OLDEST_VENV_TAG} {OLDEST_RUN}"
     assert oldest_env == f"{OLDEST_VENV_TAG} ENV CI=true COMFYUI_PATH={t['old']} COMFYUI_GGUF_PATH={t['gguf']}"
-    assert calls[-1] == oldest_env
-    summary = r.stdout.splitlines()[-3:]
+    # the numerics lane: the fast lane and the stored-number tests again on 0.33, the CPU's kernels narrowed (a CPU
+    # whose ATen kernels are not AVX-512's: the scalar ones); Raylight found in the trees for every run
+    assert lane == f"CALL {LANE_RUN}"
+    assert lane_env == main_env
+    assert calls[-1] == (
+        f"CALL LANE ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 RAYLIGHT_PATH={t['raylight']}"
+    )
+    assert f"RAYLIGHT_PATH={t['raylight']}" in calls[calls.index(main_env) + 1]
+    summary = r.stdout.splitlines()[-4:]
     assert summary[0].startswith(f"ComfyUI 0.33.0 ({t['new']}), the whole suite: exit 0, ")
     assert summary[1].startswith(f"ComfyUI 0.27.0 ({t['middle']}), the ComfyUI tests: exit 0, ")
     assert summary[2].startswith(
         f"ComfyUI 0.3.64 ({t['old']}), the ComfyUI tests without core_ar / hunyuan15: exit 0, "
     )
+    assert summary[3].startswith("ComfyUI 0.33.0, the numerics lane (ATEN_CPU_CAPABILITY=default ")
 
     # a second run reuses the environments
     r, calls = run_ci(sandbox)
@@ -210,7 +241,17 @@ def test_runs_the_readme_command_against_033_then_the_comfyui_tests_against_v027
         f"CALL {MAIN_RUN}",
         f"{MIDDLE_VENV_TAG} {MIDDLE_RUN}",
         f"{OLDEST_VENV_TAG} {OLDEST_RUN}",
+        f"CALL {LANE_RUN}",
     ]
+
+
+def test_the_numerics_lane_narrows_an_avx512_cpu_to_avx2(sandbox):
+    tmp, _, _ = sandbox
+    fake_trees(tmp / "trees")
+    r, calls = run_ci(sandbox, FAKE_CAPABILITY="AVX512")
+    assert r.returncode == 0, r.stderr
+    assert calls[-1].startswith("CALL LANE ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ")
+    assert "numerics lane: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2" in r.stdout
 
 
 def test_any_run_failing_fails_ci_and_all_always_run(sandbox):
@@ -223,7 +264,7 @@ def test_any_run_failing_fails_ci_and_all_always_run(sandbox):
     ):
         r, calls = run_ci(sandbox, FAKE_FAIL_FOR=str(failing))
         assert r.returncode == 1
-        assert len(pytest_runs(calls)) == 3
+        assert len(pytest_runs(calls)) == 4
         assert line in r.stdout
 
 
@@ -237,7 +278,7 @@ def test_ruff_check_runs_before_the_tests_and_a_finding_fails_ci_after_all_runs(
     assert "ruff check .: exit 0" in r.stdout
     r, calls = run_ci(sandbox, FAKE_FAIL_LINT="1")
     assert r.returncode == 1
-    assert len(pytest_runs(calls)) == 3  # the tests still run
+    assert len(pytest_runs(calls)) == 4  # the tests still run
     assert "ruff check .: exit 1" in r.stdout
 
 
@@ -251,13 +292,11 @@ def test_ruff_format_check_runs_before_the_tests_and_unformatted_code_fails_ci_a
     assert "ruff format --check .: exit 0" in r.stdout
     r, calls = run_ci(sandbox, FAKE_FAIL_FORMAT="1")
     assert r.returncode == 1
-    assert len(pytest_runs(calls)) == 3  # the tests still run
+    assert len(pytest_runs(calls)) == 4  # the tests still run
     assert "ruff format --check .: exit 1" in r.stdout
 
 
 def test_the_test_extra_pins_the_ruff_that_pre_commit_runs():
-    import re
-
     (version,) = re.findall(r'^\s*"ruff==([0-9.]+)",', (ROOT / "pyproject.toml").read_text(), re.M)
     hooks = (ROOT / ".pre-commit-config.yaml").read_text()
     assert re.search(rf"rev:\s*v{re.escape(version)}\b", hooks), hooks
@@ -282,7 +321,7 @@ def test_the_variables_win_and_a_comfyui_above_the_checkout_is_the_newest(sandbo
     assert r.returncode == 0, r.stderr
     envs = [e for _, e in pytest_runs(calls)]
     assert [e.split(" COMFYUI_PATH=")[1] for e in envs] == [
-        f"{p} COMFYUI_GGUF_PATH={gguf}" for p in (chosen, middle, oldest)
+        f"{p} COMFYUI_GGUF_PATH={gguf}" for p in (chosen, middle, oldest, chosen)
     ]
 
     # the checkout lives in ComfyUI/custom_nodes/<pack>: that ComfyUI is the newest; the older ones and GGUF
@@ -293,22 +332,29 @@ def test_the_variables_win_and_a_comfyui_above_the_checkout_is_the_newest(sandbo
     assert r.returncode == 0, r.stderr
     envs = [e for _, e in pytest_runs(calls)]
     assert [e.split(" COMFYUI_PATH=")[1] for e in envs] == [
-        f"{p} COMFYUI_GGUF_PATH={own_gguf}" for p in (comfy, t["middle"], t["old"])
+        f"{p} COMFYUI_GGUF_PATH={own_gguf}" for p in (comfy, t["middle"], t["old"], comfy)
     ]
 
     # that ComfyUI is v0.27 itself: it runs once, as the main run; the oldest still runs
     r, calls = run_ci(sandbox, COMFYUI_V027_PATH=str(comfy))
     assert r.returncode == 0, r.stderr
-    assert [c for c, _ in pytest_runs(calls)] == [f"CALL {MAIN_RUN}", f"{OLDEST_VENV_TAG} {OLDEST_RUN}"]
+    assert [c for c, _ in pytest_runs(calls)] == [
+        f"CALL {MAIN_RUN}",
+        f"{OLDEST_VENV_TAG} {OLDEST_RUN}",
+        f"CALL {LANE_RUN}",
+    ]
 
 
-@pytest.mark.parametrize("missing", ["new", "middle", "old", "gguf"])
-def test_a_missing_tree_stops_before_the_tests_and_names_lay_out_sh(sandbox, missing):
+@pytest.mark.parametrize("missing", ["new", "middle", "old", "gguf", "raylight"])
+def test_a_missing_tree_stops_before_the_tests_and_names_both_ways_to_get_it(sandbox, missing):
+    """No lay-out.sh and a public repository that cannot be fetched: the run stops, naming lay-out.sh and
+    fetch-trees.sh, after trying to fetch into COMFYUI_FETCH_DIR."""
     tmp, _, _ = sandbox
     fake_trees(tmp / "trees", **{missing: False})
     r, calls = run_ci(sandbox)
     assert r.returncode == 1
-    assert "not found" in r.stderr and "lay-out.sh" in r.stderr and "fails the" in r.stderr
+    assert "not found" in r.stderr and "lay-out.sh" in r.stderr and "fetch-trees.sh" in r.stderr
+    assert "fails the" in r.stderr and f"fetching into {tmp / 'fetched'}" in r.stdout
     assert not pytest_runs(calls)
 
 
@@ -328,4 +374,51 @@ def test_a_missing_tree_is_laid_out_from_the_mirrors_first(sandbox):
     r, calls = run_ci(sandbox, COMFYUI_MIRRORS=str(tmp / "mirrors"))
     assert r.returncode == 0, r.stderr
     assert (script.parent / "lay.log").read_text().splitlines() == [f"LAY {tmp / 'mirrors'} {trees}"]
-    assert len(pytest_runs(calls)) == 3
+    assert len(pytest_runs(calls)) == 4
+
+
+#: the git mirrors this workplace fetches (``../.mirror`` beside the checkout, as lay-out.sh takes them)
+MIRRORS = Path(os.environ.get("COMFYUI_MIRRORS") or ROOT.parent / ".mirror")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (MIRRORS / "yzkee+ComfyUI" / "repo").is_dir(), reason=f"no git mirror of ComfyUI under {MIRRORS}"
+)
+def test_a_public_clone_fetches_the_pinned_trees_from_the_public_repositories(sandbox):
+    """A clone of the pack alone (no ../shared/, no trees): .ci/run fetches ComfyUI 0.33, v0.27 and v0.3.64,
+    ComfyUI-GGUF and Raylight at their pinned commits from COMFYUI_GIT_URL & co. (here file:// URLs of the git
+    mirrors, standing in for GitHub) into COMFYUI_FETCH_DIR, and runs the suite against them; a second run fetches
+    nothing. The mirrors leave their largest files out (two tokenizer files): those are named in .laid."""
+    tmp, _, _ = sandbox
+    fetched = tmp / "fetched"
+    urls = dict(
+        COMFYUI_GIT_URL=f"file://{MIRRORS}/yzkee+ComfyUI/repo",
+        COMFYUI_GGUF_GIT_URL=f"file://{MIRRORS}/city96+ComfyUI-GGUF/repo",
+        RAYLIGHT_GIT_URL=f"file://{MIRRORS}/komikndr+raylight/repo",
+    )
+    r, calls = run_ci(sandbox, **urls)
+    assert r.returncode == 0, r.stdout + r.stderr
+    versions = {"v0.33": "0.33.0", "v0.27": "0.27.0", "v0.3.64": "0.3.64"}
+    for tree, version in versions.items():
+        assert f'__version__ = "{version}"' in (fetched / tree / "comfyui_version.py").read_text()
+        assert (fetched / tree / "comfy" / "ldm" / "wan" / "model.py").is_file()
+    laid = (fetched / "v0.33" / ".laid").read_text().splitlines()
+    assert laid[0] == f"{urls['COMFYUI_GIT_URL']} 783545f689a0af730065994b46b382ae24844c99"
+    assert all(line.startswith("absent: comfy/text_encoders/") for line in laid[1:])
+    assert (fetched / "v0.27" / "comfy" / "ldm" / "wan" / "ar_model.py").is_file()  # core's AR path: v0.27+
+    assert not (fetched / "v0.3.64" / "comfy" / "ldm" / "wan" / "ar_model.py").exists()
+    assert (fetched / "ComfyUI-GGUF" / "loader.py").is_file()
+    envs = [e for _, e in pytest_runs(calls)]
+    assert [e.split(" COMFYUI_PATH=")[1].split()[0] for e in envs] == [
+        str(fetched / v) for v in ("v0.33", "v0.27", "v0.3.64", "v0.33")
+    ]
+    assert f"RAYLIGHT_PATH={fetched / 'raylight'}" in calls[-1]
+    # the same commits as lay-out.sh's, where it is beside the checkout
+    lay_out = ROOT.parent / "shared" / "comfyui" / "lay-out.sh"
+    if lay_out.is_file():
+        pins = (ROOT / ".ci" / "fetch-trees.sh").read_text()
+        commits = re.findall(r"^lay \S+ \S+ ([0-9a-f]{40})$", lay_out.read_text(), re.M)
+        assert len(commits) == 5 and all(c in pins for c in commits)
+    r, _ = run_ci(sandbox, **urls)
+    assert r.returncode == 0 and "fetching into" not in r.stdout  # found in the cache: nothing fetched again

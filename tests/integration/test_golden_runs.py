@@ -32,6 +32,7 @@ def recorded(comfy):
     return data
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("run", _params())
 def test_output_matches_the_recorded_one_within_float32_rounding(pack, recorded, run):
     assert run.name in recorded, f"{run.name} not recorded: python tools/golden_runs.py --record --only {run.name}"

@@ -65,6 +65,7 @@ def _quantized(nodes, model, correction=None, group="16"):
 
 
 # ------------------------------------------------------------------------------------------ the reference
+@pytest.mark.numerics
 @pytest.mark.parametrize("name", ["distill_w4", "distill_w2_12steps", "base_w2", "distill_w1"])
 def test_a_full_precision_pack_run_gives_the_references_own_outputs(fams, expected, name):
     """The reference's stored runs (tests/data/magi1), made again through the family's patch, the pack's cache and

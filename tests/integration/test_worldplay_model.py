@@ -171,6 +171,7 @@ def test_the_model_config_samples_at_shift_5(wp, tiny_model):
 
 
 # ------------------------------------------------------------------------------------------ against the reference
+@pytest.mark.numerics
 def test_block_causal_forward_matches_the_reference(wp, tiny_model, ref_inputs, trajectory):
     """Through ComfyUI's model call (the default WorldPlay forward: text prefix at t = 0, block-causal over chunks of
     4, both streams): the reference's forward_bi with its torch_causal mask, per-frame timesteps and actions."""
@@ -190,6 +191,7 @@ def test_block_causal_forward_matches_the_reference(wp, tiny_model, ref_inputs, 
     assert_within_rounding(out, ref_inputs["out_block_causal"], reference_bound(), "forward_bi")  # 3e-7 on an AMX Xeon
 
 
+@pytest.mark.numerics
 def test_first_chunk_forward_matches_the_reference_and_needs_both_streams(wp, tiny_model, ref_inputs, trajectory):
     """The reference's forward_txt then forward_vision of frames 0..3 at t = 937.5 without context; with the PRoPE
     stream's projection zeroed or the actions changed, the output moves (both additions are in play)."""
@@ -223,6 +225,7 @@ def test_first_chunk_forward_matches_the_reference_and_needs_both_streams(wp, ti
     assert relative_error(run(tiny_model, turned), ref_inputs["out_chunk0"]) > 10 * reference_bound().value
 
 
+@pytest.mark.numerics
 def test_a_two_chunk_ar_rollout_through_the_injectable_attention_matches_the_reference(
     wp, tiny_model, ref_inputs, trajectory
 ):

@@ -64,6 +64,7 @@ def _patch_state(model):
 
 
 # ------------------------------------------------------------------------------------------------ full precision
+@pytest.mark.numerics
 def test_a_full_precision_run_equals_the_references_ar_rollout(model, families):
     """The reference's _ar_rollout_inner (2 chunks, 4 Euler steps at shift 5, cfg 1; tests/data/worldplay/README.md)
     from its own inputs: the prompt, ByT5 and SigLIP features and the image condition as a conditioning, its noise,
