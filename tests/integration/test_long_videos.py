@@ -14,6 +14,8 @@ import pytest
 import torch
 from support import wan_tiny
 
+from jensen_testing.numerics import relative_error, rounding_bound
+
 FRAMES, CHUNK, STEPS = 8, 2, 2
 
 
@@ -245,8 +247,10 @@ def test_prompt_schedule_switches_and_recaches(loop, tiny, euler):
 
 @pytest.mark.parametrize("mode", ["longlive", "causal"])
 def test_recache_rewrites_every_layer_but_the_first(loop, tiny, euler, mode):
-    """Layer 0's self-attention input holds no text yet: its re-cached keys are identical (at the same RoPE frames,
-    in either re-cache); the rest change."""
+    """Layer 0's self-attention input holds no text yet: its re-cached keys are the same (at the same RoPE frames,
+    in either re-cache) to float32 rounding: a re-cache forwards several chunks at once, and a BLAS blocks a longer
+    matrix otherwise (MKL's AVX2 kernels do), so equal bit for bit only where it does not; the rest change, by
+    far more."""
     ps = importlib.import_module("comfyui_jensen_kv.runtime.prompt_schedule")
     written = {}
 
@@ -259,8 +263,9 @@ def test_recache_rewrites_every_layer_but_the_first(loop, tiny, euler, mode):
     # chunks 0 and 1 were written under A, then again under B at the switch
     for c in (0, 1):
         assert len(written[(0, c)]) == 2 and len(written[(1, c)]) == 2
-        assert torch.equal(written[(0, c)][0], written[(0, c)][1])
-        assert (written[(1, c)][0] - written[(1, c)][1]).abs().max() > 1e-4
+        same = rounding_bound(1, 128)  # the patch embedding, layer 0's norm and projections (width 64, FFN 128)
+        assert relative_error(written[(0, c)][1], written[(0, c)][0]) <= same.value
+        assert relative_error(written[(1, c)][1], written[(1, c)][0]) > 100 * same.value
 
 
 def test_schedule_parsing_errors_name_the_fix(pack):
