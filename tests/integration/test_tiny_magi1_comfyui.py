@@ -1,0 +1,60 @@
+"""The trained tiny MAGI-1 (models/tiny_magi1) in ComfyUI: Load MAGI-1 Model's loader reads the committed file as
+it is, and the MAGI-1 AR Sampler's recipe (full-precision cache, chunks of 6 frames) gives the pure-torch sampler's
+rollout (``jensen_testing.magi1_trained.rollout``) on it."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from support import comfyui as support_comfyui
+
+from jensen_core import toy_video as tv
+from jensen_testing import magi1_trained as mt
+
+SCALE = 0.18215  # the MAGI-1 LATENT is the DiT's latent / 0.18215
+
+
+@pytest.fixture(scope="module")
+def fams(pack):
+    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.families")
+
+
+@pytest.fixture(scope="module")
+def patcher(fams):
+    if not mt.MODEL_PATH.is_file():
+        pytest.fail(f"{mt.MODEL_PATH} is missing (it is committed; python tools/train_tiny_magi1.py makes it)")
+    return fams.MAGI1.load(str(mt.MODEL_PATH), "default", "auto")
+
+
+def test_the_loader_reads_the_committed_file(patcher):
+    dm = patcher.model.diffusion_model
+    assert dm.config.to_json() == mt.CONFIG.to_json()  # the pack's own copy of the MagiConfig class
+    assert sorted(dm.special_tokens) == sorted(mt.SPECIAL_NAMES)
+    for name, tok in mt.special_tokens().items():
+        assert torch.equal(dm.special_tokens[name].float(), tok)
+
+
+@pytest.mark.parametrize("window", [4, 1])
+def test_the_magi1_ar_sampler_recipe_gives_the_pure_rollout(fams, patcher, window):
+    prompt, chunks, seed = 2, 3, 5
+    positive = [[tv.prompt_embedding(prompt), {"magi1_caption": True}]]
+    req = fams.MAGI1.Request(
+        patcher,
+        positive,
+        latent_frames=chunks * mt.CHUNK_FRAMES,
+        latent_height=mt.LATENT_HW,
+        latent_width=mt.LATENT_HW,
+        seed=seed,
+        num_steps=mt.STEPS,
+        window_size=window,
+        chunk_frames=mt.CHUNK_FRAMES,
+        progress=False,
+    )
+    result = fams.MAGI1.run(req)
+    assert result.report["distill"] and result.report["cfg_number"] == 1
+    dm = patcher.model.diffusion_model
+    special = {k: v.float() for k, v in dm.special_tokens.items()}
+    pure = mt.rollout(dm, special, prompt, chunks, window, seed)
+    assert float((result.samples * SCALE - pure).abs().max()) <= 1e-5 * float(pure.abs().max())
