@@ -12,7 +12,8 @@
     nodes/            one file per node      -> may import everything above
 
 Checked statically (every import statement of every file, including those inside functions) and,
-for jensen_core, dynamically in a fresh interpreter.
+for jensen_core, dynamically in a fresh interpreter. No circle of imports of any length among the pack's modules
+(a pair, or a -> b -> c -> a).
 """
 
 from __future__ import annotations
@@ -352,6 +353,116 @@ def test_the_pair_checker_sees_a_pair(tmp_path, monkeypatch):
     (tmp_path / "nodes" / "__init__.py").write_text("from .m import z\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert mutual_imports() == ["(root) <-> nodes.n", "jensen_core.a <-> jensen_core.b", "routes.u <-> runtime.r"]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _pack_modules()
+    return {name: _imported_modules(path, modules) for name, path in modules.items()}
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` (iterative), each sorted; components of one module too."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                found.append(sorted(component))
+    return found
+
+
+def _a_circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One shortest circle through the first module of ``component`` (a strongly connected set), as a path."""
+    start, inside = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(graph.get(node, ())):
+            if child == start:
+                return [*paths[node], start]
+            if child in inside and child not in paths:
+                paths[child] = [*paths[node], child]
+                queue.append(child)
+    raise AssertionError(f"{component} is not strongly connected")
+
+
+def import_circles() -> list[str]:
+    """Every circle of imports among the pack's modules, of any length (one path per strongly connected set)."""
+    graph = _import_graph()
+    return sorted(
+        " -> ".join(m or "(root)" for m in _a_circle(graph, component))
+        for component in _strongly_connected(graph)
+        if len(component) > 1
+    )
+
+
+def test_no_circle_of_imports_of_any_length():
+    """Imports run one way, also through a third module: a -> b -> c -> a (even inside a function) is a circle,
+    which a pair check does not see."""
+    assert import_circles() == []
+
+
+def test_the_circle_checker_sees_a_circle_of_three_and_of_four(tmp_path, monkeypatch):
+    """Positive control: a circle of three modules in one room (one import inside a function), one of four across
+    rooms through a package's ``__init__.py``, and a pair are each found; a chain that does not close is not."""
+    (tmp_path / "__init__.py").write_text("")
+    for room in PACK_ROOMS:
+        (tmp_path / room).mkdir()
+        (tmp_path / room / "__init__.py").write_text("")
+    (tmp_path / "jensen_core" / "a.py").write_text("from .b import x\n")
+    (tmp_path / "jensen_core" / "b.py").write_text("from .c import y\n")
+    (tmp_path / "jensen_core" / "c.py").write_text("def f():\n    from .a import z\n")
+    (tmp_path / "jensen_core" / "d.py").write_text("from .a import x\n")  # into the circle, not out of it
+    (tmp_path / "runtime" / "loop.py").write_text("from .families import detect\n")
+    (tmp_path / "runtime" / "families").mkdir()
+    (tmp_path / "runtime" / "families" / "__init__.py").write_text("from .wp import recipe\n")
+    (tmp_path / "runtime" / "families" / "wp").mkdir()
+    (tmp_path / "runtime" / "families" / "wp" / "__init__.py").write_text("")
+    (tmp_path / "runtime" / "families" / "wp" / "recipe.py").write_text("from ....routes.u import seed\n")
+    (tmp_path / "routes" / "u.py").write_text("from ..runtime.loop import seed\n")
+    (tmp_path / "nodes" / "p.py").write_text("from .q import x\n")
+    (tmp_path / "nodes" / "q.py").write_text("from . import p\n")
+    (tmp_path / "magi1" / "one.py").write_text("from .two import x\n")  # a chain: no circle
+    (tmp_path / "magi1" / "two.py").write_text("from .three import y\n")
+    (tmp_path / "magi1" / "three.py").write_text("import torch\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert import_circles() == [
+        "jensen_core.a -> jensen_core.b -> jensen_core.c -> jensen_core.a",
+        "nodes.p -> nodes.q -> nodes.p",
+        "routes.u -> runtime.loop -> runtime.families -> runtime.families.wp.recipe -> routes.u",
+    ]
+    assert mutual_imports() == ["nodes.p <-> nodes.q"]  # what the pair check alone sees
 
 
 # ---------------------------------------------------------------------------------------------- `nodes` shadowing

@@ -42,6 +42,8 @@ from ....magi1.caption import DEFAULT_TOKENS, chunk_captions
 from ....magi1.sampler import MagiSettings, iter_sample
 from ...config import JensenKVConfig, get_config, get_window
 from ...prompt_schedule import PromptSchedule
+from ...report import build_report
+from ...report import report_text as pack_text
 from ...run_caches import RunCaches
 from ...shift_observer import get_request as get_diagnostics
 from ..base import UnsupportedModelError, attention_override_notice
@@ -348,8 +350,6 @@ class Magi1Recipe:
 
     def report(self, dtype: torch.dtype, planned: int) -> dict:
         r, a, s = self.r, self.adapter, self.settings
-        from ...report import build_report  # the report imports the family registry: imported when it runs
-
         rep = build_report(
             self.run_caches,
             a.cache_shape(),
@@ -388,8 +388,6 @@ class Magi1Recipe:
 
 def report_text(report: dict) -> str:
     """The pack's report paragraph and MAGI-1's own lines (its pipeline, what a query read, the reference's buffer)."""
-    from ...report import report_text as pack_text
-
     ranges = ",".join(map(str, report["noise2clean_kvrange"])) or "all"
     lines = [
         pack_text(report).replace(

@@ -43,8 +43,8 @@ import torch
 from ....jensen_core.planner import plan_cache
 from ....worldplay.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, plan_chunk, sphere_points
 from ....worldplay.trajectory import CHUNK_LATENTS, Trajectory
-from ...chunk_loop import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
 from ...config import JensenKVConfig, get_config, get_window
+from ...noise import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
 from ...observer import PHASE_DENOISE
 from ...report import MIB, build_report
 from ...report import report_text as _base_report_text
