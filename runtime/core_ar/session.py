@@ -23,6 +23,21 @@ A "call" is one sampler model call, i.e. one ``calc_cond_batch`` (cond and uncon
 batch or as separate ``apply_model`` calls; both write the same block at the same ``end``).
 RoPE positions are core's own (absolute): the pack never recomputes them on this path.
 No ComfyUI import here.
+
+What this path takes of the pack's run session (``runtime/session.py``), and what core's sampler keeps:
+
+- taken: the run's :class:`runtime.run_caches.RunCaches` (freed with the diagnostics in :meth:`CoreARSession.free`,
+  called in ``finally`` by the ``SAMPLER_SAMPLE`` wrapper) and the base report (``runtime.session.base_report``,
+  in ``patches.finish_session``);
+- not taken, the clone and its install / remove: the object patches are attached when a node returns its MODEL
+  (``patches.attach``) and ComfyUI's ModelPatcher applies and removes them with the model's other patches; by the
+  time core's ``sample_ar_video`` starts the session the model is already patched and loaded;
+- not taken, the memory request: ComfyUI has loaded the model for core's sampler before the ``SAMPLER_SAMPLE``
+  wrapper runs, so a request for room would come after the load it is meant to shape (and core preallocates
+  nothing the pack's cache replaces: ``init_kv_caches`` returns only ``end`` here);
+- not taken, progress, previews and interrupts: core's sampler reports its own steps through SamplerCustom's
+  callback (bar and previews) and ComfyUI's sampling loop checks interrupts; a second bar would count the same
+  steps twice.
 """
 
 from __future__ import annotations
@@ -348,7 +363,10 @@ class CoreARSession:
         return int(self.run.peak_bytes)
 
     def free(self) -> None:
+        """The held block, core's cross-attention entries, the caches and the diagnostics freed (in ``finally``)."""
         self.pending.clear()
         for c in getattr(self, "crossattn", []):
             c.clear()
         self.run.free()
+        if self.diagnostics is not None:
+            self.diagnostics.free()
