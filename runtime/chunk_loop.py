@@ -455,9 +455,9 @@ class _Job:
             observer=combine_observers(r.hooks.observer, diagnostics),
             sink_chunks=ch.sink_chunks,
             on_rewrite=None if diagnostics is None else diagnostics.on_rewrite,
+            attention_bias=float(r.recipe.attention_bias),
+            tokens_per_frame=setup.tokens_per_frame,
         )
-        run.attention_bias = float(r.recipe.attention_bias)
-        run.tokens_per_frame = setup.tokens_per_frame
         if r.resumed:
             run.adopt_run(r.continuation.resume, r.model.load_device)
         return run

@@ -161,7 +161,7 @@ class Session:
         steps)``, an interrupt check."""
 
         def on_step(step, x0, x, total):
-            self.caches.step = step + 1
+            self.caches.at(step=step + 1)
             self.progress(done + step + 1, x0)
             if step_callback is not None:
                 step_callback(chunk, step, steps)

@@ -49,7 +49,7 @@ from torch import Tensor
 from ...jensen_core.cache import PreparedChunk
 from ...jensen_core.methods import method_of
 from ..config import JensenKVConfig
-from ..observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+from ..observer import PHASE_DENOISE
 from ..run_caches import RunCaches
 
 
@@ -254,36 +254,14 @@ class CoreARSession:
 
     def _commit(self) -> None:
         """The pending block is final: append it to every (layer, branch) cache (window and sink evict there)."""
-        run = self.run
         frame_tokens = self.geometry.frame_tokens if self.geometry else None
         frame0 = self.pending_start // frame_tokens if frame_tokens else 0
-        run.begin(self.chunk, frame0, PHASE_WRITE)
-        for (layer, branch), block in sorted(self.pending.items(), key=lambda kv: kv[0]):
-            if (
-                block.k is not None
-                and run.observer is not None
-                and (run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0))
-            ):
-                # a write event carries the chunk's keys and values (observers read k, v of writes only)
-                run.observer(
-                    AttentionEvent(
-                        layer=layer,
-                        branch=branch,
-                        chunk=self.chunk,
-                        frame_offset=frame0,
-                        phase=PHASE_WRITE,
-                        step=0,
-                        q=block.k,
-                        k=block.k,
-                        v=block.v,
-                        cache=run.caches.get((layer, branch)),
-                        out=block.v,
-                        correction=run.correction,
-                        strength=run.strength,
-                    )
-                )
-            run.store(layer, branch, block.k, block.v, prepared=block.prepared)
-        run._record_peak()
+        # a write event carries the chunk's keys and values (observers read k, v of writes only)
+        self.run.commit(
+            self.chunk,
+            frame0,
+            ((layer, branch, b.k, b.v, b.prepared) for (layer, branch), b in sorted(self.pending.items())),
+        )
         self.pending.clear()
         self.committed_end = self.pending_start + self.pending_tokens
         self.commits += 1
@@ -337,9 +315,8 @@ class CoreARSession:
                 f"layer {layer}'s cache end is at token {end}; this call writes its block at {self.call_start}"
             )
         run = self.run
-        run.chunk = self.chunk
-        run.frame_offset = self.call_start // self.geometry.frame_tokens if self.geometry else 0
-        run.phase, run.step = PHASE_DENOISE, self.step
+        frame0 = self.call_start // self.geometry.frame_tokens if self.geometry else 0
+        run.at(self.chunk, self.step, PHASE_DENOISE, frame0)
         out = run.attend(layer, q, k, v, {"cond_or_uncond": list(labels)})
         per = q.shape[0] // max(len(labels), 1)
         keep_raw = not self.prepare_pending or run.observer is not None
@@ -348,8 +325,7 @@ class CoreARSession:
             kb, vb = k[sl].detach(), v[sl].detach()
             prepared = None
             if self.prepare_pending:
-                cache = run.caches.get((layer, branch)) or run.new_cache()
-                prepared = cache.prepare(kb, vb)
+                prepared = run.prepare(layer, branch, kb, vb)
             self.pending[(layer, branch)] = PendingBlock(prepared, kb if keep_raw else None, vb if keep_raw else None)
             self.reached.add((layer, branch))
         cache_dict["end"] = self.call_start + s

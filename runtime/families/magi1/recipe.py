@@ -162,7 +162,6 @@ class Magi1Recipe:
             )
         self.prompts_report = [{"start_chunk": p.start_chunk, "label": p.label} for p in self.schedule.prompts]
         self.seconds: list[float] = []
-        self.bytes_after_write: list[int] = []
         self._t0 = 0.0
         self.run_caches: RunCaches | None = None
         self.session: Session | None = None
@@ -219,10 +218,7 @@ class Magi1Recipe:
 
     def write(self, chunk: int) -> None:
         """Finished chunk ``chunk`` has been stored in every layer's cache (by the forward that just ran)."""
-        run = self.run_caches
-        run.chunk = chunk
-        run.end_write({0})
-        self.bytes_after_write.append(sum(c.nbytes for c in run.caches.values()))
+        self.run_caches.finish_write({0}, chunk=chunk)
 
     def on_prompt_switch(self, chunk: int, label: str) -> None:
         """The schedule switches to prompt ``label`` at ``chunk``: nothing to re-cache, since MAGI-1 writes every
@@ -313,7 +309,7 @@ class Magi1Recipe:
                 while entered < step.chunk_end:
                     self.before_chunk(entered)
                     entered += 1
-                run.step = i
+                run.at(step=i)
                 event = next(events)
                 x = event.latent
                 for chunk in attention.take_stored():
@@ -327,7 +323,7 @@ class Magi1Recipe:
                     r.step_callback(i, len(steps))
             attention.armed = False
         samples = work.model.process_latent_out(x.float()).to(mm.intermediate_device())
-        return Magi1Result(samples, self.report(dtype), self.seconds, self.bytes_after_write)
+        return Magi1Result(samples, self.report(dtype), self.seconds, run.bytes_after_write)
 
     def _preview(self, event, work):
         """The chunk ``event`` finished, in the VAE's latent units, for the preview (decoded only when it is shown)."""

@@ -45,10 +45,10 @@ from ....worldplay.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, 
 from ....worldplay.trajectory import CHUNK_LATENTS, Trajectory
 from ...config import JensenKVConfig, get_config, get_window
 from ...noise import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
-from ...observer import PHASE_DENOISE
 from ...report import MIB
 from ...report import report_text as _base_report_text
 from ...run_caches import RunCaches
+from ...saved_run import RetainedChunk
 from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics_request
 from ..base import UnsupportedModelError, attention_override_notice
@@ -239,8 +239,14 @@ class WorldPlayRecipe:
         self.w2c = r.trajectory.w2c[:frames]
         self.points = sphere_points(seed=int(r.seed))
         self.steps = r.sigmas.numel() - 1
-        self.run = RunCaches(self.config, CONTEXT_CHUNKS, self.adapter.num_layers, observer=r.observer)
-        self.run.tokens_per_frame = self.adapter.tokens_per_frame(tuple(self.latent_image.shape))
+        self.tokens_per_frame = self.adapter.tokens_per_frame(tuple(self.latent_image.shape))
+        self.run = RunCaches(
+            self.config,
+            CONTEXT_CHUNKS,
+            self.adapter.num_layers,
+            observer=r.observer,
+            tokens_per_frame=self.tokens_per_frame,
+        )
         self.reencode_sampler = comfy.samplers.KSAMPLER(_reencode)
         # the re-encode's sigma (flow matching: t = 1000 sigma); the route gives the call t = 14 exactly
         self.context_sigmas = torch.tensor([CONTEXT_TIMESTEP / 1000.0, 0.0])
@@ -253,7 +259,6 @@ class WorldPlayRecipe:
         self.out = self.latent_image.clone()
         self.plans: list[ContextPlan] = []
         self.seconds: list[float] = []
-        self.bytes_after_write: list[int] = []
         self.batch_inds = r.latent.get("batch_index")
         self.text_bytes = 0
         self.text_tokens = 0
@@ -301,7 +306,7 @@ class WorldPlayRecipe:
         bidirectional forward at t = 14 with RoPE positions 0 .. N - 1; each context chunk becomes its own entry."""
         plan = plan_chunk(self.w2c, c, self.points)
         self.plans.append(plan)
-        self.run.start_rewrite()
+        self.run.empty()
         frames = plan.context_frames
         if not frames:
             return plan
@@ -318,24 +323,26 @@ class WorldPlayRecipe:
             spans.append((group[0] // CHUNK_LATENTS, i, CHUNK_LATENTS))
         import comfy.sample
 
-        self.run.begin_joint(spans)
-        self.adapter.route.set_call(plan.context_positions, CONTEXT_TIMESTEP)
         clean = self.out[:, :, list(frames)]
         cond = self._conditioning(frames)
-        comfy.sample.sample_custom(
-            self.work,
-            torch.zeros_like(clean),
-            1.0,
-            self.reencode_sampler,
-            self.context_sigmas,
-            cond,
-            cond,
-            clean,
-            disable_pbar=True,
-            seed=chunk_seed(self.r.seed, c, SAMPLER_STREAM),
-        )
-        self.run.end_write()
-        self.bytes_after_write.append(sum(cache.nbytes for cache in self.run.caches.values()))
+
+        def reencode() -> None:
+            self.adapter.route.set_call(plan.context_positions, CONTEXT_TIMESTEP)
+            comfy.sample.sample_custom(
+                self.work,
+                torch.zeros_like(clean),
+                1.0,
+                self.reencode_sampler,
+                self.context_sigmas,
+                cond,
+                cond,
+                clean,
+                disable_pbar=True,
+                seed=chunk_seed(self.r.seed, c, SAMPLER_STREAM),
+            )
+
+        # each context chunk its own entry, at its place in the context (RoPE positions 0 .. N - 1)
+        self.run.joint_write([RetainedChunk(ci, i, clean[:, :, i : i + n]) for ci, i, n in spans], reencode)
         return plan
 
     def write(self, c: int) -> None:
@@ -350,7 +357,7 @@ class WorldPlayRecipe:
         t0 = time.perf_counter()
         plan = self.before_chunk(c)
         f0, f1 = plan.chunk_frames[0], plan.chunk_frames[-1] + 1
-        self.run.begin(c, plan.chunk_positions[0], PHASE_DENOISE)
+        self.run.denoise(c, plan.chunk_positions[0])
         self.adapter.route.set_call(plan.chunk_positions)
         if r.noise is not None:
             noise = r.noise[:, :, f0:f1].to(self.out.dtype)
@@ -402,7 +409,7 @@ class WorldPlayRecipe:
             window_chunks=CONTEXT_CHUNKS,
             sink_chunks=0,
             seconds=self.seconds,
-            tokens_per_frame=self.run.tokens_per_frame,
+            tokens_per_frame=self.tokens_per_frame,
             model_dtype=self.r.model.model_dtype(),
         )
         report.update(
@@ -425,7 +432,7 @@ class WorldPlayRecipe:
             report=report,
             seconds_per_chunk=self.seconds,
             plans=self.plans,
-            cache_bytes_after_write=self.bytes_after_write,
+            cache_bytes_after_write=self.run.bytes_after_write,
         )
 
 
