@@ -465,6 +465,147 @@ def test_the_circle_checker_sees_a_circle_of_three_and_of_four(tmp_path, monkeyp
     assert mutual_imports() == ["nodes.p <-> nodes.q"]  # what the pair check alone sees
 
 
+# ---------------------------------------------------------------------------------------------- RunCaches' fields
+RUN_CACHES = ("runtime", "run_caches.py")
+
+
+def run_caches_fields(root: Path | None = None) -> set[str]:
+    """The fields of ``RunCaches``: every attribute its methods assign on ``self``."""
+    path = (root or ROOT).joinpath(*RUN_CACHES)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunCaches")
+    fields = set()
+    for node in ast.walk(cls):
+        for target in _assigned(node):
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                fields.add(target.attr)
+    return fields
+
+
+def _assigned(node: ast.AST) -> list[ast.expr]:
+    """The targets ``node`` assigns, augments, annotates or deletes (tuple and starred targets unpacked)."""
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    elif isinstance(node, ast.Delete):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+        targets = [node.target]
+    elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+        targets = [node.optional_vars]
+    elif isinstance(node, ast.NamedExpr):
+        targets = [node.target]
+    else:
+        return []
+    out = []
+    while targets:
+        t = targets.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            targets += t.elts
+        elif isinstance(t, ast.Starred):
+            targets.append(t.value)
+        else:
+            out.append(t)
+    return out
+
+
+def run_caches_field_writes(path: Path, fields: set[str]) -> list[str]:
+    """Where ``path`` assigns a field of RunCaches: ``x.<field> = ...`` (also ``+=``, annotated, ``del``, a tuple
+    target), ``x.<field>[key] = ...`` (into it), ``setattr(x, "<field>", ...)`` / ``object.__setattr__``, or a class
+    that subclasses RunCaches. ``self.<field>`` in a method of the file's own classes is that class's field, not one
+    of RunCaches' (the names are private, and other classes may use the same)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+
+    def where(node, what):
+        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {what}")
+
+    def visit(node, in_method: bool) -> None:
+        if isinstance(node, ast.ClassDef):
+            if any(getattr(b, "id", getattr(b, "attr", None)) == "RunCaches" for b in node.bases):
+                where(node, f"subclasses RunCaches ({node.name})")
+            for child in node.body:  # a method's body (nested functions too) is the class's own
+                visit(child, isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            return
+        for target in _assigned(node):
+            while isinstance(target, ast.Subscript):  # x._caches[key] = ...: assigns into the field
+                target = target.value
+            if not isinstance(target, ast.Attribute) or target.attr not in fields:
+                continue
+            if in_method and isinstance(target.value, ast.Name) and target.value.id == "self":
+                continue
+            where(node, f"assigns .{target.attr}")
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            if name in ("setattr", "__setattr__") and len(node.args) >= 2:
+                attr = node.args[1]
+                if isinstance(attr, ast.Constant) and attr.value in fields:
+                    where(node, f"sets .{attr.value}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_method)
+
+    visit(tree, False)
+    return found
+
+
+def _python_files() -> list[Path]:
+    skip = {".git", ".ci", "node_modules", "__pycache__", ".venv"}
+    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts[:-1]))
+
+
+def test_only_run_caches_assigns_its_fields():
+    """RunCaches speaks through events (``at``, ``write``, ``finish_write``, ...): its fields are private and no
+    other file of the pack, its tests, tools or benchmarks assigns one."""
+    fields = run_caches_fields()
+    assert {"_caches", "_chunk", "_step", "_phase", "_peak_bytes", "_timeline"} <= fields
+    assert all(f.startswith("_") for f in fields), sorted(f for f in fields if not f.startswith("_"))
+    found = [w for p in _python_files() if p.parts[-2:] != RUN_CACHES for w in run_caches_field_writes(p, fields)]
+    assert found == []
+
+
+def test_the_run_caches_check_sees_every_way_of_assigning(tmp_path, monkeypatch):
+    """Positive control: a copy of run_caches.py and a planted file that assigns its fields every way; a class's own
+    ``self._step`` is not one of them."""
+    (tmp_path / "runtime").mkdir()
+    (tmp_path / "runtime" / "run_caches.py").write_text(ROOT.joinpath(*RUN_CACHES).read_text())
+    planted = tmp_path / "runtime" / "planted.py"
+    planted.write_text(
+        "from .run_caches import RunCaches\n"
+        "def f(run, c):\n"
+        "    run._chunk = 3\n"
+        "    run._peak_bytes += 1\n"
+        "    a, run._phase = 1, 'write'\n"
+        "    run._caches[(0, 0)] = c\n"
+        "    setattr(run, '_step', 2)\n"
+        "    object.__setattr__(run, '_joint', None)\n"
+        "    del run._evicted\n"
+        "class Job:\n"
+        "    def __init__(self, run):\n"
+        "        self._step = 0\n"
+        "        self.run = run\n"
+        "        self.run._frame_offset: int = 4\n"
+        "class Mine(RunCaches):\n"
+        "    pass\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    fields = run_caches_fields()
+    assert [w.split(" ", 1)[1] for w in run_caches_field_writes(planted, fields)] == [
+        "assigns ._chunk",
+        "assigns ._peak_bytes",
+        "assigns ._phase",
+        "assigns ._caches",
+        "sets ._step",
+        "sets ._joint",
+        "assigns ._evicted",
+        "assigns ._frame_offset",
+        "subclasses RunCaches (Mine)",
+    ]
+    # RunCaches' own methods assign its fields on self only: the rule passes the file, as it passes Job's _step
+    assert run_caches_field_writes(tmp_path / "runtime" / "run_caches.py", fields) == []
+
+
 # ---------------------------------------------------------------------------------------------- `nodes` shadowing
 _IMPORT_NODES = (
     "import sys\n"
