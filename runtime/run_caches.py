@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +35,26 @@ from ..jensen_core.retention import Retained, Retention
 from .config import JensenKVConfig
 from .observer import BRANCH_NAMES, PHASE_DENOISE, PHASE_WRITE, AttentionEvent
 from .saved_run import RetainedChunk, SavedRun
+
+
+class Position(NamedTuple):
+    """Where a run is (what :meth:`RunCaches.at` sets): the chunk the calls belong to, its denoising step, the phase
+    (denoise or write) and the chunk's first latent frame (the RoPE frame a family gives its tokens)."""
+
+    chunk: int
+    step: int
+    phase: str
+    frame_offset: int
+
+
+class CacheUsage(NamedTuple):
+    """What a run's caches cost, as its report reads it: the peak bytes (and what the same tokens cost in BF16), the
+    chunks requantized as they left an age tier, the CFG branches cached (0 = cond, 1 = uncond)."""
+
+    peak_bytes: int
+    peak_bf16_bytes: int
+    chunks_demoted: int
+    branches: list[int]
 
 
 class RunCaches:
@@ -101,37 +122,18 @@ class RunCaches:
         return self._evicted
 
     @property
-    def chunk(self) -> int:
-        return self._chunk
-
-    @property
-    def step(self) -> int:
-        return self._step
-
-    @property
-    def phase(self) -> str:
-        return self._phase
-
-    @property
-    def frame_offset(self) -> int:
-        """The current chunk's first latent frame: the RoPE frame a family gives its tokens."""
-        return self._frame_offset
+    def position(self) -> Position:
+        """Where the run is: chunk, step, phase and the chunk's first latent frame (:meth:`at` sets them)."""
+        return Position(self._chunk, self._step, self._phase, self._frame_offset)
 
     @property
     def observer(self):
         return self._observer
 
     @property
-    def peak_bytes(self) -> int:
-        return self._peak_bytes
-
-    @property
-    def peak_bf16_bytes(self) -> int:
-        return self._peak_bf16_bytes
-
-    @property
-    def chunks_demoted(self) -> int:
-        return self._chunks_demoted
+    def usage(self) -> CacheUsage:
+        """The peak, the demotions and the branches, in one read (survives :meth:`free`)."""
+        return CacheUsage(self._peak_bytes, self._peak_bf16_bytes, self._chunks_demoted, self.branches)
 
     @property
     def bytes_after_write(self) -> list[int]:

@@ -336,7 +336,7 @@ class CoreARSession:
     # ------------------------------------------------------------------ after the run
     @property
     def peak_bytes(self) -> int:
-        return int(self.run.peak_bytes)
+        return int(self.run.usage.peak_bytes)
 
     def free(self) -> None:
         """The held block, core's cross-attention entries, the caches and the diagnostics freed (in ``finally``)."""
