@@ -565,6 +565,46 @@ def test_only_run_caches_assigns_its_fields():
     assert found == []
 
 
+def run_caches_private(root: Path | None = None) -> set[str]:
+    """RunCaches' private members: its fields and its ``_methods``."""
+    path = (root or ROOT).joinpath(*RUN_CACHES)
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "RunCaches")
+    methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and n.name.startswith("_")}
+    return run_caches_fields(root) | {m for m in methods if not m.endswith("__")}
+
+
+def run_caches_private_reads(source: str, private: set[str]) -> list[tuple[int, str]]:
+    """(line, member) where ``source`` reaches a private member of RunCaches on something other than ``self`` /
+    ``cls`` (``run._record_peak()``, ``run._wants``): the low-level calls its events replace."""
+    found = [
+        (n.lineno, n.col_offset, n.attr)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Attribute)
+        and n.attr in private
+        and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+    ]
+    return [(line, attr) for line, _, attr in sorted(found)]
+
+
+def test_no_file_reaches_into_run_caches():
+    """Other files call RunCaches' events and read its properties, never its private fields or methods (positive
+    control: a planted call of ``_record_peak``, a read of ``_caches`` and ``_new_cache``; a class's own
+    ``self._step`` is its own)."""
+    private = run_caches_private()
+    assert {"_begin", "_end_write", "_record_peak", "_new_cache", "_wants", "_caches"} <= private
+    found = [
+        f"{p.relative_to(ROOT)}:{line} reaches .{attr}"
+        for p in _python_files()
+        if p.parts[-2:] != RUN_CACHES
+        for line, attr in run_caches_private_reads(p.read_text(), private)
+    ]
+    assert found == []
+    planted = (
+        "def f(run):\n    run._record_peak()\n    c = run._caches.get((0, 0)) or run._new_cache()\n    self._step = 1\n"
+    )
+    assert run_caches_private_reads(planted, private) == [(2, "_record_peak"), (3, "_caches"), (3, "_new_cache")]
+
+
 def test_the_run_caches_check_sees_every_way_of_assigning(tmp_path, monkeypatch):
     """Positive control: a copy of run_caches.py and a planted file that assigns its fields every way; a class's own
     ``self._step`` is not one of them."""
