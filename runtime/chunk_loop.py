@@ -16,8 +16,9 @@ continuing a saved cache gives the same chunks as one long run.
 Around the loop: the recipe prefills the cache (a prefix clip, ``Continuation.prefix``), a saved run state is
 adopted (``Continuation.resume``), a prompt schedule switches the positive prompt by chunk and the recipe re-caches
 the retained chunks under the new prompt (``RecipeOptions.recache_mode``: LongLive's ``_recache_after_switch`` by
-default, which keeps the old prompt's sink, or the pack's own causal re-cache, which re-writes it), ComfyUI is asked
-to make room for the planned cache, and previews of each chunk go to the UI as KSampler's do.
+default, which keeps the old prompt's sink, or the pack's own causal re-cache, which re-writes it). The run's
+:class:`runtime.session.Session` holds the patched clone and the caches, asks ComfyUI for room for the planned cache,
+and drives the progress bar, previews (as KSampler's) and interrupts.
 
 A run's options are values (:mod:`runtime.options`): :class:`ChunkedARRequest` holds the MODEL, the prompts and
 the latent, and one :class:`Sampling`, :class:`Chunking`, :class:`Continuation`, :class:`RecipeOptions` and
@@ -41,9 +42,10 @@ from .noise import CONTEXT_STREAM, NOISE_STREAM, REDRAW_STREAM, SAMPLER_STREAM, 
 from .options import CONTEXT_NOISE_MODES, RECACHE_MODES, Chunking, Continuation, Hooks, RecipeOptions, Sampling
 from .prompt_schedule import PromptSchedule
 from .recipes import ChunkStep, SelfForcing, recipe_for, recipe_type
-from .report import MIB, build_report, report_text  # noqa: F401 - report_text re-exported for the nodes
+from .report import report_text  # noqa: F401 - re-exported for the nodes
 from .run_caches import RunCaches
 from .saved_run import RetainedChunk, SavedRun
+from .session import Session, interrupted
 from .shift_observer import combine_observers, make_diagnostics
 
 logger = logging.getLogger("jensen_kv")
@@ -190,38 +192,6 @@ class ChunkedARRequest:
         return self.continuation.resume is not None
 
 
-def _interrupt_check() -> None:
-    import comfy.model_management
-
-    comfy.model_management.throw_exception_if_processing_interrupted()
-
-
-def _previewer(model, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        import latent_preview
-
-        return latent_preview.get_previewer(model.load_device, model.model.latent_format)
-    except Exception:  # noqa: BLE001 - previews are a nicety; a previewer that fails must not stop sampling
-        logger.debug("jensen_kv: no latent previewer", exc_info=True)
-        return None
-
-
-def _request_memory(work, planned_bytes: int) -> dict:
-    """Ask ComfyUI to load the model with room for the planned cache (it offloads other models to make it)."""
-    import comfy.model_management as mm
-
-    device = work.load_device
-    mm.load_models_gpu([work], memory_required=int(planned_bytes))
-    return {
-        "bytes": int(planned_bytes),
-        "mib": planned_bytes / MIB,
-        "device": str(device),
-        "how": "comfy.model_management.load_models_gpu(memory_required=planned peak cache)",
-    }
-
-
 def run_chunked_ar(model, positive, negative, latent: dict, **options) -> ChunkedARResult:
     """Shorthand for ``run(ChunkedARRequest.from_options(model, positive, negative, latent, **options))``."""
     return run(ChunkedARRequest.from_options(model, positive, negative, latent, **options))
@@ -230,20 +200,18 @@ def run_chunked_ar(model, positive, negative, latent: dict, **options) -> Chunke
 def run(request: ChunkedARRequest) -> ChunkedARResult:
     """Sample a video chunk by chunk with a (quantized) KV cache.
 
-    ``request.model`` is never modified: the patches go on a clone that lives for this call only and
-    are removed, and the cache freed, in ``finally`` (after success, an exception or an interrupt).
+    ``request.model`` is never modified: the run's :class:`runtime.session.Session` patches a clone that lives for
+    this call only (the recipe's hooks outside the family's) and removes the patches, and frees the cache, in
+    ``finally`` (after success, an exception or an interrupt).
     """
     setup = _Setup.prepare(request)
     job = _Job(request, setup)
-    try:
-        job.start()
+    with job.session.patched(install=lambda: job.recipe.install(job), remove=lambda: job.recipe.remove(job)):
         setup.recipe.prefill(job)
         for c, (f0, f1) in enumerate(setup.plan.bounds()):
             job.chunk(c, f0, f1)
         if request.continuation.keep_state:
             job.keep_state()
-    finally:
-        job.close()
     return job.result()
 
 
@@ -412,12 +380,12 @@ def _latents(r: ChunkedARRequest, adapter: ModelFamily) -> tuple[torch.Tensor, t
 
 
 class _Job:
-    """One run in flight: the patched clone, its caches (and every chunk's life in them), the output and the
-    records. It walks the chunks; the recipe (``setup.recipe``) does what its reference does around them."""
+    """One run in flight: its session (the patched clone, the caches and every chunk's life in them, ComfyUI's
+    services), the output and the records. It walks the chunks; the recipe (``setup.recipe``) does what its
+    reference does around them."""
 
     def __init__(self, r: ChunkedARRequest, setup: _Setup):
         import comfy.samplers
-        import comfy.utils
 
         self.request, self.setup = r, setup
         self.recipe = setup.recipe
@@ -432,17 +400,25 @@ class _Job:
         self.active = setup.active
         self.diagnostics = self._diagnostics()
         self.run = self._caches()
-        self.work = model.clone()
+        hooks = r.hooks
+        self.session = Session(
+            model,
+            setup.adapter,
+            self.run,
+            setup.config,
+            planned_bytes=setup.planned_bytes,
+            steps=sum(self.chunk_steps),
+            progress=hooks.progress,
+            preview=hooks.preview,
+            diagnostics=self.diagnostics,
+        )
+        self.work = self.session.work
         self.out = setup.latent_image.clone()
         self.seconds: list[float] = []
         self.denoise_seconds: list[float] = []
         self.prompts_report = [
             {"start_chunk": p.start_chunk, "label": p.label, "recached_chunks": 0} for p in setup.schedule.prompts
         ]
-        hooks = r.hooks
-        self.previewer = _previewer(model, hooks.preview and hooks.progress)
-        self.pbar = comfy.utils.ProgressBar(sum(self.chunk_steps)) if hooks.progress else None
-        self.memory_request = None
         self.state: SavedRun | None = None
 
     def _diagnostics(self):
@@ -479,26 +455,20 @@ class _Job:
             observer=combine_observers(r.hooks.observer, diagnostics),
             sink_chunks=ch.sink_chunks,
             on_rewrite=None if diagnostics is None else diagnostics.on_rewrite,
+            attention_bias=float(r.recipe.attention_bias),
+            tokens_per_frame=setup.tokens_per_frame,
         )
-        run.attention_bias = float(r.recipe.attention_bias)
-        run.tokens_per_frame = setup.tokens_per_frame
         if r.resumed:
             run.adopt_run(r.continuation.resume, r.model.load_device)
         return run
 
     # ------------------------------------------------------------------ the loop
-    def start(self) -> None:
-        """Patch the clone (the recipe's hooks first, outside the family's) and ask ComfyUI for room for the cache."""
-        self.recipe.install(self)
-        self.setup.adapter.install(self.work, self.run)
-        self.memory_request = _request_memory(self.work, self.setup.planned_bytes)
-
     def chunk(self, c: int, f0: int, f1: int) -> None:
         """Chunk ``c`` of this run (latent frames ``f0:f1``): the recipe before it, denoise, the recipe's write."""
         import comfy.sample
 
         r, s = self.request, self.setup
-        _interrupt_check()
+        interrupted()
         index, t0 = s.first_chunk + c, time.perf_counter()
         step = ChunkStep(
             c, index, s.first_frame + f0, f1 - f0, s.schedule.at(index), s.schedule.fingerprint_at(index),
@@ -517,7 +487,9 @@ class _Job:
             step.prompt,
             r.negative,
             latent_image,
-            callback=self._on_step(c, index),
+            callback=self.session.sampler_callback(
+                index, sum(self.chunk_steps[:c]), self.chunk_steps[c], r.hooks.step_callback
+            ),
             disable_pbar=True,
             seed=chunk_seed(seed, index, SAMPLER_STREAM),
         )
@@ -529,27 +501,6 @@ class _Job:
             "jensen_kv: chunk %d (frames %d-%d) took %.3f s", index, step.frame0, step.frame0 + step.frames - 1,
             self.seconds[-1],
         )  # fmt: skip
-
-    def _on_step(self, c: int, chunk_index: int):
-        """The sampler callback of chunk ``c``: step count, progress bar and preview, step_callback, interrupt."""
-        steps, total_steps, done = self.chunk_steps[c], sum(self.chunk_steps), sum(self.chunk_steps[:c])
-        callback = self.request.hooks.step_callback
-
-        def on_step(step, x0, x, total):
-            self.run.step = step + 1
-            if self.pbar is not None:
-                preview_bytes = None
-                if self.previewer is not None:
-                    try:
-                        preview_bytes = self.previewer.decode_latent_to_preview_image("JPEG", x0)
-                    except Exception:  # noqa: BLE001 - never fail a run for a preview
-                        logger.debug("jensen_kv: preview failed", exc_info=True)
-                self.pbar.update_absolute(done + step + 1, total_steps, preview_bytes)
-            if callback is not None:
-                callback(chunk_index, step, steps)
-            _interrupt_check()
-
-        return on_step
 
     # ------------------------------------------------------------------ after the loop
     def keep_state(self) -> None:
@@ -574,16 +525,6 @@ class _Job:
             info={"seed": int(r.sampling.seed), "prompts": s.schedule.describe(), "model_class": s.adapter.describe()},
         )
 
-    def close(self) -> None:
-        """Unpatch the clone and free the cache and the diagnostics (in ``finally``)."""
-        try:
-            self.setup.adapter.remove(self.work)
-        finally:
-            self.recipe.remove(self)
-            self.run.free()
-            if self.diagnostics is not None:
-                self.diagnostics.free()
-
     def result(self) -> ChunkedARResult:
         r, s, out = self.request, self.setup, self.out
         samples_out = out
@@ -600,18 +541,14 @@ class _Job:
 
     def _report(self) -> dict:
         """The run's report: the caches', the recipe's own fields, the diagnostics."""
-        r, s, state, ch, config = self.request, self.setup, self.state, self.request.chunking, self.setup.config
+        r, s, state, ch = self.request, self.setup, self.state, self.request.chunking
         state_bytes = (
             None
             if state is None
             else state.nbytes + sum(c.latent.numel() * c.latent.element_size() for c in state.retained)
         )
-        report = build_report(
-            self.run,
+        report = self.session.report(
             s.shape(r),
-            config.precision,
-            correction=config.effective_correction,
-            strength=config.strength,
             chunks=s.plan.chunks,
             chunk_frames=ch.chunk_frames,
             window_chunks=ch.window_chunks,
@@ -622,8 +559,6 @@ class _Job:
             first_chunk=s.first_chunk,
             prefix_chunks=len(s.prefix_bounds),
             prompts=self.prompts_report,
-            memory_request=self.memory_request,
-            planned_bytes=s.planned_bytes,
             state_file_bytes=state_bytes,
             resumed=r.resumed,
         )

@@ -39,9 +39,11 @@ def build_report(
     spec_k, spec_v, tiers = precision.spec_k, precision.spec_v, precision.tiers
     spec = precision.spec
     full_bits = torch.finfo(model_dtype).bits if model_dtype.is_floating_point else 16
-    cfg_branches = len(run.branches) or shape.cfg_branches
-    if run.peak_bf16_bytes:
-        effective = 16.0 * run.peak_bytes / run.peak_bf16_bytes
+    usage = run.usage
+    peak, peak_bf16 = usage.peak_bytes, usage.peak_bf16_bytes
+    cfg_branches = len(usage.branches) or shape.cfg_branches
+    if peak_bf16:
+        effective = 16.0 * peak / peak_bf16
     else:  # nothing was cached (a single chunk): what the specs would give on chunks of this size
         chunk_tokens = chunk_frames * tokens_per_frame
 
@@ -50,10 +52,10 @@ def build_report(
 
         effective = (bits(spec_k) + bits(spec_v)) / 2
     return {
-        "cache_bytes": int(run.peak_bytes),
-        "bf16_bytes": int(run.peak_bf16_bytes),
-        "cache_mib": run.peak_bytes / MIB,
-        "bf16_mib": run.peak_bf16_bytes / MIB,
+        "cache_bytes": int(peak),
+        "bf16_bytes": int(peak_bf16),
+        "cache_mib": peak / MIB,
+        "bf16_mib": peak_bf16 / MIB,
         "planned_bytes": None if planned_bytes is None else int(planned_bytes),
         "effective_bits": float(effective),
         "chunks": int(chunks),
@@ -76,7 +78,7 @@ def build_report(
         "recent_chunks": tiers.recent_chunks if tiers else 0,
         "sink_bits": tiers.sink_bits if tiers else 0,
         "recent_chunks_key_bits": tiers.recent_side_bits("k") if tiers else 0,
-        "chunks_demoted": int(run.chunks_demoted),
+        "chunks_demoted": int(usage.chunks_demoted),
         "correction": correction,
         "strength": float(strength),
         "layers": shape.layers,

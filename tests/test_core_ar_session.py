@@ -182,7 +182,7 @@ def test_the_block_in_flight_waits_at_the_cache_precision():
     kv = s.init_caches(1, 8 * FRAME_TOKENS)
     run_block(s, kv, 2, 2, gen)
     held = s.in_flight_bytes
-    cache_one_chunk = s.run.new_cache()
+    cache_one_chunk = jk.ChunkCache.with_precision(s.config.precision)  # an empty cache of the run's precision
     probe = torch.randn(1, HEADS, 2 * FRAME_TOKENS, D)
     cache_one_chunk.append(probe, probe)
     assert held == LAYERS * cache_one_chunk.nbytes  # one block per layer, at INT2

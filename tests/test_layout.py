@@ -12,7 +12,8 @@
     nodes/            one file per node      -> may import everything above
 
 Checked statically (every import statement of every file, including those inside functions) and,
-for jensen_core, dynamically in a fresh interpreter.
+for jensen_core, dynamically in a fresh interpreter. No circle of imports of any length among the pack's modules
+(a pair, or a -> b -> c -> a).
 """
 
 from __future__ import annotations
@@ -352,6 +353,297 @@ def test_the_pair_checker_sees_a_pair(tmp_path, monkeypatch):
     (tmp_path / "nodes" / "__init__.py").write_text("from .m import z\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert mutual_imports() == ["(root) <-> nodes.n", "jensen_core.a <-> jensen_core.b", "routes.u <-> runtime.r"]
+
+
+def _import_graph() -> dict[str, set[str]]:
+    modules = _pack_modules()
+    return {name: _imported_modules(path, modules) for name, path in modules.items()}
+
+
+def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of ``graph`` (iterative), each sorted; components of one module too."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    component.append(top)
+                    if top == node:
+                        break
+                found.append(sorted(component))
+    return found
+
+
+def _a_circle(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One shortest circle through the first module of ``component`` (a strongly connected set), as a path."""
+    start, inside = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(graph.get(node, ())):
+            if child == start:
+                return [*paths[node], start]
+            if child in inside and child not in paths:
+                paths[child] = [*paths[node], child]
+                queue.append(child)
+    raise AssertionError(f"{component} is not strongly connected")
+
+
+def import_circles() -> list[str]:
+    """Every circle of imports among the pack's modules, of any length (one path per strongly connected set)."""
+    graph = _import_graph()
+    return sorted(
+        " -> ".join(m or "(root)" for m in _a_circle(graph, component))
+        for component in _strongly_connected(graph)
+        if len(component) > 1
+    )
+
+
+def test_no_circle_of_imports_of_any_length():
+    """Imports run one way, also through a third module: a -> b -> c -> a (even inside a function) is a circle,
+    which a pair check does not see."""
+    assert import_circles() == []
+
+
+def test_the_circle_checker_sees_a_circle_of_three_and_of_four(tmp_path, monkeypatch):
+    """Positive control: a circle of three modules in one room (one import inside a function), one of four across
+    rooms through a package's ``__init__.py``, and a pair are each found; a chain that does not close is not."""
+    (tmp_path / "__init__.py").write_text("")
+    for room in PACK_ROOMS:
+        (tmp_path / room).mkdir()
+        (tmp_path / room / "__init__.py").write_text("")
+    (tmp_path / "jensen_core" / "a.py").write_text("from .b import x\n")
+    (tmp_path / "jensen_core" / "b.py").write_text("from .c import y\n")
+    (tmp_path / "jensen_core" / "c.py").write_text("def f():\n    from .a import z\n")
+    (tmp_path / "jensen_core" / "d.py").write_text("from .a import x\n")  # into the circle, not out of it
+    (tmp_path / "runtime" / "loop.py").write_text("from .families import detect\n")
+    (tmp_path / "runtime" / "families").mkdir()
+    (tmp_path / "runtime" / "families" / "__init__.py").write_text("from .wp import recipe\n")
+    (tmp_path / "runtime" / "families" / "wp").mkdir()
+    (tmp_path / "runtime" / "families" / "wp" / "__init__.py").write_text("")
+    (tmp_path / "runtime" / "families" / "wp" / "recipe.py").write_text("from ....routes.u import seed\n")
+    (tmp_path / "routes" / "u.py").write_text("from ..runtime.loop import seed\n")
+    (tmp_path / "nodes" / "p.py").write_text("from .q import x\n")
+    (tmp_path / "nodes" / "q.py").write_text("from . import p\n")
+    (tmp_path / "magi1" / "one.py").write_text("from .two import x\n")  # a chain: no circle
+    (tmp_path / "magi1" / "two.py").write_text("from .three import y\n")
+    (tmp_path / "magi1" / "three.py").write_text("import torch\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert import_circles() == [
+        "jensen_core.a -> jensen_core.b -> jensen_core.c -> jensen_core.a",
+        "nodes.p -> nodes.q -> nodes.p",
+        "routes.u -> runtime.loop -> runtime.families -> runtime.families.wp.recipe -> routes.u",
+    ]
+    assert mutual_imports() == ["nodes.p <-> nodes.q"]  # what the pair check alone sees
+
+
+# ---------------------------------------------------------------------------------------------- RunCaches' fields
+RUN_CACHES = ("runtime", "run_caches.py")
+
+
+def run_caches_fields(root: Path | None = None) -> set[str]:
+    """The fields of ``RunCaches``: every attribute its methods assign on ``self``."""
+    path = (root or ROOT).joinpath(*RUN_CACHES)
+    tree = ast.parse(path.read_text(), filename=str(path))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunCaches")
+    fields = set()
+    for node in ast.walk(cls):
+        for target in _assigned(node):
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                fields.add(target.attr)
+    return fields
+
+
+def _assigned(node: ast.AST) -> list[ast.expr]:
+    """The targets ``node`` assigns, augments, annotates or deletes (tuple and starred targets unpacked)."""
+    if isinstance(node, ast.Assign):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        targets = [node.target]
+    elif isinstance(node, ast.Delete):
+        targets = list(node.targets)
+    elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
+        targets = [node.target]
+    elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+        targets = [node.optional_vars]
+    elif isinstance(node, ast.NamedExpr):
+        targets = [node.target]
+    else:
+        return []
+    out = []
+    while targets:
+        t = targets.pop()
+        if isinstance(t, (ast.Tuple, ast.List)):
+            targets += t.elts
+        elif isinstance(t, ast.Starred):
+            targets.append(t.value)
+        else:
+            out.append(t)
+    return out
+
+
+def run_caches_field_writes(path: Path, fields: set[str]) -> list[str]:
+    """Where ``path`` assigns a field of RunCaches: ``x.<field> = ...`` (also ``+=``, annotated, ``del``, a tuple
+    target), ``x.<field>[key] = ...`` (into it), ``setattr(x, "<field>", ...)`` / ``object.__setattr__``, or a class
+    that subclasses RunCaches. ``self.<field>`` in a method of the file's own classes is that class's field, not one
+    of RunCaches' (the names are private, and other classes may use the same)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+
+    def where(node, what):
+        found.append(f"{path.relative_to(ROOT)}:{node.lineno} {what}")
+
+    def visit(node, in_method: bool) -> None:
+        if isinstance(node, ast.ClassDef):
+            if any(getattr(b, "id", getattr(b, "attr", None)) == "RunCaches" for b in node.bases):
+                where(node, f"subclasses RunCaches ({node.name})")
+            for child in node.body:  # a method's body (nested functions too) is the class's own
+                visit(child, isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+            return
+        for target in _assigned(node):
+            while isinstance(target, ast.Subscript):  # x._caches[key] = ...: assigns into the field
+                target = target.value
+            if not isinstance(target, ast.Attribute) or target.attr not in fields:
+                continue
+            if in_method and isinstance(target.value, ast.Name) and target.value.id == "self":
+                continue
+            where(node, f"assigns .{target.attr}")
+        if isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            if name in ("setattr", "__setattr__") and len(node.args) >= 2:
+                attr = node.args[1]
+                if isinstance(attr, ast.Constant) and attr.value in fields:
+                    where(node, f"sets .{attr.value}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_method)
+
+    visit(tree, False)
+    return found
+
+
+def _python_files() -> list[Path]:
+    skip = {".git", ".ci", "node_modules", "__pycache__", ".venv"}
+    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts[:-1]))
+
+
+def test_only_run_caches_assigns_its_fields():
+    """RunCaches speaks through events (``at``, ``write``, ``finish_write``, ...): its fields are private and no
+    other file of the pack, its tests, tools or benchmarks assigns one."""
+    fields = run_caches_fields()
+    assert {"_caches", "_chunk", "_step", "_phase", "_peak_bytes", "_timeline"} <= fields
+    assert all(f.startswith("_") for f in fields), sorted(f for f in fields if not f.startswith("_"))
+    found = [w for p in _python_files() if p.parts[-2:] != RUN_CACHES for w in run_caches_field_writes(p, fields)]
+    assert found == []
+
+
+def run_caches_private(root: Path | None = None) -> set[str]:
+    """RunCaches' private members: its fields and its ``_methods``."""
+    path = (root or ROOT).joinpath(*RUN_CACHES)
+    cls = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "RunCaches")
+    methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and n.name.startswith("_")}
+    return run_caches_fields(root) | {m for m in methods if not m.endswith("__")}
+
+
+def run_caches_private_reads(source: str, private: set[str]) -> list[tuple[int, str]]:
+    """(line, member) where ``source`` reaches a private member of RunCaches on something other than ``self`` /
+    ``cls`` (``run._record_peak()``, ``run._wants``): the low-level calls its events replace."""
+    found = [
+        (n.lineno, n.col_offset, n.attr)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.Attribute)
+        and n.attr in private
+        and not (isinstance(n.value, ast.Name) and n.value.id in ("self", "cls"))
+    ]
+    return [(line, attr) for line, _, attr in sorted(found)]
+
+
+def test_no_file_reaches_into_run_caches():
+    """Other files call RunCaches' events and read its properties, never its private fields or methods (positive
+    control: a planted call of ``_record_peak``, a read of ``_caches`` and ``_new_cache``; a class's own
+    ``self._step`` is its own)."""
+    private = run_caches_private()
+    assert {"_begin", "_end_write", "_record_peak", "_new_cache", "_wants", "_caches"} <= private
+    found = [
+        f"{p.relative_to(ROOT)}:{line} reaches .{attr}"
+        for p in _python_files()
+        if p.parts[-2:] != RUN_CACHES
+        for line, attr in run_caches_private_reads(p.read_text(), private)
+    ]
+    assert found == []
+    planted = (
+        "def f(run):\n    run._record_peak()\n    c = run._caches.get((0, 0)) or run._new_cache()\n    self._step = 1\n"
+    )
+    assert run_caches_private_reads(planted, private) == [(2, "_record_peak"), (3, "_caches"), (3, "_new_cache")]
+
+
+def test_the_run_caches_check_sees_every_way_of_assigning(tmp_path, monkeypatch):
+    """Positive control: a copy of run_caches.py and a planted file that assigns its fields every way; a class's own
+    ``self._step`` is not one of them."""
+    (tmp_path / "runtime").mkdir()
+    (tmp_path / "runtime" / "run_caches.py").write_text(ROOT.joinpath(*RUN_CACHES).read_text())
+    planted = tmp_path / "runtime" / "planted.py"
+    planted.write_text(
+        "from .run_caches import RunCaches\n"
+        "def f(run, c):\n"
+        "    run._chunk = 3\n"
+        "    run._peak_bytes += 1\n"
+        "    a, run._phase = 1, 'write'\n"
+        "    run._caches[(0, 0)] = c\n"
+        "    setattr(run, '_step', 2)\n"
+        "    object.__setattr__(run, '_joint', None)\n"
+        "    del run._evicted\n"
+        "class Job:\n"
+        "    def __init__(self, run):\n"
+        "        self._step = 0\n"
+        "        self.run = run\n"
+        "        self.run._frame_offset: int = 4\n"
+        "class Mine(RunCaches):\n"
+        "    pass\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    fields = run_caches_fields()
+    assert [w.split(" ", 1)[1] for w in run_caches_field_writes(planted, fields)] == [
+        "assigns ._chunk",
+        "assigns ._peak_bytes",
+        "assigns ._phase",
+        "assigns ._caches",
+        "sets ._step",
+        "sets ._joint",
+        "assigns ._evicted",
+        "assigns ._frame_offset",
+        "subclasses RunCaches (Mine)",
+    ]
+    # RunCaches' own methods assign its fields on self only: the rule passes the file, as it passes Job's _step
+    assert run_caches_field_writes(tmp_path / "runtime" / "run_caches.py", fields) == []
 
 
 # ---------------------------------------------------------------------------------------------- `nodes` shadowing

@@ -12,7 +12,6 @@ from support.pack import load_pack_module
 
 run_caches = load_pack_module("runtime.run_caches")
 config_mod = load_pack_module("runtime.config")
-observer = load_pack_module("runtime.observer")
 jk = load_pack_module("jensen_core")
 
 HQ, HKV, D, T = 4, 2, 32, 6
@@ -24,11 +23,10 @@ def make(spec=None, window=0):
 
 
 def write(run, chunk, gen, batch=1):
-    run.begin(chunk, chunk, observer.PHASE_WRITE)
+    """Chunk ``chunk`` written (at frame ``chunk``) by one attention call: the write event around the call."""
     q = torch.randn(batch, HQ, T, D, generator=gen)
     k, v = (torch.randn(batch, HKV, T, D, generator=gen) for _ in range(2))
-    run.attend(0, q, k, v, None)
-    run.end_write()
+    run.write(chunk, chunk, k, lambda: run.attend(0, q, k, v, None), record=False)
     return k, v
 
 
@@ -48,7 +46,7 @@ def test_context_tokens_are_attended_in_full_precision_and_never_stored(cached):
     gen = torch.Generator().manual_seed(0)
     run = make()
     stored = [write(run, c, gen) for c in range(cached)]
-    run.begin(cached, cached, observer.PHASE_DENOISE)
+    run.denoise(cached, cached)
     q = torch.randn(1, HQ, T, D, generator=gen)
     k, v = (torch.randn(1, HKV, T, D, generator=gen) for _ in range(2))
     kc, vc = (torch.randn(1, HKV, 5, D, generator=gen) for _ in range(2))
@@ -57,9 +55,7 @@ def test_context_tokens_are_attended_in_full_precision_and_never_stored(cached):
     values = torch.cat([*(s[1] for s in stored), vc, v], dim=2)
     torch.testing.assert_close(out.double(), reference(q, keys, values), atol=2e-6, rtol=0)
     # a write with context stores only the chunk's own tokens
-    run.begin(cached, cached, observer.PHASE_WRITE)
-    run.attend(0, q, k, v, None, context=(kc, vc))
-    run.end_write()
+    run.write(cached, cached, k, lambda: run.attend(0, q, k, v, None, context=(kc, vc)), record=False)
     assert run.caches[(0, 0)].num_chunks == cached + 1
     assert run.caches[(0, 0)].entries[-1].tokens == T
 
@@ -71,7 +67,7 @@ def test_the_correction_touches_cached_keys_only_never_context_or_current():
     spec = jk.QuantSpec(bits=2, group_size=32)
     run = make(spec)
     k0, v0 = write(run, 0, gen)
-    run.begin(1, 1, observer.PHASE_DENOISE)
+    run.denoise(1, 1)
     q = torch.randn(1, HQ, T, D, generator=gen)
     k, v = (torch.randn(1, HKV, T, D, generator=gen) for _ in range(2))
     kc, vc = (torch.randn(1, HKV, 3, D, generator=gen) for _ in range(2))
@@ -97,7 +93,7 @@ def test_a_key_range_attends_only_the_newest_chunks():
     gen = torch.Generator().manual_seed(2)
     run = make()
     stored = [write(run, c, gen) for c in range(3)]
-    run.begin(3, 3, observer.PHASE_DENOISE)
+    run.denoise(3, 3)
     q = torch.randn(1, HQ, T, D, generator=gen)
     k, v = (torch.randn(1, HKV, T, D, generator=gen) for _ in range(2))
     for n in (0, 1, 3):
@@ -111,7 +107,7 @@ def test_a_key_range_attends_only_the_newest_chunks():
 def test_cfg_slots_each_get_their_own_context():
     gen = torch.Generator().manual_seed(3)
     run = make()
-    run.begin(0, 0, observer.PHASE_DENOISE)
+    run.denoise(0, 0)
     q = torch.randn(2, HQ, T, D, generator=gen)
     k, v = (torch.randn(2, HKV, T, D, generator=gen) for _ in range(2))
     kc, vc = (torch.randn(2, HKV, 4, D, generator=gen) for _ in range(2))

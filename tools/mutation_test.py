@@ -746,9 +746,9 @@ MUTANTS += [
     ),
     M(
         "X3",
-        SESS,
-        "cache = run.caches.get((layer, branch)) or run.new_cache()",
-        "cache = run.new_cache()",
+        RUN,
+        "cache = self._caches.get((layer, branch)) or self._new_cache()",
+        "cache = self._new_cache()",
         f"{T_COREAR} {T_MX_AR}",
         "core path x tiers: the block in flight is prepared at the sink's bits and requantized only at commit",
     ),
@@ -901,9 +901,9 @@ MUTANTS += [
     M(
         "X22",
         LOOP,
-        "run.tokens_per_frame = setup.tokens_per_frame",
-        "run.tokens_per_frame = adapter.tokens_per_frame(tuple(setup.latent_image.shape[:-1]) + "
-        "(setup.latent_image.shape[-2],))",
+        "tokens_per_frame=setup.tokens_per_frame,",
+        "tokens_per_frame=adapter.tokens_per_frame(tuple(setup.latent_image.shape[:-1]) + "
+        "(setup.latent_image.shape[-2],)),",
         f"{T_KREA} {T_MX_PACK}",
         "Krea bias x non-square latents: the exempt first frame is counted from the height twice",
     ),

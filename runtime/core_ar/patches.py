@@ -128,8 +128,6 @@ def _sampler_sample_wrapper(
         _ACTIVE.reset(token)
         report = finish_session(session, ok)
         session.free()
-        if session.diagnostics is not None:
-            session.diagnostics.free()
     if report is not None:
         _REPORTS[patcher] = report
     return out
@@ -195,7 +193,7 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
     if not ok:
         return None
     from ...jensen_core.planner import block_in_flight_bytes, plan_cache
-    from ..report import build_report
+    from ..session import base_report
 
     g, cfg_branches = session.geometry, max(len(session.run.branches), 1)
     adapter, config = session.adapter, session.config
@@ -220,12 +218,10 @@ def finish_session(session: CoreARSession, ok: bool) -> dict | None:
             prefix_frames=session.prefix_frames,
         )
     chunks = session.commits + (1 if session.pending_start is not None or session.pending else 0)
-    report = build_report(
+    report = base_report(
         session.run,
+        config,
         shape,
-        config.precision,
-        correction=config.effective_correction,
-        strength=config.strength,
         chunks=chunks,
         chunk_frames=session.block_frames,
         window_chunks=session.window_chunks,

@@ -23,6 +23,21 @@ A "call" is one sampler model call, i.e. one ``calc_cond_batch`` (cond and uncon
 batch or as separate ``apply_model`` calls; both write the same block at the same ``end``).
 RoPE positions are core's own (absolute): the pack never recomputes them on this path.
 No ComfyUI import here.
+
+What this path takes of the pack's run session (``runtime/session.py``), and what core's sampler keeps:
+
+- taken: the run's :class:`runtime.run_caches.RunCaches` (freed with the diagnostics in :meth:`CoreARSession.free`,
+  called in ``finally`` by the ``SAMPLER_SAMPLE`` wrapper) and the base report (``runtime.session.base_report``,
+  in ``patches.finish_session``);
+- not taken, the clone and its install / remove: the object patches are attached when a node returns its MODEL
+  (``patches.attach``) and ComfyUI's ModelPatcher applies and removes them with the model's other patches; by the
+  time core's ``sample_ar_video`` starts the session the model is already patched and loaded;
+- not taken, the memory request: ComfyUI has loaded the model for core's sampler before the ``SAMPLER_SAMPLE``
+  wrapper runs, so a request for room would come after the load it is meant to shape (and core preallocates
+  nothing the pack's cache replaces: ``init_kv_caches`` returns only ``end`` here);
+- not taken, progress, previews and interrupts: core's sampler reports its own steps through SamplerCustom's
+  callback (bar and previews) and ComfyUI's sampling loop checks interrupts; a second bar would count the same
+  steps twice.
 """
 
 from __future__ import annotations
@@ -34,7 +49,7 @@ from torch import Tensor
 from ...jensen_core.cache import PreparedChunk
 from ...jensen_core.methods import method_of
 from ..config import JensenKVConfig
-from ..observer import PHASE_DENOISE, PHASE_WRITE, AttentionEvent
+from ..observer import PHASE_DENOISE
 from ..run_caches import RunCaches
 
 
@@ -239,36 +254,14 @@ class CoreARSession:
 
     def _commit(self) -> None:
         """The pending block is final: append it to every (layer, branch) cache (window and sink evict there)."""
-        run = self.run
         frame_tokens = self.geometry.frame_tokens if self.geometry else None
         frame0 = self.pending_start // frame_tokens if frame_tokens else 0
-        run.begin(self.chunk, frame0, PHASE_WRITE)
-        for (layer, branch), block in sorted(self.pending.items(), key=lambda kv: kv[0]):
-            if (
-                block.k is not None
-                and run.observer is not None
-                and (run._wants is None or run._wants(layer, self.chunk, PHASE_WRITE, 0))
-            ):
-                # a write event carries the chunk's keys and values (observers read k, v of writes only)
-                run.observer(
-                    AttentionEvent(
-                        layer=layer,
-                        branch=branch,
-                        chunk=self.chunk,
-                        frame_offset=frame0,
-                        phase=PHASE_WRITE,
-                        step=0,
-                        q=block.k,
-                        k=block.k,
-                        v=block.v,
-                        cache=run.caches.get((layer, branch)),
-                        out=block.v,
-                        correction=run.correction,
-                        strength=run.strength,
-                    )
-                )
-            run.store(layer, branch, block.k, block.v, prepared=block.prepared)
-        run._record_peak()
+        # a write event carries the chunk's keys and values (observers read k, v of writes only)
+        self.run.commit(
+            self.chunk,
+            frame0,
+            ((layer, branch, b.k, b.v, b.prepared) for (layer, branch), b in sorted(self.pending.items())),
+        )
         self.pending.clear()
         self.committed_end = self.pending_start + self.pending_tokens
         self.commits += 1
@@ -322,9 +315,8 @@ class CoreARSession:
                 f"layer {layer}'s cache end is at token {end}; this call writes its block at {self.call_start}"
             )
         run = self.run
-        run.chunk = self.chunk
-        run.frame_offset = self.call_start // self.geometry.frame_tokens if self.geometry else 0
-        run.phase, run.step = PHASE_DENOISE, self.step
+        frame0 = self.call_start // self.geometry.frame_tokens if self.geometry else 0
+        run.at(self.chunk, self.step, PHASE_DENOISE, frame0)
         out = run.attend(layer, q, k, v, {"cond_or_uncond": list(labels)})
         per = q.shape[0] // max(len(labels), 1)
         keep_raw = not self.prepare_pending or run.observer is not None
@@ -333,8 +325,7 @@ class CoreARSession:
             kb, vb = k[sl].detach(), v[sl].detach()
             prepared = None
             if self.prepare_pending:
-                cache = run.caches.get((layer, branch)) or run.new_cache()
-                prepared = cache.prepare(kb, vb)
+                prepared = run.prepare(layer, branch, kb, vb)
             self.pending[(layer, branch)] = PendingBlock(prepared, kb if keep_raw else None, vb if keep_raw else None)
             self.reached.add((layer, branch))
         cache_dict["end"] = self.call_start + s
@@ -345,10 +336,13 @@ class CoreARSession:
     # ------------------------------------------------------------------ after the run
     @property
     def peak_bytes(self) -> int:
-        return int(self.run.peak_bytes)
+        return int(self.run.usage.peak_bytes)
 
     def free(self) -> None:
+        """The held block, core's cross-attention entries, the caches and the diagnostics freed (in ``finally``)."""
         self.pending.clear()
         for c in getattr(self, "crossattn", []):
             c.clear()
         self.run.free()
+        if self.diagnostics is not None:
+            self.diagnostics.free()

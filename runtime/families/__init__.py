@@ -24,6 +24,7 @@ from .magi1 import window as _magi1_window
 from .magi1.family import Magi1Family
 from .wan import WanFamily
 from .worldplay import loader as _worldplay_loader
+from .worldplay import recipe as _worldplay_recipe
 from .worldplay.family import WorldPlayFamily
 
 #: what the MAGI-1 and HY-WorldPlay nodes call (their loaders, files, text glue and their own samplers' recipes):
@@ -49,36 +50,15 @@ MAGI1 = SimpleNamespace(
 )
 
 
-def _worldplay_request(*args, **kwargs):
-    """``runtime.families.worldplay.recipe.WorldPlayRequest`` (imported on first use: the recipe imports the chunk
-    loop and the report, which import this registry)."""
-    from .worldplay.recipe import WorldPlayRequest
-
-    return WorldPlayRequest(*args, **kwargs)
-
-
-def _worldplay_run(request):
-    """Sample a HY-WorldPlay video with its recipe (``runtime.families.worldplay.recipe.run``)."""
-    from .worldplay.recipe import run
-
-    return run(request)
-
-
-def _worldplay_report_text(report: dict) -> str:
-    from .worldplay.recipe import report_text
-
-    return report_text(report)
-
-
 WORLDPLAY = SimpleNamespace(
     weight_dtypes=_worldplay_loader.WEIGHT_DTYPES,
     load=_worldplay_loader.load_worldplay,
     from_state_dict=_worldplay_loader.worldplay_from_state_dict,
     describe=_worldplay_loader.describe,
     family=WorldPlayFamily,
-    request=_worldplay_request,
-    run=_worldplay_run,
-    report_text=_worldplay_report_text,
+    request=_worldplay_recipe.WorldPlayRequest,
+    run=_worldplay_recipe.run,
+    report_text=_worldplay_recipe.report_text,
 )
 
 #: every family the pack supports, probed in this order

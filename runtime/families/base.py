@@ -9,7 +9,7 @@ A family adapter knows these things about its models, and nothing about caches o
 - **self-attention**: :meth:`ModelFamily.install` routes every self-attention layer of a *clone*
   through :meth:`runtime.run_caches.RunCaches.attend` (object patches, wrappers), and
   :meth:`ModelFamily.remove` undoes exactly that;
-- **RoPE frame offset**: the chunk's absolute first latent frame (``run.frame_offset``) must reach
+- **RoPE frame offset**: the chunk's absolute first latent frame (``run.position.frame_offset``) must reach
   the rotary embedding, so cached keys and the current chunk sit at their true positions;
 - **latent geometry**: :attr:`ModelFamily.geometry` (patch size, channels, VAE strides: what the
   planner in ``jensen_core`` takes), how latent frames become tokens (:meth:`tokens_per_frame`) and

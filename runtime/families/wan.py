@@ -315,7 +315,7 @@ def make_rope_offset_wrapper(run):
         x = comfy.ldm.common_dit.pad_to_patch_size(x, dm.patch_size)
         opts = {"transformer_options": transformer_options} if _rope_accepts_options(dm) else {}
         # float32 positions: exact integers (bf16 would round frame indices above 256)
-        freqs = dm.rope_encode(t, h, w, t_start=run.frame_offset, device=x.device, dtype=torch.float32, **opts)
+        freqs = dm.rope_encode(t, h, w, t_start=run.position.frame_offset, device=x.device, dtype=torch.float32, **opts)
         out = dm.forward_orig(
             x,
             timestep,

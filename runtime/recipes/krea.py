@@ -83,7 +83,7 @@ class Krea(SelfForcing):
         """The cache rebuilt from the context of ``step``; returns the RoPE frame it is denoised at."""
         K, F, frame0 = self.options.recompute_frames, job.request.chunking.chunk_frames, step.frame0
         job.active = step.prompt_key  # every chunk is re-cached under its own prompt
-        job.run.start_rewrite()
+        job.run.empty()
         if frame0 == 0:
             return 0
         s = job.setup

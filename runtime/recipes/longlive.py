@@ -40,10 +40,11 @@ class LongLiveRecache:
 
     def __call__(self, recipe, job, step: ChunkStep, index: int) -> int:
         run = job.run
-        kept = list(run.timeline.items)
+        timeline = run.timeline
+        kept = list(timeline.items)
         if not kept:
             return 0
-        rule, sink = run.timeline.rule, run.timeline.sink_held
+        rule, sink = timeline.rule, timeline.sink_held
         chunk_frames = job.request.chunking.chunk_frames
         local_attn_frames = None if rule.window_chunks is None else chunk_frames * (rule.capacity + 1)
         keep_sink = local_attn_frames is not None and step.frame0 > local_attn_frames

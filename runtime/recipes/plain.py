@@ -16,16 +16,10 @@ import logging
 import torch
 
 from ..noise import SAMPLER_STREAM, chunk_seed
+from ..session import interrupted
 from .base import ChunkStep, Recipe
 
 logger = logging.getLogger("jensen_kv")
-
-
-def interrupted() -> None:
-    """ComfyUI's interrupt check (raises when the user pressed Cancel)."""
-    import comfy.model_management
-
-    comfy.model_management.throw_exception_if_processing_interrupted()
 
 
 class CausalRecache:

@@ -81,9 +81,9 @@ class SkyReels(SelfForcing):
         chunk per forward, causally, under the chunk's prompt; the same noise for the cond and uncond slots)."""
         job = self.job
         run = job.run
-        if run.phase != PHASE_DENOISE or not run.timeline.items:
+        chunk, step, phase, _ = run.position
+        if phase != PHASE_DENOISE or not run.timeline.items:
             return executor(x, timestep, context, clip_fea, time_dim_concat, transformer_options, **kwargs)
-        chunk, step = run.chunk, run.step
         labels = (transformer_options or {}).get("cond_or_uncond") or [0]
         slots, branches = len(labels), set(labels)  # ComfyUI may run cond and uncond in separate calls
         ms = job.work.get_model_object("model_sampling")

@@ -29,7 +29,6 @@ from torch import Tensor
 from ....jensen_core.geometry import LatentGeometry
 from ....magi1.attention import ChunkPlan
 from ....magi1.dit import MagiDiT
-from ...observer import PHASE_WRITE, AttentionEvent
 from ...saved_run import weights_digest
 from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
 from .model import CHUNK_FRAMES, ComfyMagiDiT
@@ -208,13 +207,13 @@ class Magi1CacheAttention:
 
     def held(self, layer: int) -> list[int]:
         """Absolute indices of the finished chunks the layer's cache holds, oldest first (appended in order)."""
-        cache = self.run.caches.get((layer, BRANCH))
+        cache = self.run.layer_cache(layer, BRANCH)
         return [] if cache is None else cache.retention.indices(cache.chunks_appended)
 
     def __call__(self, layer: int, q: Tensor, k: Tensor, v: Tensor, plan: ChunkPlan) -> Tensor:
         n, cached = plan.chunk_tokens, plan.cached
-        if (layer, BRANCH) not in self.run.caches:  # every layer's (empty) cache from the first call on: layer 1
-            self.run.caches[(layer, BRANCH)] = self.run.new_cache()  # reads before the writing forward reaches it
+        # every layer's (empty) cache from the first call on: layer 1 reads before the writing forward reaches it
+        self.run.layer_cache(layer, BRANCH, create=True)
         held = self.held(layer)
         outs = []
         for j, (start, end) in enumerate(plan.key_ranges):
@@ -231,7 +230,7 @@ class Magi1CacheAttention:
             # the held chunks in range: a suffix of the cache (held chunks are in order, and every chunk stored so far
             # is before ``cached`` in a forward that reads the cache; the unconditional pass reads none: cached 0)
             reads = sum(1 for c in held if start <= c < cached)
-            self.run.chunk = cached + j
+            self.run.at(cached + j)
             outs.append(
                 self.run.attend(layer, q[:, :, sl], k[:, :, sl], v[:, :, sl], None, context=ctx, last_chunks=reads)
             )
@@ -242,32 +241,18 @@ class Magi1CacheAttention:
 
     def _store(self, layer, q, k, v, out, a: int, b: int, absolute: int) -> None:
         run = self.run
-        appended = run.caches[(layer, BRANCH)].chunks_appended
+        appended = run.layer_cache(layer, BRANCH).chunks_appended
         if absolute != appended:  # held() counts on chunk i being the i-th appended
             raise RuntimeError(
                 f"chunk {absolute} is written to layer {layer}'s cache after {appended} chunks; MAGI-1 writes its "
                 "finished chunks once each, in order"
             )
-        run.chunk = absolute
-        if run.observer is not None:  # the chunk's full-precision K/V, just before the cache stores them
-            run.observer(
-                AttentionEvent(
-                    layer=layer,
-                    branch=BRANCH,
-                    chunk=absolute,
-                    frame_offset=absolute * self.chunk_frames,
-                    phase=PHASE_WRITE,
-                    step=run.step,
-                    q=q[:, :, a:b],
-                    k=k[:, :, a:b],
-                    v=v[:, :, a:b],
-                    cache=run.caches.get((layer, BRANCH)),
-                    out=out[:, :, a:b],
-                    correction=run.correction,
-                    strength=run.strength,
-                )
-            )
-        run.store(layer, BRANCH, k[:, :, a:b], v[:, :, a:b])
+        run.at(absolute)
+        # observers see the chunk's full-precision K/V, just before the cache stores them
+        run.store(
+            layer, BRANCH, k[:, :, a:b], v[:, :, a:b], q=q[:, :, a:b], out=out[:, :, a:b],
+            frame_offset=absolute * self.chunk_frames,
+        )  # fmt: skip
         self.stored.append((absolute, layer))
 
     def take_stored(self) -> list[int]:

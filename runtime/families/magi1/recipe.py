@@ -42,7 +42,10 @@ from ....magi1.caption import DEFAULT_TOKENS, chunk_captions
 from ....magi1.sampler import MagiSettings, iter_sample
 from ...config import JensenKVConfig, get_config, get_window
 from ...prompt_schedule import PromptSchedule
+from ...report import MIB
+from ...report import report_text as pack_text
 from ...run_caches import RunCaches
+from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics
 from ..base import UnsupportedModelError, attention_override_notice
 from .family import Magi1Family
@@ -50,8 +53,6 @@ from .model import CHUNK_FRAMES
 from .window import DEFAULT_STEPS, auto_window, check_schedule, finished_reached
 
 logger = logging.getLogger("jensen_kv")
-
-MIB = 2**20
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,10 +162,9 @@ class Magi1Recipe:
             )
         self.prompts_report = [{"start_chunk": p.start_chunk, "label": p.label} for p in self.schedule.prompts]
         self.seconds: list[float] = []
-        self.bytes_after_write: list[int] = []
         self._t0 = 0.0
         self.run_caches: RunCaches | None = None
-        self.memory_request: dict | None = None
+        self.session: Session | None = None
 
     # ------------------------------------------------------------------ hooks
     @staticmethod
@@ -213,15 +213,12 @@ class Magi1Recipe:
 
     def before_chunk(self, chunk: int) -> None:
         """Chunk ``chunk`` enters the window (its first forward is next)."""
-        _interrupt_check()
+        interrupted()
         logger.debug("jensen_kv: MAGI-1 chunk %d enters the window", chunk)
 
     def write(self, chunk: int) -> None:
         """Finished chunk ``chunk`` has been stored in every layer's cache (by the forward that just ran)."""
-        run = self.run_caches
-        run.chunk = chunk
-        run.end_write({0})
-        self.bytes_after_write.append(sum(c.nbytes for c in run.caches.values()))
+        self.run_caches.finish_write({0}, chunk=chunk)
 
     def on_prompt_switch(self, chunk: int, label: str) -> None:
         """The schedule switches to prompt ``label`` at ``chunk``: nothing to re-cache, since MAGI-1 writes every
@@ -281,22 +278,20 @@ class Magi1Recipe:
 
     def run(self) -> Magi1Result:
         import comfy.model_management as mm
-        import comfy.utils
 
         r, adapter = self.r, self.adapter
-        work = r.model.clone()
         run = self.run_caches = RunCaches(
             self.config, self.window, adapter.num_layers, observer=r.observer, sink_chunks=r.sink_chunks
         )
         dtype = adapter.dm.compute_dtype
         planned = self.planned(dtype)
         steps = P.steps_of(self.settings.num_steps, self.settings.window_size, r.chunks)
-        pbar = comfy.utils.ProgressBar(len(steps)) if r.progress else None
-        previewer = _previewer(work, r.preview and r.progress)
-        try:
-            adapter.install(work, run)
-            mm.load_models_gpu([work], memory_required=int(planned))
-            self.memory_request = {"bytes": int(planned), "mib": planned / MIB, "device": str(work.load_device)}
+        session = self.session = Session(
+            r.model, adapter, run, self.config, planned_bytes=planned, steps=len(steps), progress=r.progress,
+            preview=r.preview,
+        )  # fmt: skip
+        work = session.work
+        with session.patched():
             dm = work.model.diffusion_model
             attention = adapter.attention
             attention.chunk_frames, attention.armed = r.chunk_frames, True
@@ -310,11 +305,11 @@ class Magi1Recipe:
             self._t0 = time.perf_counter()
             events = iter_sample(dm, noise, captions, self.settings, attention=attention)
             for i, step in enumerate(steps):
-                _interrupt_check()
+                interrupted()
                 while entered < step.chunk_end:
                     self.before_chunk(entered)
                     entered += 1
-                run.step = i
+                run.at(step=i)
                 event = next(events)
                 x = event.latent
                 for chunk in attention.take_stored():
@@ -323,39 +318,22 @@ class Magi1Recipe:
                     now = time.perf_counter()
                     self.seconds.append(now - self._t0)
                     self._t0 = now
-                self._progress(pbar, previewer, i, len(steps), event, work)
+                session.progress(i + 1, None if event.finished is None else self._preview(event, work))
                 if r.step_callback is not None:
                     r.step_callback(i, len(steps))
             attention.armed = False
-        finally:
-            adapter.remove(work)
-            run.free()
         samples = work.model.process_latent_out(x.float()).to(mm.intermediate_device())
-        return Magi1Result(samples, self.report(dtype, planned), self.seconds, self.bytes_after_write)
+        return Magi1Result(samples, self.report(dtype), self.seconds, run.bytes_after_write)
 
-    def _progress(self, pbar, previewer, i: int, total: int, event, work) -> None:
-        if pbar is None:
-            return
-        preview = None
-        if previewer is not None and event.finished is not None:
-            cw, c = self.r.chunk_frames, event.finished
-            try:
-                chunk = work.model.process_latent_out(event.latent[:, :, c * cw : (c + 1) * cw].float())
-                preview = previewer.decode_latent_to_preview_image("JPEG", chunk)
-            except Exception:  # noqa: BLE001 - never fail a run for a preview
-                logger.debug("jensen_kv: MAGI-1 preview failed", exc_info=True)
-        pbar.update_absolute(i + 1, total, preview)
+    def _preview(self, event, work):
+        """The chunk ``event`` finished, in the VAE's latent units, for the preview (decoded only when it is shown)."""
+        cw, c = self.r.chunk_frames, event.finished
+        return lambda: work.model.process_latent_out(event.latent[:, :, c * cw : (c + 1) * cw].float())
 
-    def report(self, dtype: torch.dtype, planned: int) -> dict:
+    def report(self, dtype: torch.dtype) -> dict:
         r, a, s = self.r, self.adapter, self.settings
-        from ...report import build_report  # the report imports the family registry: imported when it runs
-
-        rep = build_report(
-            self.run_caches,
+        rep = self.session.report(
             a.cache_shape(),
-            self.config.precision,
-            correction=self.config.effective_correction,
-            strength=self.config.strength,
             chunks=r.chunks,
             chunk_frames=r.chunk_frames,
             window_chunks=self.window,
@@ -364,8 +342,6 @@ class Magi1Recipe:
             tokens_per_frame=a.geometry.tokens_per_frame(r.latent_height, r.latent_width),
             model_dtype=dtype,
             prompts=self.prompts_report,
-            memory_request=self.memory_request,
-            planned_bytes=planned,
         )
         chunk_tokens = r.chunk_frames * a.geometry.tokens_per_frame(r.latent_height, r.latent_width)
         rep.update(
@@ -388,8 +364,6 @@ class Magi1Recipe:
 
 def report_text(report: dict) -> str:
     """The pack's report paragraph and MAGI-1's own lines (its pipeline, what a query read, the reference's buffer)."""
-    from ...report import report_text as pack_text
-
     ranges = ",".join(map(str, report["noise2clean_kvrange"])) or "all"
     lines = [
         pack_text(report).replace(
@@ -407,21 +381,3 @@ def run(request: Magi1Request) -> Magi1Result:
     """Sample a MAGI-1 video with the pack's cache (``request.model`` is never modified: a clone is patched and
     restored, and the cache freed, in ``finally``)."""
     return Magi1Recipe(request).run()
-
-
-def _interrupt_check() -> None:
-    import comfy.model_management
-
-    comfy.model_management.throw_exception_if_processing_interrupted()
-
-
-def _previewer(model, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        import latent_preview
-
-        return latent_preview.get_previewer(model.load_device, model.model.latent_format)
-    except Exception:  # noqa: BLE001 - previews are a nicety
-        logger.debug("jensen_kv: no latent previewer for MAGI-1", exc_info=True)
-        return None

@@ -43,12 +43,13 @@ import torch
 from ....jensen_core.planner import plan_cache
 from ....worldplay.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, plan_chunk, sphere_points
 from ....worldplay.trajectory import CHUNK_LATENTS, Trajectory
-from ...chunk_loop import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
 from ...config import JensenKVConfig, get_config, get_window
-from ...observer import PHASE_DENOISE
-from ...report import MIB, build_report
+from ...noise import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
+from ...report import MIB
 from ...report import report_text as _base_report_text
 from ...run_caches import RunCaches
+from ...saved_run import RetainedChunk
+from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics_request
 from ..base import UnsupportedModelError, attention_override_notice
 from .family import SAMPLER_NODE, SUPPORTED, WorldPlayFamily
@@ -119,12 +120,6 @@ def detect(model_patcher) -> WorldPlayFamily:
         f"{SAMPLER_NODE} supports {SUPPORTED}. This MODEL ({what}) is not HY-WorldPlay: load HY-WorldPlay's "
         "checkpoint with Load HY-WorldPlay (Wan 2.1 models go to the Chunked AR Video Sampler)."
     )
-
-
-def _interrupt_check() -> None:
-    import comfy.model_management
-
-    comfy.model_management.throw_exception_if_processing_interrupted()
 
 
 def _reencode(model, x, sigmas, extra_args=None, callback=None, disable=None):
@@ -216,7 +211,6 @@ class WorldPlayRecipe:
     # ------------------------------------------------------------------ set-up
     def __init__(self, r: WorldPlayRequest):
         import comfy.samplers
-        import comfy.utils
 
         self.check(r)
         self.r = r
@@ -245,20 +239,26 @@ class WorldPlayRecipe:
         self.w2c = r.trajectory.w2c[:frames]
         self.points = sphere_points(seed=int(r.seed))
         self.steps = r.sigmas.numel() - 1
-        self.run = RunCaches(self.config, CONTEXT_CHUNKS, self.adapter.num_layers, observer=r.observer)
-        self.run.tokens_per_frame = self.adapter.tokens_per_frame(tuple(self.latent_image.shape))
+        self.tokens_per_frame = self.adapter.tokens_per_frame(tuple(self.latent_image.shape))
+        self.run = RunCaches(
+            self.config,
+            CONTEXT_CHUNKS,
+            self.adapter.num_layers,
+            observer=r.observer,
+            tokens_per_frame=self.tokens_per_frame,
+        )
         self.reencode_sampler = comfy.samplers.KSAMPLER(_reencode)
         # the re-encode's sigma (flow matching: t = 1000 sigma); the route gives the call t = 14 exactly
         self.context_sigmas = torch.tensor([CONTEXT_TIMESTEP / 1000.0, 0.0])
         self.planned_bytes = self._planned_bytes()
-        self.work = model.clone()
+        self.session = Session(
+            model, self.adapter, self.run, self.config, planned_bytes=self.planned_bytes,
+            steps=self.chunks * self.steps, progress=r.progress, preview=r.preview,
+        )  # fmt: skip
+        self.work = self.session.work
         self.out = self.latent_image.clone()
         self.plans: list[ContextPlan] = []
         self.seconds: list[float] = []
-        self.bytes_after_write: list[int] = []
-        self.memory_request = None
-        self.previewer = _previewer(model, r.preview and r.progress)
-        self.pbar = comfy.utils.ProgressBar(self.chunks * self.steps) if r.progress else None
         self.batch_inds = r.latent.get("batch_index")
         self.text_bytes = 0
         self.text_tokens = 0
@@ -292,11 +292,6 @@ class WorldPlayRecipe:
         return [[entry[0], {**entry[1], **extra}]]
 
     # ------------------------------------------------------------------ hooks
-    def start(self) -> None:
-        """Patch the clone and ask ComfyUI for room for the planned cache."""
-        self.adapter.install(self.work, self.run)
-        self.memory_request = _request_memory(self.work, self.planned_bytes)
-
     def prefill(self) -> None:
         """Nothing is written before the first chunk: WorldPlay has no prefix clip, and the prompt's K/V (its text
         prefix) are computed by the route at the first model call, once per prompt (``on_prompt_switch``)."""
@@ -311,11 +306,11 @@ class WorldPlayRecipe:
         bidirectional forward at t = 14 with RoPE positions 0 .. N - 1; each context chunk becomes its own entry."""
         plan = plan_chunk(self.w2c, c, self.points)
         self.plans.append(plan)
-        self.run.start_rewrite()
+        self.run.empty()
         frames = plan.context_frames
         if not frames:
             return plan
-        _interrupt_check()
+        interrupted()
         spans = []
         for i in range(0, len(frames), CHUNK_LATENTS):
             group = frames[i : i + CHUNK_LATENTS]
@@ -328,24 +323,26 @@ class WorldPlayRecipe:
             spans.append((group[0] // CHUNK_LATENTS, i, CHUNK_LATENTS))
         import comfy.sample
 
-        self.run.begin_joint(spans)
-        self.adapter.route.set_call(plan.context_positions, CONTEXT_TIMESTEP)
         clean = self.out[:, :, list(frames)]
         cond = self._conditioning(frames)
-        comfy.sample.sample_custom(
-            self.work,
-            torch.zeros_like(clean),
-            1.0,
-            self.reencode_sampler,
-            self.context_sigmas,
-            cond,
-            cond,
-            clean,
-            disable_pbar=True,
-            seed=chunk_seed(self.r.seed, c, SAMPLER_STREAM),
-        )
-        self.run.end_write()
-        self.bytes_after_write.append(sum(cache.nbytes for cache in self.run.caches.values()))
+
+        def reencode() -> None:
+            self.adapter.route.set_call(plan.context_positions, CONTEXT_TIMESTEP)
+            comfy.sample.sample_custom(
+                self.work,
+                torch.zeros_like(clean),
+                1.0,
+                self.reencode_sampler,
+                self.context_sigmas,
+                cond,
+                cond,
+                clean,
+                disable_pbar=True,
+                seed=chunk_seed(self.r.seed, c, SAMPLER_STREAM),
+            )
+
+        # each context chunk its own entry, at its place in the context (RoPE positions 0 .. N - 1)
+        self.run.joint_write([RetainedChunk(ci, i, clean[:, :, i : i + n]) for ci, i, n in spans], reencode)
         return plan
 
     def write(self, c: int) -> None:
@@ -356,11 +353,11 @@ class WorldPlayRecipe:
         import comfy.sample
 
         r = self.r
-        _interrupt_check()
+        interrupted()
         t0 = time.perf_counter()
         plan = self.before_chunk(c)
         f0, f1 = plan.chunk_frames[0], plan.chunk_frames[-1] + 1
-        self.run.begin(c, plan.chunk_positions[0], PHASE_DENOISE)
+        self.run.denoise(c, plan.chunk_positions[0])
         self.adapter.route.set_call(plan.chunk_positions)
         if r.noise is not None:
             noise = r.noise[:, :, f0:f1].to(self.out.dtype)
@@ -377,7 +374,7 @@ class WorldPlayRecipe:
             self._conditioning(plan.chunk_frames),
             self._conditioning(plan.chunk_frames),
             self.latent_image[:, :, f0:f1],
-            callback=self._on_step(c),
+            callback=self.session.sampler_callback(c, c * self.steps, self.steps, r.step_callback),
             disable_pbar=True,
             seed=chunk_seed(r.seed, c, SAMPLER_STREAM),
         )
@@ -388,61 +385,32 @@ class WorldPlayRecipe:
             "jensen_kv: HY-WorldPlay chunk %d (context %s) took %.3f s", c, plan.context_frames, self.seconds[-1]
         )
 
-    def _on_step(self, c: int):
-        total = self.chunks * self.steps
-        done = c * self.steps
-
-        def on_step(step, x0, x, steps):
-            self.run.step = step + 1
-            if self.pbar is not None:
-                preview = None
-                if self.previewer is not None:
-                    try:
-                        preview = self.previewer.decode_latent_to_preview_image("JPEG", x0)
-                    except Exception:  # noqa: BLE001 - never fail a run for a preview
-                        logger.debug("jensen_kv: preview failed", exc_info=True)
-                self.pbar.update_absolute(done + step + 1, total, preview)
-            if self.r.step_callback is not None:
-                self.r.step_callback(c, step, steps)
-            _interrupt_check()
-
-        return on_step
-
-    def close(self) -> None:
-        """Unpatch the clone and free the cache (in ``finally``)."""
+    def keep_text_prefix(self) -> None:
+        """What the prompt's text prefix cost, for the report (read before the route is closed)."""
         route = self.adapter.route
         if route is not None and route.text_prefix is not None:
             self.text_bytes, self.text_tokens = route.text_prefix.nbytes, route.text_prefix.tokens
-        self.adapter.remove(self.work)
-        self.run.free()
 
     # ------------------------------------------------------------------ the loop and its result
     def execute(self) -> WorldPlayResult:
-        try:
-            self.start()
+        """The run on the session's patched clone (unpatched, and the cache freed, in ``finally``)."""
+        with self.session.patched():
             self.prefill()
             for c in range(self.chunks):
                 self.chunk(c)
-        finally:
-            self.close()
+            self.keep_text_prefix()
         return self.result()
 
     def result(self) -> WorldPlayResult:
-        report = build_report(
-            self.run,
+        report = self.session.report(
             self.adapter.cache_shape(),
-            self.config.precision,
-            correction=self.config.effective_correction,
-            strength=self.config.strength,
             chunks=self.chunks,
             chunk_frames=CHUNK_LATENTS,
             window_chunks=CONTEXT_CHUNKS,
             sink_chunks=0,
             seconds=self.seconds,
-            tokens_per_frame=self.run.tokens_per_frame,
+            tokens_per_frame=self.tokens_per_frame,
             model_dtype=self.r.model.model_dtype(),
-            memory_request=self.memory_request,
-            planned_bytes=self.planned_bytes,
         )
         report.update(
             sampler=SAMPLER_NODE,
@@ -464,7 +432,7 @@ class WorldPlayRecipe:
             report=report,
             seconds_per_chunk=self.seconds,
             plans=self.plans,
-            cache_bytes_after_write=self.bytes_after_write,
+            cache_bytes_after_write=self.run.bytes_after_write,
         )
 
 
@@ -472,31 +440,6 @@ def _fix_channels(model, samples: torch.Tensor) -> torch.Tensor:
     import comfy.sample
 
     return comfy.sample.fix_empty_latent_channels(model, samples)
-
-
-def _previewer(model, enabled: bool):
-    if not enabled:
-        return None
-    try:
-        import latent_preview
-
-        return latent_preview.get_previewer(model.load_device, model.model.latent_format)
-    except Exception:  # noqa: BLE001 - previews are a nicety; a previewer that fails must not stop sampling
-        logger.debug("jensen_kv: no latent previewer", exc_info=True)
-        return None
-
-
-def _request_memory(work, planned_bytes: int) -> dict:
-    """Ask ComfyUI to load the model with room for the planned cache (it offloads other models to make it)."""
-    import comfy.model_management as mm
-
-    mm.load_models_gpu([work], memory_required=int(planned_bytes))
-    return {
-        "bytes": int(planned_bytes),
-        "mib": planned_bytes / MIB,
-        "device": str(work.load_device),
-        "how": "comfy.model_management.load_models_gpu(memory_required=planned peak cache)",
-    }
 
 
 def run(request: WorldPlayRequest) -> WorldPlayResult:
