@@ -87,3 +87,35 @@ def conditioning(seed: int, tokens: int, width: int):
 def video_latent(frames: int, height: int = 8, width: int = 8, batch: int = 1) -> dict:
     """An empty Wan latent with ``frames`` latent frames (height/width in latent pixels)."""
     return {"samples": torch.zeros(batch, 16, frames, height, width)}
+
+
+def build_vae(seed: int = 0, dim: int = 16):
+    """ComfyUI's ``VAE`` around a Wan 2.1 VAE (``comfy.ldm.wan.vae.WanVAE``, 16 latent channels, 8x spatial and 4x
+    temporal compression) of width ``dim`` (the released one's is 96; v0.3.64's VAE loader builds width 96 whatever
+    the file holds, so there it is 96) with random weights, loaded from a state dict as VAELoader loads a file. Norm
+    scales are 1, conv weights normal / sqrt(fan_in) (the output head's a quarter of that, so that few pixels reach
+    ComfyUI's clamp to [0, 1]), biases 0.1 normal."""
+    import inspect
+
+    import comfy.ldm.wan.vae
+    import comfy.sd
+
+    if "decoder.head.0.gamma" not in inspect.getsource(comfy.sd.VAE.__init__):
+        dim = 96
+    arch = dict(dim=dim, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[])
+    model = comfy.ldm.wan.vae.WanVAE(temperal_downsample=[False, True, True], dropout=0.0, **arch)
+    g = torch.Generator().manual_seed(seed)
+    sd = {}
+    for name, p in model.state_dict().items():
+        if p.dim() >= 2:
+            sd[name] = torch.randn(p.shape, generator=g) / max(1, p[0].numel()) ** 0.5
+            if name.startswith("decoder.head."):
+                sd[name] *= 0.25
+        elif name.endswith("gamma"):
+            sd[name] = torch.ones(p.shape)
+        else:
+            sd[name] = 0.1 * torch.randn(p.shape, generator=g)
+    vae = comfy.sd.VAE(sd=sd)
+    vae.first_stage_model.float()
+    vae.vae_dtype = torch.float32
+    return vae

@@ -26,12 +26,14 @@ class Krea(SelfForcing):
     context, ``local_attn_size=-1``), with no attention bias ("no bias to faithfully store context frames"); the
     chunk is then denoised at RoPE frame K (``start_frame = min(current_start_frame, K)``) and never written itself.
 
-    The re-encoded frame is the one scope's stream decode gives: the VAE decodes the video from its first latent
-    frame up to that frame (a causal VAE decodes a frame differently without the frames before it; Wan's VAE over a
-    3-frame window is off by ~98% relative). Differences: with fewer than K frames so far the pack uses the frames
-    there are (Krea pads its buffer with zero latents; never with its defaults, K = 3 = the block); the VAE decodes
-    the video again for every chunk (scope keeps its decoder's cache); without a VAE the latent frame itself is used
-    (the report says so). The prompt is the chunk's own, so a prompt switch needs no separate re-cache.
+    The re-encoded frame is the one scope's stream decode gives: the video decoded from its first latent frame up to
+    that frame (a causal VAE decodes a frame differently without the frames before it; Wan's VAE over a 3-frame
+    window is off by ~98% relative). As scope does, the decoder's cache is kept between chunks
+    (:class:`runtime.vae_stream.StreamDecoder`), so each chunk decodes only its new frames: a constant cost per chunk
+    (``python benchmarks/krea_decode.py``). A VAE other than Wan 2.1's decodes the video again for every chunk.
+    Differences: with fewer than K frames so far the pack uses the frames there are (Krea pads its buffer with zero
+    latents; never with its defaults, K = 3 = the block); without a VAE the latent frame itself is used (the report
+    says so). The prompt is the chunk's own, so a prompt switch needs no separate re-cache.
     """
 
     name = "krea"
@@ -113,16 +115,20 @@ class Krea(SelfForcing):
 
     def reencoded(self, history: torch.Tensor, frame: int) -> torch.Tensor:
         """Latent ``frame`` as Krea re-encodes it: the video decoded from its first latent frame through ``frame`` (as
-        scope's stream decode has it), its last pixel frame encoded alone (one latent frame, an image's); without a
-        VAE, the latent frame as it is."""
+        scope's stream decode has it: one stream per batch item, each chunk decoding only its new frames), its last
+        pixel frame encoded alone (one latent frame, an image's); without a VAE, the latent frame as it is."""
+        from ..vae_stream import StreamDecoder
+
         vae = self.options.vae
         if vae is None:
             return history[:, :, frame : frame + 1]
+        if not hasattr(self, "_streams"):
+            self._streams: dict[int, StreamDecoder] = {}  # one per batch item, for this run
         out = []
         for b in range(history.shape[0]):
-            pixels = vae.decode(history[b : b + 1, :, : frame + 1])
-            pixels = pixels.reshape(-1, *pixels.shape[-3:])  # (frames, H, W, C), as VAEDecode returns them
-            out.append(vae.encode(pixels[-1:, :, :, :3]).to(history.device))
+            stream = self._streams.setdefault(b, StreamDecoder(vae))
+            pixels = stream.last_frame(history[b : b + 1, :, : frame + 1])  # (1, 1 or 4, H, W, C)
+            out.append(vae.encode(pixels[0, -1:, :, :, :3]).to(history.device))
         return torch.cat(out, dim=0)
 
     def report(self) -> dict:

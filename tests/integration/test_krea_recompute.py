@@ -251,3 +251,83 @@ def test_bias_without_recompute_spares_the_first_cached_frame_and_cfg_branches(l
     ref = krea_forward(dm, ctx, call["x"], call["t"], call["context"], 2, 0.4)
     torch.testing.assert_close(call["out"], ref, atol=2e-5, rtol=2e-5)
     assert float((krea_forward(dm, ctx, call["x"], call["t"], call["context"], 2, 1.0) - ref).abs().max()) > 1e-3
+
+
+# ------------------------------------------------------------------------------------------ the stream decode
+def _last_frames(vae, latents):
+    """The pixel frames of the last latent frame in a whole decode of ``latents`` (what scope's stream gives)."""
+    p = vae.decode(latents)
+    return p.reshape(1, -1, *p.shape[-3:])[:, -(1 if latents.shape[2] == 1 else 4) :]
+
+
+def test_the_stream_decode_gives_the_whole_videos_last_frame_decoding_only_new_frames(pack):
+    """ComfyUI's own Wan 2.1 VAE class (random weights): the stream's last frame after every length equals a whole
+    decode of the video so far (its own groups of frames: within float32 rounding, in practice bit for bit), each
+    call decoding only frames not in a complete group yet; a 4-frame window decodes the last frame otherwise."""
+    import importlib
+
+    from jensen_testing.numerics import assert_within_rounding, relative_error, rounding_bound
+
+    vs = importlib.import_module(f"{pack.__name__}.runtime.vae_stream")
+    vae = wan_tiny.build_vae()
+    lat = torch.randn(1, 16, 10, 4, 4, generator=torch.Generator().manual_seed(1))
+    stream = vs.StreamDecoder(vae)
+    assert stream.streams
+    decoded = []
+    real = vae.first_stage_model.decoder.forward
+    vae.first_stage_model.decoder.forward = lambda x, *a, **k: decoded.append(x.shape[2]) or real(x, *a, **k)
+    try:
+        bound = rounding_bound(25, 27 * 64)  # ~25 3x3x3 convolutions, up to 64 channels in
+        for t in (1, 2, 3, 4, 6, 7, 10):
+            decoded.clear()
+            got = stream.last_frame(lat[:, :, :t])
+            assert sum(decoded) <= 3 + 1  # the new frames (at most 3 here) and a half-full group again
+            want = _last_frames(vae, lat[:, :, :t])
+            assert_within_rounding(got, want, bound, f"{t} frames")
+    finally:
+        vae.first_stage_model.decoder.forward = real
+    window = _last_frames(vae, lat[:, :, 6:10])
+    assert relative_error(window, want) > 100 * bound.value  # the decoder is causal: the frames before matter
+    assert "decode" not in vae.first_stage_model.__dict__  # the instance's decode was restored
+    with pytest.raises(ValueError, match="not the start of this one"):
+        stream.last_frame(torch.randn(1, 16, 10, 4, 4))
+
+
+def test_a_vae_stand_in_is_decoded_whole():
+    """A VAE that is not Wan 2.1's (the stand-ins here) is decoded from the first frame every time, as before."""
+    from support import comfyui as support_comfyui
+
+    support_comfyui.setup_inprocess_comfyui()
+    import importlib
+
+    vs = importlib.import_module(f"{support_comfyui.import_pack().__name__}.runtime.vae_stream")
+    vae = StreamVAE()
+    stream = vs.StreamDecoder(vae)
+    assert not stream.streams
+    lat = torch.randn(1, 16, 5, 4, 4)
+    assert torch.equal(stream.last_frame(lat), vae.decode(lat)[:, -4:])
+    assert vae.calls[-1] == ("decode", 5)
+
+
+def test_krea_with_wan_vae_decodes_each_chunk_once(loop, tiny, euler):
+    """A Krea run with ComfyUI's Wan 2.1 VAE class: the model calls equal scope's recompute with the whole-video
+    re-encode (the reference above, its VAE calls made whole), and no chunk's decode grows with the video."""
+    vae = wan_tiny.build_vae()
+    sizes = []
+    real = vae.first_stage_model.decoder.forward
+    vae.first_stage_model.decoder.forward = lambda x, *a, **k: sizes.append(x.shape[2]) or real(x, *a, **k)
+    try:
+        calls, result = _run(loop, tiny, euler, K=3, block=1, frames=8, bias=0.3, vae=vae)
+    finally:
+        vae.first_stage_model.decoder.forward = real
+    assert result.report["anchor_frame"] == "vae"
+    assert sum(sizes) <= 2 * (8 - 3)  # one new frame per chunk from chunk 4 on, and at most one half group again
+    from jensen_testing.numerics import assert_within_rounding, rounding_bound
+
+    ref_vae = wan_tiny.build_vae()
+    samples = result.samples
+    for n, writes, _ in _per_chunk(calls, 3, 1, 8):
+        if n > 3:  # the re-encoded first frame: the decoder's and the encoder's ~25 convolutions each
+            context = tiny.model.process_latent_in(scope_context(samples, n, 3, 1, ref_vae))
+            got = torch.cat([w["x"] for w in writes], dim=2)
+            assert_within_rounding(got, context, rounding_bound(50, 27 * 64), f"chunk at frame {n}")
