@@ -79,20 +79,14 @@ def block_in_flight_bytes(
 ) -> int:
     """The pack's pending block on core's path: the last call's K and V of every layer (and CFG branch), held as the
     cache will store them (the planner's ``block_in_flight_bytes``)."""
-    from jensen_core import QuantSpec
+    from jensen_core import CachePrecision, CacheShape, QuantSpec
     from jensen_core.planner import block_in_flight_bytes as planned
 
     spec = None if bits == "off" else QuantSpec(bits=int(bits), group_size=group_size, rotation=rotation)
     return planned(
         block_tokens=block_frames * frame_tokens,
-        layers=layers,
-        heads=heads,
-        head_dim=head_dim,
-        spec_k=spec,
-        spec_v=spec,
-        cfg_branches=cfg_branches,
-        batch=batch,
-        full_bytes=element_bytes,
+        shape=CacheShape(layers, heads, head_dim, cfg_branches=cfg_branches, batch=batch, full_bytes=element_bytes),
+        precision=CachePrecision(spec, spec),
     )
 
 
@@ -411,7 +405,7 @@ def plan_settings(window: int = 4, sink: int = 1) -> list[tuple[str, int | None,
 
 
 def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
-    from jensen_core import QuantSpec
+    from jensen_core import CachePrecision, CacheShape, QuantSpec
     from jensen_core.planner import plan_cache
     from jensen_testing.pack import load_pack_module
 
@@ -443,14 +437,9 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
                         chunk_frames=PLAN_CHUNK,
                         window_chunks=win,
                         sink_chunks=snk,
-                        layers=layers,
-                        heads=heads,
-                        head_dim=head_dim,
-                        spec_k=spec,
-                        spec_v=spec,
-                        full_bytes=2,
+                        shape=CacheShape(layers, heads, head_dim, wan, full_bytes=2),
+                        precision=CachePrecision(spec, spec),
                         write_last=False,
-                        geometry=wan,
                     )
                     flight = block_in_flight_bytes(
                         layers=layers,

@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appe
     sys.path.append(str(ROOT))
 
 from jensen_core import QuantSpec  # noqa: E402
-from jensen_core.planner import block_in_flight_bytes, plan_cache  # noqa: E402
+from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes, plan_cache  # noqa: E402
 from jensen_testing.pack import load_pack_module  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "results" / "krea_plan.txt"
@@ -69,23 +69,14 @@ def rows() -> list[dict]:
                 chunk_frames=BLOCK_FRAMES,
                 window_chunks=window,
                 sink_chunks=SINK_FRAMES // BLOCK_FRAMES,
-                layers=layers,
-                heads=heads,
-                head_dim=head_dim,
-                spec_k=spec,
-                spec_v=spec,
-                geometry=wan.GEOMETRY,
-                full_bytes=2,
+                shape=CacheShape(layers=layers, heads=heads, head_dim=head_dim, geometry=wan.GEOMETRY, full_bytes=2),
+                precision=CachePrecision(spec_k=spec, spec_v=spec),
             )
             assert plan.runnable and plan.cached_tokens_peak == KV_CACHE_NUM_FRAMES * tokens
             flight = block_in_flight_bytes(
                 block_tokens=BLOCK_FRAMES * tokens,
-                layers=layers,
-                heads=heads,
-                head_dim=head_dim,
-                spec_k=spec,
-                spec_v=spec,
-                full_bytes=2,
+                shape=CacheShape(layers=layers, heads=heads, head_dim=head_dim, full_bytes=2),
+                precision=CachePrecision(spec_k=spec, spec_v=spec),
             )
             out.append(
                 dict(

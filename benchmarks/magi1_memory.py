@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and magi1; appended, so 
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import plan_cache  # noqa: E402
+from jensen_core.planner import CachePrecision, CacheShape, plan_cache  # noqa: E402
 from magi1.config import PUBLISHED  # noqa: E402
 from magi1.pipeline import finished_chunks_reached  # noqa: E402
 
@@ -59,15 +59,16 @@ def _plan(cfg, w, h, held, spec, write_last=False, layers=None, full_bytes=2):
         latent_width=lat_w,
         chunk_frames=CHUNK_FRAMES,
         window_chunks=held,
-        layers=layers or cfg.num_layers,
-        heads=cfg.num_attention_heads,
-        kv_heads=cfg.num_query_groups,
-        head_dim=cfg.kv_channels,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=GEOMETRY,
         write_last=write_last,
-        full_bytes=full_bytes,
+        shape=CacheShape(
+            layers=layers or cfg.num_layers,
+            heads=cfg.num_attention_heads,
+            head_dim=cfg.kv_channels,
+            geometry=GEOMETRY,
+            kv_heads=cfg.num_query_groups,
+            full_bytes=full_bytes,
+        ),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
 
 

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import block_in_flight_bytes, plan_cache  # noqa: E402
+from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes, plan_cache  # noqa: E402
 
 #: Wan 2.1's latent layout (runtime/families/wan.py GEOMETRY): 1 x 2 x 2 patches, VAE strides 4 (time) and 8
 WAN = LatentGeometry(patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8)
@@ -62,24 +62,14 @@ def pack_bytes(spec, ranks: int, latent: tuple[int, int, int], chunk: int, windo
         chunk_frames=chunk,
         window_chunks=window,
         sink_chunks=sink,
-        layers=LAYERS,
-        heads=HEADS,
-        head_dim=HEAD_DIM,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=WAN,
-        full_bytes=BF16,
-        ranks=ranks,
+        shape=CacheShape(layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, geometry=WAN, full_bytes=BF16, ranks=ranks),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     assert plan.quantized_bytes * ranks == plan.quantized_bytes_all_ranks
     flight = block_in_flight_bytes(
         block_tokens=chunk * plan.tokens_per_latent_frame,
-        layers=LAYERS,
-        heads=HEADS // ranks,
-        head_dim=HEAD_DIM,
-        spec_k=spec,
-        spec_v=spec,
-        full_bytes=BF16,
+        shape=CacheShape(layers=LAYERS, heads=HEADS // ranks, head_dim=HEAD_DIM, full_bytes=BF16),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     return {"cache": plan.quantized_bytes, "in_flight": flight, "all_ranks": plan.quantized_bytes_all_ranks}
 

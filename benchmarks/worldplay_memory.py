@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and worldplay; appended,
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import plan_cache  # noqa: E402
+from jensen_core.planner import CachePrecision, CacheShape, plan_cache  # noqa: E402
 from worldplay.keys import RELEASED  # noqa: E402
 
 #: HunyuanVideo 1.5's latent layout: 32 channels, 16 x 16 pixels and 4 frames per latent, 1 x 1 x 1 patches
@@ -82,12 +82,10 @@ def rows() -> list[dict]:
                 latent_width=lat_w,
                 chunk_frames=CHUNK_FRAMES,
                 window_chunks=CONTEXT_CHUNKS,
-                layers=RELEASED.depth * STREAMS,
-                heads=RELEASED.heads,
-                head_dim=RELEASED.head_dim,
-                spec_k=spec,
-                spec_v=spec,
-                geometry=GEOMETRY,
+                shape=CacheShape(
+                    layers=RELEASED.depth * STREAMS, heads=RELEASED.heads, head_dim=RELEASED.head_dim, geometry=GEOMETRY
+                ),
+                precision=CachePrecision(spec_k=spec, spec_v=spec),
             )
             assert plan.runnable, plan.errors
             out.append(

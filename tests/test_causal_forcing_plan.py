@@ -7,7 +7,8 @@ reference's ``frame_seq_length`` at pipeline/causal_inference.py:47), 81 video f
 from __future__ import annotations
 
 from jensen_core import QuantSpec
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import LatentGeometry
+from jensen_testing.planning import plan_by_fields
 
 WAN_1_3B = dict(layers=30, heads=12, head_dim=128)
 TOKENS_PER_FRAME = 1560
@@ -25,7 +26,7 @@ def _plan(**kw):
         geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
         **WAN_1_3B,
     )
-    return plan_cache(**{**args, **kw})
+    return plan_by_fields(**{**args, **kw})
 
 
 def test_a_framewise_chunk_is_one_latent_frame():

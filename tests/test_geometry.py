@@ -8,7 +8,8 @@ import pytest
 from support.pack import load_pack_module
 
 from jensen_core import QuantSpec
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry, plan_cache
+from jensen_testing.planning import plan_by_fields
 
 
 def _plan(geometry: LatentGeometry, **kw):
@@ -25,7 +26,7 @@ def _plan(geometry: LatentGeometry, **kw):
         spec_v=None,
         write_last=True,
     )
-    return plan_cache(**{**base, **kw}, geometry=geometry)
+    return plan_by_fields(**{**base, **kw}, geometry=geometry)
 
 
 def test_wan_family_provides_its_geometry():
@@ -83,9 +84,6 @@ def test_the_planner_needs_a_geometry():
             latent_width=12,
             chunk_frames=2,
             window_chunks=0,
-            layers=2,
-            heads=2,
-            head_dim=64,
-            spec_k=None,
-            spec_v=None,
+            shape=CacheShape(layers=2, heads=2, head_dim=64),
+            precision=CachePrecision(spec_k=None, spec_v=None),
         )

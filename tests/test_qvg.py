@@ -9,7 +9,7 @@ import torch
 import jensen_core.attention as attention
 from jensen_core import CacheEntry, ChunkCache, QuantSpec, cached_attention, jensen_bias, quantize, rotate
 from jensen_core.methods import method_of
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry, plan_cache
 from jensen_core.quant import QuantizedTensor, cat_quantized
 from jensen_core.qvg import QVGTensor, kmeans
 
@@ -332,13 +332,14 @@ def test_planner_matches_the_bytes_a_qvg_run_stores():
         latent_width=8,
         chunk_frames=3,
         window_chunks=window,
-        layers=layers,
-        heads=heads,
-        head_dim=D,
-        spec_k=spec_k,
-        spec_v=spec_v,
-        cfg_branches=branches,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+        shape=CacheShape(
+            layers=layers,
+            heads=heads,
+            head_dim=D,
+            geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+            cfg_branches=branches,
+        ),
+        precision=CachePrecision(spec_k=spec_k, spec_v=spec_v),
     )
     T = 3 * plan.tokens_per_latent_frame  # 12 tokens: fewer than spec_v's K=30
     caches = [ChunkCache(spec_k, spec_v, window_chunks=window) for _ in range(layers * branches)]

@@ -8,7 +8,8 @@ import torch
 from support.pack import load_pack_module
 
 from jensen_core import ChunkCache, QuantSpec, Retained, Retention
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry, plan_cache
+from jensen_testing.planning import plan_by_fields
 
 
 @pytest.mark.parametrize(
@@ -40,12 +41,8 @@ def _plan_64_token_chunks(spec_k=None, spec_v=None):
         latent_width=16,
         chunk_frames=1,
         window_chunks=0,
-        layers=1,
-        heads=1,
-        head_dim=64,
-        spec_k=spec_k,
-        spec_v=spec_v,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+        shape=CacheShape(layers=1, heads=1, head_dim=64, geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16)),
+        precision=CachePrecision(spec_k=spec_k, spec_v=spec_v),
     )
 
 
@@ -84,7 +81,7 @@ def _plan(**kw):
         spec_v=None,
         geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
     )
-    return plan_cache(**{**args, **kw})
+    return plan_by_fields(**{**args, **kw})
 
 
 @pytest.mark.parametrize("window,sink,warns", [(2, 2, True), (3, 1, True), (2, 1, False), (4, 0, True), (3, 0, False)])

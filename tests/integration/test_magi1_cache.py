@@ -123,9 +123,9 @@ def test_the_planner_counts_the_kv_heads_not_the_query_heads(fams, nodes, pack):
 
     def plan(kv_heads):
         return planner.plan_cache(
-            latent_frames=5, latent_height=8, latent_width=8, chunk_frames=1, window_chunks=2, layers=1, heads=24,
-            kv_heads=kv_heads, head_dim=16, spec_k=config.spec_k, spec_v=config.spec_v,
-            geometry=fams.Magi1Family.geometry,
+            latent_frames=5, latent_height=8, latent_width=8, chunk_frames=1, window_chunks=2,
+            shape=planner.CacheShape(1, 24, 16, fams.Magi1Family.geometry, kv_heads=kv_heads),
+            precision=planner.CachePrecision(config.spec_k, config.spec_v),
         )  # fmt: skip
 
     assert rep["cache_bytes"] == plan(8).quantized_bytes == rep["planned_bytes"] > 0

@@ -189,7 +189,7 @@ def test_api_prompt_runs_to_a_latent_file(server, simple):
     from support.pack import load_pack_module
 
     import jensen_core
-    from jensen_core.planner import plan_cache
+    from jensen_core.planner import CachePrecision, CacheShape, plan_cache
 
     prefix = f"jensen_kv/{uuid.uuid4().hex[:8]}"
     entry = run(server, workflow(prefix=prefix, simple=simple, frames=13, chunk=2))  # 4 latent frames, 2 chunks
@@ -209,13 +209,10 @@ def test_api_prompt_runs_to_a_latent_file(server, simple):
         latent_width=4,
         chunk_frames=2,
         window_chunks=0,
-        layers=2,
-        heads=1,
-        head_dim=128,
-        spec_k=spec,
-        spec_v=spec,
-        cfg_branches=2,
-        geometry=load_pack_module("runtime.families").wan.GEOMETRY,
+        shape=CacheShape(
+            layers=2, heads=1, head_dim=128, geometry=load_pack_module("runtime.families").wan.GEOMETRY, cfg_branches=2
+        ),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     assert (report["layers"], report["heads"], report["head_dim"], report["cfg_branches"]) == (2, 1, 128, 2)
     assert report["cache_bytes"] == plan.quantized_bytes and report["bf16_bytes"] == plan.bf16_bytes

@@ -84,7 +84,7 @@ def test_the_adapter_reads_40_heads_of_128(fam, big):
 
 
 def test_cache_bytes_and_report_equal_the_planner(fam, int2, whole):
-    from comfyui_jensen_kv.jensen_core.planner import plan_cache
+    from comfyui_jensen_kv.jensen_core.planner import CachePrecision, CacheShape, plan_cache
     from comfyui_jensen_kv.runtime.config import get_config
 
     rep = whole.report
@@ -95,15 +95,11 @@ def test_cache_bytes_and_report_equal_the_planner(fam, int2, whole):
         latent_width=LATENT,
         chunk_frames=CHUNK,
         window_chunks=WINDOW,
-        layers=LAYERS,
-        heads=HEADS,
-        head_dim=HEAD_DIM,
-        spec_k=config.spec_k,
-        spec_v=config.spec_v,
-        geometry=fam.wan.GEOMETRY,
-        cfg_branches=1,
-        full_bytes=2,
         sink_chunks=SINK,
+        shape=CacheShape(
+            layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, geometry=fam.wan.GEOMETRY, cfg_branches=1, full_bytes=2
+        ),
+        precision=CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),
     )
     assert plan.runnable and not plan.warnings
     # 4 chunks, the last not written (no state kept): 3 written, sink 1 + window 1 -> 2 held at the peak

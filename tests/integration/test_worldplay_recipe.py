@@ -216,13 +216,16 @@ def test_the_planner_equals_the_bytes_the_run_cached_and_the_text_stays_out(mode
         latent_width=wt.LATENT_HW[1],
         chunk_frames=4,
         window_chunks=5,
-        layers=2 * wt.TINY.depth,
-        heads=wt.TINY.heads,
-        head_dim=wt.TINY.head_dim,
-        spec_k=None if config is None else config.spec_k,
-        spec_v=None if config is None else config.spec_v,
-        full_bytes=4,
-        geometry=pack_module("runtime.families").WorldPlayFamily.geometry,
+        shape=planner.CacheShape(
+            layers=2 * wt.TINY.depth,
+            heads=wt.TINY.heads,
+            head_dim=wt.TINY.head_dim,
+            geometry=pack_module("runtime.families").WorldPlayFamily.geometry,
+            full_bytes=4,
+        ),
+        precision=planner.CachePrecision(
+            spec_k=None if config is None else config.spec_k, spec_v=None if config is None else config.spec_v
+        ),
     )
     assert plan.cached_chunks_peak == 5
     assert rep["cache_bytes"] == rep["planned_bytes"] == plan.quantized_bytes > 0

@@ -16,7 +16,7 @@ import torch
 from support.pack import load_pack_module
 
 from jensen_core import ChunkCache, QuantSpec, method_of
-from jensen_core.planner import plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, plan_cache
 
 routes = load_pack_module("routes.ui")
 wan = load_pack_module("runtime.families").wan
@@ -98,12 +98,8 @@ def test_plan_qvg_counts_centroids_per_chunk_exactly_and_its_spec_is_exact():
         latent_width=104,
         chunk_frames=3,
         window_chunks=0,
-        layers=30,
-        heads=12,
-        head_dim=128,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=WAN,
+        shape=CacheShape(layers=30, heads=12, head_dim=128, geometry=WAN),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     assert out["quantized_bytes"] == ref.quantized_bytes
     # 6 cached chunks x 30 layers x 12 heads x (4680 tokens x (32 B codes + 2 x 3 B metadata + 1 B id) + 256 x 128 x 2 B)
@@ -158,12 +154,8 @@ def test_plan_matches_plan_cache_for_wan_1_3b_defaults():
         latent_width=104,
         chunk_frames=3,
         window_chunks=0,
-        layers=30,
-        heads=12,
-        head_dim=128,
-        spec_k=QuantSpec(2, 32, "hadamard"),
-        spec_v=QuantSpec(2, 32, "hadamard"),
-        geometry=WAN,
+        shape=CacheShape(layers=30, heads=12, head_dim=128, geometry=WAN),
+        precision=CachePrecision(spec_k=QuantSpec(2, 32, "hadamard"), spec_v=QuantSpec(2, 32, "hadamard")),
     )
     assert out["bf16_bytes"] == ref.bf16_bytes
     assert out["quantized_bytes"] == ref.quantized_bytes
@@ -315,12 +307,8 @@ def test_plan_of_hy_worldplay_counts_both_streams_and_the_20_frame_context():
         latent_width=52,
         chunk_frames=4,
         window_chunks=5,
-        layers=108,
-        heads=16,
-        head_dim=128,
-        spec_k=QuantSpec(2, 32, "hadamard"),
-        spec_v=QuantSpec(2, 32, "hadamard"),
-        geometry=fams.WorldPlayFamily.geometry,
+        shape=CacheShape(layers=108, heads=16, head_dim=128, geometry=fams.WorldPlayFamily.geometry),
+        precision=CachePrecision(spec_k=QuantSpec(2, 32, "hadamard"), spec_v=QuantSpec(2, 32, "hadamard")),
     )
     assert out["bf16_bytes"] == ref.bf16_bytes == 27_603_763_200
     assert out["quantized_bytes"] == ref.quantized_bytes == 4_744_396_800

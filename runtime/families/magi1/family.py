@@ -32,7 +32,7 @@ from ....magi1.dit import MagiDiT
 from ...saved_run import weights_digest
 from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
 from .model import CHUNK_FRAMES, ComfyMagiDiT
-from .window import planner_window
+from .window import plan_chunks
 
 FORWARD_KEY = "diffusion_model.forward_chunks"
 SUPPORTED = (
@@ -72,10 +72,10 @@ class Magi1Family(ModelFamily):
     }
 
     @classmethod
-    def planner_window(cls, fields, latent_frames, chunk_frames):
-        """Window 0 on the MAGI-1 AR Sampler: as many finished chunks as its key ranges reach (every chunk with
-        kv_ranges 'all'), from its window_size, kv_ranges and steps (the recipe's own rule)."""
-        return planner_window(fields, latent_frames, chunk_frames)
+    def plan_chunks(cls, asked, latent_frames, fields=None, preset=None):
+        """The MAGI-1 AR Sampler's chunk (its preset's 6 latent frames) and window 0: as many finished chunks as its
+        key ranges reach (every chunk with kv_ranges 'all'), from its window_size, kv_ranges and steps."""
+        return plan_chunks(asked, latent_frames, fields, preset)
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:

@@ -41,6 +41,7 @@ from ....magi1 import pipeline as P
 from ....magi1.caption import DEFAULT_TOKENS, chunk_captions
 from ....magi1.sampler import MagiSettings, iter_sample
 from ...config import JensenKVConfig, get_config, get_window
+from ...options import Chunking
 from ...prompt_schedule import PromptSchedule
 from ...report import MIB
 from ...report import report_text as pack_text
@@ -50,7 +51,7 @@ from ...shift_observer import get_request as get_diagnostics
 from ..base import UnsupportedModelError, attention_override_notice
 from .family import Magi1Family
 from .model import CHUNK_FRAMES
-from .window import DEFAULT_STEPS, auto_window, check_schedule, finished_reached
+from .window import DEFAULT_STEPS, check_schedule, finished_reached
 
 logger = logging.getLogger("jensen_kv")
 
@@ -149,10 +150,14 @@ class Magi1Recipe:
         self.settings = request.settings(self.adapter.config.distill)
         self.schedule = PromptSchedule.from_conditioning(request.positive, "positive")
         self.reached = finished_reached(self.settings, request.chunks)
-        if request.window_chunks:
-            self.window = request.window_chunks
-        else:  # auto: what the key ranges reach (at least one chunk); every chunk when they are unbounded
-            self.window = auto_window(self.settings, request.chunks)
+        # the family's planner rule: a window of 0 keeps what the key ranges reach (at least one chunk; every chunk
+        # when they are unbounded)
+        self.chunking, _ = Magi1Family.plan_chunks(
+            Chunking(request.chunk_frames, request.window_chunks, request.sink_chunks),
+            request.latent_frames,
+            {"window_size": request.window_size, "kv_ranges": request.kv_ranges, "steps": request.num_steps},
+        )
+        self.window = self.chunking.window_chunks
         self.warnings: list[str] = []
         if self.window and self.window < self.reached:
             self.warnings.append(
@@ -255,24 +260,16 @@ class Magi1Recipe:
         return out
 
     def planned(self, dtype: torch.dtype) -> int:
-        r, a = self.r, self.adapter
+        r, ch = self.r, self.chunking
         plan = plan_cache(
             latent_frames=r.latent_frames,
             latent_height=r.latent_height,
             latent_width=r.latent_width,
-            chunk_frames=r.chunk_frames,
-            window_chunks=self.window,
-            layers=a.num_layers,
-            heads=a.heads,
-            kv_heads=a.kv_heads,
-            head_dim=a.head_dim,
-            spec_k=self.config.spec_k,
-            spec_v=self.config.spec_v,
-            geometry=a.geometry,
-            cfg_branches=1,
-            full_bytes=torch.finfo(dtype).bits // 8,
-            sink_chunks=r.sink_chunks,
-            tiers=self.config.tiers,
+            chunk_frames=ch.chunk_frames,
+            window_chunks=ch.window_chunks,
+            sink_chunks=ch.sink_chunks,
+            shape=self.adapter.cache_shape().for_run(cfg_branches=1, batch=1, full_bytes=torch.finfo(dtype).bits // 8),
+            precision=self.config.precision,
         )
         return plan.quantized_bytes or 0
 

@@ -34,6 +34,7 @@ from ....jensen_core.geometry import LatentGeometry
 from ....worldplay.attention import STREAMS, TextPrefix
 from ....worldplay.context import MEMORY_FRAMES
 from ....worldplay.trajectory import CHUNK_LATENTS
+from ...options import Chunking
 from ...saved_run import weights_digest
 from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
 from .model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
@@ -48,6 +49,8 @@ SUPPORTED = (
 )
 #: HunyuanVideo 1.5's latent layout: 32 channels, 16 x 16 pixels and 4 frames per latent frame, 1 x 1 x 1 patches
 GEOMETRY = LatentGeometry(patch=(1, 1, 1), latent_channels=32, vae_time_stride=4, vae_space_stride=16)
+#: the context holds at most this many chunks (20 frames in chunks of 4)
+CONTEXT_CHUNKS = MEMORY_FRAMES // CHUNK_LATENTS
 #: what the route reads from every double block
 BLOCK_PARTS = ("img_attn", "img_attn_prope_proj", "forward_vision", "forward_text")
 
@@ -87,6 +90,19 @@ class WorldPlayFamily(ModelFamily):
     #: the pack's node that samples this family (its recipe owns the loop)
     sampler_node = SAMPLER_NODE
     saves_runs = False  # the cache is rebuilt from the chosen context frames before every chunk
+
+    @classmethod
+    def plan_chunks(cls, asked, latent_frames, fields=None, preset=None):
+        """The cache is rebuilt before every chunk from up to 20 context frames in chunks of 4: chunk 4, window 5,
+        sink 0, whatever was asked (a note says so where the ask differs)."""
+        rule = Chunking(CHUNK_LATENTS, CONTEXT_CHUNKS, 0)
+        if (asked.chunk_frames, asked.window_chunks, asked.sink_chunks) == (rule.chunk_frames, rule.window_chunks, 0):
+            return rule, ()
+        return rule, (
+            f"{cls.name} rebuilds its cache before every chunk from up to {MEMORY_FRAMES} latent frames in chunks of "
+            f"{CHUNK_LATENTS}: planned with chunk {CHUNK_LATENTS}, window {CONTEXT_CHUNKS}, sink 0 (the chunk, window "
+            "and sink given do not apply)",
+        )
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:

@@ -45,6 +45,7 @@ from ....worldplay.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, 
 from ....worldplay.trajectory import CHUNK_LATENTS, Trajectory
 from ...config import JensenKVConfig, get_config, get_window
 from ...noise import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
+from ...options import Chunking
 from ...report import MIB
 from ...report import report_text as _base_report_text
 from ...run_caches import RunCaches
@@ -52,13 +53,10 @@ from ...saved_run import RetainedChunk
 from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics_request
 from ..base import UnsupportedModelError, attention_override_notice
-from .family import SAMPLER_NODE, SUPPORTED, WorldPlayFamily
+from .family import CONTEXT_CHUNKS, SAMPLER_NODE, SUPPORTED, WorldPlayFamily
 from .model import FRAMES_COND, TRAJECTORY_COND
 
 logger = logging.getLogger("jensen_kv")
-
-#: the context holds at most this many chunks (20 frames in chunks of 4)
-CONTEXT_CHUNKS = MEMORY_FRAMES // CHUNK_LATENTS
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,24 +262,21 @@ class WorldPlayRecipe:
         self.text_tokens = 0
 
     def _planned_bytes(self) -> int:
-        """The planner's peak for this run: up to 5 context chunks of 4 frames, every (block, stream) layer."""
+        """The planner's peak for this run, under the family's planner rule: up to 5 context chunks of 4 frames, every
+        (block, stream) layer."""
         li = self.latent_image
+        chunking, _ = self.adapter.plan_chunks(Chunking(CHUNK_LATENTS), self.frames)
         plan = plan_cache(
             latent_frames=self.frames,
             latent_height=li.shape[3],
             latent_width=li.shape[4],
-            chunk_frames=CHUNK_LATENTS,
-            window_chunks=CONTEXT_CHUNKS,
-            layers=self.adapter.num_layers,
-            heads=self.adapter.heads,
-            kv_heads=self.adapter.kv_heads,
-            head_dim=self.adapter.head_dim,
-            spec_k=self.config.spec_k,
-            spec_v=self.config.spec_v,
-            batch=li.shape[0],
-            full_bytes=torch.finfo(self.r.model.model_dtype()).bits // 8,
-            geometry=self.adapter.geometry,
-            tiers=self.config.tiers,
+            chunk_frames=chunking.chunk_frames,
+            window_chunks=chunking.window_chunks,
+            sink_chunks=chunking.sink_chunks,
+            shape=self.adapter.cache_shape().for_run(
+                cfg_branches=1, batch=li.shape[0], full_bytes=torch.finfo(self.r.model.model_dtype()).bits // 8
+            ),
+            precision=self.config.precision,
         )
         return plan.quantized_bytes or 0
 
