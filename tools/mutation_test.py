@@ -763,8 +763,8 @@ MUTANTS += [
     M(
         "X5",
         KREA,
-        "pixels = vae.decode(history[b : b + 1,",
-        "pixels = vae.decode(history[0:1,",
+        "pixels = stream.last_frame(history[b : b + 1,",
+        "pixels = stream.last_frame(history[0:1,",
         f"{T_KREA} {T_MX_PACK}",
         "Krea recompute x batch 2: every batch item's anchor frame is re-encoded from item 0",
     ),
