@@ -795,3 +795,53 @@ def test_nodes_ask_the_family_for_model_facts():
     assert node_model_probes(
         'm.get_model_object("diffusion_model.blocks.0.self_attn").head_dim\nn = len(dm.blocks)\n'
     ) == ["line 1: 'diffusion_model.blocks.0.self_attn'", "line 2: .blocks"]
+
+
+# ---------------------------------------------------------------------------------------------- dataclass fields
+MAX_DATACLASS_FIELDS = 16
+
+
+def dataclass_fields(source: str) -> dict[str, int]:
+    """Fields of every dataclass in ``source`` (``@dataclass`` or ``@dataclass(...)``, at any depth; a ClassVar
+    annotation is no field): class name -> count."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        decorators = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
+        if not any(getattr(d, "id", getattr(d, "attr", None)) == "dataclass" for d in decorators):
+            continue
+        found[node.name] = sum(
+            1
+            for s in node.body
+            if isinstance(s, ast.AnnAssign)
+            and isinstance(s.target, ast.Name)
+            and "ClassVar" not in ast.unparse(s.annotation)
+        )
+    return found
+
+
+def test_no_dataclass_under_runtime_or_nodes_has_more_than_16_fields():
+    """A request or record of more than 16 fields is several values in one: group them (runtime/options.py's
+    Sampling, Chunking, Continuation, Hooks, and one options value per family)."""
+    found = [
+        f"{path.relative_to(ROOT)}: {name} has {n} fields"
+        for room in ("runtime", "nodes")
+        for path in _py_files(room)
+        for name, n in dataclass_fields(path.read_text()).items()
+        if n > MAX_DATACLASS_FIELDS
+    ]
+    assert found == []
+
+
+def test_the_field_count_sees_every_dataclass_form():
+    """Positive control: a bare and a called decorator, ``dataclasses.dataclass``, a nested class; ClassVars and
+    methods are no fields."""
+    fields = "\n".join(f"    f{i}: int = {i}" for i in range(17))
+    source = (
+        "import dataclasses\nfrom dataclasses import dataclass\nfrom typing import ClassVar\n"
+        f"@dataclass\nclass A:\n{fields}\n"
+        f"@dataclass(frozen=True)\nclass B:\n    c: ClassVar[int] = 1\n    x: int\n    def f(self): pass\n"
+        f"class Outer:\n    @dataclasses.dataclass(eq=False)\n    class C:\n    {fields.replace(chr(10), chr(10) + '    ')}\n"
+    )
+    assert dataclass_fields(source) == {"A": 17, "B": 1, "C": 17}

@@ -31,7 +31,7 @@ from .worldplay.family import WorldPlayFamily
 #: nodes ask the registry, never a family's module (tests/test_layout.py).
 MAGI1 = SimpleNamespace(
     family=Magi1Family,
-    Request=_magi1_recipe.Magi1Request,
+    Request=_magi1_recipe.Magi1Request.from_options,
     run=_magi1_recipe.run,
     report_text=_magi1_recipe.report_text,
     parse_kv_ranges=_magi1_window.parse_kv_ranges,
@@ -56,7 +56,7 @@ WORLDPLAY = SimpleNamespace(
     from_state_dict=_worldplay_loader.worldplay_from_state_dict,
     describe=_worldplay_loader.describe,
     family=WorldPlayFamily,
-    request=_worldplay_recipe.WorldPlayRequest,
+    request=_worldplay_recipe.WorldPlayRequest.from_options,
     run=_worldplay_recipe.run,
     report_text=_worldplay_recipe.report_text,
 )
