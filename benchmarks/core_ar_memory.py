@@ -409,7 +409,7 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
     from jensen_core.planner import plan_cache
     from jensen_testing.pack import load_pack_module
 
-    wan = load_pack_module("runtime.families").wan.GEOMETRY  # the Wan family's latent layout
+    wan = load_pack_module("runtime.families.wan.family").GEOMETRY  # the Wan family's latent layout
 
     rows = []
     for model, (layers, heads, head_dim) in WAN_MODELS.items():

@@ -51,7 +51,7 @@ SETTINGS = (("BF16", None), ("INT4 g32", 4), ("INT2 g32", 2))
 
 
 def rows() -> list[dict]:
-    wan = load_pack_module("runtime.families").wan
+    wan = load_pack_module("runtime.families.wan.family")
     layers, heads, head_dim = wan.PRESETS["wan2.1-14b"]
     window = KV_CACHE_NUM_FRAMES // BLOCK_FRAMES  # chunks of context kept: 1
     out = []

@@ -13,7 +13,7 @@ core's SamplerARVideo with blocks of 3 latent frames (Self-Forcing's), 4 denoisi
   writes its sequence shard (all heads) of every block into it, so 1/N of the allocation is used. No window.
   Each self-attention call sends its block's q and *all the K/V it has cached so far* through the Ulysses
   all-to-all, and the output back.
-- **The pack** (``runtime/families/wan_raylight.py``): each rank keeps its heads' share of the quantized cache
+- **The pack** (``runtime/families/wan/raylight.py``): each rank keeps its heads' share of the quantized cache
   (:func:`jensen_core.planner.plan_cache` with ``ranks=N``; its bytes are what a run's report measures, see
   tests/integration/test_raylight_ulysses.py), plus the block in flight (the last call's K/V of every layer,
   held quantized until the next call says whether it is final). Only the current block's q, k, v go through
@@ -39,7 +39,7 @@ from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
 from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes, plan_cache  # noqa: E402
 
-#: Wan 2.1's latent layout (runtime/families/wan.py GEOMETRY): 1 x 2 x 2 patches, VAE strides 4 (time) and 8
+#: Wan 2.1's latent layout (runtime/families/wan/family.py GEOMETRY): 1 x 2 x 2 patches, VAE strides 4 (time) and 8
 WAN = LatentGeometry(patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8)
 LAYERS, HEADS, HEAD_DIM = 40, 40, 128  # Wan 2.1 14B
 DIM = HEADS * HEAD_DIM

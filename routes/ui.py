@@ -7,7 +7,7 @@ object's ``bits_breakdown``, ``planner.plan_cache``; the model presets and each 
 
 Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
 
-- ``GET /jensen_kv/options`` - choices, defaults and model presets for the UI;
+- ``GET /jensen_kv/options`` - choices, defaults, model presets and each family's own sampler node for the UI;
 - ``GET /jensen_kv/spec?key_bits=2&value_bits=2&group_size=32&...`` - effective bits of a key / value
   spec and its compression against BF16 (``head_dim`` optional: adds the divisibility check; with
   ``method=qvg`` the bits depend on the tokens per chunk too: give ``head_dim`` and ``chunk_tokens``
@@ -291,8 +291,26 @@ def options(params: Mapping[str, str] | None = None) -> dict:
         "presets": presets,
         "custom_preset": CUSTOM_PRESET,
         "families": {f.key: f.name for f in FAMILIES},
+        "samplers": samplers(),
         "defaults": dict(DEFAULTS),
         "ranges": {k: {"min": lo, "max": hi, "hint": what} for k, (lo, hi, what) in _INT_RANGES.items()},
+    }
+
+
+def samplers() -> dict:
+    """Each family's own sampler node, as the web planner follows it (by node id): its family, the planner fields
+    read from its widgets (``inputs``) and those it fixes (``fixed``), and the fields of its own the plan takes
+    (``fields``: ``ModelFamily.planner_fields``). Families sampled by the Chunked AR sampler have none."""
+    return {
+        f.sampler_node_id: {
+            "family": f.key,
+            "node": f.sampler_node,
+            "inputs": list(f.planner_inputs),
+            "fixed": dict(f.planner_fixed),
+            "fields": list(f.planner_fields),
+        }
+        for f in FAMILIES
+        if f.sampler_node_id is not None
     }
 
 

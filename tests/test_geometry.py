@@ -30,7 +30,7 @@ def _plan(geometry: LatentGeometry, **kw):
 
 
 def test_wan_family_provides_its_geometry():
-    wan = load_pack_module("runtime.families").wan  # the package, so families/__init__.py runs
+    wan = load_pack_module("runtime.families.wan.family")
     # (the pack-under-test's own LatentGeometry class: compare the fields)
     assert astuple(wan.GEOMETRY) == ((1, 2, 2), 16, 4, 8, True)
     assert wan.WanFamily.geometry is wan.GEOMETRY and wan.WanFamily.latent_channels == 16
@@ -43,12 +43,12 @@ def test_wan_family_provides_its_geometry():
 def test_magi1_family_provides_its_geometry():
     """MAGI-1's VAE: 4 frames of every latent frame (no causal first frame), 8 x 8 pixels, 16 channels; 2 x 2
     patches. 96 frames (the reference's default) are 24 latent frames, 240 frames 60; 720p is 45 x 80 tokens."""
-    fams = load_pack_module("runtime.families")
-    g = fams.Magi1Family.geometry
+    family = load_pack_module("runtime.families.magi1.family").Magi1Family
+    g = family.geometry
     assert astuple(g) == ((1, 2, 2), 16, 4, 8, False)
     assert g.latent_shape(1280, 720, 96) == (24, 90, 160) and g.latent_shape(1280, 720, 240)[0] == 60
     assert g.latent_shape(1280, 720, 97)[0] == 25  # a last partial latent frame counts
-    assert g.tokens_per_frame(90, 160) == 45 * 80 and fams.Magi1Family.latent_channels == 16
+    assert g.tokens_per_frame(90, 160) == 45 * 80 and family.latent_channels == 16
 
 
 def test_the_planner_counts_tokens_and_saved_latents_with_the_given_geometry():

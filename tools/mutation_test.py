@@ -202,7 +202,7 @@ LAY = "jensen_core/correction_layouts.py"
 LSE = "jensen_core/sdpa_lse.py"
 PLAN = "jensen_core/planner.py"
 CONV = "tools/convert_checkpoint.py"
-WAN = "runtime/families/wan.py"
+WAN = "runtime/families/wan/family.py"
 LKV = "nodes/load_kv_cache.py"
 
 MUTANTS += [

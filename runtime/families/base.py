@@ -28,11 +28,13 @@ A family adapter knows these things about its models, and nothing about caches o
   patch of the pack's sampler (core's path then lets that sampling through untouched).
 
 The chunk loop (``runtime/chunk_loop.py``), core's AR path (``runtime/core_ar/``), the routes and the nodes use
-only these members, through ``runtime.families`` (tests/test_layout.py checks that no room but
-``runtime/families/`` imports a family's module).
+only these members, through the registry (``runtime.families``, ``registry.py``); only a family's own node file
+(``nodes/<key>.py``) imports its package (tests/test_layout.py checks both).
 
-Adding a family is adding one file in ``runtime/families/`` (or a package there) and its class to ``FAMILIES``,
-and its tiny model to ``jensen_testing.families``, which the conformance suite (``tests/families/``) runs.
+Adding a family is one package ``runtime/families/<key>/`` (its pure-torch ``model/``, ``family.py`` ending in the
+one registration line ``register(TheFamily)``, a ``recipe.py`` where its loop differs), its nodes in
+``nodes/<key>.py``, its tiny model in ``jensen_testing.families`` (the conformance suite, ``tests/families/``, runs
+every registered family and fails one without it) and a workflow.
 """
 
 from __future__ import annotations
@@ -168,6 +170,15 @@ class ModelFamily(ABC):
     #: inputs of the family's own sampler that decide what its cache holds, which the planner takes besides its own
     #: fields (name -> what it is, with an example); read by :meth:`plan_chunks`
     planner_fields: ClassVar[dict[str, str]] = {}
+    #: the node id of :attr:`sampler_node` where the family has its own (a workflow's node type; None: the Chunked AR
+    #: sampler's), which the web planner follows
+    sampler_node_id: ClassVar[str | None] = None
+    #: the planner's fields the web planner reads from that node's widgets (MAGI-1: the video size on the sampler)
+    planner_inputs: ClassVar[tuple[str, ...]] = ()
+    #: the planner's fields that node fixes (name -> value: one cached CFG branch, a batch of one)
+    planner_fixed: ClassVar[dict[str, int]] = {}
+    #: where the registry lists the family (probe order, the planner's model list, the refusals' list of families)
+    order: ClassVar[int] = 100
 
     num_layers: int
     heads: int
@@ -277,3 +288,16 @@ class ModelFamily(ABC):
         """The MODEL as loaded carries :meth:`attach_core_ar`'s patches and they displaced nobody's:
         :class:`UnusedSettingsError` naming the other patch otherwise."""
         raise NotImplementedError(f"{cls.name} has no core AR path")
+
+
+#: the families registered so far; ``runtime.families.registry`` lists them in :attr:`ModelFamily.order`
+REGISTERED: list[type[ModelFamily]] = []
+
+
+def register(family: type[ModelFamily]) -> type[ModelFamily]:
+    """Add ``family`` to the registry: the one registration line a family's ``family.py`` ends with (idempotent)."""
+    if not (isinstance(family, type) and issubclass(family, ModelFamily)):
+        raise TypeError(f"register() takes a ModelFamily subclass, got {family!r}")
+    if family not in REGISTERED:
+        REGISTERED.append(family)
+    return family

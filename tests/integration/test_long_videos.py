@@ -303,7 +303,7 @@ def test_planner_projects_the_cache_file_size(loop, nodes, tiny, tmp_path):
             layers=2,
             heads=2,
             head_dim=32,
-            geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY,
+            geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family").GEOMETRY,
         ),
         precision=planner.CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),
     )

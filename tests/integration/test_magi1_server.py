@@ -31,8 +31,8 @@ def server(comfy_server):
 
     from jensen_testing import magi1_tiny
     from jensen_testing.magi1_tiny import seeded_weights
-    from magi1.config import TINY, expected_shapes
-    from magi1.vae import VAEConfig, decoder_shapes
+    from runtime.families.magi1.model.config import TINY, expected_shapes
+    from runtime.families.magi1.model.vae import VAEConfig, decoder_shapes
 
     models = comfy_server.base_dir / "models"
     dit = seeded_weights(expected_shapes(TINY))

@@ -230,7 +230,7 @@ def test_patched_attention_takes_the_kv_cache_keyword_of_causal_blocks(pack, com
     """CausalWanModel's blocks call self_attn(x, freqs, kv_cache=None, transformer_options=...)."""
     import importlib
 
-    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan")
+    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family")
     calls = []
 
     class Run:
@@ -287,7 +287,7 @@ def test_variants_with_extra_latent_inputs_are_refused(loop, comfy, euler, pack)
             progress=False,
         )
     # newer ComfyUI passes Bernini's context_latents (and reference latents) as model kwargs: refused at run time
-    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan")
+    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family")
 
     class Run:
         frame_offset = 0

@@ -210,7 +210,11 @@ def test_api_prompt_runs_to_a_latent_file(server, simple):
         chunk_frames=2,
         window_chunks=0,
         shape=CacheShape(
-            layers=2, heads=1, head_dim=128, geometry=load_pack_module("runtime.families").wan.GEOMETRY, cfg_branches=2
+            layers=2,
+            heads=1,
+            head_dim=128,
+            geometry=load_pack_module("runtime.families.wan.family").GEOMETRY,
+            cfg_branches=2,
         ),
         precision=CachePrecision(spec_k=spec, spec_v=spec),
     )

@@ -286,7 +286,7 @@ def test_report_cache_bytes_equal_the_planner(loop, nodes, tiny, euler, key_bits
             layers=rep["layers"],
             heads=rep["heads"],
             head_dim=rep["head_dim"],
-            geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY,
+            geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family").GEOMETRY,
             cfg_branches=rep["cfg_branches"],
         ),
         precision=planner.CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),

@@ -264,7 +264,7 @@ def _plan_bytes(**kw):
 
     from jensen_core import QuantSpec
 
-    wan = load_pack_module("runtime.families").wan.GEOMETRY
+    wan = load_pack_module("runtime.families.wan.family").GEOMETRY
     lf, lh, lw = wan.latent_shape(kw.pop("width"), kw.pop("height"), kw.pop("frames"))
     bits_k, bits_v, g = kw.pop("key_bits"), kw.pop("value_bits"), kw.pop("group_size")
     spec = lambda b: None if b == "off" else QuantSpec(bits=int(b), group_size=g, rotation="hadamard")  # noqa: E731

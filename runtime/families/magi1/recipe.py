@@ -1,7 +1,7 @@
 """MAGI-1's multi-noise chunk pipeline on the pack's quantized cache: the recipe the MAGI-1 AR Sampler runs.
 
 The loop is the reference's (github:SandAI-org/MAGI-1 at 6ff822e, ``inference/pipeline/video_generate.py``
-``SampleTransport.walk`` and ``VideoDiTModel.forward_dispatcher``), written once in :mod:`magi1.sampler` and
+``SampleTransport.walk`` and ``VideoDiTModel.forward_dispatcher``), written once in :mod:`runtime.families.magi1.model.sampler` and
 driven here over the patched clone (:mod:`.family`): up to ``window_size`` chunks in one forward, each at its own
 time on the ``sd3`` schedule (shift 3), Euler on the predicted velocity; per chunk and per quarter of its steps a
 key range of ``noise2clean_kvrange`` chunks (default 5, 4, 3, 2: itself and up to 4 earlier ones); the finished
@@ -36,9 +36,6 @@ from typing import Any
 import torch
 
 from ....jensen_core.planner import plan_cache
-from ....magi1 import pipeline as P
-from ....magi1.caption import DEFAULT_TOKENS, chunk_captions
-from ....magi1.sampler import MagiSettings, iter_sample
 from ...config import JensenKVConfig, get_config, get_window
 from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped
 from ...prompt_schedule import PromptSchedule
@@ -48,8 +45,11 @@ from ...run_caches import RunCaches
 from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics
 from ..base import UnsupportedModelError, attention_override_notice
+from .comfy_model import CHUNK_FRAMES
 from .family import Magi1Family
-from .model import CHUNK_FRAMES
+from .model import pipeline as P
+from .model.caption import DEFAULT_TOKENS, chunk_captions
+from .model.sampler import MagiSettings, iter_sample
 from .window import DEFAULT_STEPS, check_schedule, finished_reached
 
 logger = logging.getLogger("jensen_kv")

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import math
 
-from ....magi1 import pipeline as P
-from ....magi1.sampler import MagiSettings
 from ...options import Chunking
 from ..base import PlannerFieldError
+from .model import pipeline as P
+from .model.sampler import MagiSettings
 
 #: the sampler's defaults: 16 steps (the 24B distill config and the paper; the 4.5B configs ship 64), window 4
 DEFAULT_STEPS = 16

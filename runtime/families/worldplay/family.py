@@ -31,13 +31,13 @@ import torch
 from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
-from ....worldplay.attention import STREAMS, TextPrefix
-from ....worldplay.context import MEMORY_FRAMES
-from ....worldplay.trajectory import CHUNK_LATENTS
 from ...options import Chunking
 from ...saved_run import weights_digest
-from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
-from .model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
+from ..base import AttentionShape, ModelFamily, ModelPreset, Probe, register
+from .comfy_model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
+from .model.attention import STREAMS, TextPrefix
+from .model.context import MEMORY_FRAMES
+from .model.trajectory import CHUNK_LATENTS
 
 #: the object patch of the route
 FORWARD_KEY = "diffusion_model._forward"
@@ -74,7 +74,7 @@ class WorldPlayFamily(ModelFamily):
     supported = SUPPORTED
     geometry = GEOMETRY
     latent_channels = GEOMETRY.latent_channels
-    #: the released model (worldplay.keys.RELEASED): 54 double blocks x 2 streams, 16 heads x 128; the reference's
+    #: the released model (runtime.families.worldplay.model.keys.RELEASED): 54 double blocks x 2 streams, 16 heads x 128; the reference's
     #: chunks of 4 latent frames and its context of up to 20 re-encoded frames
     presets = {
         "hy-worldplay": ModelPreset(
@@ -89,6 +89,9 @@ class WorldPlayFamily(ModelFamily):
     }
     #: the pack's node that samples this family (its recipe owns the loop)
     sampler_node = SAMPLER_NODE
+    sampler_node_id = "JensenKVWorldPlayARSampler"
+    planner_fixed = {"cfg_branches": 1}  # cfg 1: one cached branch (the video's size is on its latent)
+    order = 10
     saves_runs = False  # the cache is rebuilt from the chosen context frames before every chunk
 
     @classmethod
@@ -243,7 +246,7 @@ class WorldPlayRoute:
         self.positions = None
 
     def attention(self, layer: int, stream: str, q: Tensor, k: Tensor, v: Tensor, text_k: Tensor, text_v: Tensor):
-        """The one attention both vision streams of every block go through (``worldplay.attention.VisionAttention``)."""
+        """The one attention both vision streams of every block go through (``runtime.families.worldplay.model.attention.VisionAttention``)."""
         return self.run.attend(stream_layer(layer, stream), q, k, v, self._options, context=(text_k, text_v))
 
     def prefix(self, dm, opts: dict, context, attention_mask, txt_byt5, clip_fea) -> TextPrefix:
@@ -331,3 +334,6 @@ __all__ = [
     "WorldPlayRoute",
     "stream_layer",
 ]
+
+
+register(WorldPlayFamily)

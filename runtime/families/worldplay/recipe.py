@@ -11,7 +11,7 @@ happens here (:class:`WorldPlayRecipe`, hook-shaped methods):
   tokens in full precision, never stored in the chunk cache and never corrected** (its K/V are the prompt's, the
   same at every chunk; quantizing them is measured in ``benchmarks/worldplay_memory.py`` and docs/worldplay.md);
 - :meth:`before_chunk` (the reference's "reconstituted context memory", every chunk but the first): the cache is
-  emptied and rebuilt from up to 20 context frames (``worldplay.context.plan_chunk``: chunk 0, the older chunk
+  emptied and rebuilt from up to 20 context frames (``runtime.families.worldplay.model.context.plan_chunk``: chunk 0, the older chunk
   whose views overlap the new chunk's most, the last 3 chunks), re-encoded in **one bidirectional forward** at
   ``t = 14`` with their RoPE time positions renumbered ``0 .. N - 1``; here that forward writes each context
   chunk (4 frames) as its own cache entry of every (block, stream) layer, quantized as the MODEL's Quantize KV
@@ -26,7 +26,7 @@ happens here (:class:`WorldPlayRecipe`, hook-shaped methods):
 :meth:`WorldPlayRecipe.check` refuses what the recipe cannot do, by name: a window or sink (the context is rebuilt
 before every chunk), cfg other than 1, saving or continuing a KV cache, a prompt schedule, KV Cache Diagnostics.
 Without the pack's patch nodes on the MODEL the cache is full precision: the A/B baseline, equal to the model's own
-forward with the reference's full-precision memory (``worldplay.attention.ContextKV``).
+forward with the reference's full-precision memory (``runtime.families.worldplay.model.attention.ContextKV``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ from typing import Any
 import torch
 
 from ....jensen_core.planner import plan_cache
-from ....worldplay.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, plan_chunk, sphere_points
-from ....worldplay.trajectory import CHUNK_LATENTS, Trajectory
 from ...config import JensenKVConfig, get_config, get_window
 from ...noise import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
 from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped
@@ -52,8 +50,10 @@ from ...saved_run import RetainedChunk
 from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics_request
 from ..base import UnsupportedModelError, attention_override_notice
+from .comfy_model import FRAMES_COND, TRAJECTORY_COND
 from .family import CONTEXT_CHUNKS, SAMPLER_NODE, SUPPORTED, WorldPlayFamily
-from .model import FRAMES_COND, TRAJECTORY_COND
+from .model.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, plan_chunk, sphere_points
+from .model.trajectory import CHUNK_LATENTS, Trajectory
 
 logger = logging.getLogger("jensen_kv")
 
