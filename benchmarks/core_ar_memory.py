@@ -405,9 +405,9 @@ def plan_settings(window: int = 4, sink: int = 1) -> list[tuple[str, int | None,
 
 
 def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
-    from jensen_core import CachePrecision, CacheShape, QuantSpec
-    from jensen_core.planner import plan_cache
+    from jensen_core import CacheShape, QuantSpec
     from jensen_testing.pack import load_pack_module
+    from jensen_testing.planning import plan_video
 
     wan = load_pack_module("runtime.families.wan.family").GEOMETRY  # the Wan family's latent layout
 
@@ -430,17 +430,8 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
                 pack = {}
                 for col, bits, win, snk in plan_settings(window, sink):
                     spec = None if bits is None else QuantSpec(bits=bits, group_size=32, rotation="hadamard")
-                    plan = plan_cache(
-                        latent_frames=lat_t,
-                        latent_height=lat_h,
-                        latent_width=lat_w,
-                        chunk_frames=PLAN_CHUNK,
-                        window_chunks=win,
-                        sink_chunks=snk,
-                        shape=CacheShape(layers, heads, head_dim, wan, full_bytes=2),
-                        precision=CachePrecision(spec, spec),
-                        write_last=False,
-                    )
+                    shape = CacheShape(layers, heads, head_dim, wan, full_bytes=2)
+                    plan = plan_video((lat_t, lat_h, lat_w), PLAN_CHUNK, win, shape, spec, sink_chunks=snk)
                     flight = block_in_flight_bytes(
                         layers=layers,
                         batch=1,

@@ -32,7 +32,8 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and magi1; appended, so 
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import CachePrecision, CacheShape, plan_cache  # noqa: E402
+from jensen_core.planner import CacheShape  # noqa: E402
+from jensen_testing.planning import plan_video  # noqa: E402
 from runtime.families.magi1.model.config import PUBLISHED  # noqa: E402
 from runtime.families.magi1.model.pipeline import finished_chunks_reached  # noqa: E402
 
@@ -52,24 +53,9 @@ SETTINGS = (
 
 
 def _plan(cfg, w, h, held, spec, write_last=False, layers=None, full_bytes=2):
-    lat_t, lat_h, lat_w = GEOMETRY.latent_shape(w, h, FRAMES)
-    return plan_cache(
-        latent_frames=lat_t,
-        latent_height=lat_h,
-        latent_width=lat_w,
-        chunk_frames=CHUNK_FRAMES,
-        window_chunks=held,
-        write_last=write_last,
-        shape=CacheShape(
-            layers=layers or cfg.num_layers,
-            heads=cfg.num_attention_heads,
-            head_dim=cfg.kv_channels,
-            geometry=GEOMETRY,
-            kv_heads=cfg.num_query_groups,
-            full_bytes=full_bytes,
-        ),
-        precision=CachePrecision(spec_k=spec, spec_v=spec),
-    )
+    heads = (cfg.num_attention_heads, cfg.kv_channels)
+    shape = CacheShape(layers or cfg.num_layers, *heads, GEOMETRY, kv_heads=cfg.num_query_groups, full_bytes=full_bytes)
+    return plan_video(GEOMETRY.latent_shape(w, h, FRAMES), CHUNK_FRAMES, held, shape, spec, write_last=write_last)
 
 
 def rows() -> list[dict]:

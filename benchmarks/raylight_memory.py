@@ -37,7 +37,8 @@ if str(ROOT) not in sys.path:
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes, plan_cache  # noqa: E402
+from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes  # noqa: E402
+from jensen_testing.planning import plan_video  # noqa: E402
 
 #: Wan 2.1's latent layout (runtime/families/wan/family.py GEOMETRY): 1 x 2 x 2 patches, VAE strides 4 (time) and 8
 WAN = LatentGeometry(patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8)
@@ -54,17 +55,8 @@ def _padded(tokens: int, ranks: int) -> int:
 
 
 def pack_bytes(spec, ranks: int, latent: tuple[int, int, int], chunk: int, window: int, sink: int) -> dict:
-    t, h, w = latent
-    plan = plan_cache(
-        latent_frames=t,
-        latent_height=h,
-        latent_width=w,
-        chunk_frames=chunk,
-        window_chunks=window,
-        sink_chunks=sink,
-        shape=CacheShape(layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, geometry=WAN, full_bytes=BF16, ranks=ranks),
-        precision=CachePrecision(spec_k=spec, spec_v=spec),
-    )
+    shape = CacheShape(LAYERS, HEADS, HEAD_DIM, WAN, full_bytes=BF16, ranks=ranks)
+    plan = plan_video(latent, chunk, window, shape, spec, sink_chunks=sink)
     assert plan.quantized_bytes * ranks == plan.quantized_bytes_all_ranks
     flight = block_in_flight_bytes(
         block_tokens=chunk * plan.tokens_per_latent_frame,

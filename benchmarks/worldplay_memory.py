@@ -49,7 +49,8 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and worldplay; appended,
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import CachePrecision, CacheShape, plan_cache  # noqa: E402
+from jensen_core.planner import CacheShape  # noqa: E402
+from jensen_testing.planning import plan_video  # noqa: E402
 from runtime.families.worldplay.model.keys import RELEASED  # noqa: E402
 
 #: HunyuanVideo 1.5's latent layout: 32 channels, 16 x 16 pixels and 4 frames per latent, 1 x 1 x 1 patches
@@ -76,17 +77,8 @@ def rows() -> list[dict]:
     for frames in VIDEOS:
         lat_t, lat_h, lat_w = GEOMETRY.latent_shape(WIDTH, HEIGHT, frames)
         for name, spec in SETTINGS:
-            plan = plan_cache(
-                latent_frames=lat_t,
-                latent_height=lat_h,
-                latent_width=lat_w,
-                chunk_frames=CHUNK_FRAMES,
-                window_chunks=CONTEXT_CHUNKS,
-                shape=CacheShape(
-                    layers=RELEASED.depth * STREAMS, heads=RELEASED.heads, head_dim=RELEASED.head_dim, geometry=GEOMETRY
-                ),
-                precision=CachePrecision(spec_k=spec, spec_v=spec),
-            )
+            shape = CacheShape(RELEASED.depth * STREAMS, RELEASED.heads, RELEASED.head_dim, GEOMETRY)
+            plan = plan_video((lat_t, lat_h, lat_w), CHUNK_FRAMES, CONTEXT_CHUNKS, shape, spec)
             assert plan.runnable, plan.errors
             out.append(
                 {

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import causal_wan, magi1_tiny, reference, wan_tiny, worldplay_tiny
+from .comfyui import pack_module
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def _wp_conditioning(seed: int) -> list:
 
 def _wp_sample(model, positive, latent, *, seed, cfg, sampler, sigmas, observer=None, **options):
     frames = latent["samples"].shape[2]
-    recipe = worldplay_tiny.pack_module("runtime.families.worldplay.recipe")
+    recipe = pack_module("runtime.families.worldplay.recipe")
     request = recipe.WorldPlayRequest.from_options(
         model,
         positive,

@@ -17,7 +17,11 @@ PRECISION_FIELDS = ("spec_k", "spec_v", "tiers")
 
 
 def values(**fields) -> dict:
-    """``fields`` with the shape's and the precision's fields taken out into ``shape=`` and ``precision=``."""
+    """``fields`` with the shape's and the precision's fields taken out into ``shape=`` and ``precision=``;
+    ``latent=(frames, height, width)`` stands for ``latent_frames``, ``latent_height`` and ``latent_width`` (each
+    given by name wins)."""
+    for name, v in zip(("latent_frames", "latent_height", "latent_width"), fields.pop("latent", ())):
+        fields.setdefault(name, v)
     shape = {k: fields.pop(k) for k in SHAPE_FIELDS if k in fields}
     precision = {k: fields.pop(k) for k in PRECISION_FIELDS if k in fields}
     return {**fields, "shape": CacheShape(**shape), "precision": CachePrecision(**precision)}
@@ -26,3 +30,23 @@ def values(**fields) -> dict:
 def plan_by_fields(**fields) -> CachePlan:
     """:func:`plan_cache` of the chunking and the shape's and precision's fields, all given by name."""
     return plan_cache(**values(**fields))
+
+
+def plan_video(
+    latent: tuple[int, int, int],
+    chunk_frames: int,
+    window_chunks: int,
+    shape: CacheShape,
+    spec=None,
+    **options,
+) -> CachePlan:
+    """:func:`plan_cache` of a latent video of ``latent`` (frames, height, width) in chunks of ``chunk_frames``,
+    keeping ``window_chunks``, for caches of ``shape``; ``spec`` stores keys and values alike (None: the model's
+    dtype) unless ``options`` give a ``precision``; the rest of ``options`` as :func:`plan_cache` takes them
+    (``sink_chunks``, ``write_last``, ``prefix_frames``)."""
+    frames, height, width = latent
+    options.setdefault("precision", CachePrecision(spec, spec))
+    return plan_cache(
+        latent_frames=frames, latent_height=height, latent_width=width, chunk_frames=chunk_frames,
+        window_chunks=window_chunks, shape=shape, **options,
+    )  # fmt: skip

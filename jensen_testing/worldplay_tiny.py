@@ -28,6 +28,8 @@ import torch
 
 from runtime.families.worldplay.model.keys import RELEASED, WorldPlayShape, official_shapes
 
+from .comfyui import pack_module
+
 #: 2 double blocks, width 64, 2 heads of 32 (RoPE 4 / 14 / 14), 32 latent channels, tiny text and SigLIP widths
 TINY = WorldPlayShape(
     hidden_size=64,
@@ -89,16 +91,6 @@ def tiny_state_dict(shape: WorldPlayShape = TINY, seed: int = 0, dtype: torch.dt
 LATENT_HW = (4, 6)
 #: the pose commands :func:`trajectory` cycles through, 4 latent frames each (a path that turns and comes back)
 _POSES = ("w", "right", "a", "left", "s", "up", "d", "down")
-
-
-def pack_module(name: str):
-    """``pack_module("runtime.families")``: a module of the pack imported as ComfyUI does (``import_pack`` first)."""
-    import importlib
-
-    from .comfyui import PACK_MODULE, import_pack
-
-    import_pack()
-    return importlib.import_module(f"{PACK_MODULE}.{name}")
 
 
 def build_patcher(seed: int = 0, shape: WorldPlayShape = TINY):

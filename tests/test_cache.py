@@ -5,7 +5,7 @@ import torch
 
 from jensen_core import ChunkCache, QuantizedTensor, QuantSpec
 from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry, plan_cache
-from jensen_testing.planning import plan_by_fields
+from jensen_testing.planning import plan_by_fields, plan_video
 
 #: a toy family's latent layout: 2 x 2 latent pixels per token, 16 channels
 GEOMETRY_2X2 = LatentGeometry(patch=(1, 2, 2), latent_channels=16)
@@ -62,13 +62,12 @@ def test_planner_matches_the_bytes_a_run_really_stores():
         for i, cache in enumerate(caches):
             cache.append(*_chunk(100 * c + i, H=heads, T=T, D=D))
         peak = max(peak, sum(cache.nbytes for cache in caches))
-    plan = plan_cache(
-        latent_frames=chunks * 3,
-        latent_height=2,
-        latent_width=8,
-        chunk_frames=3,
-        window_chunks=window,
-        shape=CacheShape(layers=layers, heads=heads, head_dim=D, geometry=GEOMETRY_2X2, cfg_branches=branches),
+    shape = CacheShape(layers=layers, heads=heads, head_dim=D, geometry=GEOMETRY_2X2, cfg_branches=branches)
+    plan = plan_video(
+        (chunks * 3, 2, 8),
+        3,
+        window,
+        shape,
         precision=CachePrecision(spec_k=spec_k, spec_v=spec_v),
     )
     assert T == 3 * plan.tokens_per_latent_frame
@@ -276,20 +275,9 @@ def test_negative_sink_is_a_clear_error():
 
 # ----------------------------------------------------------------------------------------- planner
 def _plan(**kw):
-    base = dict(
-        latent_frames=21,
-        latent_height=60,
-        latent_width=104,
-        chunk_frames=3,
-        window_chunks=0,
-        layers=30,
-        heads=12,
-        head_dim=128,
-        spec_k=QuantSpec(),
-        spec_v=QuantSpec(),
-        geometry=GEOMETRY_2X2,
-    )
-    return plan_by_fields(**{**base, **kw})
+    video = dict(latent=(21, 60, 104), chunk_frames=3, window_chunks=0)
+    model = dict(layers=30, heads=12, head_dim=128, spec_k=QuantSpec(), spec_v=QuantSpec(), geometry=GEOMETRY_2X2)
+    return plan_by_fields(**{**video, **model, **kw})
 
 
 @pytest.mark.parametrize("window", [7, 8, 50])

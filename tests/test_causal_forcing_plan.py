@@ -15,17 +15,9 @@ TOKENS_PER_FRAME = 1560
 
 
 def _plan(**kw):
-    args = dict(
-        latent_frames=21,
-        latent_height=60,
-        latent_width=104,
-        chunk_frames=1,
-        window_chunks=0,
-        spec_k=None,
-        spec_v=None,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
-        **WAN_1_3B,
-    )
+    video = dict(latent=(21, 60, 104), chunk_frames=1, window_chunks=0)
+    model = dict(spec_k=None, spec_v=None, geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16), **WAN_1_3B)
+    args = {**video, **model}
     return plan_by_fields(**{**args, **kw})
 
 

@@ -128,16 +128,8 @@ def test_krea_owns_what_its_recompute_cannot_be_combined_with():
 
 # ------------------------------------------------------------------------------------------ shape and precision
 def _loose(**kw):
-    return dict(
-        latent_frames=9,
-        latent_height=8,
-        latent_width=12,
-        chunk_frames=3,
-        window_chunks=1,
-        sink_chunks=1,
-        write_last=True,
-        **kw,
-    )
+    video = dict(latent_frames=9, latent_height=8, latent_width=12)
+    return dict(**video, chunk_frames=3, window_chunks=1, sink_chunks=1, write_last=True, **kw)
 
 
 def test_the_planner_takes_one_signature_a_shape_and_a_precision():

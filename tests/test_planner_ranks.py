@@ -20,20 +20,8 @@ QVG = QuantSpec(bits=2, group_size=16, method="qvg", qvg_centroids=4)
 
 
 def _plan(**kw):
-    args = dict(
-        latent_frames=5,
-        latent_height=6,
-        latent_width=6,
-        chunk_frames=1,
-        window_chunks=2,
-        sink_chunks=1,
-        layers=2,
-        heads=4,
-        head_dim=32,
-        spec_k=INT2,
-        spec_v=INT2,
-        geometry=GEOMETRY,
-    )
+    video = dict(latent=(5, 6, 6), chunk_frames=1, window_chunks=2, sink_chunks=1)
+    args = dict(**video, layers=2, heads=4, head_dim=32, spec_k=INT2, spec_v=INT2, geometry=GEOMETRY)
     return plan_by_fields(**{**args, **kw})
 
 

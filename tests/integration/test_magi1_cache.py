@@ -9,7 +9,6 @@ schedules, refusals, progress and interrupts, and the node.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import comfyui as support_comfyui
+from support.comfyui import pack_module
 
 from jensen_core.retention import Retention
 from jensen_testing import magi1_tiny
@@ -32,10 +31,6 @@ from runtime.families.magi1.model.sampler import MagiSettings, sample
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "magi1" / "expected.safetensors"
 SCALE = 0.18215
-
-
-def pack_module(name):
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.{name}")
 
 
 @pytest.fixture(scope="module")
@@ -293,22 +288,15 @@ def test_another_sampler_on_the_patched_model_is_refused_and_the_model_stays_unp
 
 
 # ------------------------------------------------------------------------------------------ progress, interrupt
-def test_progress_per_forward_and_an_interrupt_leaves_nothing_behind(magi1, monkeypatch):
+def test_progress_per_forward_and_an_interrupt_leaves_nothing_behind(magi1):
     import comfy.model_management
-    import comfy.utils
+    from support.progress import record_progress
 
-    updates = []
-    real = comfy.utils.ProgressBar
-
-    class Spy(real):
-        def update_absolute(self, value, total=None, preview=None):
-            updates.append((value, total))
-            return super().update_absolute(value, total, preview)
-
-    monkeypatch.setattr(comfy.utils, "ProgressBar", Spy)
     model = magi1_tiny.build_patcher()
     cond = magi1_tiny.conditioning(0)
-    magi1.run(_request(magi1, model, cond, 3, progress=True))
+    with record_progress() as progress:
+        magi1.run(_request(magi1, model, cond, 3, progress=True))
+    updates = [(value, total) for value, total, _ in progress.sent]
     forwards = len(P.steps_of(8, 4, 3))
     assert updates == [(i + 1, forwards) for i in range(forwards)]
 

@@ -199,20 +199,13 @@ def vae_folder(model_dir):
 
 
 def test_vae_loader_and_decode_node_match_the_pure_decoder(nodes, vae_folder, monkeypatch):
-    import comfy.utils
+    from support.progress import record_progress
 
     vae = nodes.magi1.JensenKVLoadMagi1VAE.execute("magi_vae/", "fp32").args[0]
     z = torch.randn(1, 16, 3, 5, 5, generator=torch.Generator().manual_seed(2))
-    updates = []
-    real = comfy.utils.ProgressBar
-
-    class Spy(real):
-        def update_absolute(self, value, total=None, preview=None):
-            updates.append((value, total))
-            return super().update_absolute(value, total, preview)
-
-    monkeypatch.setattr(comfy.utils, "ProgressBar", Spy)
-    images = nodes.magi1.JensenKVMagi1VAEDecode.execute(vae, {"samples": z}, 32, 8, 0.25).args[0]
+    with record_progress() as progress:
+        images = nodes.magi1.JensenKVMagi1VAEDecode.execute(vae, {"samples": z}, 32, 8, 0.25).args[0]
+    updates = [(value, total) for value, total, _ in progress.sent]
     pure = MagiVAE(VAE_TINY)
     pure.load_state_dict({"decoder." + k: v for k, v in seeded_weights(decoder_shapes(VAE_TINY)).items()})
     video = pure.decode(z, tile_pixels=32, tile_frames=8)

@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support import comfyui as support_comfyui
+from support.comfyui import pack_module
 
 from jensen_testing import worldplay_tiny as wt
 from jensen_testing.numerics import assert_within_rounding
@@ -30,10 +31,6 @@ pytestmark = pytest.mark.hunyuan15
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "worldplay"
 SEVEN = 28  # latent frames: 7 chunks, the last one's context chosen by view overlap (20 frames)
-
-
-def pack_module(name: str):
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.{name}")
 
 
 @pytest.fixture(scope="module")

@@ -189,14 +189,11 @@ def write_tiny_checkpoint(base: Path) -> str | None:
     """A random tiny Wan that UNETLoader detects as wan2.1 (None when the test-node pack is absent)."""
     if not (TEST_NODES_DIR / "__init__.py").is_file():
         return None
-    import torch
-    from safetensors.torch import save_file
     from support import comfyui as support_comfyui
     from support import wan_tiny
 
     support_comfyui.setup_inprocess_comfyui()
-    sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(base / "models" / "diffusion_models" / TINY_UNET))
+    wan_tiny.write_file(base / "models" / "diffusion_models" / TINY_UNET)
     return TINY_UNET
 
 
