@@ -27,6 +27,34 @@ QUANT_INT2 = {
 JENSEN_TAYLOR = {"mode": "taylor", "strength": 1.0}
 
 
+#: the Chunked AR Video Sampler's widgets in a saved workflow, in order (the required ones, then the optional ones
+#: added later); the Simple sampler puts steps, sampler_name and scheduler after cfg
+CHUNKED_SAMPLER_WIDGETS = (
+    "seed",
+    "control",
+    "cfg",
+    "chunk_frames",
+    "window_chunks",
+    "context_noise",
+    "sink_chunks",
+    "include_prefix",
+    "recache_on_switch",
+    "recompute_frames",
+    "kv_cache_attention_bias",
+    "recache_mode",
+    "context_noise_mode",
+    "first_chunk_frames",
+)
+
+
+def sampler_widgets(node: dict) -> dict:
+    """A saved Chunked AR Video Sampler (or its Simple variant) node's widget values by name."""
+    names = list(CHUNKED_SAMPLER_WIDGETS)
+    if node["type"] == "JensenKVChunkedARSamplerSimple":
+        names = ["seed", "control", "steps", "cfg", "sampler_name", "scheduler", *names[3:]]
+    return dict(zip(names, node["widgets_values"]))
+
+
 def chunked_sampler(model: list, *, seed: int = 0, chunk_frames: int = 1, window_chunks: int = 0, **widgets) -> dict:
     """The API prompt's Chunked AR Video Sampler node on the MODEL link ``model``, at cfg 1 with no context noise
     (``widgets`` over them), linked as the tiny prompts link it: positive ``"4"``, negative ``"5"``, latent ``"6"``,
