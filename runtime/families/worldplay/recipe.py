@@ -189,6 +189,11 @@ class WorldPlayRecipe:
             raise ValueError(
                 f"noise {tuple(r.options.noise.shape)} must have the latent's shape {tuple(r.samples.shape)}"
             )
+        WorldPlayRecipe._check_settings(r)
+
+    @staticmethod
+    def _check_settings(r: WorldPlayRequest) -> None:
+        """The settings the reference's loop fixes (window, sink, cfg, chunk, prefix, saved caches, one prompt)."""
         clash = [
             what
             for what, bad in (
