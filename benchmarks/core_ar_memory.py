@@ -79,20 +79,14 @@ def block_in_flight_bytes(
 ) -> int:
     """The pack's pending block on core's path: the last call's K and V of every layer (and CFG branch), held as the
     cache will store them (the planner's ``block_in_flight_bytes``)."""
-    from jensen_core import QuantSpec
+    from jensen_core import CachePrecision, CacheShape, QuantSpec
     from jensen_core.planner import block_in_flight_bytes as planned
 
     spec = None if bits == "off" else QuantSpec(bits=int(bits), group_size=group_size, rotation=rotation)
     return planned(
         block_tokens=block_frames * frame_tokens,
-        layers=layers,
-        heads=heads,
-        head_dim=head_dim,
-        spec_k=spec,
-        spec_v=spec,
-        cfg_branches=cfg_branches,
-        batch=batch,
-        full_bytes=element_bytes,
+        shape=CacheShape(layers, heads, head_dim, cfg_branches=cfg_branches, batch=batch, full_bytes=element_bytes),
+        precision=CachePrecision(spec, spec),
     )
 
 
@@ -411,11 +405,11 @@ def plan_settings(window: int = 4, sink: int = 1) -> list[tuple[str, int | None,
 
 
 def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
-    from jensen_core import QuantSpec
-    from jensen_core.planner import plan_cache
+    from jensen_core import CacheShape, QuantSpec
     from jensen_testing.pack import load_pack_module
+    from jensen_testing.planning import plan_video
 
-    wan = load_pack_module("runtime.families").wan.GEOMETRY  # the Wan family's latent layout
+    wan = load_pack_module("runtime.families.wan.family").GEOMETRY  # the Wan family's latent layout
 
     rows = []
     for model, (layers, heads, head_dim) in WAN_MODELS.items():
@@ -436,22 +430,8 @@ def planner_rows(window: int = 4, sink: int = 1) -> list[dict]:
                 pack = {}
                 for col, bits, win, snk in plan_settings(window, sink):
                     spec = None if bits is None else QuantSpec(bits=bits, group_size=32, rotation="hadamard")
-                    plan = plan_cache(
-                        latent_frames=lat_t,
-                        latent_height=lat_h,
-                        latent_width=lat_w,
-                        chunk_frames=PLAN_CHUNK,
-                        window_chunks=win,
-                        sink_chunks=snk,
-                        layers=layers,
-                        heads=heads,
-                        head_dim=head_dim,
-                        spec_k=spec,
-                        spec_v=spec,
-                        full_bytes=2,
-                        write_last=False,
-                        geometry=wan,
-                    )
+                    shape = CacheShape(layers, heads, head_dim, wan, full_bytes=2)
+                    plan = plan_video((lat_t, lat_h, lat_w), PLAN_CHUNK, win, shape, spec, sink_chunks=snk)
                     flight = block_in_flight_bytes(
                         layers=layers,
                         batch=1,

@@ -38,8 +38,9 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appe
     sys.path.append(str(ROOT))
 
 from jensen_core import QuantSpec  # noqa: E402
-from jensen_core.planner import block_in_flight_bytes, plan_cache  # noqa: E402
+from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes  # noqa: E402
 from jensen_testing.pack import load_pack_module  # noqa: E402
+from jensen_testing.planning import plan_video  # noqa: E402
 
 DEFAULT_OUT = ROOT / "docs" / "results" / "krea_plan.txt"
 MIB = 2**20
@@ -51,7 +52,7 @@ SETTINGS = (("BF16", None), ("INT4 g32", 4), ("INT2 g32", 2))
 
 
 def rows() -> list[dict]:
-    wan = load_pack_module("runtime.families").wan
+    wan = load_pack_module("runtime.families.wan.family")
     layers, heads, head_dim = wan.PRESETS["wan2.1-14b"]
     window = KV_CACHE_NUM_FRAMES // BLOCK_FRAMES  # chunks of context kept: 1
     out = []
@@ -62,30 +63,14 @@ def rows() -> list[dict]:
         krea = 2 * LOCAL_ATTN_SIZE * tokens * layers * heads * head_dim * 2  # K and V, BF16, its 6-frame buffer
         for name, bits in SETTINGS:
             spec = None if bits is None else QuantSpec(bits=bits, group_size=32, rotation="hadamard")
-            plan = plan_cache(
-                latent_frames=lat_t,
-                latent_height=lat_h,
-                latent_width=lat_w,
-                chunk_frames=BLOCK_FRAMES,
-                window_chunks=window,
-                sink_chunks=SINK_FRAMES // BLOCK_FRAMES,
-                layers=layers,
-                heads=heads,
-                head_dim=head_dim,
-                spec_k=spec,
-                spec_v=spec,
-                geometry=wan.GEOMETRY,
-                full_bytes=2,
-            )
+            shape = CacheShape(layers, heads, head_dim, wan.GEOMETRY, full_bytes=2)
+            sink = SINK_FRAMES // BLOCK_FRAMES
+            plan = plan_video((lat_t, lat_h, lat_w), BLOCK_FRAMES, window, shape, spec, sink_chunks=sink)
             assert plan.runnable and plan.cached_tokens_peak == KV_CACHE_NUM_FRAMES * tokens
             flight = block_in_flight_bytes(
                 block_tokens=BLOCK_FRAMES * tokens,
-                layers=layers,
-                heads=heads,
-                head_dim=head_dim,
-                spec_k=spec,
-                spec_v=spec,
-                full_bytes=2,
+                shape=CacheShape(layers=layers, heads=heads, head_dim=head_dim, full_bytes=2),
+                precision=CachePrecision(spec_k=spec, spec_v=spec),
             )
             out.append(
                 dict(

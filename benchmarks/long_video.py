@@ -75,12 +75,8 @@ def bounded_memory(args, loop, nodes, planner) -> None:
         chunk_frames=3,
         window_chunks=args.window,
         sink_chunks=args.sink,
-        layers=2,
-        heads=12,
-        head_dim=128,
-        spec_k=config.spec_k,
-        spec_v=config.spec_v,
-        geometry=loop.detect(model).geometry,
+        shape=planner.CacheShape(layers=2, heads=12, head_dim=128, geometry=loop.detect(model).geometry),
+        precision=planner.CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),
     )
     written = res.cache_bytes_after_write
     peak = max(written)

@@ -12,12 +12,12 @@ frames: 240 frames are 60 latent frames, 10 chunks. What each side keeps:
   in BF16 (pinned host memory), whatever the window: 10 chunks per layer;
 - the pack (MAGI-1 AR Sampler): finished chunks only, as many as the key ranges reach (``noise2clean_kvrange``
   5, 4, 3, 2): at ``window_size`` 4 every query reads exactly one finished chunk, at 1 up to four
-  (``magi1.pipeline.finished_chunks_reached``); the chunks in flight are computed in every forward, in full
+  (``runtime.families.magi1.model.pipeline.finished_chunks_reached``); the chunks in flight are computed in every forward, in full
   precision, by the reference and the pack alike, and stored by neither.
 
 Then, at tiny scale, the same comparison measured: the tiny MAGI-1 (2 layers, 4 query heads over 2 K/V heads of 64)
 sampled by the recipe, the cache's peak bytes against the planner's, and the reference's buffer as
-``magi1.attention.FullPrecisionKV`` really held it (every chunk a forward wrote: all but the last).
+``runtime.families.magi1.model.attention.FullPrecisionKV`` really held it (every chunk a forward wrote: all but the last).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and magi1; appended, so 
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import plan_cache  # noqa: E402
-from magi1.config import PUBLISHED  # noqa: E402
-from magi1.pipeline import finished_chunks_reached  # noqa: E402
+from jensen_core.planner import CacheShape  # noqa: E402
+from jensen_testing.planning import plan_video  # noqa: E402
+from runtime.families.magi1.model.config import PUBLISHED  # noqa: E402
+from runtime.families.magi1.model.pipeline import finished_chunks_reached  # noqa: E402
 
 #: MAGI-1's VAE (no causal first frame) and the DiT's patches
 GEOMETRY = LatentGeometry(
@@ -52,23 +53,9 @@ SETTINGS = (
 
 
 def _plan(cfg, w, h, held, spec, write_last=False, layers=None, full_bytes=2):
-    lat_t, lat_h, lat_w = GEOMETRY.latent_shape(w, h, FRAMES)
-    return plan_cache(
-        latent_frames=lat_t,
-        latent_height=lat_h,
-        latent_width=lat_w,
-        chunk_frames=CHUNK_FRAMES,
-        window_chunks=held,
-        layers=layers or cfg.num_layers,
-        heads=cfg.num_attention_heads,
-        kv_heads=cfg.num_query_groups,
-        head_dim=cfg.kv_channels,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=GEOMETRY,
-        write_last=write_last,
-        full_bytes=full_bytes,
-    )
+    heads = (cfg.num_attention_heads, cfg.kv_channels)
+    shape = CacheShape(layers or cfg.num_layers, *heads, GEOMETRY, kv_heads=cfg.num_query_groups, full_bytes=full_bytes)
+    return plan_video(GEOMETRY.latent_shape(w, h, FRAMES), CHUNK_FRAMES, held, shape, spec, write_last=write_last)
 
 
 def rows() -> list[dict]:
@@ -112,14 +99,14 @@ def measured() -> list[str]:
     import torch
 
     from jensen_testing import comfyui, magi1_tiny
-    from magi1.attention import FullPrecisionKV
-    from magi1.caption import chunk_captions
-    from magi1.config import TINY
-    from magi1.sampler import MagiSettings, sample
+    from runtime.families.magi1.model.attention import FullPrecisionKV
+    from runtime.families.magi1.model.caption import chunk_captions
+    from runtime.families.magi1.model.config import TINY
+    from runtime.families.magi1.model.sampler import MagiSettings, sample
 
     comfyui.setup_inprocess_comfyui()
     comfyui.import_pack()
-    fams = importlib.import_module(f"{comfyui.PACK_MODULE}.runtime.families")
+    magi1 = importlib.import_module(f"{comfyui.PACK_MODULE}.runtime.families.magi1.recipe")
     quantize = importlib.import_module(f"{comfyui.PACK_MODULE}.nodes").JensenKVQuantizeKVCache
     model = magi1_tiny.build_patcher(qk_gain=0.5)
     cond = magi1_tiny.conditioning(0)
@@ -141,10 +128,11 @@ def measured() -> list[str]:
             if bits != "off":  # QVG: the pack's default K (auto: from the chunk's 16 tokens, not 256)
                 m = quantize.execute(model, bits, bits, group, "none" if method == "qvg" else "hadamard", "fp8_e4m3",
                                      0, method, 1, 0, 2).args[0]  # fmt: skip
-            req = fams.MAGI1.Request(m, cond, latent_frames=chunks * cw, latent_height=8, latent_width=8, seed=0,
-                                     num_steps=steps, window_size=window, cfg_number=1, chunk_frames=cw,
-                                     progress=False)  # fmt: skip
-            rep = fams.MAGI1.run(req).report
+            req = magi1.Magi1Request.from_options(
+                m, cond, latent_frames=chunks * cw, latent_height=8, latent_width=8, seed=0, num_steps=steps,
+                window_size=window, cfg_number=1, chunk_frames=cw, progress=False,
+            )  # fmt: skip
+            rep = magi1.run(req).report
             lines.append(
                 f"    pack {name:<12} {rep['window_chunks']} chunk(s) held: measured {rep['cache_bytes']:>7,} bytes, "
                 f"planned {rep['planned_bytes']:>7,}, {rep['effective_bits']:.2f} bits"

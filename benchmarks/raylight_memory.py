@@ -13,7 +13,7 @@ core's SamplerARVideo with blocks of 3 latent frames (Self-Forcing's), 4 denoisi
   writes its sequence shard (all heads) of every block into it, so 1/N of the allocation is used. No window.
   Each self-attention call sends its block's q and *all the K/V it has cached so far* through the Ulysses
   all-to-all, and the output back.
-- **The pack** (``runtime/families/wan_raylight.py``): each rank keeps its heads' share of the quantized cache
+- **The pack** (``runtime/families/wan/raylight.py``): each rank keeps its heads' share of the quantized cache
   (:func:`jensen_core.planner.plan_cache` with ``ranks=N``; its bytes are what a run's report measures, see
   tests/integration/test_raylight_ulysses.py), plus the block in flight (the last call's K/V of every layer,
   held quantized until the next call says whether it is final). Only the current block's q, k, v go through
@@ -37,9 +37,10 @@ if str(ROOT) not in sys.path:
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import block_in_flight_bytes, plan_cache  # noqa: E402
+from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes  # noqa: E402
+from jensen_testing.planning import plan_video  # noqa: E402
 
-#: Wan 2.1's latent layout (runtime/families/wan.py GEOMETRY): 1 x 2 x 2 patches, VAE strides 4 (time) and 8
+#: Wan 2.1's latent layout (runtime/families/wan/family.py GEOMETRY): 1 x 2 x 2 patches, VAE strides 4 (time) and 8
 WAN = LatentGeometry(patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8)
 LAYERS, HEADS, HEAD_DIM = 40, 40, 128  # Wan 2.1 14B
 DIM = HEADS * HEAD_DIM
@@ -54,32 +55,13 @@ def _padded(tokens: int, ranks: int) -> int:
 
 
 def pack_bytes(spec, ranks: int, latent: tuple[int, int, int], chunk: int, window: int, sink: int) -> dict:
-    t, h, w = latent
-    plan = plan_cache(
-        latent_frames=t,
-        latent_height=h,
-        latent_width=w,
-        chunk_frames=chunk,
-        window_chunks=window,
-        sink_chunks=sink,
-        layers=LAYERS,
-        heads=HEADS,
-        head_dim=HEAD_DIM,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=WAN,
-        full_bytes=BF16,
-        ranks=ranks,
-    )
+    shape = CacheShape(LAYERS, HEADS, HEAD_DIM, WAN, full_bytes=BF16, ranks=ranks)
+    plan = plan_video(latent, chunk, window, shape, spec, sink_chunks=sink)
     assert plan.quantized_bytes * ranks == plan.quantized_bytes_all_ranks
     flight = block_in_flight_bytes(
         block_tokens=chunk * plan.tokens_per_latent_frame,
-        layers=LAYERS,
-        heads=HEADS // ranks,
-        head_dim=HEAD_DIM,
-        spec_k=spec,
-        spec_v=spec,
-        full_bytes=BF16,
+        shape=CacheShape(layers=LAYERS, heads=HEADS // ranks, head_dim=HEAD_DIM, full_bytes=BF16),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     return {"cache": plan.quantized_bytes, "in_flight": flight, "all_ranks": plan.quantized_bytes_all_ranks}
 

@@ -5,7 +5,7 @@ against the pack's in BF16, INT4 and INT2 g32, with and without the Jensen corre
     python benchmarks/worldplay_memory.py --measure   # + the tiny WorldPlay run by the pack (ComfyUI v0.27+)
 
 **From the planner** (``jensen_core.planner.plan_cache``, the function the web planner and the sampler's memory
-request use) with WorldPlay's shape (``worldplay.keys.RELEASED``: 54 double blocks, 16 heads x 128) and its latent
+request use) with WorldPlay's shape (``runtime.families.worldplay.model.keys.RELEASED``: 54 double blocks, 16 heads x 128) and its latent
 layout (HunyuanVideo 1.5's VAE: 16 x 16 pixels and 4 frames per latent, patch 1 x 1 x 1, so 832 x 480 is 52 x 30 =
 1,560 tokens per latent frame). What the reference caches (Tencent-Hunyuan/HY-WorldPlay,
 ``worldplay_video_pipeline.py`` ``ar_rollout`` and ``modules/attention.py``), and the pack the same way
@@ -49,8 +49,9 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and worldplay; appended,
 
 from jensen_core import QuantSpec  # noqa: E402
 from jensen_core.geometry import LatentGeometry  # noqa: E402
-from jensen_core.planner import plan_cache  # noqa: E402
-from worldplay.keys import RELEASED  # noqa: E402
+from jensen_core.planner import CacheShape  # noqa: E402
+from jensen_testing.planning import plan_video  # noqa: E402
+from runtime.families.worldplay.model.keys import RELEASED  # noqa: E402
 
 #: HunyuanVideo 1.5's latent layout: 32 channels, 16 x 16 pixels and 4 frames per latent, 1 x 1 x 1 patches
 GEOMETRY = LatentGeometry(patch=RELEASED.patch_size, latent_channels=32, vae_time_stride=4, vae_space_stride=16)
@@ -76,19 +77,8 @@ def rows() -> list[dict]:
     for frames in VIDEOS:
         lat_t, lat_h, lat_w = GEOMETRY.latent_shape(WIDTH, HEIGHT, frames)
         for name, spec in SETTINGS:
-            plan = plan_cache(
-                latent_frames=lat_t,
-                latent_height=lat_h,
-                latent_width=lat_w,
-                chunk_frames=CHUNK_FRAMES,
-                window_chunks=CONTEXT_CHUNKS,
-                layers=RELEASED.depth * STREAMS,
-                heads=RELEASED.heads,
-                head_dim=RELEASED.head_dim,
-                spec_k=spec,
-                spec_v=spec,
-                geometry=GEOMETRY,
-            )
+            shape = CacheShape(RELEASED.depth * STREAMS, RELEASED.heads, RELEASED.head_dim, GEOMETRY)
+            plan = plan_video((lat_t, lat_h, lat_w), CHUNK_FRAMES, CONTEXT_CHUNKS, shape, spec)
             assert plan.runnable, plan.errors
             out.append(
                 {

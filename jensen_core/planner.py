@@ -95,39 +95,13 @@ def check_kv_heads(heads: int, kv_heads: int | None) -> int:
     return kv_heads
 
 
-_SHAPE_FIELDS = ("layers", "heads", "head_dim", "geometry", "kv_heads", "cfg_branches", "batch", "full_bytes", "ranks")
-_PRECISION_FIELDS = ("spec_k", "spec_v", "tiers")
-
-
-def _values(
-    shape: CacheShape | None, precision: CachePrecision | None, loose: dict, fn: str
-) -> tuple[CacheShape, CachePrecision]:
-    """``shape`` and ``precision``, or the two built from their fields given one by one (the older calling form)."""
-    unknown = sorted(set(loose) - set(_SHAPE_FIELDS) - set(_PRECISION_FIELDS))
-    if unknown:
-        raise TypeError(f"{fn}() got unexpected keyword arguments {unknown}")
-    given_shape = {k: loose[k] for k in _SHAPE_FIELDS if k in loose}
-    given_precision = {k: loose[k] for k in _PRECISION_FIELDS if k in loose}
-    if shape is not None and given_shape or precision is not None and given_precision:
-        raise TypeError(
-            f"{fn}(): give shape= (a CacheShape) or its fields {sorted(given_shape)}, and precision= (a "
-            f"CachePrecision) or its fields {sorted(given_precision)}, not both"
-        )
-    if shape is None:
-        for name, v in given_shape.items():  # the messages the one-by-one form always gave
-            if name not in ("geometry", "kv_heads") and not isinstance(v, bool) and isinstance(v, int) and v < 1:
-                raise ValueError(f"{name}={v} must be at least 1")
-        if "kv_heads" in given_shape:
-            check_kv_heads(given_shape["heads"], given_shape["kv_heads"])
-        shape = CacheShape(**given_shape)
-    if precision is None:
-        precision = CachePrecision(**given_precision)
+def _check_values(shape: CacheShape, precision: CachePrecision, fn: str) -> None:
+    """``shape`` must be a :class:`CacheShape` and ``precision`` a :class:`CachePrecision` (TypeError otherwise)."""
     if not isinstance(shape, CacheShape) or not isinstance(precision, CachePrecision):
         raise TypeError(
             f"{fn}(): shape must be a CacheShape and precision a CachePrecision, got {type(shape).__name__} and "
             f"{type(precision).__name__}"
         )
-    return shape, precision
 
 
 def plan_cache(
@@ -137,12 +111,11 @@ def plan_cache(
     latent_width: int,
     chunk_frames: int,
     window_chunks: int,
-    shape: CacheShape | None = None,
-    precision: CachePrecision | None = None,
+    shape: CacheShape,
+    precision: CachePrecision,
     sink_chunks: int = 0,
     write_last: bool = False,
     prefix_frames: int = 0,
-    **loose,
 ) -> CachePlan:
     """Peak bytes of the cache over a run (every layer and CFG branch, keys and values).
 
@@ -173,10 +146,9 @@ def plan_cache(
 
     The model's and the run's facts come as ``shape`` (:class:`~jensen_core.cache_values.CacheShape`: layers,
     heads, kv_heads, head_dim, geometry, cfg_branches, batch, full_bytes, ranks) and the storage as ``precision``
-    (:class:`~jensen_core.cache_values.CachePrecision`: spec_k, spec_v, tiers). Those fields may still be given
-    one by one instead (``layers=..., spec_k=...``), as before the two values existed; not both.
+    (:class:`~jensen_core.cache_values.CachePrecision`: spec_k, spec_v, tiers): one signature.
     """
-    shape, precision = _values(shape, precision, loose, "plan_cache")
+    _check_values(shape, precision, "plan_cache")
     layers, heads, head_dim, geometry = shape.layers, shape.heads, shape.head_dim, shape.geometry
     cfg_branches, batch, full_bytes, ranks = shape.cfg_branches, shape.batch, shape.full_bytes, shape.ranks
     kv_heads = shape.kv_heads
@@ -330,9 +302,8 @@ def _tier_warnings(
 def block_in_flight_bytes(
     *,
     block_tokens: int,
-    shape: CacheShape | None = None,
-    precision: CachePrecision | None = None,
-    **loose,
+    shape: CacheShape,
+    precision: CachePrecision,
 ) -> int:
     """Bytes of the block a run on ComfyUI core's AR sampler holds until the next model call says it is final.
 
@@ -340,10 +311,9 @@ def block_in_flight_bytes(
     side waits in the model's precision (``full_bytes``: its k-means runs once, at commit). Add it to
     :func:`plan_cache`'s ``quantized_bytes`` for the run's peak on that path. Under age tiers the block
     is held at the newest chunk's bits (a sink chunk's while the sink fills): the higher tier's bits here.
-    ``kv_heads`` as in :func:`plan_cache` (the block holds K/V heads); ``shape`` and ``precision`` as there (or
-    their fields one by one).
+    ``kv_heads`` as in :func:`plan_cache` (the block holds K/V heads); ``shape`` and ``precision`` as there.
     """
-    shape, precision = _values(shape, precision, loose, "block_in_flight_bytes")
+    _check_values(shape, precision, "block_in_flight_bytes")
     spec_k, spec_v, tiers = precision.spec_k, precision.spec_v, precision.tiers
     layers, cfg_branches, batch, kv_heads = shape.layers, shape.cfg_branches, shape.batch, shape.cached_heads
     head_dim, full_bytes = shape.head_dim, shape.full_bytes

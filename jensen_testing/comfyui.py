@@ -277,6 +277,18 @@ class ComfyServer:
             except ValueError:
                 return e.code, body.decode(errors="replace")
 
+    def run_prompt(
+        self, prompt: dict, timeout: float = 600, client_id: str = "jensen-kv-tests", status: str = "success"
+    ) -> dict:
+        """Queue ``prompt`` (API format), check it was accepted with no node errors, wait for it and check it ended
+        as ``status`` says (``"success"``, or ``"error"`` for a run that must fail; the server's log tail in the
+        message otherwise); its history entry."""
+        code, body = self.post("/prompt", {"prompt": prompt, "client_id": client_id})
+        assert code == 200 and body["node_errors"] == {}, body
+        entry = self.wait_for_prompt(body["prompt_id"], timeout=timeout)
+        assert entry["status"]["status_str"] == status, (entry["status"], self.log_tail())
+        return entry
+
     def wait_for_prompt(self, prompt_id: str, timeout: float = 600) -> dict:
         """Poll /history until the prompt finishes; return its history entry."""
         deadline = time.monotonic() + timeout
@@ -320,6 +332,13 @@ def setup_inprocess_comfyui(cpu: bool = True) -> Path:
 
     comfy.cli_args.args.cpu = cpu
     return comfy_dir
+
+
+def pack_module(name: str):
+    """A module of the pack as ComfyUI imports it (``pack_module("runtime.families.magi1.recipe")``; the pack
+    imported first: :func:`import_pack`, which this calls)."""
+    import_pack()
+    return importlib.import_module(f"{PACK_MODULE}.{name}")
 
 
 def import_pack():

@@ -1,6 +1,6 @@
 """One tiny model per model family, for the family conformance suite (``tests/families/``).
 
-Every family in ``runtime.families.FAMILIES`` needs an entry in :data:`TINY` (keyed by ``ModelFamily.key``): how to
+Every registered family (``runtime.families.FAMILIES``) needs an entry in :data:`TINY` (keyed by ``ModelFamily.key``): how to
 build a tiny random model of it from ComfyUI's own classes, its latents and conditioning, a few-step schedule, a
 model of the family the pack refuses (with the words the refusal must contain) and the family's own block-causal
 forward, the reference a full-precision cached run must equal. A new family passes the suite by adding its room
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import causal_wan, magi1_tiny, reference, wan_tiny, worldplay_tiny
+from .comfyui import pack_module
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,8 @@ def _wp_conditioning(seed: int) -> list:
 
 def _wp_sample(model, positive, latent, *, seed, cfg, sampler, sigmas, observer=None, **options):
     frames = latent["samples"].shape[2]
-    families = worldplay_tiny.pack_module("runtime.families")
-    request = families.WORLDPLAY.request(
+    recipe = pack_module("runtime.families.worldplay.recipe")
+    request = recipe.WorldPlayRequest.from_options(
         model,
         positive,
         latent,
@@ -122,7 +123,7 @@ def _wp_sample(model, positive, latent, *, seed, cfg, sampler, sigmas, observer=
         observer=observer,
         **options,
     )
-    return families.WORLDPLAY.run(request)
+    return recipe.run(request)
 
 
 def _wp_reference(model, frames: int, cfg: float = 1.0) -> torch.Tensor:
@@ -191,12 +192,12 @@ MAGI1_CHUNK, MAGI1_STEPS = 1, 8
 MAGI1_QK_GAIN = 0.5
 
 
-def _magi1_families():
+def _magi1_recipe():
     import importlib
 
     from .comfyui import PACK_MODULE
 
-    return importlib.import_module(f"{PACK_MODULE}.runtime.families")
+    return importlib.import_module(f"{PACK_MODULE}.runtime.families.magi1.recipe")
 
 
 def _magi1_latent(frames: int, batch: int = 1) -> dict:
@@ -205,9 +206,9 @@ def _magi1_latent(frames: int, batch: int = 1) -> dict:
 
 def _magi1_sample(model, positive, latent, *, seed, cfg, observer=None, **options):
     """A run of the MAGI-1 AR Sampler's recipe (cfg 1 or 3 is the number of passes)."""
-    families = _magi1_families()
+    recipe = _magi1_recipe()
     s = latent["samples"]
-    request = families.MAGI1.Request(
+    request = recipe.Magi1Request.from_options(
         model,
         positive,
         latent_frames=s.shape[2],
@@ -219,14 +220,14 @@ def _magi1_sample(model, positive, latent, *, seed, cfg, observer=None, **option
         observer=observer,
         **{"num_steps": MAGI1_STEPS, "progress": False, **options},
     )
-    return families.MAGI1.run(request)
+    return recipe.run(request)
 
 
 def _magi1_reference(model, frames: int, cfg: float, *, seed=7, num_steps=MAGI1_STEPS, window_size=4):
-    """The reference's pipeline (magi1.sampler, which matches Sand AI's own outputs: tests/test_magi1_model.py) with
-    its whole-history full-precision buffer (magi1.attention.FullPrecisionKV), on the same model, noise and captions."""
-    from magi1.caption import chunk_captions
-    from magi1.sampler import MagiSettings, sample
+    """The reference's pipeline (runtime.families.magi1.model.sampler, which matches Sand AI's own outputs: tests/test_magi1_model.py) with
+    its whole-history full-precision buffer (runtime.families.magi1.model.attention.FullPrecisionKV), on the same model, noise and captions."""
+    from runtime.families.magi1.model.caption import chunk_captions
+    from runtime.families.magi1.model.sampler import MagiSettings, sample
 
     dm = model.model.diffusion_model
     positive = _magi1_conditioning(1)

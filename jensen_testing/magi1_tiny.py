@@ -74,8 +74,8 @@ def dit_bound(distill: bool):
     on two machines: its 2 blocks, and its timestep sinusoid, whose frequencies come from float32 ``exp`` (MKL
     rounds it per instruction set) and whose argument is up to 1000 t (t <= 1), and 1000 times the distilled
     models' step constant (8 at 16 steps)."""
-    from magi1.config import FREQ_DIM
-    from magi1.pipeline import distill_dt
+    from runtime.families.magi1.model.config import FREQ_DIM
+    from runtime.families.magi1.model.pipeline import distill_dt
 
     from .numerics import rounding_bound
 
@@ -83,9 +83,9 @@ def dit_bound(distill: bool):
 
 
 def build(config=None, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """A :class:`magi1.dit.MagiDiT` of ``config`` (default :data:`magi1.config.TINY`) with seeded weights."""
-    from magi1.config import TINY
-    from magi1.dit import MagiDiT
+    """A :class:`runtime.families.magi1.model.dit.MagiDiT` of ``config`` (default :data:`runtime.families.magi1.model.config.TINY`) with seeded weights."""
+    from runtime.families.magi1.model.config import TINY
+    from runtime.families.magi1.model.dit import MagiDiT
 
     model = MagiDiT(config or TINY, dtype=dtype)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -101,7 +101,7 @@ SPECIAL_NAMES = ("HQ_TOKEN", *(f"DURATION_TOKEN_{i + 1}" for i in range(8)))
 
 def tiny_file_weights(config=None, seed: int = 0, special: bool = True) -> dict[str, torch.Tensor]:
     """Every tensor of a tiny MAGI-1 file (the reference's names), with seeded special tokens when ``special``."""
-    from magi1.config import TINY, expected_shapes
+    from runtime.families.magi1.model.config import TINY, expected_shapes
 
     cfg = config or TINY
     sd = seeded_weights(expected_shapes(cfg), seed)
@@ -120,7 +120,7 @@ def write_file(path, config=None, seed: int = 0, special: bool | dict = True, qk
     few keys), at 0.5 of ~1."""
     from safetensors.torch import save_file
 
-    from magi1.config import TINY
+    from runtime.families.magi1.model.config import TINY
 
     cfg = config or TINY
     sd = tiny_file_weights(cfg, seed, special is True)
@@ -137,7 +137,7 @@ def write_file(path, config=None, seed: int = 0, special: bool | dict = True, qk
 def build_patcher(
     config=None, seed: int = 0, special: bool | dict = True, weight_dtype: str = "default", qk_gain: float = 1.0
 ):
-    """A ModelPatcher of a tiny MAGI-1 loaded by the pack's own loader (``MAGI1.load``), from a file written to a
+    """A ModelPatcher of a tiny MAGI-1 loaded by the pack's own loader (``comfy_model.load_magi1``), from a file written to a
     temporary folder. Needs ComfyUI in-process and the pack imported (``jensen_testing.comfyui``)."""
     import importlib
     import tempfile
@@ -145,11 +145,11 @@ def build_patcher(
 
     from .comfyui import PACK_MODULE
 
-    families = importlib.import_module(f"{PACK_MODULE}.runtime.families")
+    comfy_model = importlib.import_module(f"{PACK_MODULE}.runtime.families.magi1.comfy_model")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tiny-magi1.safetensors"
         write_file(path, config, seed, special, qk_gain)
-        return families.MAGI1.load(str(path), weight_dtype, "auto")
+        return comfy_model.load_magi1(str(path), weight_dtype, "auto")
 
 
 def conditioning(seed: int = 0, tokens: int = 7, width: int = 32) -> list:
@@ -163,8 +163,8 @@ def conditioning(seed: int = 0, tokens: int = 7, width: int = 32) -> list:
 def sampled_weights() -> dict[str, dict[str, torch.Tensor]]:
     from dataclasses import replace
 
-    from magi1.config import TINY, TINY_24B_STYLE, expected_shapes
-    from magi1.vae import VAEConfig, decoder_shapes
+    from runtime.families.magi1.model.config import TINY, TINY_24B_STYLE, expected_shapes
+    from runtime.families.magi1.model.vae import VAEConfig, decoder_shapes
 
     vae = VAEConfig(video_size=32, video_length=8, embed_dim=256, depth=2, num_heads=4)
     return {

@@ -31,13 +31,13 @@ from torch import Tensor
 from jensen_core import toy_video as tv
 
 # --- the MAGI-1 package: every import of it in one place --------------------------------------------------
-from magi1 import pipeline as magi_pipeline
-from magi1.attention import ChunkPlan
-from magi1.caption import DEFAULT_TOKENS, chunk_captions
-from magi1.checkpoint import inspect_dit
-from magi1.config import MagiConfig
-from magi1.dit import Forward, MagiDiT
-from magi1.sampler import NULL_CAPTION_TOKENS, MagiSettings, iter_sample
+from runtime.families.magi1.model import pipeline as magi_pipeline
+from runtime.families.magi1.model.attention import ChunkPlan
+from runtime.families.magi1.model.caption import DEFAULT_TOKENS, chunk_captions
+from runtime.families.magi1.model.checkpoint import inspect_dit
+from runtime.families.magi1.model.config import MagiConfig
+from runtime.families.magi1.model.dit import Forward, MagiDiT
+from runtime.families.magi1.model.sampler import NULL_CAPTION_TOKENS, MagiSettings, iter_sample
 
 # -----------------------------------------------------------------------------------------------------------
 
@@ -62,7 +62,7 @@ CONFIG = MagiConfig(
     caption_max_length=NULL_CAPTION_TOKENS + 2,
     distill=True,
 )
-#: latent frames per chunk: what MAGI-1 AR Sampler uses (``runtime/families/magi1/model.py`` CHUNK_FRAMES)
+#: latent frames per chunk: what MAGI-1 AR Sampler uses (``runtime/families/magi1/comfy_model.py`` CHUNK_FRAMES)
 CHUNK_FRAMES = 6
 LATENT_HW = 16
 HELD_OUT_SEED0 = 1_000_000  # training videos use seeds below this
@@ -106,7 +106,7 @@ def forward_with_grad(model: MagiDiT, x: Tensor, spec: Forward, attention=None) 
 
 def load(path: Path | str = MODEL_PATH) -> tuple[MagiDiT, dict[str, Tensor]]:
     """(the DiT in float32, eval mode; its special tokens) from a tiny MAGI-1 file, read as the pack's loader reads
-    it (``magi1.checkpoint.inspect_dit``: the ``magi1_config`` metadata, shapes checked)."""
+    it (``runtime.families.magi1.model.checkpoint.inspect_dit``: the ``magi1_config`` metadata, shapes checked)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -136,7 +136,7 @@ def rollout(
     steps: int = STEPS,
     attention=None,
 ) -> Tensor:
-    """A text-to-video rollout of ``chunks`` chunks with the pack's MAGI-1 sampler (``magi1.sampler``; distilled,
+    """A text-to-video rollout of ``chunks`` chunks with the pack's MAGI-1 sampler (``runtime.families.magi1.model.sampler``; distilled,
     cfg 1, key ranges 5, 4, 3, 2): the latent (1, 16, chunks * 6, 16, 16). Noise: ``torch.randn`` after
     ``manual_seed(seed)``, as the MAGI-1 AR Sampler draws it."""
     noise = torch.randn(

@@ -29,13 +29,22 @@ def _package(name: str, path) -> types.ModuleType:
     return mod
 
 
+#: the packages whose ``__init__.py`` is never run here (it needs ComfyUI): a bare stand-in takes their place
+BARE_PACKAGES = ("nodes",)
+
+
 def load_pack_module(dotted: str) -> types.ModuleType:
-    """``load_pack_module("routes.ui")`` -> that module, imported inside a stand-in pack package."""
+    """``load_pack_module("routes.ui")`` -> that module, imported inside a stand-in pack package. The packages on the
+    way are the pack's own (their ``__init__.py`` runs: ``runtime.families`` answers the registry's names), but
+    ``nodes`` (:data:`BARE_PACKAGES`), a bare stand-in."""
     _package(PACK_PACKAGE, PACK_ROOT)
     parts = dotted.split(".")
     for i in range(1, len(parts)):
         sub = ".".join(parts[:i])
-        _package(f"{PACK_PACKAGE}.{sub}", PACK_ROOT.joinpath(*parts[:i]))
+        if parts[0] in BARE_PACKAGES:
+            _package(f"{PACK_PACKAGE}.{sub}", PACK_ROOT.joinpath(*parts[:i]))
+        else:
+            importlib.import_module(f"{PACK_PACKAGE}.{sub}")
     return importlib.import_module(f"{PACK_PACKAGE}.{dotted}")
 
 

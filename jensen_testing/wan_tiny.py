@@ -78,6 +78,19 @@ def state_dict_for_file(seed: int = 0, **arch) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone().contiguous() for k, v in model.diffusion_model.state_dict().items()}
 
 
+def write_file(path, seed: int = 0, *, causal: bool = False) -> None:
+    """Write the checkpoint of :func:`state_dict_for_file` (float32) to ``path``, as UNETLoader reads it (ComfyUI
+    detects it as wan2.1); ``causal``: with the flag core's SamplerARVideo (v0.27+) looks for. ComfyUI must be
+    importable (``jensen_testing.comfyui.setup_inprocess_comfyui``)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    meta = {"config": json.dumps({"transformer": {"causal_ar": True}})} if causal else None
+    sd = state_dict_for_file(seed=seed)
+    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(path), metadata=meta)
+
+
 def conditioning(seed: int, tokens: int, width: int):
     """A CONDITIONING list with one random text embedding of shape (1, tokens, width)."""
     g = torch.Generator().manual_seed(seed)

@@ -5,7 +5,7 @@
 same shape gives the same weights in any process and in any module layout (the reference's model and the
 pack's, which name and fuse them differently). Linear and convolution weights are normal with std
 ``1 / sqrt(fan_in)``, norm scales ``1 + 0.1 N(0, 1)``, biases and embeddings ``0.1 N(0, 1)``: every path,
-the gates and the PRoPE projection included, changes the output. That part is pure torch (``worldplay.keys``
+the gates and the PRoPE projection included, changes the output. That part is pure torch (``runtime.families.worldplay.model.keys``
 only); the rest needs ComfyUI imported in-process (``jensen_testing.comfyui.setup_inprocess_comfyui``) and the
 pack imported as ComfyUI does (``import_pack``):
 
@@ -14,7 +14,7 @@ pack imported as ComfyUI does (``import_pack``):
   features, a start-image latent in frame 0), a camera path of any multiple of 4 latents, an empty LATENT;
 - :func:`sample`: the pack's recipe (HY-WorldPlay AR Sampler's run) on them;
 - :func:`plain_rollout`: the family's plain forward: the reference's AR rollout through the model's own calls
-  with the full-precision memory of ``worldplay.attention.ContextKV`` (text prefix once, the context re-encoded
+  with the full-precision memory of ``runtime.families.worldplay.model.attention.ContextKV`` (text prefix once, the context re-encoded
   before every chunk at t = 14 with RoPE positions renumbered, 4 Euler steps), the reference a full-precision
   pack run must equal.
 """
@@ -26,7 +26,9 @@ import zlib
 
 import torch
 
-from worldplay.keys import RELEASED, WorldPlayShape, official_shapes
+from runtime.families.worldplay.model.keys import RELEASED, WorldPlayShape, official_shapes
+
+from .comfyui import pack_module
 
 #: 2 double blocks, width 64, 2 heads of 32 (RoPE 4 / 14 / 14), 32 latent channels, tiny text and SigLIP widths
 TINY = WorldPlayShape(
@@ -91,21 +93,11 @@ LATENT_HW = (4, 6)
 _POSES = ("w", "right", "a", "left", "s", "up", "d", "down")
 
 
-def pack_module(name: str):
-    """``pack_module("runtime.families")``: a module of the pack imported as ComfyUI does (``import_pack`` first)."""
-    import importlib
-
-    from .comfyui import PACK_MODULE, import_pack
-
-    import_pack()
-    return importlib.import_module(f"{PACK_MODULE}.{name}")
-
-
 def build_patcher(seed: int = 0, shape: WorldPlayShape = TINY):
     """A ModelPatcher of a tiny random HY-WorldPlay (float32, CPU), loaded by the pack's loader."""
     cpu = torch.device("cpu")
-    families = pack_module("runtime.families")
-    return families.WORLDPLAY.from_state_dict(tiny_state_dict(shape, seed), load_device=cpu, offload_device=cpu)
+    loader = pack_module("runtime.families.worldplay.loader")
+    return loader.worldplay_from_state_dict(tiny_state_dict(shape, seed), load_device=cpu, offload_device=cpu)
 
 
 def trajectory(latents: int):
@@ -113,7 +105,7 @@ def trajectory(latents: int):
     if latents < 4 or latents % 4:
         raise ValueError(f"latents={latents} must be a multiple of 4")
     parts = [f"{_POSES[i % len(_POSES)]}-{3 if i == 0 else 4}" for i in range(latents // 4)]
-    return pack_module("worldplay.trajectory").parse_trajectory(", ".join(parts))
+    return pack_module("runtime.families.worldplay.model.trajectory").parse_trajectory(", ".join(parts))
 
 
 class VisionOutput:
@@ -128,7 +120,7 @@ class VisionOutput:
 
 def condition_inputs(seed: int, shape: WorldPlayShape = TINY, hw: tuple[int, int] = LATENT_HW) -> dict:
     """Seeded tensors of one prompt: LLM text (7 tokens), ByT5 (3), SigLIP (5) features and a start-image latent."""
-    from worldplay.keys import BYT5_IN
+    from runtime.families.worldplay.model.keys import BYT5_IN
 
     g = torch.Generator().manual_seed(1000 + seed)
     return {
@@ -178,9 +170,9 @@ def sample(model, frames: int, *, seed: int = 7, cond_seed: int = 1, noise=None,
     """The pack's HY-WorldPlay run (the recipe HY-WorldPlay AR Sampler runs) of ``frames`` latent frames."""
     import comfy.samplers
 
-    families = pack_module("runtime.families")
+    recipe = pack_module("runtime.families.worldplay.recipe")
     sigmas = options.pop("sigmas", None)
-    request = families.WORLDPLAY.request(
+    request = recipe.WorldPlayRequest.from_options(
         model,
         conditioning(cond_seed, frames),
         latent(frames),
@@ -191,16 +183,16 @@ def sample(model, frames: int, *, seed: int = 7, cond_seed: int = 1, noise=None,
         noise=noise,
         **options,
     )
-    return families.WORLDPLAY.run(request)
+    return recipe.run(request)
 
 
 def plain_rollout(model, frames: int, noise: torch.Tensor, *, seed: int = 7, cond_seed: int = 1, sigmas=None):
     """The family's plain forward: the reference's AR rollout on the model's own calls, full precision
     (``ContextKV``), from the video's initial ``noise``; returns the LATENT's samples (ComfyUI's latent space, as
     a sampler returns them). The context points are drawn from ``seed``, as the pack's run draws them."""
-    attention = pack_module("worldplay.attention")
-    context = pack_module("worldplay.context")
-    model_mod = pack_module("runtime.families.worldplay.model")
+    attention = pack_module("runtime.families.worldplay.model.attention")
+    context = pack_module("runtime.families.worldplay.model.context")
+    model_mod = pack_module("runtime.families.worldplay.comfy_model")
     sigmas = worldplay_sigmas() if sigmas is None else sigmas
     base = model.model
     dm = base.diffusion_model

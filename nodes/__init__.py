@@ -1,4 +1,5 @@
-"""ComfyUI nodes of comfyui-jensen-kv (V3 schema), one file per node, registered by the root ``comfy_entrypoint``.
+"""ComfyUI nodes of comfyui-jensen-kv (V3 schema), one file per node (a model family's nodes in one file,
+``<family key>.py``), registered by the root ``comfy_entrypoint``.
 
 Imported only inside ComfyUI: every module here may import ``comfy`` and ``comfy_api``. Node modules
 hold schemas and hand the work to ``runtime/`` (which never imports them back). Pack code uses
@@ -16,6 +17,8 @@ if "." not in __name__:
         "from it) and import the pack as a package, as ComfyUI does (tests/support/comfyui.py: import_pack)."
     )
 
+import importlib
+import importlib.util
 import logging
 
 from comfy_api.latest import ComfyExtension, io
@@ -29,21 +32,12 @@ from .kv_cache_diagnostics import JensenKVDiagnostics
 from .kv_cache_diagnostics_plot import JensenKVDiagnosticsPlot
 from .kv_cache_report import JensenKVCacheReport
 from .load_kv_cache import JensenKVLoadKVCache
-from .load_magi1 import JensenKVLoadMagi1
-from .load_magi1_vae import JensenKVLoadMagi1VAE
-from .load_worldplay import JensenKVLoadWorldPlay
-from .magi1_ar_sampler import JensenKVMagi1ARSampler
-from .magi1_text_encode import JensenKVMagi1TextEncode
-from .magi1_vae_decode import JensenKVMagi1VAEDecode
 from .prompt_schedule import JensenKVPromptSchedule
 from .quantize_kv_cache import JensenKVQuantizeKVCache
 from .ray_actors_kv import JensenKVRayActors
 from .save_kv_cache import JensenKVSaveKVCache
 from .tiny_ar_decode import JensenKVTinyARDecode
 from .tiny_ar_prompt import JensenKVTinyARPrompt
-from .worldplay_ar_sampler import JensenKVWorldPlayARSampler
-from .worldplay_trajectory import JensenKVWorldPlayTrajectory
-from .worldplay_trajectory_preview import JensenKVWorldPlayTrajectoryPreview
 
 logger = logging.getLogger("jensen_kv")
 
@@ -68,21 +62,23 @@ DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiag
 CORE_AR_NODES: list[type[io.ComfyNode]] = [JensenKVARCacheWindow, JensenKVCacheReport]
 #: the pack's settings inside Raylight's Ray actors (sequence parallelism over GPUs)
 RAY_NODES: list[type[io.ComfyNode]] = [JensenKVRayActors]
-#: HY-WorldPlay on ComfyUI's HunyuanVideo 1.5 (v0.27+): its loader, its camera path, the path's picture, its sampler
-WORLDPLAY_NODES: list[type[io.ComfyNode]] = [
-    JensenKVLoadWorldPlay,
-    JensenKVWorldPlayTrajectory,
-    JensenKVWorldPlayTrajectoryPreview,
-    JensenKVWorldPlayARSampler,
-]
-#: MAGI-1: its model, VAE, text and sampler (the pack's own implementation, magi1/, on the pack's cache)
-MAGI1_NODES: list[type[io.ComfyNode]] = [
-    JensenKVLoadMagi1,
-    JensenKVLoadMagi1VAE,
-    JensenKVMagi1VAEDecode,
-    JensenKVMagi1TextEncode,
-    JensenKVMagi1ARSampler,
-]
+
+
+def family_node_files() -> dict[str, list[type[io.ComfyNode]]]:
+    """Every registered model family's nodes: its node file ``nodes/<key>.py`` (its ``NODES``), found by the
+    family's key, so adding a family adds no line here."""
+    from ..runtime.families import FAMILIES
+
+    found = {}
+    for family in FAMILIES:
+        if importlib.util.find_spec(f"{__name__}.{family.key}") is not None:
+            found[family.key] = list(importlib.import_module(f".{family.key}", __name__).NODES)
+    return found
+
+
+#: each family's nodes by family key (MAGI-1: its model, VAE, text and sampler; HY-WorldPlay, v0.27+: its loader,
+#: camera path, the path's picture and sampler)
+FAMILY_NODES: dict[str, list[type[io.ComfyNode]]] = family_node_files()
 
 
 def register_routes() -> bool:
@@ -111,8 +107,7 @@ class JensenKVExtension(ComfyExtension):
             *DIAGNOSTICS_NODES,
             *CORE_AR_NODES,
             *RAY_NODES,
-            *MAGI1_NODES,
-            *WORLDPLAY_NODES,
+            *(node for nodes in FAMILY_NODES.values() for node in nodes),
             *DEMO_NODES,
         ]
 
@@ -136,10 +131,9 @@ __all__ = [
     "AR_NODES",
     "DEMO_NODES",
     "DIAGNOSTICS_NODES",
-    "MAGI1_NODES",
+    "FAMILY_NODES",
     "NODES",
     "RAY_NODES",
-    "WORLDPLAY_NODES",
     "JensenKVExtension",
     "register_bundled_models",
 ]

@@ -18,7 +18,7 @@ JensenKVReport = io.Custom("JENSEN_KV_REPORT")
 #: Save KV Cache / Load KV Cache.
 JensenKVCache = io.Custom("JENSEN_KV_CACHE")
 
-#: A checked HY-WorldPlay camera path (``worldplay.trajectory.Trajectory``): HY-WorldPlay Trajectory's output.
+#: A checked HY-WorldPlay camera path (``runtime.families.worldplay.model.trajectory.Trajectory``): HY-WorldPlay Trajectory's output.
 WorldPlayTrajectory = io.Custom("WORLDPLAY_TRAJECTORY")
 
 UI_REPORT_KEY = "jensen_kv_report"

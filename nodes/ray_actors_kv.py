@@ -7,7 +7,7 @@ needs nothing of the pack imported beforehand) with a small function that, in ea
 the pack from its folder and does what Quantize KV Cache -> Jensen Bias Correction -> AR Cache Window
 do on a MODEL: clone, store the settings, attach the core-AR path. Raylight's Ulysses injection (its
 ON_LOAD callback) then meets the pack's, which routes each rank's heads through the pack's cache
-(``runtime/families/wan_raylight.py``). docs/raylight.md shows the graph.
+(``runtime/families/wan/raylight.py``). docs/raylight.md shows the graph.
 """
 
 from __future__ import annotations

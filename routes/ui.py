@@ -7,7 +7,7 @@ object's ``bits_breakdown``, ``planner.plan_cache``; the model presets and each 
 
 Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
 
-- ``GET /jensen_kv/options`` - choices, defaults and model presets for the UI;
+- ``GET /jensen_kv/options`` - choices, defaults, model presets and each family's own sampler node for the UI;
 - ``GET /jensen_kv/spec?key_bits=2&value_bits=2&group_size=32&...`` - effective bits of a key / value
   spec and its compression against BF16 (``head_dim`` optional: adds the divisibility check; with
   ``method=qvg`` the bits depend on the tokens per chunk too: give ``head_dim`` and ``chunk_tokens``
@@ -16,7 +16,9 @@ Routes (also under ``/api/...``, as ComfyUI mirrors every route there):
   size of a run at BF16 and at the chosen setting, with warnings; its ``spec`` is the spec summary
   at the run's head_dim and tokens per chunk (exact for QVG as well). A family's own sampler may add fields
   (``ModelFamily.planner_fields``: MAGI-1 AR Sampler's ``window_size``, ``kv_ranges``, ``steps``, which decide
-  what its window 0 keeps); a family whose sampler fixes the chunk (MAGI-1: 6) plans with that chunk.
+  what its window 0 keeps); the chunk, window and sink planned are the family's rule
+  (``ModelFamily.plan_chunks``: MAGI-1's fixed chunk of 6, HY-WorldPlay's rebuilt context), which its own
+  sampler's loop asks too.
 
 A bad query value answers HTTP 400 with ``{"error": ..., "param": ..., "value": ..., "fix": ...}``.
 The pure functions :func:`options`, :func:`spec_summary` and :func:`plan_summary` do the work and
@@ -51,6 +53,7 @@ from ..runtime.config import (
     parse_tiers,
 )
 from ..runtime.families import FAMILIES, ModelPreset, PlannerFieldError, family_named, planner_presets
+from ..runtime.options import Chunking
 
 logger = logging.getLogger("jensen_kv")
 
@@ -288,8 +291,26 @@ def options(params: Mapping[str, str] | None = None) -> dict:
         "presets": presets,
         "custom_preset": CUSTOM_PRESET,
         "families": {f.key: f.name for f in FAMILIES},
+        "samplers": samplers(),
         "defaults": dict(DEFAULTS),
         "ranges": {k: {"min": lo, "max": hi, "hint": what} for k, (lo, hi, what) in _INT_RANGES.items()},
+    }
+
+
+def samplers() -> dict:
+    """Each family's own sampler node, as the web planner follows it (by node id): its family, the planner fields
+    read from its widgets (``inputs``) and those it fixes (``fixed``), and the fields of its own the plan takes
+    (``fields``: ``ModelFamily.planner_fields``). Families sampled by the Chunked AR sampler have none."""
+    return {
+        f.sampler_node_id: {
+            "family": f.key,
+            "node": f.sampler_node,
+            "inputs": list(f.planner_inputs),
+            "fixed": dict(f.planner_fixed),
+            "fields": list(f.planner_fields),
+        }
+        for f in FAMILIES
+        if f.sampler_node_id is not None
     }
 
 
@@ -415,34 +436,18 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     ranks = _int(params, "ranks", DEFAULTS["ranks"])
 
     latent_frames, latent_h, latent_w = geometry.latent_shape(width, height, frames)
-    notes = []
     shape = _recipe_shape(preset, family)
     streams = shape.streams if shape is not None else 1
-    if shape is not None and shape.context_frames:
-        # a recipe that rebuilds its cache before every chunk (HY-WorldPlay): its chunk and context, not the user's
-        if (chunk_frames, window, sink) != (shape.chunk_frames, shape.context_chunks, 0):
-            notes.append(
-                f"{family.name} rebuilds its cache before every chunk from up to {shape.context_frames} latent frames "
-                f"in chunks of {shape.chunk_frames}: planned with chunk {shape.chunk_frames}, window "
-                f"{shape.context_chunks}, sink 0 (the chunk, window and sink given do not apply)"
-            )
-        chunk_frames, window, sink = shape.chunk_frames, shape.context_chunks, 0
-    elif shape is not None and shape.chunk_frames and chunk_frames != shape.chunk_frames:
-        # a family whose own sampler fixes the chunk (MAGI-1: 6 latent frames, 24 video frames)
-        if str(params.get("chunk_frames") or "").strip():
-            notes.append(
-                f"{family.sampler_node} makes chunks of {shape.chunk_frames} latent frames: planned with chunk "
-                f"{shape.chunk_frames} (the chunk given, {chunk_frames}, does not apply)"
-            )
+    # the family's planner rule (HY-WorldPlay's rebuilt context, MAGI-1's chunk and what its window 0 keeps); a chunk
+    # not given starts from the one the preset's sampler fixes
+    if shape is not None and shape.chunk_frames and not str(params.get("chunk_frames") or "").strip():
         chunk_frames = shape.chunk_frames
-    if window == 0:  # a family whose own sampler decides what window 0 keeps (MAGI-1: what its key ranges reach)
-        try:
-            auto = family.planner_window(params, latent_frames, chunk_frames)
-        except PlannerFieldError as exc:
-            raise ParamError(exc.param, exc.value, exc.problem, exc.fix) from None
-        if auto is not None:
-            window, why = auto
-            notes.append(why)
+    try:
+        chunking, rule_notes = family.plan_chunks(Chunking(chunk_frames, window, sink), latent_frames, params, shape)
+    except PlannerFieldError as exc:
+        raise ParamError(exc.param, exc.value, exc.problem, exc.fix) from None
+    chunk_frames, window, sink = chunking.chunk_frames, chunking.window_chunks, chunking.sink_chunks
+    notes = list(rule_notes)
     step = geometry.vae_space_stride * max(geometry.patch[1], geometry.patch[2])  # pixels per whole patch (Wan: 16)
     short = family.name.split()[0]  # "Wan"
     if width % step or height % step:

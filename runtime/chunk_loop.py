@@ -39,7 +39,18 @@ from ..jensen_core.planner import plan_cache
 from .config import JensenKVConfig, get_config, get_window
 from .families import CHUNKED_AR_SAMPLER, ModelFamily, attention_override_notice, detect
 from .noise import CONTEXT_STREAM, NOISE_STREAM, REDRAW_STREAM, SAMPLER_STREAM, chunk_seed  # noqa: F401 - re-exported
-from .options import CONTEXT_NOISE_MODES, RECACHE_MODES, Chunking, Continuation, Hooks, RecipeOptions, Sampling
+from .options import (
+    CONTEXT_NOISE_MODES,
+    RECACHE_MODES,
+    SHARED_GROUPS,
+    Chunking,
+    Continuation,
+    Hooks,
+    OptionGroups,
+    RecipeOptions,
+    Sampling,
+    grouped,
+)
 from .prompt_schedule import PromptSchedule
 from .recipes import ChunkStep, SelfForcing, recipe_for, recipe_type
 from .report import report_text  # noqa: F401 - re-exported for the nodes
@@ -68,10 +79,8 @@ __all__ = [
 ]
 
 #: the flat keyword options of :func:`run_chunked_ar` (and :meth:`ChunkedARRequest.from_options`), by group
-OPTION_GROUPS: dict[str, tuple[type, tuple[str, ...]]] = {
-    "sampling": (Sampling, ("seed", "cfg", "sampler", "sigmas", "first_chunk_sigmas")),
-    "chunking": (Chunking, ("chunk_frames", "window_chunks", "sink_chunks", "first_chunk_frames")),
-    "continuation": (Continuation, ("prefix", "include_prefix", "resume", "keep_state")),
+OPTION_GROUPS: OptionGroups = {
+    **SHARED_GROUPS,
     "recipe": (
         RecipeOptions,
         (
@@ -84,7 +93,6 @@ OPTION_GROUPS: dict[str, tuple[type, tuple[str, ...]]] = {
             "vae",
         ),
     ),
-    "hooks": (Hooks, ("observer", "step_callback", "progress", "preview")),
 }
 
 
@@ -167,21 +175,14 @@ class ChunkedARRequest:
         for name, (cls, _) in OPTION_GROUPS.items():
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        self.sampling.require_schedule()
         recipe_type(self).check(self)
 
     @classmethod
     def from_options(cls, model, positive, negative, latent: dict, **options) -> ChunkedARRequest:
         """The request of flat keyword options (``seed=..., cfg=..., chunk_frames=..., recache_mode=...``: the names
         of :data:`OPTION_GROUPS`), each put into its group."""
-        known = {name: group for group, (_, names) in OPTION_GROUPS.items() for name in names}
-        unknown = sorted(set(options) - set(known))
-        if unknown:
-            raise TypeError(f"unknown Chunked AR options {unknown}; the options are {sorted(known)}")
-        groups = {
-            group: kind(**{k: options[k] for k in names if k in options})
-            for group, (kind, names) in OPTION_GROUPS.items()
-        }
-        return cls(model, positive, negative, latent, **groups)
+        return cls(model, positive, negative, latent, **grouped(OPTION_GROUPS, options, "Chunked AR"))
 
     @property
     def samples(self) -> torch.Tensor:

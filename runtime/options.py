@@ -7,7 +7,9 @@
   switch, Krea's recompute, attention bias and VAE); :mod:`runtime.recipes` turns them into the run's recipe;
 - :class:`Hooks`: what sees the run (an attention observer, a step callback, progress and previews).
 
-``runtime.chunk_loop.ChunkedARRequest`` holds one of each. No ComfyUI import here.
+``runtime.chunk_loop.ChunkedARRequest`` holds one of each; MAGI-1's and HY-WorldPlay's requests hold the shared four
+(:data:`SHARED_GROUPS`) and one options value of their own. :func:`grouped` puts flat keyword options into their
+groups. No ComfyUI import here.
 """
 
 from __future__ import annotations
@@ -54,19 +56,21 @@ class Sampling:
     the first chunk a run denoises when it starts a video or extends a prefix (Causal Forcing++'s
     ``denoising_step_list_first_chunk``); unset, the one ``sigmas`` carries from its preset (AR Video Schedule's
     ``causal_forcing_framewise_2step`` / ``_1step``), else ``sigmas``. ``first_chunk_from`` says which:
-    ``"given"``, ``"preset"`` or None."""
+    ``"given"``, ``"preset"`` or None. A loop that samples with ComfyUI's samplers needs ``sampler`` and ``sigmas``
+    (:meth:`require_schedule`); one with its own schedule (MAGI-1's) refuses them."""
 
     seed: int
-    cfg: float
-    sampler: Any
-    sigmas: torch.Tensor
+    cfg: float = 1.0
+    sampler: Any = None
+    sigmas: torch.Tensor | None = None
     first_chunk_sigmas: torch.Tensor | None = None
     first_chunk_from: str | None = None
 
     def __post_init__(self) -> None:
-        _check_schedule("SIGMAS", self.sigmas, "")
+        if self.sigmas is not None:
+            _check_schedule("SIGMAS", self.sigmas, "")
         first, source = self.first_chunk_sigmas, "given"
-        if first is None:
+        if first is None and self.sigmas is not None:
             first, source = carried_first_chunk(self.sigmas), "preset"
         if first is not None:
             try:
@@ -81,6 +85,10 @@ class Sampling:
             object.__setattr__(self, "first_chunk_from", source)
         if not isinstance(self.cfg, (int, float)) or not math.isfinite(self.cfg) or self.cfg < 0:
             raise ValueError(f"cfg={self.cfg} must be a non-negative number")
+
+    def require_schedule(self) -> None:
+        """ValueError unless ``sigmas`` is a schedule (a loop that samples each chunk with ComfyUI's sampler)."""
+        _check_schedule("SIGMAS", self.sigmas, "")
 
     @property
     def branches(self) -> list[int]:
@@ -207,3 +215,28 @@ class Hooks:
     step_callback: Callable[[int, int, int], None] | None = None
     progress: bool = True
     preview: bool = True
+
+
+#: option groups of a request: its field name -> (the group's class, the flat option names it takes)
+OptionGroups = dict[str, tuple[type, tuple[str, ...]]]
+
+
+def grouped(groups: OptionGroups, options: dict, what: str, defaults: dict | None = None) -> dict[str, Any]:
+    """Flat keyword ``options`` (``seed=..., window_chunks=...``) put into their groups: ``{field: group value}``
+    for a request's constructor. ``defaults`` fills names not given (a family's fixed chunk); an unknown name is a
+    TypeError that lists ``what``'s options."""
+    known = {name for _, names in groups.values() for name in names}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown {what} options {unknown}; the options are {sorted(known)}")
+    given = {**(defaults or {}), **options}
+    return {field: kind(**{k: given[k] for k in names if k in given}) for field, (kind, names) in groups.items()}
+
+
+#: the shared groups every loop's request takes (the Chunked AR loop, MAGI-1's and HY-WorldPlay's recipes)
+SHARED_GROUPS: OptionGroups = {
+    "sampling": (Sampling, ("seed", "cfg", "sampler", "sigmas", "first_chunk_sigmas")),
+    "chunking": (Chunking, ("chunk_frames", "window_chunks", "sink_chunks", "first_chunk_frames")),
+    "continuation": (Continuation, ("prefix", "include_prefix", "resume", "keep_state")),
+    "hooks": (Hooks, ("observer", "step_callback", "progress", "preview")),
+}

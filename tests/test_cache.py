@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from jensen_core import ChunkCache, QuantizedTensor, QuantSpec
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry, plan_cache
+from jensen_testing.planning import plan_by_fields, plan_video
 
 #: a toy family's latent layout: 2 x 2 latent pixels per token, 16 channels
 GEOMETRY_2X2 = LatentGeometry(patch=(1, 2, 2), latent_channels=16)
@@ -61,19 +62,13 @@ def test_planner_matches_the_bytes_a_run_really_stores():
         for i, cache in enumerate(caches):
             cache.append(*_chunk(100 * c + i, H=heads, T=T, D=D))
         peak = max(peak, sum(cache.nbytes for cache in caches))
-    plan = plan_cache(
-        latent_frames=chunks * 3,
-        latent_height=2,
-        latent_width=8,
-        chunk_frames=3,
-        window_chunks=window,
-        layers=layers,
-        heads=heads,
-        head_dim=D,
-        spec_k=spec_k,
-        spec_v=spec_v,
-        cfg_branches=branches,
-        geometry=GEOMETRY_2X2,
+    shape = CacheShape(layers=layers, heads=heads, head_dim=D, geometry=GEOMETRY_2X2, cfg_branches=branches)
+    plan = plan_video(
+        (chunks * 3, 2, 8),
+        3,
+        window,
+        shape,
+        precision=CachePrecision(spec_k=spec_k, spec_v=spec_v),
     )
     assert T == 3 * plan.tokens_per_latent_frame
     assert plan.quantized_bytes == peak
@@ -89,13 +84,8 @@ def test_planner_counts_unquantized_sides_in_the_model_dtype():
         latent_width=8,
         chunk_frames=3,
         window_chunks=0,
-        layers=1,
-        heads=2,
-        head_dim=64,
-        spec_k=QuantSpec(bits=2, group_size=16),
-        spec_v=None,
-        full_bytes=4,
-        geometry=GEOMETRY_2X2,
+        shape=CacheShape(layers=1, heads=2, head_dim=64, geometry=GEOMETRY_2X2, full_bytes=4),
+        precision=CachePrecision(spec_k=QuantSpec(bits=2, group_size=16), spec_v=None),
     )
     assert plan.quantized_bytes == cache.nbytes
     assert plan.effective_bits_v == 32.0
@@ -233,12 +223,8 @@ def test_planner_reports_a_group_size_that_cannot_run_as_an_error():
         latent_width=4,
         chunk_frames=3,
         window_chunks=0,
-        layers=1,
-        heads=2,
-        head_dim=128,
-        spec_k=QuantSpec(group_size=256),
-        spec_v=QuantSpec(group_size=256),
-        geometry=GEOMETRY_2X2,
+        shape=CacheShape(layers=1, heads=2, head_dim=128, geometry=GEOMETRY_2X2),
+        precision=CachePrecision(spec_k=QuantSpec(group_size=256), spec_v=QuantSpec(group_size=256)),
     )
     assert plan.errors == (
         "key and value cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128",
@@ -289,20 +275,9 @@ def test_negative_sink_is_a_clear_error():
 
 # ----------------------------------------------------------------------------------------- planner
 def _plan(**kw):
-    base = dict(
-        latent_frames=21,
-        latent_height=60,
-        latent_width=104,
-        chunk_frames=3,
-        window_chunks=0,
-        layers=30,
-        heads=12,
-        head_dim=128,
-        spec_k=QuantSpec(),
-        spec_v=QuantSpec(),
-        geometry=GEOMETRY_2X2,
-    )
-    return plan_cache(**{**base, **kw})
+    video = dict(latent=(21, 60, 104), chunk_frames=3, window_chunks=0)
+    model = dict(layers=30, heads=12, head_dim=128, spec_k=QuantSpec(), spec_v=QuantSpec(), geometry=GEOMETRY_2X2)
+    return plan_by_fields(**{**video, **model, **kw})
 
 
 @pytest.mark.parametrize("window", [7, 8, 50])

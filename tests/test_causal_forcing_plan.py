@@ -7,25 +7,18 @@ reference's ``frame_seq_length`` at pipeline/causal_inference.py:47), 81 video f
 from __future__ import annotations
 
 from jensen_core import QuantSpec
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import LatentGeometry
+from jensen_testing.planning import plan_by_fields
 
 WAN_1_3B = dict(layers=30, heads=12, head_dim=128)
 TOKENS_PER_FRAME = 1560
 
 
 def _plan(**kw):
-    args = dict(
-        latent_frames=21,
-        latent_height=60,
-        latent_width=104,
-        chunk_frames=1,
-        window_chunks=0,
-        spec_k=None,
-        spec_v=None,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
-        **WAN_1_3B,
-    )
-    return plan_cache(**{**args, **kw})
+    video = dict(latent=(21, 60, 104), chunk_frames=1, window_chunks=0)
+    model = dict(spec_k=None, spec_v=None, geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16), **WAN_1_3B)
+    args = {**video, **model}
+    return plan_by_fields(**{**args, **kw})
 
 
 def test_a_framewise_chunk_is_one_latent_frame():

@@ -268,32 +268,22 @@ def test_any_run_failing_fails_ci_and_all_always_run(sandbox):
         assert line in r.stdout
 
 
-def test_ruff_check_runs_before_the_tests_and_a_finding_fails_ci_after_all_runs(sandbox):
+@pytest.mark.parametrize(
+    "command,failing",
+    [("ruff check .", "FAKE_FAIL_LINT"), ("ruff format --check .", "FAKE_FAIL_FORMAT")],
+    ids=["a finding", "unformatted code"],
+)
+def test_ruff_runs_before_the_tests_and_its_failure_fails_ci_after_all_runs(sandbox, command, failing):
     tmp, _, _ = sandbox
     fake_trees(tmp / "trees")
     r, calls = run_ci(sandbox)
     assert r.returncode == 0, r.stderr
-    lint = calls.index("CALL -m ruff check .")
-    assert lint < calls.index(f"CALL {MAIN_RUN}")
-    assert "ruff check .: exit 0" in r.stdout
-    r, calls = run_ci(sandbox, FAKE_FAIL_LINT="1")
+    assert calls.index(f"CALL -m {command}") < calls.index(f"CALL {MAIN_RUN}")
+    assert f"{command}: exit 0" in r.stdout
+    r, calls = run_ci(sandbox, **{failing: "1"})
     assert r.returncode == 1
     assert len(pytest_runs(calls)) == 4  # the tests still run
-    assert "ruff check .: exit 1" in r.stdout
-
-
-def test_ruff_format_check_runs_before_the_tests_and_unformatted_code_fails_ci_after_all_runs(sandbox):
-    tmp, _, _ = sandbox
-    fake_trees(tmp / "trees")
-    r, calls = run_ci(sandbox)
-    assert r.returncode == 0, r.stderr
-    fmt = calls.index("CALL -m ruff format --check .")
-    assert fmt < calls.index(f"CALL {MAIN_RUN}")
-    assert "ruff format --check .: exit 0" in r.stdout
-    r, calls = run_ci(sandbox, FAKE_FAIL_FORMAT="1")
-    assert r.returncode == 1
-    assert len(pytest_runs(calls)) == 4  # the tests still run
-    assert "ruff format --check .: exit 1" in r.stdout
+    assert f"{command}: exit 1" in r.stdout
 
 
 def test_the_test_extra_pins_the_ruff_that_pre_commit_runs():

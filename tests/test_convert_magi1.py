@@ -1,6 +1,6 @@
 """tools/convert_checkpoint.py --magi1 / --magi1-vae without ComfyUI: Sand AI's folders into one checked file.
 
-The folders are synthetic: a tiny MAGI-1 DiT (``magi1.config.TINY``, seeded weights in bf16, the reference's
+The folders are synthetic: a tiny MAGI-1 DiT (``runtime.families.magi1.model.config.TINY``, seeded weights in bf16, the reference's
 tensor names) split into shards with a ``model.safetensors.index.json``, and a tiny ViT VAE folder.
 """
 
@@ -16,11 +16,11 @@ from safetensors.torch import load_file, save_file
 from support.pack import load_tool
 
 from jensen_testing.magi1_tiny import seeded_weights
-from magi1 import checkpoint as ck
-from magi1.caption import SPECIAL_TOKEN_ROWS
-from magi1.config import TINY, MagiConfig, expected_shapes
-from magi1.dit import MagiDiT
-from magi1.vae import VAEConfig, decoder_shapes
+from runtime.families.magi1.model import checkpoint as ck
+from runtime.families.magi1.model.caption import SPECIAL_TOKEN_ROWS
+from runtime.families.magi1.model.config import TINY, MagiConfig, expected_shapes
+from runtime.families.magi1.model.dit import MagiDiT
+from runtime.families.magi1.model.vae import VAEConfig, decoder_shapes
 
 cc = load_tool("convert_checkpoint")
 VAE_TINY = VAEConfig(video_size=32, video_length=8, embed_dim=256, depth=2, num_heads=4)

@@ -126,13 +126,11 @@ def test_window_and_sink_hold_what_the_planner_says(window, sink):
         latent_width=2 * FRAME_TOKENS,
         chunk_frames=1,
         window_chunks=window,
-        layers=LAYERS,
-        heads=HEADS,
-        head_dim=D,
-        spec_k=spec,
-        spec_v=spec,
         sink_chunks=sink,
-        geometry=planner.LatentGeometry(patch=(1, 2, 2), latent_channels=16),
+        shape=planner.CacheShape(
+            layers=LAYERS, heads=HEADS, head_dim=D, geometry=planner.LatentGeometry(patch=(1, 2, 2), latent_channels=16)
+        ),
+        precision=planner.CachePrecision(spec_k=spec, spec_v=spec),
     )
     assert s.peak_bytes == plan.quantized_bytes
 

@@ -8,7 +8,8 @@ import pytest
 from support.pack import load_pack_module
 
 from jensen_core import QuantSpec
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry, plan_cache
+from jensen_testing.planning import plan_by_fields
 
 
 def _plan(geometry: LatentGeometry, **kw):
@@ -25,11 +26,11 @@ def _plan(geometry: LatentGeometry, **kw):
         spec_v=None,
         write_last=True,
     )
-    return plan_cache(**{**base, **kw}, geometry=geometry)
+    return plan_by_fields(**{**base, **kw}, geometry=geometry)
 
 
 def test_wan_family_provides_its_geometry():
-    wan = load_pack_module("runtime.families").wan  # the package, so families/__init__.py runs
+    wan = load_pack_module("runtime.families.wan.family")
     # (the pack-under-test's own LatentGeometry class: compare the fields)
     assert astuple(wan.GEOMETRY) == ((1, 2, 2), 16, 4, 8, True)
     assert wan.WanFamily.geometry is wan.GEOMETRY and wan.WanFamily.latent_channels == 16
@@ -42,12 +43,12 @@ def test_wan_family_provides_its_geometry():
 def test_magi1_family_provides_its_geometry():
     """MAGI-1's VAE: 4 frames of every latent frame (no causal first frame), 8 x 8 pixels, 16 channels; 2 x 2
     patches. 96 frames (the reference's default) are 24 latent frames, 240 frames 60; 720p is 45 x 80 tokens."""
-    fams = load_pack_module("runtime.families")
-    g = fams.Magi1Family.geometry
+    family = load_pack_module("runtime.families.magi1.family").Magi1Family
+    g = family.geometry
     assert astuple(g) == ((1, 2, 2), 16, 4, 8, False)
     assert g.latent_shape(1280, 720, 96) == (24, 90, 160) and g.latent_shape(1280, 720, 240)[0] == 60
     assert g.latent_shape(1280, 720, 97)[0] == 25  # a last partial latent frame counts
-    assert g.tokens_per_frame(90, 160) == 45 * 80 and fams.Magi1Family.latent_channels == 16
+    assert g.tokens_per_frame(90, 160) == 45 * 80 and family.latent_channels == 16
 
 
 def test_the_planner_counts_tokens_and_saved_latents_with_the_given_geometry():
@@ -83,9 +84,6 @@ def test_the_planner_needs_a_geometry():
             latent_width=12,
             chunk_frames=2,
             window_chunks=0,
-            layers=2,
-            heads=2,
-            head_dim=64,
-            spec_k=None,
-            spec_v=None,
+            shape=CacheShape(layers=2, heads=2, head_dim=64),
+            precision=CachePrecision(spec_k=None, spec_v=None),
         )

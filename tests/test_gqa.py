@@ -24,10 +24,11 @@ from jensen_core.attention_shift import attention_shift
 from jensen_core.cache import chunk_bytes
 from jensen_core.correction_layouts import Layout
 from jensen_core.geometry import LatentGeometry
-from jensen_core.planner import block_in_flight_bytes, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes, plan_cache
 from jensen_core.quant import cat_quantized
 from jensen_core.tiers import AgeTiers
 from jensen_testing.numerics import assert_within_rounding, relative_error, rounding_bound
+from jensen_testing.planning import plan_by_fields
 
 MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
 DATA = Path(__file__).parent / "data" / "mha_outputs.safetensors"
@@ -280,17 +281,19 @@ def test_the_planner_counts_kv_heads_and_equals_the_measured_cache():
         latent_frames=12, latent_height=8, latent_width=8, chunk_frames=3, window_chunks=2, layers=2, head_dim=64,
         spec_k=QuantSpec(bits=2), spec_v=QuantSpec(bits=4), geometry=GEOMETRY, sink_chunks=1,
     )  # fmt: skip
-    gqa = plan_cache(heads=24, kv_heads=8, **common)
-    assert gqa == plan_cache(heads=8, **common)
-    assert 3 * gqa.quantized_bytes == plan_cache(heads=24, **common).quantized_bytes
-    assert plan_cache(heads=24, kv_heads=24, **common) == plan_cache(heads=24, **common)
+    gqa = plan_by_fields(heads=24, kv_heads=8, **common)
+    assert gqa == plan_by_fields(heads=8, **common)
+    assert 3 * gqa.quantized_bytes == plan_by_fields(heads=24, **common).quantized_bytes
+    assert plan_by_fields(heads=24, kv_heads=24, **common) == plan_by_fields(heads=24, **common)
     assert block_in_flight_bytes(
-        block_tokens=48, layers=2, heads=24, kv_heads=8, head_dim=64, spec_k=QuantSpec(), spec_v=None
+        block_tokens=48,
+        shape=CacheShape(layers=2, heads=24, head_dim=64, kv_heads=8),
+        precision=CachePrecision(spec_k=QuantSpec(), spec_v=None),
     ) == 2 * chunk_bytes(QuantSpec(), None, 8, 48, 64)
     # measured: one layer's cache of 2 K/V heads (queries of 4 heads), chunks of 3 frames x 16 tokens
     plan = plan_cache(
-        latent_frames=9, latent_height=8, latent_width=8, chunk_frames=3, window_chunks=0, layers=1, heads=4,
-        kv_heads=2, head_dim=64, spec_k=QuantSpec(bits=2), spec_v=QuantSpec(bits=4), geometry=GEOMETRY,
+        latent_frames=9, latent_height=8, latent_width=8, chunk_frames=3, window_chunks=0,
+        shape=CacheShape(1, 4, 64, GEOMETRY, kv_heads=2), precision=CachePrecision(QuantSpec(bits=2), QuantSpec(bits=4)),
     )  # fmt: skip
     cache = ChunkCache(QuantSpec(bits=2), QuantSpec(bits=4))
     for _ in range(2):  # the last chunk is not written (nothing reads it)
@@ -298,7 +301,7 @@ def test_the_planner_counts_kv_heads_and_equals_the_measured_cache():
         cache.attend(torch.randn(1, 4, 48, 64), torch.randn(1, 2, 48, 64), torch.randn(1, 2, 48, 64))
     assert cache.nbytes == plan.quantized_bytes
     with pytest.raises(ValueError, match="kv_heads=5 must be a whole number >= 1 that divides heads=24"):
-        plan_cache(heads=24, kv_heads=5, **common)
+        plan_by_fields(heads=24, kv_heads=5, **common)
 
 
 # ------------------------------------------------------------------------------ H_kv == H_q: as before

@@ -12,24 +12,11 @@ from pathlib import Path
 
 import torch
 from support.pack import load_pack_module
+from support.workflow_api import sampler_widgets
 
 from jensen_core.bias import KREA_ATTENTION_BIAS
 
 WF = Path(__file__).resolve().parents[1] / "workflows" / "jensen_kv_krea_realtime_14b_t2v_int2_jensen.json"
-#: the sampler's widgets in order (required, then the optional ones added later)
-SAMPLER_WIDGETS = [
-    "seed",
-    "control",
-    "cfg",
-    "chunk_frames",
-    "window_chunks",
-    "context_noise",
-    "sink_chunks",
-    "include_prefix",
-    "recache_on_switch",
-    "recompute_frames",
-    "kv_cache_attention_bias",
-]
 
 
 def _graph():
@@ -50,7 +37,7 @@ def _graph():
 def test_the_krea_workflow_runs_krea_settings():
     wf, of_type, upstream = _graph()
     (sampler,) = of_type("JensenKVChunkedARSampler")
-    w = dict(zip(SAMPLER_WIDGETS, sampler["widgets_values"]))
+    w = sampler_widgets(sampler)
     assert (w["cfg"], w["chunk_frames"], w["window_chunks"], w["sink_chunks"]) == (1, 3, 0, 0)
     assert (w["recompute_frames"], w["kv_cache_attention_bias"]) == (3, KREA_ATTENTION_BIAS)
     assert upstream(sampler, "vae")["type"] == "VAELoader"

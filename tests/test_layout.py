@@ -1,15 +1,17 @@
 """The house rules: which room may import which (docs/design.md, "The rooms, and which way imports go").
 
     jensen_core/      pure torch             -> imports no ComfyUI module and nothing else of the pack
-    worldplay/        pure torch (HY-WorldPlay's parts) -> imports no ComfyUI module; of the pack, jensen_core only
-    magi1/            pure torch (MAGI-1)    -> imports no ComfyUI module and no room but jensen_core (absolutely,
-                                                so it imports both as a top-level package and inside the pack)
-    runtime/          runs during sampling   -> may import jensen_core and ComfyUI, never nodes/ or routes/
+    runtime/          runs during sampling   -> may import jensen_core and ComfyUI, never nodes/ or routes/, and
+                                                (outside runtime/families/<key>/) never a model family's package
+    runtime/families/<key>/         one model family -> imports no other family
+    runtime/families/<key>/model/   its pure torch   -> imports no ComfyUI module and nothing of the pack outside
+                                                itself (it imports both on its own and inside the pack)
     runtime/core_ar/  core's AR sampler path -> may import runtime/ and jensen_core; nothing else in runtime/
                                                 imports it
     routes/           HTTP routes            -> may import jensen_core and runtime/, never nodes/
     web/              static files only      -> no Python at all (ComfyUI serves the folder whole)
-    nodes/            one file per node      -> may import everything above
+    nodes/            one file per node      -> may import everything above but a family's package, which only
+                                                its own node file (nodes/<key>.py, all its nodes) imports
 
 Checked statically (every import statement of every file, including those inside functions) and,
 for jensen_core, dynamically in a fresh interpreter. No circle of imports of any length among the pack's modules
@@ -86,31 +88,55 @@ def violations(room: str, forbidden_pack_rooms: set[str], allow_comfy: bool) -> 
 
 
 def test_jensen_core_imports_no_comfyui_and_no_other_room():
-    assert (
-        violations("jensen_core", {"nodes", "runtime", "web", "tools", "worldplay", "magi1"}, allow_comfy=False) == []
-    )
+    assert violations("jensen_core", {"nodes", "runtime", "web", "tools"}, allow_comfy=False) == []
 
 
-def test_worldplay_imports_no_comfyui_and_no_room_but_jensen_core():
-    assert violations("worldplay", {"nodes", "runtime", "routes", "web", "tools"}, allow_comfy=False) == []
+FAMILIES_DIR = ("runtime", "families")
 
 
-def test_magi1_imports_no_comfyui_and_no_other_room():
-    assert (
-        violations("magi1", {"nodes", "runtime", "routes", "web", "tools", "jensen_testing"}, allow_comfy=False) == []
-    )
+def family_keys(root: Path | None = None) -> list[str]:
+    """The family packages under runtime/families/ (each a folder with an ``__init__.py``)."""
+    folder = (root or ROOT).joinpath(*FAMILIES_DIR)
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
 
 
-def test_magi1_imports_nothing_relative_above_itself():
-    """magi1 is imported as ``magi1`` (tests, tools) and as ``<pack>.magi1`` (ComfyUI): a ``from ..x`` import
-    would break the first."""
-    found = [
-        f"{path.relative_to(ROOT)}:{line}"
-        for path in _py_files("magi1")
-        for line, _module, level in _imports(path)
-        if level > 1
+def model_violations(key: str) -> list[str]:
+    """Where family ``key``'s pure-torch ``model/`` imports ComfyUI, a pack room absolutely, or anything relative
+    above ``model/`` itself (it imports on its own as ``runtime.families.<key>.model`` and inside the pack)."""
+    found = []
+    model = ROOT.joinpath(*FAMILIES_DIR, key, "model")
+    for path in sorted(model.rglob("*.py")):
+        depth = len(path.relative_to(model).parts) - 1  # 0 for model/x.py
+        for line, module, level in _imports(path):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            top = module.split(".")[0]
+            if level == 0 and top in COMFY_MODULES:
+                found.append(f"{where} imports ComfyUI module {module!r}")
+            elif level == 0 and top in (*PACK_ROOMS, "jensen_testing", "tools", "tests"):
+                found.append(f"{where} imports the pack's {module!r}")
+            elif level > depth + 1:
+                found.append(f"{where} imports {'.' * level}{module} (outside model/)")
+    return found
+
+
+def test_every_familys_model_imports_no_comfyui_and_nothing_outside_itself():
+    keys = [k for k in family_keys() if ROOT.joinpath(*FAMILIES_DIR, k, "model").is_dir()]
+    assert {"magi1", "worldplay"} <= set(keys)
+    assert {k: model_violations(k) for k in keys} == {k: [] for k in keys}
+
+
+def test_the_model_check_sees_comfyui_a_room_and_a_way_out(tmp_path, monkeypatch):
+    """Positive control: a ComfyUI import, an absolute import of a pack room, a relative import above model/."""
+    model = tmp_path.joinpath(*FAMILIES_DIR, "fam", "model")
+    model.mkdir(parents=True)
+    (model / "ok.py").write_text("from .other import x\nimport torch\n")
+    (model / "bad.py").write_text("import comfy.ops\nfrom jensen_core import quant\nfrom ..family import F\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert [v.split(" ", 1)[1] for v in model_violations("fam")] == [
+        "imports ComfyUI module 'comfy.ops'",
+        "imports the pack's 'jensen_core'",
+        "imports ..family (outside model/)",
     ]
-    assert found == []
 
 
 def test_runtime_never_imports_a_node_module():
@@ -144,17 +170,15 @@ def test_only_core_ar_imports_core_ar():
     assert found == []
 
 
-FAMILY_PACKAGE = ("runtime", "families")
-#: the family modules of runtime/families/ (files and packages but the interface and the registry)
-FAMILY_MODULES = sorted(
-    p.stem if p.is_file() else p.name
-    for p in (ROOT / "runtime" / "families").iterdir()
-    if (p.suffix == ".py" and p.stem not in ("__init__", "base")) or (p.is_dir() and (p / "__init__.py").is_file())
-)
+FAMILY_PACKAGE = FAMILIES_DIR
+#: the model families: the packages of runtime/families/
+FAMILY_MODULES = family_keys()
 
 
-def family_module_imports(path: Path) -> list[str]:
-    """Where ``path`` imports a family's own module (``runtime.families.wan``, ``from ..families import wan``)."""
+def family_module_imports(path: Path, keys: list[str] | None = None) -> list[str]:
+    """Where ``path`` imports a family's package or a module in it (``runtime.families.wan``,
+    ``from ..families import wan``, ``from ..runtime.families.magi1.recipe import run``)."""
+    keys = FAMILY_MODULES if keys is None else keys
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):
@@ -169,7 +193,7 @@ def family_module_imports(path: Path) -> list[str]:
             parts = t.split(".")
             # a pack-relative target (runtime.families.wan) or an absolute one (comfyui_jensen_kv.runtime.families.wan)
             for i in range(len(parts) - 2):
-                if tuple(parts[i : i + 2]) == FAMILY_PACKAGE and parts[i + 2] in FAMILY_MODULES:
+                if tuple(parts[i : i + 2]) == FAMILY_PACKAGE and parts[i + 2] in keys:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {'.'.join(parts[: i + 3])}")
                     break
             else:
@@ -178,39 +202,118 @@ def family_module_imports(path: Path) -> list[str]:
     return found
 
 
-def test_only_runtime_families_imports_a_family_module():
-    """A family is one room: the rest of the pack asks ``runtime.families`` (its registry and ModelFamily), never
-    ``runtime.families.wan`` or another family's module."""
-    assert FAMILY_MODULES and "wan" in FAMILY_MODULES
+def own_family(path: Path, keys: list[str]) -> str | None:
+    """The family whose package holds ``path`` (runtime/families/<key>/...), or whose node file it is
+    (nodes/<key>.py); None for every other file."""
+    rel = path.relative_to(ROOT).parts
+    if rel[:2] == FAMILY_PACKAGE and len(rel) > 3 and rel[2] in keys:
+        return rel[2]
+    if rel[0] == "nodes" and len(rel) == 2 and path.stem in keys:
+        return path.stem
+    return None
+
+
+def foreign_family_imports(keys: list[str] | None = None) -> list[str]:
+    """Every import of a family's package by a file that is not its own (its package or its node file)."""
+    keys = FAMILY_MODULES if keys is None else keys
     found = []
-    for room in ("jensen_core", "worldplay", "magi1", "runtime", "routes", "nodes"):
+    for room in ("jensen_core", "runtime", "routes", "nodes"):
         for path in _py_files(room):
-            if path.relative_to(ROOT).parts[:2] == FAMILY_PACKAGE:
-                continue
-            found += family_module_imports(path)
-    assert found == []
+            own = own_family(path, keys)
+            found += [f for f in family_module_imports(path, keys) if f.rsplit(".", 1)[-1] != own]
+    return found
+
+
+def test_only_a_familys_own_package_and_node_file_import_it():
+    """A family is one room: runtime/ (its loops, the registry, core's path), routes/ and every node file but its own
+    ask the registry (``runtime.families``: ModelFamily and detect), never a family's package; no family imports
+    another; its nodes (nodes/<key>.py) import its package."""
+    assert FAMILY_MODULES and {"wan", "magi1", "worldplay"} <= set(FAMILY_MODULES)
+    assert foreign_family_imports() == []
+    assert family_module_imports(ROOT / "nodes" / "magi1.py")  # the check sees a node file's own imports
 
 
 def test_the_family_import_check_sees_each_form(tmp_path):
-    """Positive control: every way of reaching a family's module is seen; the registry's names are not."""
+    """Positive control: every way of reaching a family's package is seen; the registry's names are not."""
     room = tmp_path / "runtime" / "core_ar"
     room.mkdir(parents=True)
     bad = room / "x.py"
     bad.write_text(
         "from ..families.wan import GEOMETRY\nfrom ..families import wan\nimport comfyui_jensen_kv.runtime.families.wan\n"
-        "from ..families import detect, FAMILIES\n"
+        "from ..families import detect, FAMILIES\nfrom ..families.wan.family import WanFamily\n"
     )
     global ROOT  # _resolve and the finding's path are relative to the pack root: the sandbox's here
     old, ROOT = ROOT, tmp_path
     try:
-        found = family_module_imports(bad)
+        found = family_module_imports(bad, ["wan"])
     finally:
         ROOT = old
     assert [f.split(" imports ")[1] for f in found] == [
         "runtime.families.wan",
         "runtime.families.wan",
         "comfyui_jensen_kv.runtime.families.wan",
+        "runtime.families.wan",
     ]
+
+
+def test_the_foreign_family_check_sees_each_way_in(tmp_path, monkeypatch):
+    """Positive control: a family importing another, the chunk loop importing a family, a node file importing
+    another family's package and a shared node importing one are found; a family's own modules and node file not."""
+    for key in ("aa", "bb"):
+        pkg = tmp_path.joinpath(*FAMILIES_DIR, key)
+        pkg.mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+    (tmp_path / "jensen_core").mkdir()
+    (tmp_path / "routes").mkdir()
+    (tmp_path / "nodes").mkdir()
+    fam = tmp_path.joinpath(*FAMILIES_DIR)
+    (fam / "aa" / "recipe.py").write_text("from .family import A\nfrom ..bb.family import B\n")
+    (fam / "aa" / "family.py").write_text("from ..base import ModelFamily\n")
+    (tmp_path / "runtime" / "chunk_loop.py").write_text("from .families.aa.family import A\n")
+    (tmp_path / "nodes" / "aa.py").write_text("from ..runtime.families.aa.recipe import run\n")
+    (tmp_path / "nodes" / "bb.py").write_text("from ..runtime.families.aa.recipe import run\n")
+    (tmp_path / "nodes" / "common.py").write_text("from ..runtime.families.bb import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert family_keys() == ["aa", "bb"]
+    assert sorted(foreign_family_imports(["aa", "bb"])) == [
+        "nodes/bb.py:1 imports runtime.families.aa",
+        "nodes/common.py:1 imports runtime.families.bb",
+        "runtime/chunk_loop.py:1 imports runtime.families.aa",
+        "runtime/families/aa/recipe.py:2 imports runtime.families.bb",
+    ]
+
+
+def _strings(path: Path) -> list[str]:
+    """The string constants of ``path`` that are not docstrings."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(n.body[0].value)
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and n.body
+        and isinstance(n.body[0], ast.Expr)
+        and isinstance(n.body[0].value, ast.Constant)
+    }
+    return [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+    ]
+
+
+def test_the_registry_names_no_family():
+    """runtime/families' own files (the interface, the registry) name no family: they find the packages there, and
+    each registers itself in one line (``register(...)`` in its family.py)."""
+    import re
+
+    for name in ("__init__.py", "base.py", "registry.py"):
+        path = ROOT.joinpath(*FAMILIES_DIR, name)
+        named = [s for s in _strings(path) for key in FAMILY_MODULES if re.search(rf"\b{key}\b", s)]
+        assert named == [], (name, named)
+    for key in FAMILY_MODULES:
+        family = ROOT.joinpath(*FAMILIES_DIR, key, "family.py").read_text()
+        lines = [line for line in family.splitlines() if line.startswith("register(")]
+        assert len(lines) == 1, (key, lines)
 
 
 def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
@@ -234,12 +337,13 @@ def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
         "runtime",
         "runtime/core_ar",
         "runtime/families",
+        "runtime/families/wan",
         "runtime/families/worldplay",
+        "runtime/families/worldplay/model",
+        "runtime/families/magi1",
+        "runtime/families/magi1/model",
         "nodes",
         "routes",
-        "worldplay",
-        "magi1",
-        "runtime/families/magi1",
     ],
 )
 def test_rooms_exist_as_packages(room):
@@ -250,15 +354,21 @@ def test_rooms_exist_as_packages(room):
     "imports",
     [
         "jensen_core, jensen_core.planner, jensen_core.toy_video, jensen_core.demo",
-        "worldplay.prope, worldplay.trajectory, worldplay.context, worldplay.condition, worldplay.attention, "
-        "worldplay.keys",
-        "magi1.dit, magi1.sampler, magi1.vae, magi1.checkpoint, magi1.caption",
+        "runtime.families.worldplay.model.prope, runtime.families.worldplay.model.trajectory, "
+        "runtime.families.worldplay.model.context, runtime.families.worldplay.model.condition, "
+        "runtime.families.worldplay.model.attention, runtime.families.worldplay.model.keys",
+        "runtime.families.magi1.model.dit, runtime.families.magi1.model.sampler, runtime.families.magi1.model.vae, "
+        "runtime.families.magi1.model.checkpoint, runtime.families.magi1.model.caption",
     ],
 )
 def test_importing_the_pure_rooms_loads_no_comfyui_module(imports):
+    """Each imports on its own (the pack root on sys.path, as tests and tools import them): no ComfyUI module, and a
+    family's model/ nothing of the pack outside itself (not the registry, not the family's ComfyUI glue)."""
     code = (
         f"import sys, {imports}\n"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {sorted(COMFY_MODULES)!r})\n"
+        "bad += sorted(m for m in sys.modules if m.startswith('runtime.') and '.model' not in m\n"
+        "              and m not in ('runtime.families',) and not m.endswith(('.magi1', '.worldplay')))\n"
         "print(bad)\nsys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -266,8 +376,11 @@ def test_importing_the_pure_rooms_loads_no_comfyui_module(imports):
 
 
 def test_node_modules_are_one_node_each():
-    """nodes/: every module defines at most one io.ComfyNode class (plus shared helpers in common.py)."""
+    """nodes/: every module defines at most one io.ComfyNode class (plus shared helpers in common.py), but a model
+    family's node file (nodes/<key>.py), which holds all the family's nodes."""
     for path in _py_files("nodes"):
+        if path.stem in FAMILY_MODULES:
+            continue
         tree = ast.parse(path.read_text())
         classes = [
             n.name
@@ -279,7 +392,7 @@ def test_node_modules_are_one_node_each():
 
 
 # --------------------------------------------------------------------------------------- no import pairs
-PACK_ROOMS = ("jensen_core", "worldplay", "magi1", "runtime", "routes", "nodes")
+PACK_ROOMS = ("jensen_core", "runtime", "routes", "nodes")
 
 
 def _module_name(path: Path) -> str:
@@ -453,9 +566,9 @@ def test_the_circle_checker_sees_a_circle_of_three_and_of_four(tmp_path, monkeyp
     (tmp_path / "routes" / "u.py").write_text("from ..runtime.loop import seed\n")
     (tmp_path / "nodes" / "p.py").write_text("from .q import x\n")
     (tmp_path / "nodes" / "q.py").write_text("from . import p\n")
-    (tmp_path / "magi1" / "one.py").write_text("from .two import x\n")  # a chain: no circle
-    (tmp_path / "magi1" / "two.py").write_text("from .three import y\n")
-    (tmp_path / "magi1" / "three.py").write_text("import torch\n")
+    (tmp_path / "routes" / "one.py").write_text("from .two import x\n")  # a chain: no circle
+    (tmp_path / "routes" / "two.py").write_text("from .three import y\n")
+    (tmp_path / "routes" / "three.py").write_text("import torch\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert import_circles() == [
         "jensen_core.a -> jensen_core.b -> jensen_core.c -> jensen_core.a",
@@ -795,3 +908,53 @@ def test_nodes_ask_the_family_for_model_facts():
     assert node_model_probes(
         'm.get_model_object("diffusion_model.blocks.0.self_attn").head_dim\nn = len(dm.blocks)\n'
     ) == ["line 1: 'diffusion_model.blocks.0.self_attn'", "line 2: .blocks"]
+
+
+# ---------------------------------------------------------------------------------------------- dataclass fields
+MAX_DATACLASS_FIELDS = 16
+
+
+def dataclass_fields(source: str) -> dict[str, int]:
+    """Fields of every dataclass in ``source`` (``@dataclass`` or ``@dataclass(...)``, at any depth; a ClassVar
+    annotation is no field): class name -> count."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        decorators = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
+        if not any(getattr(d, "id", getattr(d, "attr", None)) == "dataclass" for d in decorators):
+            continue
+        found[node.name] = sum(
+            1
+            for s in node.body
+            if isinstance(s, ast.AnnAssign)
+            and isinstance(s.target, ast.Name)
+            and "ClassVar" not in ast.unparse(s.annotation)
+        )
+    return found
+
+
+def test_no_dataclass_under_runtime_or_nodes_has_more_than_16_fields():
+    """A request or record of more than 16 fields is several values in one: group them (runtime/options.py's
+    Sampling, Chunking, Continuation, Hooks, and one options value per family)."""
+    found = [
+        f"{path.relative_to(ROOT)}: {name} has {n} fields"
+        for room in ("runtime", "nodes")
+        for path in _py_files(room)
+        for name, n in dataclass_fields(path.read_text()).items()
+        if n > MAX_DATACLASS_FIELDS
+    ]
+    assert found == []
+
+
+def test_the_field_count_sees_every_dataclass_form():
+    """Positive control: a bare and a called decorator, ``dataclasses.dataclass``, a nested class; ClassVars and
+    methods are no fields."""
+    fields = "\n".join(f"    f{i}: int = {i}" for i in range(17))
+    source = (
+        "import dataclasses\nfrom dataclasses import dataclass\nfrom typing import ClassVar\n"
+        f"@dataclass\nclass A:\n{fields}\n"
+        f"@dataclass(frozen=True)\nclass B:\n    c: ClassVar[int] = 1\n    x: int\n    def f(self): pass\n"
+        f"class Outer:\n    @dataclasses.dataclass(eq=False)\n    class C:\n    {fields.replace(chr(10), chr(10) + '    ')}\n"
+    )
+    assert dataclass_fields(source) == {"A": 17, "B": 1, "C": 17}

@@ -1,9 +1,9 @@
-"""The pure-torch MAGI-1 (``magi1/``) against the reference's own outputs, and its pipeline arithmetic.
+"""The pure-torch MAGI-1 (``runtime/families/magi1/model/``) against the reference's own outputs, and its pipeline arithmetic.
 
 ``tests/data/magi1/expected.safetensors`` holds what github:SandAI-org/MAGI-1 (6ff822e) computed, in float32
 on the CPU, on tiny seeded weights (README there): four DiT forwards and four whole sampler runs. The same
 weights are rebuilt here from the seed (samples of them are stored too) and loaded strictly into
-:class:`magi1.dit.MagiDiT`, so the reference's parameter names and shapes are checked as well.
+:class:`runtime.families.magi1.model.dit.MagiDiT`, so the reference's parameter names and shapes are checked as well.
 
 The reference ran on another machine, so its outputs are compared within float32 rounding
 (:func:`jensen_testing.numerics.rounding_bound`, relative L2): the tiny DiT's 2 blocks with reductions of at most
@@ -27,13 +27,21 @@ from safetensors.torch import load_file
 
 from jensen_testing.magi1_tiny import build, dit_bound, sampled_weights, seeded_weights
 from jensen_testing.numerics import U32, assert_within_rounding, relative_error, rounding_bound
-from magi1 import pipeline as P
-from magi1.attention import ChunkPlan, FullPrecisionKV, sdpa
-from magi1.caption import chunk_captions, null_caption
-from magi1.config import PUBLISHED, TINY, TINY_24B_STYLE, ConfigError, MagiConfig, config_from_shapes, expected_shapes
-from magi1.dit import Forward, MagiDiT, apply_rope
-from magi1.sampler import MagiSettings, iter_sample, sample
-from magi1.vae import MagiVAE, VAEConfig, config_from_decoder_shapes, decoder_shapes
+from runtime.families.magi1.model import pipeline as P
+from runtime.families.magi1.model.attention import ChunkPlan, FullPrecisionKV, sdpa
+from runtime.families.magi1.model.caption import chunk_captions, null_caption
+from runtime.families.magi1.model.config import (
+    PUBLISHED,
+    TINY,
+    TINY_24B_STYLE,
+    ConfigError,
+    MagiConfig,
+    config_from_shapes,
+    expected_shapes,
+)
+from runtime.families.magi1.model.dit import Forward, MagiDiT, apply_rope
+from runtime.families.magi1.model.sampler import MagiSettings, iter_sample, sample
+from runtime.families.magi1.model.vae import MagiVAE, VAEConfig, config_from_decoder_shapes, decoder_shapes
 
 DATA = Path(__file__).parent / "data" / "magi1" / "expected.safetensors"
 WEIGHTS = Path(__file__).parent / "data" / "magi1" / "weights.safetensors"

@@ -20,8 +20,9 @@ import torch
 from jensen_core import ChunkCache, QuantSpec, quantize, rotate
 from jensen_core.cache import chunk_bytes
 from jensen_core.geometry import LatentGeometry
-from jensen_core.planner import block_in_flight_bytes, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, block_in_flight_bytes
 from jensen_core.tiers import AgeTiers
+from jensen_testing.planning import plan_video
 
 B, H, T, D, G = 1, 2, 8, 32, 16
 WAN = LatentGeometry((1, 2, 2), 16)
@@ -112,22 +113,9 @@ def test_the_planner_projects_each_side_as_a_cache_holds_it(name, tiers, window,
     averages; its bytes == a ChunkCache fed the written chunks, key side and value side apart."""
     spec = QuantSpec(bits=2, group_size=G, rotation="hadamard")
     tpf = 4  # a 4 x 4 latent
-    plan = plan_cache(
-        latent_frames=n * 2,
-        latent_height=4,
-        latent_width=4,
-        chunk_frames=2,
-        window_chunks=window,
-        layers=1,
-        heads=H,
-        head_dim=D,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=WAN,
-        sink_chunks=sink,
-        tiers=tiers,
-        full_bytes=4,
-    )
+    shape = CacheShape(layers=1, heads=H, head_dim=D, geometry=WAN, full_bytes=4)
+    precision = CachePrecision(spec_k=spec, spec_v=spec, tiers=tiers)
+    plan = plan_video((n * 2, 4, 4), 2, window, shape, precision=precision, sink_chunks=sink)
     written = n - 1  # the last chunk is never written (no kv_cache output)
     held, sink_held = held_history(written, window, sink)
     bits_k = positions(tiers, "k", len(held), sink_held)
@@ -160,7 +148,9 @@ def test_the_block_in_flight_is_planned_as_prepare_holds_it(name, tiers, window,
     cache = ChunkCache(spec, spec, window_chunks=window, sink_chunks=sink, tiers=tiers)
     held = cache.prepare(k, v).nbytes if method == "rtn" else k.nbytes + v.nbytes
     planned = block_in_flight_bytes(
-        block_tokens=T, layers=1, heads=H, head_dim=D, spec_k=spec, spec_v=spec, full_bytes=4, tiers=tiers
+        block_tokens=T,
+        shape=CacheShape(layers=1, heads=H, head_dim=D, full_bytes=4),
+        precision=CachePrecision(spec_k=spec, spec_v=spec, tiers=tiers),
     )
     if tiers is not None and tiers.sink_bits and not sink:
         assert planned >= held  # no sink: the planner's sink bits are an upper bound

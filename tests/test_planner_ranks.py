@@ -12,7 +12,7 @@ from support.pack import load_pack_module
 
 from jensen_core import ChunkCache, QuantSpec
 from jensen_core.geometry import LatentGeometry
-from jensen_core.planner import plan_cache
+from jensen_testing.planning import plan_by_fields
 
 GEOMETRY = LatentGeometry(patch=(1, 2, 2), latent_channels=16)
 INT2 = QuantSpec(bits=2, group_size=16, rotation="hadamard")
@@ -20,21 +20,9 @@ QVG = QuantSpec(bits=2, group_size=16, method="qvg", qvg_centroids=4)
 
 
 def _plan(**kw):
-    args = dict(
-        latent_frames=5,
-        latent_height=6,
-        latent_width=6,
-        chunk_frames=1,
-        window_chunks=2,
-        sink_chunks=1,
-        layers=2,
-        heads=4,
-        head_dim=32,
-        spec_k=INT2,
-        spec_v=INT2,
-        geometry=GEOMETRY,
-    )
-    return plan_cache(**{**args, **kw})
+    video = dict(latent=(5, 6, 6), chunk_frames=1, window_chunks=2, sink_chunks=1)
+    args = dict(**video, layers=2, heads=4, head_dim=32, spec_k=INT2, spec_v=INT2, geometry=GEOMETRY)
+    return plan_by_fields(**{**args, **kw})
 
 
 @pytest.mark.parametrize("spec", [INT2, QVG, None], ids=["int2", "qvg", "full"])
@@ -64,7 +52,7 @@ def test_heads_that_do_not_divide_by_the_ranks_cannot_run():
     plan = _plan(ranks=3)
     assert not plan.runnable and plan.quantized_bytes is None
     assert any("4 heads do not divide by 3 ranks" in e for e in plan.errors), plan.errors
-    with pytest.raises(ValueError, match="ranks=0 must be at least 1"):
+    with pytest.raises(ValueError, match="ranks=0 must be a whole number >= 1"):
         _plan(ranks=0)
 
 

@@ -9,9 +9,10 @@ import torch
 import jensen_core.attention as attention
 from jensen_core import CacheEntry, ChunkCache, QuantSpec, cached_attention, jensen_bias, quantize, rotate
 from jensen_core.methods import method_of
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry
 from jensen_core.quant import QuantizedTensor, cat_quantized
 from jensen_core.qvg import QVGTensor, kmeans
+from jensen_testing.planning import plan_video
 
 QVG = dict(method="qvg", bits=2, group_size=32, qvg_centroids=8)
 
@@ -326,20 +327,9 @@ def test_a_version_2_file_loads_bit_exactly_and_a_version_3_name_in_it_is_refuse
 def test_planner_matches_the_bytes_a_qvg_run_stores():
     layers, branches, heads, D, chunks, window = 2, 2, 2, 64, 5, 3
     spec_k, spec_v = QuantSpec(**QVG, qvg_stages=2), QuantSpec(method="qvg", bits=3, group_size=32, qvg_centroids=30)
-    plan = plan_cache(
-        latent_frames=chunks * 3,
-        latent_height=2,
-        latent_width=8,
-        chunk_frames=3,
-        window_chunks=window,
-        layers=layers,
-        heads=heads,
-        head_dim=D,
-        spec_k=spec_k,
-        spec_v=spec_v,
-        cfg_branches=branches,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
-    )
+    geometry = LatentGeometry(patch=(1, 2, 2), latent_channels=16)
+    shape = CacheShape(layers=layers, heads=heads, head_dim=D, geometry=geometry, cfg_branches=branches)
+    plan = plan_video((chunks * 3, 2, 8), 3, window, shape, precision=CachePrecision(spec_k=spec_k, spec_v=spec_v))
     T = 3 * plan.tokens_per_latent_frame  # 12 tokens: fewer than spec_v's K=30
     caches = [ChunkCache(spec_k, spec_v, window_chunks=window) for _ in range(layers * branches)]
     peak = 0

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from jensen_core import ChunkCache, QuantSpec, quantize
 from jensen_core.geometry import LatentGeometry
 from jensen_core.methods import method_of
-from jensen_core.planner import plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, plan_cache
 from jensen_core.spec import qvg_auto_centroids
 
 AUTO = dict(method="qvg", bits=2, group_size=16)
@@ -92,13 +92,9 @@ def test_the_planner_counts_auto_k_to_the_byte(chunks, window, chunk_frames, tok
         latent_width=tokens_per_frame,
         chunk_frames=chunk_frames,
         window_chunks=window,
-        layers=1,
-        heads=heads,
-        head_dim=head_dim,
-        spec_k=spec,
-        spec_v=spec,
         write_last=True,
-        geometry=GEOMETRY,
+        shape=CacheShape(layers=1, heads=heads, head_dim=head_dim, geometry=GEOMETRY),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     cache = ChunkCache(spec, spec, window_chunks=window)
     tokens = chunk_frames * tokens_per_frame

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jensen_core import ChunkCache, QuantSpec, Retained, Retention
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry, plan_cache
 from jensen_core.tiers import AgeTiers
 
 GEOMETRY = LatentGeometry(patch=(1, 2, 2), latent_channels=16)  # Wan's
@@ -139,17 +139,13 @@ def test_the_planner_projects_what_the_cache_holds(
         latent_width=2 * tokens_per_frame,
         chunk_frames=chunk_frames,
         window_chunks=window,
-        layers=1,
-        heads=heads,
-        head_dim=head_dim,
-        spec_k=spec,
-        spec_v=value_spec,
-        full_bytes=torch.finfo(dtype).bits // 8,
         sink_chunks=sink,
         write_last=write_last,
         prefix_frames=prefix_chunks * chunk_frames,
-        geometry=GEOMETRY,
-        tiers=tiers,
+        shape=CacheShape(
+            layers=1, heads=heads, head_dim=head_dim, geometry=GEOMETRY, full_bytes=torch.finfo(dtype).bits // 8
+        ),
+        precision=CachePrecision(spec_k=spec, spec_v=value_spec, tiers=tiers),
     )
     rule = Retention(window, sink)
     cache = ChunkCache(spec, value_spec, window_chunks=window, sink_chunks=sink, tiers=tiers)

@@ -8,7 +8,8 @@ import torch
 from support.pack import load_pack_module
 
 from jensen_core import ChunkCache, QuantSpec, Retained, Retention
-from jensen_core.planner import LatentGeometry, plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, LatentGeometry
+from jensen_testing.planning import plan_by_fields, plan_video
 
 
 @pytest.mark.parametrize(
@@ -34,19 +35,8 @@ def test_the_sink_stays_and_the_window_rolls(window, sink, chunks, kept):
 
 def _plan_64_token_chunks(spec_k=None, spec_v=None):
     """4 chunks of 64 tokens (1 latent frame of 8 x 8 tokens: 16 x 16 latent pixels), one head of 64 channels."""
-    return plan_cache(
-        latent_frames=4,
-        latent_height=16,
-        latent_width=16,
-        chunk_frames=1,
-        window_chunks=0,
-        layers=1,
-        heads=1,
-        head_dim=64,
-        spec_k=spec_k,
-        spec_v=spec_v,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
-    )
+    shape = CacheShape(layers=1, heads=1, head_dim=64, geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16))
+    return plan_video((4, 16, 16), 1, 0, shape, precision=CachePrecision(spec_k=spec_k, spec_v=spec_v))
 
 
 @pytest.mark.parametrize("centroids,warns", [(8, True), (4, False)])
@@ -71,20 +61,10 @@ def test_qvg_with_as_many_centroids_as_tokens_is_named_as_such(centroids, every_
 
 
 def _plan(**kw):
-    args = dict(
-        latent_frames=4,
-        latent_height=16,
-        latent_width=16,
-        chunk_frames=1,
-        window_chunks=0,
-        layers=1,
-        heads=1,
-        head_dim=64,
-        spec_k=None,
-        spec_v=None,
-        geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16),
-    )
-    return plan_cache(**{**args, **kw})
+    video = dict(latent=(4, 16, 16), chunk_frames=1, window_chunks=0)
+    model = dict(layers=1, heads=1, head_dim=64, spec_k=None, spec_v=None)
+    args = dict(**video, **model, geometry=LatentGeometry(patch=(1, 2, 2), latent_channels=16))
+    return plan_by_fields(**{**args, **kw})
 
 
 @pytest.mark.parametrize("window,sink,warns", [(2, 2, True), (3, 1, True), (2, 1, False), (4, 0, True), (3, 0, False)])

@@ -11,6 +11,7 @@ import torch
 from jensen_core import ChunkCache, QuantSpec, attention, jensen_bias, quantize, rotate
 from jensen_core.cache import read_meta
 from jensen_core.tiers import AgeTiers, parse_tiers, requantize
+from jensen_testing.planning import plan_by_fields
 
 SPEC = QuantSpec(bits=2, group_size=16, rotation="hadamard", seed=3)
 
@@ -350,11 +351,11 @@ def test_a_file_with_other_tiers_or_bad_bits_is_refused(tmp_path):
 
 
 def test_the_planner_names_tiers_that_change_nothing_or_requantize_badly():
-    from jensen_core.planner import LatentGeometry, plan_cache
+    from jensen_core.planner import LatentGeometry
 
     def plan(spec_k, tiers, **kw):
         args = dict(latent_frames=12, latent_height=2, latent_width=2, chunk_frames=1, window_chunks=3, layers=1)
-        return plan_cache(
+        return plan_by_fields(
             **args, heads=1, head_dim=64, spec_k=spec_k, spec_v=None, geometry=GEOMETRY, tiers=tiers, **kw
         )
 

@@ -1,4 +1,4 @@
-"""Context selection and RoPE renumbering (worldplay/context.py): hand-worked cases, and the reference's own
+"""Context selection and RoPE renumbering (runtime/families/worldplay/model/context.py): hand-worked cases, and the reference's own
 selection on a hand-made loop (tests/data/worldplay/context.json: HY-WorldPlay's ``select_aligned_memory_frames``
 and ``calculate_fov_overlap_similarity`` with its points drawn after ``torch.manual_seed(1234)``)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from worldplay.context import (
+from runtime.families.worldplay.model.context import (
     CONTEXT_TIMESTEP,
     chunk_distance,
     fov_overlap,
@@ -19,7 +19,7 @@ from worldplay.context import (
     select_context_frames,
     sphere_points,
 )
-from worldplay.trajectory import trajectory_from_json
+from runtime.families.worldplay.model.trajectory import trajectory_from_json
 
 DATA = Path(__file__).parent / "data" / "worldplay"
 REF = json.loads((DATA / "context.json").read_text())

@@ -1,7 +1,7 @@
-"""HY-WorldPlay's checkpoint format (worldplay/keys.py) against the reference's model definition
+"""HY-WorldPlay's checkpoint format (runtime/families/worldplay/model/keys.py) against the reference's model definition
 (tests/data/worldplay/official_keys.json: the names and shapes of HY-WorldPlay's transformer, HunyuanVideo 1.5
 480p I2V with ``add_action_parameters()``, listed by instantiating it on the meta device), and the image
-condition cut to a call's frames (worldplay/condition.py)."""
+condition cut to a call's frames (runtime/families/worldplay/model/condition.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from worldplay.condition import call_frames, pad_frames, select_frames
-from worldplay.keys import (
+from runtime.families.worldplay.model.condition import call_frames, pad_frames, select_frames
+from runtime.families.worldplay.model.keys import (
     RELEASED,
     CheckpointError,
     check_keys,

@@ -1,4 +1,4 @@
-"""The trajectory picture (worldplay/preview.py): where the path and the view wedges land, for paths whose
+"""The trajectory picture (runtime/families/worldplay/model/preview.py): where the path and the view wedges land, for paths whose
 picture is known by hand."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from worldplay.preview import PATH, VIEW, image_tensor, render_trajectory
-from worldplay.trajectory import parse_trajectory
+from runtime.families.worldplay.model.preview import PATH, VIEW, image_tensor, render_trajectory
+from runtime.families.worldplay.model.trajectory import parse_trajectory
 
 
 def mask_of(img, colour) -> torch.Tensor:

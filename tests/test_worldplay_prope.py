@@ -1,4 +1,4 @@
-"""PRoPE (worldplay/prope.py) against a float64 implementation written out plainly here, against the reference's
+"""PRoPE (runtime/families/worldplay/model/prope.py) against a float64 implementation written out plainly here, against the reference's
 own outputs (tests/data/worldplay/prope.safetensors, made by HY-WorldPlay's ``prope_qkv`` on random cameras), and
 the property that makes it projective: attention through PRoPE does not depend on the world frame."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from worldplay.prope import PRoPE, apply_blockwise, invert_rigid, projection_matrices, prope_qkv
+from runtime.families.worldplay.model.prope import PRoPE, apply_blockwise, invert_rigid, projection_matrices, prope_qkv
 
 DATA = Path(__file__).parent / "data" / "worldplay"
 

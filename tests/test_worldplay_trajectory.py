@@ -1,4 +1,4 @@
-"""Camera paths (worldplay/trajectory.py): pose strings and pose JSON against the reference's own parse
+"""Camera paths (runtime/families/worldplay/model/trajectory.py): pose strings and pose JSON against the reference's own parse
 (tests/data/worldplay/trajectories.json, made by HY-WorldPlay's ``pose_to_input``), hand-worked action labels,
 the Euler angles against SciPy's, and every error naming its fix."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from worldplay.trajectory import (
+from runtime.families.worldplay.model.trajectory import (
     Trajectory,
     TrajectoryError,
     action_labels,
@@ -79,7 +79,7 @@ def test_euler_angles_agree_with_scipy():
     """The x and y angles the labels use, against SciPy's extrinsic 'xyz' (what the reference calls)."""
     rotation = pytest.importorskip("scipy.spatial.transform").Rotation
     g = torch.Generator().manual_seed(0)
-    from worldplay.trajectory import _euler_xy_deg
+    from runtime.families.worldplay.model.trajectory import _euler_xy_deg
 
     for _ in range(50):
         angles = (torch.rand(3, generator=g, dtype=torch.float64) - 0.5) * torch.tensor([2 * math.pi, 2.5, 2 * math.pi])

@@ -66,7 +66,7 @@ refused with a listing of every prefix found.
 ``model.safetensors.index.json`` and its shards, or one ``model.safetensors``) into one file for
 ``models/diffusion_models`` (Load MAGI-1 Model), and ``--magi1-vae FOLDER`` the VAE folder (``ckpt/vae``:
 ``config.json`` + ``diffusion_pytorch_model.safetensors``) into one file for ``models/vae`` (Load MAGI-1 VAE).
-Both go through :mod:`magi1.checkpoint` first (headers only: the index's shard names must be plain files of
+Both go through :mod:`runtime.families.magi1.model.checkpoint` first (headers only: the index's shard names must be plain files of
 the folder, every tensor the index names must be in its shard, no tensor twice, a complete model of exact
 shapes; ``.zst`` shards and the ``distill_quant`` fp8 weights are refused with the way on), then copy every
 tensor's bytes unchanged into one file (streamed, never loaded whole), with the architecture in the metadata
@@ -1206,16 +1206,17 @@ def main(argv: list[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- MAGI-1 (Sand AI's folders)
 def _magi1_modules():
-    """The pack's ``magi1`` package (the pack root appended to ``sys.path``: tools/ is no package)."""
+    """MAGI-1's pure-torch model, ``runtime/families/magi1/model/`` (the pack root appended to ``sys.path``: tools/
+    is no package; the model imports on its own)."""
     root = str(Path(__file__).resolve().parents[1])
     if root not in sys.path:
         sys.path.append(root)
-    import magi1.caption
-    import magi1.checkpoint
-    import magi1.config
-    import magi1.vae
+    import runtime.families.magi1.model.caption
+    import runtime.families.magi1.model.checkpoint
+    import runtime.families.magi1.model.config
+    import runtime.families.magi1.model.vae
 
-    return magi1
+    return runtime.families.magi1.model
 
 
 def _special_token_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -202,7 +202,7 @@ LAY = "jensen_core/correction_layouts.py"
 LSE = "jensen_core/sdpa_lse.py"
 PLAN = "jensen_core/planner.py"
 CONV = "tools/convert_checkpoint.py"
-WAN = "runtime/families/wan.py"
+WAN = "runtime/families/wan/family.py"
 LKV = "nodes/load_kv_cache.py"
 
 MUTANTS += [
@@ -763,8 +763,8 @@ MUTANTS += [
     M(
         "X5",
         KREA,
-        "pixels = vae.decode(history[b : b + 1,",
-        "pixels = vae.decode(history[0:1,",
+        "pixels = stream.last_frame(history[b : b + 1,",
+        "pixels = stream.last_frame(history[0:1,",
         f"{T_KREA} {T_MX_PACK}",
         "Krea recompute x batch 2: every batch item's anchor frame is re-encoded from item 0",
     ),

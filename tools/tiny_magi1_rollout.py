@@ -4,7 +4,7 @@ one-step loss per chunk position on held-out videos with the true context and wi
     python tools/tiny_magi1_rollout.py --threads 1                     # 16 chunks, windows 4 and 1, prompts 0-5
     python tools/tiny_magi1_rollout.py --untrained --prompts 1 --chunks 4   # the same check on untrained weights
 
-Rollouts: the pack's pure-torch MAGI-1 sampler (``magi1.sampler``: distilled, cfg 1, key ranges 5, 4, 3, 2, full
+Rollouts: the pack's pure-torch MAGI-1 sampler (``runtime.families.magi1.model.sampler``: distilled, cfg 1, key ranges 5, 4, 3, 2, full
 precision K/V buffer), text to video from ``torch.randn`` after ``manual_seed(seed)``. Each finished chunk's
 ``std``, ``motion`` (mean absolute change between consecutive latent frames) and ``detail`` (mean absolute spatial
 Laplacian) over the same statistic of held-out videos of the prompt; a rollout is stable when every chunk's ratios

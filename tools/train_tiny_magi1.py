@@ -1,4 +1,4 @@
-"""Train the pack's tiny MAGI-1 (the pack's pure-torch ``magi1.dit.MagiDiT``) on a CPU, with MAGI-1's own objective.
+"""Train the pack's tiny MAGI-1 (the pack's pure-torch ``runtime.families.magi1.model.dit.MagiDiT``) on a CPU, with MAGI-1's own objective.
 
     python tools/train_tiny_magi1.py --threads 1    # writes models/tiny_magi1/jensen-kv-tiny-magi1.safetensors
 
@@ -7,19 +7,19 @@ What it trains (see models/tiny_magi1/MODEL_CARD.md):
 - data: :mod:`jensen_core.toy_video`, the tiny AR model's data (seeded bouncing, occluding discs over a panning
   texture, 16 channels, 16x16 latents = 64 tokens per frame after the 2x2 patches), in chunks of 6 latent frames
   (the MAGI-1 AR Sampler's chunk); the six prompts' fixed 8 x 4096 embeddings as captions, with the HQ and
-  DURATION special tokens in front as the sampler puts them (``magi1.caption.chunk_captions``);
-- model: ``magi1.dit.MagiDiT`` of ``jensen_testing.magi1_trained.CONFIG`` (hidden 256, 4 layers, ffn 1024, 4 query
+  DURATION special tokens in front as the sampler puts them (``runtime.families.magi1.model.caption.chunk_captions``);
+- model: ``runtime.families.magi1.model.dit.MagiDiT`` of ``jensen_testing.magi1_trained.CONFIG`` (hidden 256, 4 layers, ffn 1024, 4 query
   heads over 2 K/V heads of 64, distilled: the step-size embedding and the cfg-1 pipeline);
 - objective: MAGI-1's. Time ``t`` runs from 0 (noise) to 1 (clean), ``x_t = t x + (1 - t) eps``, the model predicts
   the velocity ``x - eps`` (the sampler's Euler step is ``x += v dt``). Teacher forcing on the sampler's own
-  forwards: each training sequence is one forward the pack's MAGI-1 sampler (``magi1.sampler``) runs at some window
+  forwards: each training sequence is one forward the pack's MAGI-1 sampler (``runtime.families.magi1.model.sampler``) runs at some window
   (1 to 4 chunks in flight, drawn per sequence), with the ground truth in place of the earlier chunks:
 
   * the chunks in flight, oldest first, each at its own time: at window ``W`` the chunk at window place ``p``
     (0 = newest) is at the fraction ``(p + u) / W`` of its steps (``u`` uniform, shared, as the sampler's sub-step)
-    and at ``t = sd3(fraction)`` (``magi1.pipeline.time_schedule``'s map: ``u**2``, shift 3);
+    and at ``t = sd3(fraction)`` (``runtime.families.magi1.model.pipeline.time_schedule``'s map: ``u**2``, shift 3);
   * each reads the chunks of its key range: ``noise2clean_kvrange`` = 5, 4, 3, 2 chunks back (itself included) in
-    the four quarters of its steps (``magi1.pipeline.key_ranges``), so at window 4 every chunk reads the older
+    the four quarters of its steps (``runtime.families.magi1.model.pipeline.key_ranges``), so at window 4 every chunk reads the older
     chunks in flight and one finished chunk, at window 1 up to four finished chunks;
   * the finished chunks before them, as many as the key ranges reach (fewer at a video's start), at ``t = 0.9999``
     under the null caption, each attending to itself only: exactly the K/V the sampler's clean chunk in front
@@ -70,7 +70,7 @@ OTHER_DT = (4.0, 12.0, 16.0, 24.0, 32.0)
 
 
 def sd3(frac: float, shift: float = 3.0) -> float:
-    """MAGI-1's time at a fraction of a chunk's steps (``magi1.pipeline.time_schedule``, schedule sd3)."""
+    """MAGI-1's time at a fraction of a chunk's steps (``runtime.families.magi1.model.pipeline.time_schedule``, schedule sd3)."""
     s = frac * frac
     inv = 1.0 / shift
     return inv * s / (1 + (inv - 1) * s)
@@ -126,7 +126,7 @@ def sample_layout(g: torch.Generator, windows: dict = WINDOWS) -> Layout:
 
 
 def plan_of(layout: Layout, chunk_tokens: int) -> mt.ChunkPlan:
-    """The key ranges of the sequence's forward (as ``magi1.pipeline.key_ranges`` gives them to the sampler)."""
+    """The key ranges of the sequence's forward (as ``runtime.families.magi1.model.pipeline.key_ranges`` gives them to the sampler)."""
     ranges = [(i, i + 1) for i in range(layout.finished)]  # clean chunks: themselves
     for j, rng in enumerate(layout.ranges):
         end = layout.finished + j + 1

@@ -16,16 +16,15 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 
 const QUANT_NODE = "JensenKVQuantizeKVCache";
-// HY-WorldPlay's own sampler: its chunk and context are fixed, and the planner takes the family's preset
-const WORLDPLAY_SAMPLER = "JensenKVWorldPlayARSampler";
-// MAGI-1's own sampler: the video size is on the sampler, its chunk is fixed, and the server reads its window_size,
-// kv_ranges and steps to say what window 0 keeps (what its key ranges reach)
-const MAGI1_SAMPLER = "JensenKVMagi1ARSampler";
-const MAGI1_FIELDS = ["window_size", "kv_ranges", "steps"];
-const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple", WORLDPLAY_SAMPLER, MAGI1_SAMPLER]);
+// the pack's own Chunked AR samplers; a model family's own sampler is the server's to
+// name: /jensen_kv/options "samplers" (its node id -> its family, the planner fields read from its widgets and
+// those it fixes, the fields of its own the plan takes)
+const SAMPLER_NODES = new Set(["JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"]);
 // ComfyUI's own samplers that run SamplerARVideo (v0.27+): followed for the planner
 const CORE_SAMPLER_NODES = new Set(["SamplerCustomAdvanced", "SamplerCustom"]);
+// nodes that show a run's report: the samplers above, KV Cache Report, and any node with a report output
 const REPORT_NODES = new Set([...SAMPLER_NODES, "JensenKVCacheReport"]);
+const REPORT_TYPE = "JENSEN_KV_REPORT";
 const WINDOW_NODE = "JensenKVARCacheWindow";
 const PANEL = "jensen_kv_panel";
 const REPORT = "jensen_kv_report";
@@ -47,9 +46,9 @@ const FIELD_INFO = {
   layers: ["layers", "Transformer blocks (each caches its own keys and values)."],
   heads: ["heads", "Attention heads per block."],
   head_dim: ["head dim", "Channels per head; the group size must divide it."],
-  width: ["width", "Video width in pixels (Wan: a multiple of 16)."],
-  height: ["height", "Video height in pixels (Wan: a multiple of 16)."],
-  frames: ["frames", "Video frames (Wan: 4k+1, e.g. 81 = 21 latent frames)."],
+  width: ["width", "Video width in pixels (a whole number of the model's patches: the plan says when it is not)."],
+  height: ["height", "Video height in pixels (a whole number of the model's patches: the plan says when it is not)."],
+  frames: ["frames", "Video frames (the model's VAE takes frames in steps: the plan says how many latent frames)."],
   batch: ["batch", "Videos sampled at once (latent batch size)."],
   chunk_frames: ["chunk", "Latent frames per chunk (the sampler's chunk_frames)."],
   window_chunks: ["window", "Finished chunks kept in the cache; 0 keeps them all (the sampler's window_chunks)."],
@@ -163,8 +162,9 @@ function fitNode(node) {
 }
 
 // ------------------------------------------------------------------------------- graph following
-function downstreamSampler(node) {
-  // the pack's sampler, or core's SamplerCustom(Advanced) (through guiders); AR Cache Window nodes on the way
+function downstreamSampler(node, familySamplers) {
+  // the pack's sampler, a family's own (familySamplers: the server's), or core's SamplerCustom(Advanced) (through
+  // guiders); AR Cache Window nodes on the way
   const seen = new Set([node.id]);
   const windows = [];
   let frontier = [node];
@@ -176,7 +176,9 @@ function downstreamSampler(node) {
           if (seen.has(m.id)) continue;
           seen.add(m.id);
           if (m.type === WINDOW_NODE) windows.push(m);
-          if (SAMPLER_NODES.has(m.type) || CORE_SAMPLER_NODES.has(m.type)) return { sampler: m, windows };
+          if (SAMPLER_NODES.has(m.type) || CORE_SAMPLER_NODES.has(m.type) || familySamplers?.[m.type]) {
+            return { sampler: m, windows };
+          }
           next.push(m);
         }
       }
@@ -233,11 +235,13 @@ function familyPreset(options, family, fileName, current) {
 
 function fromWorkflow(node) {
   const found = {};
-  const fields = {};  // the family sampler's own inputs the plan takes (MAGI-1's window_size, kv_ranges, steps)
-  const { sampler, windows } = downstreamSampler(node);
+  const fields = {};  // the family sampler's own inputs the plan takes (a family's sampler inputs that decide its window 0)
+  const options = node.jensenKv?.options;
+  const { sampler, windows } = downstreamSampler(node, options?.samplers);
   if (!sampler) return { found, fields, sampler: null };
   // the node that shows the measured report: the pack's sampler itself, or a KV Cache Report after core's
   let reporter = sampler;
+  const family = options?.samplers?.[sampler.type];
   if (CORE_SAMPLER_NODES.has(sampler.type)) {
     // core's AR path: chunk = SamplerARVideo's block, window and sink from AR Cache Window, cfg from the guider
     const arSampler = inputNode(sampler, "sampler");
@@ -253,29 +257,26 @@ function fromWorkflow(node) {
       const r = (sampler.getOutputNodes(slot) ?? []).find((m) => m.type === "JensenKVCacheReport");
       if (r) { reporter = r; break; }
     }
-  } else if (sampler.type === WORLDPLAY_SAMPLER) {
-    // the family's preset (both streams, the rebuilt 20-frame context); cfg 1, no window or sink
-    const options = node.jensenKv?.options;
-    const [name, p] = Object.entries(options?.presets ?? {}).find(([, q]) => q.family === "worldplay") ?? [];
-    if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim, chunk_frames: p.chunk_frames });
-    Object.assign(found, { window_chunks: p ? p.context_frames / p.chunk_frames : 0, sink_chunks: 0, cfg_branches: 1 });
-  } else if (sampler.type === MAGI1_SAMPLER) {
-    // the MAGI-1 preset the loader's file names (4.5B / 24B), the video on the sampler; one cached branch (every
-    // cfg pass reads the same finished chunks)
+  } else if (family) {
+    // a family's own sampler: the family's preset (the one whose size the loader's file names), its chunk, and a
+    // context the sampler rebuilds before every chunk (window = its chunks, no sink); the planner fields on the
+    // sampler's widgets, those it fixes, and its own fields the plan takes
     const loader = upstreamLoader(sampler);
     const current = node.properties?.[STATE_KEY]?.preset;
-    const [name, p] = familyPreset(node.jensenKv?.options, "magi1", widgetValue(loader, "model_name"), current);
+    const file = widgetValue(loader, "model_name") ?? widgetValue(loader, "unet_name");
+    const [name, p] = familyPreset(options, family.family, file, current);
     if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim, chunk_frames: p.chunk_frames });
-    for (const f of ["width", "height", "frames", "window_chunks", "sink_chunks"]) {
+    if (p?.context_frames) Object.assign(found, { window_chunks: p.context_frames / p.chunk_frames, sink_chunks: 0 });
+    for (const f of family.inputs) {
       const v = widgetValue(sampler, f);
       if (v != null) found[f] = v;
     }
-    Object.assign(found, { batch: 1, cfg_branches: 1 });
-    for (const f of MAGI1_FIELDS) {
+    Object.assign(found, family.fixed);
+    for (const f of family.fields) {
       const v = widgetValue(sampler, f);
       if (v != null) fields[f] = String(v);
     }
-    return { found, fields, sampler };
+    if (family.inputs.includes("frames")) return { found, fields, sampler };  // the video is on the sampler
   } else {
     for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
       const v = widgetValue(sampler, name);
@@ -513,13 +514,13 @@ function render(node, options, state, req) {
     row("chunks", `${plan.chunks} of ${plan.chunk_frames}; peak ${plan.cached_chunks_peak} cached (${num(plan.cached_tokens_peak, 0)} tokens)`);
     const m = plan.model ?? {};
     if ((m.streams ?? 1) > 1 || m.context_frames) {
-      // e.g. HY-WorldPlay: two K/V streams per block, a context rebuilt before every chunk
+      // a model whose blocks keep several K/V streams, or whose recipe rebuilds a context before every chunk
       row("model", `${m.layers} blocks × ${m.streams} attention streams = ${m.cache_layers} cached layers`
         + (m.context_frames ? `; context rebuilt before every chunk from up to ${m.context_frames} latent frames` : ""),
       { "data-jkv": "streams", "data-streams": m.streams ?? 1, "data-context": m.context_frames ?? 0 });
     }
     if (m.kv_heads != null && m.kv_heads < m.heads) {
-      // grouped-query attention (MAGI-1: 24 query heads over 8 K/V heads): the cache holds the K/V heads only
+      // grouped-query attention (fewer K/V heads than query heads): the cache holds the K/V heads only
       row("K/V heads", `${m.kv_heads} of ${m.heads} (grouped-query)`,
         { "data-jkv": "kv-heads", "data-kv-heads": m.kv_heads,
           title: "Grouped-query attention: several query heads share one K/V head, and the cache holds the K/V heads only." });
@@ -628,7 +629,7 @@ app.registerExtension({
         quantNodes.delete(this);
         return removed?.apply(this, args);
       };
-    } else if (REPORT_NODES.has(nodeData?.name)) {
+    } else if (REPORT_NODES.has(nodeData?.name) || (nodeData?.output ?? []).includes(REPORT_TYPE)) {
       const created = nodeType.prototype.onNodeCreated;
       nodeType.prototype.onNodeCreated = function (...args) {
         const r = created?.apply(this, args);

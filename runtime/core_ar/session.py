@@ -169,7 +169,7 @@ class CoreARSession:
         self.chunk = 0
         self.step = 0
         self.labels: list[int] | None = None  # CFG branches of the apply_model call in progress
-        #: this rank's share of the heads under sequence parallelism (runtime/families/wan_raylight.HeadShard)
+        #: this rank's share of the heads under sequence parallelism (runtime/families/wan/raylight.HeadShard)
         self.shard = None
         # filled in by the ComfyUI side (patches.start_session) for the report
         self.diagnostics = None

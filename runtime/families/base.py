@@ -16,7 +16,9 @@ A family adapter knows these things about its models, and nothing about caches o
   which latents it can take (:meth:`check_latent`);
 - **identity**: the architecture facts a saved cache must match (:meth:`fingerprint`), a digest
   of its weights (:meth:`weights_digest`) and a label for the run's records (:meth:`describe`);
-- **the planner's presets** (:attr:`ModelFamily.presets`: the models users run, as the web planner lists them);
+- **the planner's presets** (:attr:`ModelFamily.presets`: the models users run, as the web planner lists them) and
+  **its rule** (:meth:`ModelFamily.plan_chunks`: the chunk, window and sink its sampler's cache really keeps, which
+  the web planner's route and the family's own loop both ask);
 - **core's AR path** (ComfyUI's own ``sample_ar_video``, v0.27+), where the family has one:
   :meth:`ModelFamily.core_ar_model` (the causal model core's sampler drives, or None),
   :meth:`ModelFamily.attach_core_ar` (the object patches that hand core's per-layer caches to the pack's
@@ -26,11 +28,13 @@ A family adapter knows these things about its models, and nothing about caches o
   patch of the pack's sampler (core's path then lets that sampling through untouched).
 
 The chunk loop (``runtime/chunk_loop.py``), core's AR path (``runtime/core_ar/``), the routes and the nodes use
-only these members, through ``runtime.families`` (tests/test_layout.py checks that no room but
-``runtime/families/`` imports a family's module).
+only these members, through the registry (``runtime.families``, ``registry.py``); only a family's own node file
+(``nodes/<key>.py``) imports its package (tests/test_layout.py checks both).
 
-Adding a family is adding one file in ``runtime/families/`` (or a package there) and its class to ``FAMILIES``,
-and its tiny model to ``jensen_testing.families``, which the conformance suite (``tests/families/``) runs.
+Adding a family is one package ``runtime/families/<key>/`` (its pure-torch ``model/``, ``family.py`` ending in the
+one registration line ``register(TheFamily)``, a ``recipe.py`` where its loop differs), its nodes in
+``nodes/<key>.py``, its tiny model in ``jensen_testing.families`` (the conformance suite, ``tests/families/``, runs
+every registered family and fails one without it) and a workflow.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from typing import ClassVar, NamedTuple
 
 from ...jensen_core.cache_values import CacheShape
 from ...jensen_core.geometry import LatentGeometry
+from ..options import Chunking
 
 #: the pack's own sampler node; a family whose recipe owns its loop names its own node in ``sampler_node``
 CHUNKED_AR_SAMPLER = "Chunked AR Video Sampler"
@@ -163,8 +168,17 @@ class ModelFamily(ABC):
     #: rebuilds or shares its cache across chunks in flight refuses both, and the planner shows no file size
     saves_runs: ClassVar[bool] = True
     #: inputs of the family's own sampler that decide what its cache holds, which the planner takes besides its own
-    #: fields (name -> what it is, with an example); read by :meth:`planner_window`
+    #: fields (name -> what it is, with an example); read by :meth:`plan_chunks`
     planner_fields: ClassVar[dict[str, str]] = {}
+    #: the node id of :attr:`sampler_node` where the family has its own (a workflow's node type; None: the Chunked AR
+    #: sampler's), which the web planner follows
+    sampler_node_id: ClassVar[str | None] = None
+    #: the planner's fields the web planner reads from that node's widgets (MAGI-1: the video size on the sampler)
+    planner_inputs: ClassVar[tuple[str, ...]] = ()
+    #: the planner's fields that node fixes (name -> value: one cached CFG branch, a batch of one)
+    planner_fixed: ClassVar[dict[str, int]] = {}
+    #: where the registry lists the family (probe order, the planner's model list, the refusals' list of families)
+    order: ClassVar[int] = 100
 
     num_layers: int
     heads: int
@@ -189,12 +203,21 @@ class ModelFamily(ABC):
         )
 
     @classmethod
-    def planner_window(cls, fields: Mapping[str, str], latent_frames: int, chunk_frames: int) -> tuple[int, str] | None:
-        """For a plan whose window is 0: the finished chunks this family's sampler keeps per layer (0: every one) and
-        a line that says why, from its :attr:`planner_fields` in ``fields`` (query strings; absent: the sampler's
-        defaults); :class:`PlannerFieldError` for a value the sampler would refuse. None (the default): a window of
-        0 keeps every chunk."""
-        return None
+    def plan_chunks(
+        cls,
+        asked: Chunking,
+        latent_frames: int,
+        fields: Mapping[str, object] | None = None,
+        preset: ModelPreset | None = None,
+    ) -> tuple[Chunking, tuple[str, ...]]:
+        """The family's planner rule: the chunk, window and sink the cache of a run of this family's sampler really
+        keeps, with a note wherever that differs from what was asked. ``asked``: the chunk, window and sink a user
+        typed (the web planner) or a run's request carries; ``latent_frames``: the video's; ``fields``: the inputs of
+        the family's own sampler that decide what a window of 0 keeps (its :attr:`planner_fields`, as the node's
+        values or as query strings; absent: the node's defaults), :class:`PlannerFieldError` for a value the sampler
+        would refuse; ``preset``: the model planned, where its sampler fixes the chunk (``ModelPreset.chunk_frames``).
+        The web planner's route and the family's own loop both ask this. The default: as asked."""
+        return asked, ()
 
     @classmethod
     @abstractmethod
@@ -265,3 +288,16 @@ class ModelFamily(ABC):
         """The MODEL as loaded carries :meth:`attach_core_ar`'s patches and they displaced nobody's:
         :class:`UnusedSettingsError` naming the other patch otherwise."""
         raise NotImplementedError(f"{cls.name} has no core AR path")
+
+
+#: the families registered so far; ``runtime.families.registry`` lists them in :attr:`ModelFamily.order`
+REGISTERED: list[type[ModelFamily]] = []
+
+
+def register(family: type[ModelFamily]) -> type[ModelFamily]:
+    """Add ``family`` to the registry: the one registration line a family's ``family.py`` ends with (idempotent)."""
+    if not (isinstance(family, type) and issubclass(family, ModelFamily)):
+        raise TypeError(f"register() takes a ModelFamily subclass, got {family!r}")
+    if family not in REGISTERED:
+        REGISTERED.append(family)
+    return family

@@ -302,15 +302,16 @@ def test_the_planner_equals_the_bytes_the_run_cached(fam, loop, nodes, euler, wi
         latent_height=latent.shape[-2],
         latent_width=latent.shape[-1],
         chunk_frames=tiny.chunk_frames,
-        window_chunks=rep["window_chunks"],  # the family's own loop may keep a context of its own size
-        layers=rep["layers"],
-        heads=rep["heads"],
-        kv_heads=rep.get("kv_heads", rep["heads"]),
-        head_dim=rep["head_dim"],
-        spec_k=config.spec_k,
-        spec_v=config.spec_v,
-        cfg_branches=rep["cfg_branches"],
-        geometry=family.geometry,
+        window_chunks=rep["window_chunks"],
+        shape=planner.CacheShape(
+            layers=rep["layers"],
+            heads=rep["heads"],
+            head_dim=rep["head_dim"],
+            geometry=family.geometry,
+            kv_heads=rep.get("kv_heads", rep["heads"]),
+            cfg_branches=rep["cfg_branches"],
+        ),
+        precision=planner.CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),
     )
     assert rep["cache_bytes"] == plan.quantized_bytes > 0
     assert rep["bf16_bytes"] == plan.bf16_bytes

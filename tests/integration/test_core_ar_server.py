@@ -26,15 +26,8 @@ FP32_ATOL = 2e-5  # see test_core_ar_path.py: same arithmetic in another summati
 @pytest.fixture(scope="module")
 def server(comfy_server):
     """The session's shared server, with the tiny causal Wan file written for this module."""
-    from safetensors.torch import save_file
-
     support_comfyui.setup_inprocess_comfyui()
-    sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file(
-        {k: v.to(torch.float32) for k, v in sd.items()},
-        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
-        metadata={"config": json.dumps({"transformer": {"causal_ar": True}})},
-    )
+    wan_tiny.write_file(comfy_server.base_dir / "models" / "diffusion_models" / UNET, causal=True)
     return comfy_server
 
 
@@ -112,10 +105,7 @@ def prompt(*, bits=None, mode="taylor", window=None, diagnostics=False, block=1,
 def run(server, p, timeout=300) -> tuple[torch.Tensor, dict]:
     from safetensors.torch import load_file
 
-    status, body = server.post("/prompt", {"prompt": p, "client_id": "jensen-kv-tests"})
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=timeout)
-    assert entry["status"]["status_str"] == "success", (entry["status"], server.log_tail())
+    entry = server.run_prompt(p, timeout=timeout)
     saved = entry["outputs"]["13"]["latents"][0]
     latent = load_file(str(server.base_dir / "output" / saved["subfolder"] / saved["filename"]))["latent_tensor"]
     return latent, entry["outputs"]
@@ -165,9 +155,6 @@ def test_window_sink_diagnostics_and_cfg_on_core_path(server):
 def test_a_plain_sampler_with_the_pack_settings_fails_with_what_to_use(server):
     p = prompt(bits="2")
     p["8"] = {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler"}}
-    status, body = server.post("/prompt", {"prompt": p, "client_id": "jensen-kv-tests"})
-    assert status == 200, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=120)
-    assert entry["status"]["status_str"] == "error"
+    entry = server.run_prompt(p, timeout=120, status="error")
     msg = json.dumps(entry["status"]["messages"])
     assert "UnusedSettingsError" in msg and "SamplerARVideo" in msg and "Chunked AR Video Sampler" in msg

@@ -19,6 +19,7 @@ import pytest
 import torch
 from support import comfyui as support_comfyui
 from support import wan_tiny
+from support.workflow_api import chunked_sampler, int2_jensen
 
 pytestmark = [
     pytest.mark.comfyui,
@@ -258,33 +259,15 @@ UNET = "jensen_kv_tiny_wan_diag.safetensors"
 @pytest.fixture(scope="module")
 def server(comfy_server):
     """The session's shared server, with a tiny Wan checkpoint written for this module."""
-    from safetensors.torch import save_file
-
     support_comfyui.setup_inprocess_comfyui()
-    sd = wan_tiny.state_dict_for_file(seed=0)  # 1 head x 128, 2 layers: ComfyUI detects it as wan2.1
-    save_file(
-        {k: v.to(torch.float32) for k, v in sd.items()},
-        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
-    )
+    wan_tiny.write_file(comfy_server.base_dir / "models" / "diffusion_models" / UNET)
     return comfy_server
 
 
 def diagnostics_workflow(prefix: str) -> dict:
     return {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        "2": {
-            "class_type": "JensenKVQuantizeKVCache",
-            "inputs": {
-                "model": ["1", 0],
-                "key_bits": "2",
-                "value_bits": "2",
-                "group_size": "32",
-                "rotation": "hadamard",
-                "scale_format": "fp8_e4m3",
-                "rotation_seed": 0,
-            },
-        },
-        "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
+        **int2_jensen(["1", 0]),
         "11": {
             "class_type": "JensenKVDiagnostics",
             "inputs": {"model": ["3", 0], "layers": "all", "heads": "all", "steps": "all", "query_stride": 1},
@@ -300,22 +283,7 @@ def diagnostics_workflow(prefix: str) -> dict:
             "class_type": "BasicScheduler",
             "inputs": {"model": ["1", 0], "scheduler": "simple", "steps": 2, "denoise": 1.0},
         },
-        "9": {
-            "class_type": "JensenKVChunkedARSampler",
-            "inputs": {
-                "model": ["11", 0],
-                "positive": ["4", 0],
-                "negative": ["5", 0],
-                "latent": ["6", 0],
-                "seed": 0,
-                "cfg": 1.0,
-                "sampler": ["7", 0],
-                "sigmas": ["8", 0],
-                "chunk_frames": 1,
-                "window_chunks": 0,
-                "context_noise": 0.0,
-            },
-        },
+        "9": chunked_sampler(["11", 0]),
         "12": {"class_type": "JensenKVDiagnosticsPlot", "inputs": {"report": ["9", 1], "width": 960, "height": 540}},
         "13": {"class_type": "SaveImage", "inputs": {"images": ["12", 0], "filename_prefix": prefix}},
     }
@@ -335,10 +303,7 @@ def test_workflow_with_diagnostics_in_a_live_server(server):
     assert info["JensenKVDiagnosticsPlot"]["output_node"] is True
 
     prefix = f"jensen_kv_diag/{uuid.uuid4().hex[:8]}"
-    status, body = server.post("/prompt", {"prompt": diagnostics_workflow(prefix), "client_id": "jensen-kv-tests"})
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=300)
-    assert entry["status"]["status_str"] == "success", (entry["status"], server.log_tail())
+    entry = server.run_prompt(diagnostics_workflow(prefix), timeout=300)
     outputs = entry["outputs"]
 
     report = outputs["9"]["jensen_kv_report"][0]

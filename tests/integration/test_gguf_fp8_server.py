@@ -110,10 +110,7 @@ def prompt(prefix: str) -> dict:
 
 
 def run(server, p: dict, timeout: float = 600) -> dict:
-    status, body = server.post("/prompt", {"prompt": p, "client_id": "jensen-kv-gguf-tests"})
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=timeout)
-    assert entry["status"]["status_str"] == "success", (entry["status"], server.log_tail())
+    entry = server.run_prompt(p, timeout=timeout, client_id="jensen-kv-gguf-tests")
     return entry
 
 

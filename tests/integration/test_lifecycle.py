@@ -53,7 +53,7 @@ def assert_unpatched(model):
     from comfy.ldm.wan.model import WanSelfAttention
     from support.comfyui import PACK_MODULE
 
-    run_wrapper = importlib.import_module(f"{PACK_MODULE}.runtime.families.wan").WRAPPER_KEY
+    run_wrapper = importlib.import_module(f"{PACK_MODULE}.runtime.families.wan.family").WRAPPER_KEY
 
     for i, blk in enumerate(model.model.diffusion_model.blocks):
         fwd = blk.self_attn.forward

@@ -299,12 +299,13 @@ def test_planner_projects_the_cache_file_size(loop, nodes, tiny, tmp_path):
         chunk_frames=CHUNK,
         window_chunks=2,
         sink_chunks=1,
-        layers=2,
-        heads=2,
-        head_dim=32,
-        spec_k=config.spec_k,
-        spec_v=config.spec_v,
-        geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY,
+        shape=planner.CacheShape(
+            layers=2,
+            heads=2,
+            head_dim=32,
+            geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family").GEOMETRY,
+        ),
+        precision=planner.CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),
     )
     assert size == os.path.getsize(path)
     payload = res.state.nbytes + sum(r.latent.numel() * 4 for r in res.state.retained)

@@ -9,7 +9,6 @@ schedules, refusals, progress and interrupts, and the node.
 
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -17,30 +16,33 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support import comfyui as support_comfyui
+from support.comfyui import pack_module
 
 from jensen_core.retention import Retention
 from jensen_testing import magi1_tiny
 from jensen_testing.families import MAGI1_QK_GAIN
 from jensen_testing.magi1_tiny import dit_bound
 from jensen_testing.numerics import assert_within_rounding
-from magi1 import pipeline as P
-from magi1.attention import ChunkPlan, sdpa
-from magi1.caption import chunk_captions
-from magi1.config import TINY, MagiConfig
-from magi1.sampler import MagiSettings, sample
+from runtime.families.magi1.model import pipeline as P
+from runtime.families.magi1.model.attention import ChunkPlan, sdpa
+from runtime.families.magi1.model.caption import chunk_captions
+from runtime.families.magi1.model.config import TINY, MagiConfig
+from runtime.families.magi1.model.sampler import MagiSettings, sample
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "magi1" / "expected.safetensors"
 SCALE = 0.18215
 
 
-def pack_module(name):
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.{name}")
+@pytest.fixture(scope="module")
+def magi1(pack):
+    """MAGI-1's recipe (its request, run and report), as the family's node file imports it."""
+    return pack_module("runtime.families.magi1.recipe")
 
 
 @pytest.fixture(scope="module")
-def fams(pack):
-    return pack_module("runtime.families")
+def window(pack):
+    """MAGI-1 AR Sampler's schedule rules (key ranges, steps, window sizes)."""
+    return pack_module("runtime.families.magi1.window")
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +54,8 @@ def _cond(caption: torch.Tensor) -> list:
     return [[caption[None].float(), {"magi1_caption": True}]]
 
 
-def _request(fams, model, positive, frames, *, cw=1, hw=8, **kw):
-    return fams.MAGI1.Request(
+def _request(magi1, model, positive, frames, *, cw=1, hw=8, **kw):
+    return magi1.Magi1Request.from_options(
         model, positive, latent_frames=frames, latent_height=hw, latent_width=hw, chunk_frames=cw,
         **{"num_steps": 8, "progress": False, **kw},
     )  # fmt: skip
@@ -67,7 +69,7 @@ def _quantized(nodes, model, correction=None, group="16"):
 # ------------------------------------------------------------------------------------------ the reference
 @pytest.mark.numerics
 @pytest.mark.parametrize("name", ["distill_w4", "distill_w2_12steps", "base_w2", "distill_w1"])
-def test_a_full_precision_pack_run_gives_the_references_own_outputs(fams, expected, name):
+def test_a_full_precision_pack_run_gives_the_references_own_outputs(magi1, expected, name):
     """The reference's stored runs (tests/data/magi1), made again through the family's patch, the pack's cache and
     the recipe: the same weights, special tokens, caption, seed 1234 and settings."""
     distill, cfg_number, steps, window, chunks = (int(v) for v in expected[f"sampler.{name}.settings"].tolist())
@@ -75,10 +77,10 @@ def test_a_full_precision_pack_run_gives_the_references_own_outputs(fams, expect
     model = magi1_tiny.build_patcher(replace(TINY, distill=bool(distill)), special=special)
     caption = expected["sampler.caption_valid"]
     req = _request(
-        fams, model, _cond(caption), 2 * chunks, cw=2, seed=1234, num_steps=steps, window_size=window,
+        magi1, model, _cond(caption), 2 * chunks, cw=2, seed=1234, num_steps=steps, window_size=window,
         cfg_number=cfg_number,
     )  # fmt: skip
-    result = fams.MAGI1.run(req)
+    result = magi1.run(req)
     # as tests/test_magi1_model.py compares the pure sampler with the reference: within float32 rounding
     assert_within_rounding(result.samples * SCALE, expected[f"sampler.{name}.chunks"], dit_bound(bool(distill)), name)
     # and the pure-torch sampler with the reference's whole-history buffer, on the same model
@@ -95,21 +97,21 @@ def test_a_full_precision_pack_run_gives_the_references_own_outputs(fams, expect
 
 # ------------------------------------------------------------------------------------------ memory
 @pytest.mark.parametrize("window_size,reach", [(4, 1), (2, 3), (1, 4)])
-def test_the_cache_holds_what_the_key_ranges_reach(fams, window_size, reach):
+def test_the_cache_holds_what_the_key_ranges_reach(magi1, window_size, reach):
     """At window_size 4 every query reads one finished chunk, so the cache keeps one per layer; at 2 three, at 1 four."""
     model = magi1_tiny.build_patcher(qk_gain=MAGI1_QK_GAIN)
     frames = 7
-    result = fams.MAGI1.run(_request(fams, model, magi1_tiny.conditioning(0), frames, window_size=window_size))
+    result = magi1.run(_request(magi1, model, magi1_tiny.conditioning(0), frames, window_size=window_size))
     rep = result.report
     assert rep["finished_chunks_read"] == reach == P.finished_chunks_reached(window_size)
     assert rep["window_chunks"] == reach and rep["kv_heads"] == 2 and rep["heads"] == 4
     one_chunk = TINY.num_layers * 2 * TINY.num_query_groups * 16 * TINY.kv_channels * 4  # fp32, 16 tokens
     assert rep["cache_bytes"] == reach * one_chunk == rep["planned_bytes"]
     assert rep["reference_buffer_bytes"] == frames * one_chunk // 2  # every chunk, in BF16
-    assert "reference's whole-video buffer" in fams.MAGI1.report_text(rep)
+    assert "reference's whole-video buffer" in magi1.report_text(rep)
 
 
-def test_the_planner_counts_the_kv_heads_not_the_query_heads(fams, nodes, pack):
+def test_the_planner_counts_the_kv_heads_not_the_query_heads(magi1, nodes, pack):
     """A MAGI-1 with 24 query heads over 8 K/V heads (the 4.5B's grouping): the cache holds 8, the planner counts 8."""
     planner = pack_module("jensen_core.planner")
     cfg = MagiConfig(
@@ -117,15 +119,15 @@ def test_the_planner_counts_the_kv_heads_not_the_query_heads(fams, nodes, pack):
         caption_channels=32, caption_max_length=800,
     )  # fmt: skip
     model = _quantized(nodes, magi1_tiny.build_patcher(cfg), "taylor")
-    rep = fams.MAGI1.run(_request(fams, model, magi1_tiny.conditioning(0), 5, window_chunks=2)).report
+    rep = magi1.run(_request(magi1, model, magi1_tiny.conditioning(0), 5, window_chunks=2)).report
     assert (rep["heads"], rep["kv_heads"]) == (24, 8)
     config = model.model_options["transformer_options"]["jensen_kv"]
 
     def plan(kv_heads):
         return planner.plan_cache(
-            latent_frames=5, latent_height=8, latent_width=8, chunk_frames=1, window_chunks=2, layers=1, heads=24,
-            kv_heads=kv_heads, head_dim=16, spec_k=config.spec_k, spec_v=config.spec_v,
-            geometry=fams.Magi1Family.geometry,
+            latent_frames=5, latent_height=8, latent_width=8, chunk_frames=1, window_chunks=2,
+            shape=planner.CacheShape(1, 24, 16, magi1.Magi1Family.geometry, kv_heads=kv_heads),
+            precision=planner.CachePrecision(config.spec_k, config.spec_v),
         )  # fmt: skip
 
     assert rep["cache_bytes"] == plan(8).quantized_bytes == rep["planned_bytes"] > 0
@@ -158,14 +160,14 @@ def _retained_reference(window: int, sink: int):
     return attention
 
 
-def test_window_and_sink_on_an_unbounded_key_range(fams):
+def test_window_and_sink_on_an_unbounded_key_range(magi1):
     """kv_ranges 'all' (every chunk reads every earlier one) bounded by a window of 2 and a sink of 1: the first
     chunk and the last two stay; the run equals that rule written independently, and differs from keeping all."""
     model = magi1_tiny.build_patcher(qk_gain=MAGI1_QK_GAIN)
     cond = magi1_tiny.conditioning(2)
     kw = dict(window_size=1, kv_ranges=(), cfg_number=1, seed=3)
-    bounded = fams.MAGI1.run(_request(fams, model, cond, 6, window_chunks=2, sink_chunks=1, **kw))
-    everything = fams.MAGI1.run(_request(fams, model, cond, 6, **kw))
+    bounded = magi1.run(_request(magi1, model, cond, 6, window_chunks=2, sink_chunks=1, **kw))
+    everything = magi1.run(_request(magi1, model, cond, 6, **kw))
     assert bounded.report["window_chunks"] == 2 and everything.report["window_chunks"] == 0
     assert bounded.report["finished_chunks_read"] == 5 and bounded.report["warnings"]  # it reads fewer than 5
     assert bounded.report["cache_bytes"] * 5 == everything.report["cache_bytes"] * 3  # 1 + 2 chunks against 5
@@ -210,7 +212,7 @@ class _Events:
         )
 
 
-def test_int2_and_the_correction_where_the_second_order_term_overshoots(fams, nodes, jk):
+def test_int2_and_the_correction_where_the_second_order_term_overshoots(magi1, nodes, jk):
     """The tiny MAGI-1 at its seeded q/k scale (qk_gain 1: scores with a standard deviation of ~4, INT2's noise in
     them ~1.4): quantized keys steal attention, and the correction, Taylor or exact, removes more than they stole
     (measured ΔP_S 0.078 -> -0.034 taylor, -0.033 exact). At qk_gain 0.5 (the conformance suite's) it returns
@@ -218,9 +220,9 @@ def test_int2_and_the_correction_where_the_second_order_term_overshoots(fams, no
     shift = pack_module("jensen_core.attention_shift").attention_shift
     model = magi1_tiny.build_patcher()
     cond = magi1_tiny.conditioning(1)
-    fp = fams.MAGI1.run(_request(fams, model, cond, 7, cfg_number=1, seed=7)).samples
+    fp = magi1.run(_request(magi1, model, cond, 7, cfg_number=1, seed=7)).samples
     events = _Events()
-    int2 = fams.MAGI1.run(_request(fams, _quantized(nodes, model), cond, 7, cfg_number=1, seed=7, observer=events))
+    int2 = magi1.run(_request(magi1, _quantized(nodes, model), cond, 7, cfg_number=1, seed=7, observer=events))
     assert float((int2.samples - fp).abs().max() / fp.abs().max()) > 1e-2
     assert len(events.reads) > 20
     means = {}
@@ -233,44 +235,44 @@ def test_int2_and_the_correction_where_the_second_order_term_overshoots(fams, no
 
 
 # ------------------------------------------------------------------------------------------ prompts
-def test_a_prompt_schedule_changes_the_chunks_from_its_switch_on(fams, pack):
+def test_a_prompt_schedule_changes_the_chunks_from_its_switch_on(magi1, pack):
     """A chunk's caption reaches its own queries only (key ranges look back), and the cache is written under the
     null caption: the chunks before the switch are exactly those of the one-prompt run."""
     schedule = pack_module("runtime.prompt_schedule")
     model = magi1_tiny.build_patcher(qk_gain=MAGI1_QK_GAIN)
     a, b = magi1_tiny.conditioning(0), magi1_tiny.conditioning(5, tokens=9)
     both = schedule.add_to_schedule(schedule.add_to_schedule(None, a, 0, "a"), b, 3, "b")
-    one = fams.MAGI1.run(_request(fams, model, a, 6)).samples
-    two = fams.MAGI1.run(_request(fams, model, both, 6))
+    one = magi1.run(_request(magi1, model, a, 6)).samples
+    two = magi1.run(_request(magi1, model, both, 6))
     diff = (two.samples - one).abs().amax(dim=(0, 1, 3, 4))
     assert float(diff[:3].max()) == 0 and float(diff[3:].min()) > 1e-3
     assert [p["label"] for p in two.report["prompts"]] == ["a", "b"]
 
 
 # ------------------------------------------------------------------------------------------ refusals
-def test_what_the_recipe_refuses_names_the_fix(fams, tiny):
+def test_what_the_recipe_refuses_names_the_fix(magi1, window, tiny):
     model = magi1_tiny.build_patcher()
     cond = magi1_tiny.conditioning(0)
     with pytest.raises(ValueError, match="not MAGI-1: load one with Load MAGI-1 Model"):
-        fams.MAGI1.run(_request(fams, tiny, cond, 2))
+        magi1.run(_request(magi1, tiny, cond, 2))
     with pytest.raises(ValueError, match="does not save or continue"):
-        fams.MAGI1.run(_request(fams, model, cond, 2, keep_state=True))
+        magi1.run(_request(magi1, model, cond, 2, keep_state=True))
     with pytest.raises(ValueError, match="not made by MAGI-1 Text Encode"):
-        fams.MAGI1.run(_request(fams, model, [[cond[0][0], {}]], 2))
+        magi1.run(_request(magi1, model, [[cond[0][0], {}]], 2))
     with pytest.raises(ValueError, match=r"\(1, tokens, 32\)"):
-        fams.MAGI1.run(_request(fams, model, [[torch.zeros(1, 5, 64), {"magi1_caption": True}]], 2))
+        magi1.run(_request(magi1, model, [[torch.zeros(1, 5, 64), {"magi1_caption": True}]], 2))
     with pytest.raises(ValueError, match="multiple of window_size 3"):
-        _request(fams, model, cond, 2, num_steps=16, window_size=3)
+        _request(magi1, model, cond, 2, num_steps=16, window_size=3)
     with pytest.raises(ValueError, match="must be even"):
-        _request(fams, model, cond, 2, hw=9)
+        _request(magi1, model, cond, 2, hw=9)
     with pytest.raises(ValueError, match="whole number of 6-frame chunks"):
-        _request(fams, model, cond, 8, cw=6)
+        _request(magi1, model, cond, 8, cw=6)
     with pytest.raises(ValueError, match="'all'"):
-        fams.MAGI1.parse_kv_ranges("5,x")
-    assert fams.MAGI1.parse_kv_ranges(" 8, 8 ") == (8, 8) and fams.MAGI1.parse_kv_ranges("all") == ()
+        window.parse_kv_ranges("5,x")
+    assert window.parse_kv_ranges(" 8, 8 ") == (8, 8) and window.parse_kv_ranges("all") == ()
 
 
-def test_another_sampler_on_the_patched_model_is_refused_and_the_model_stays_unpatched(fams, loop, euler):
+def test_another_sampler_on_the_patched_model_is_refused_and_the_model_stays_unpatched(magi1, loop, euler):
     """The Chunked AR Video Sampler finds the MAGI-1 family but cannot run MAGI-1's pipeline: it says which sampler
     to use before any model call, and the model carries no patch afterwards."""
     model = magi1_tiny.build_patcher()
@@ -282,26 +284,19 @@ def test_another_sampler_on_the_patched_model_is_refused_and_the_model_stays_unp
         )  # fmt: skip
     dm = model.model.diffusion_model
     assert "forward_chunks" not in vars(dm) or not getattr(vars(dm)["forward_chunks"], "jensen_kv_patch", False)
-    assert fams.MAGI1.run(_request(fams, model, cond, 2)).samples.shape == (1, 16, 2, 8, 8)  # and it runs again
+    assert magi1.run(_request(magi1, model, cond, 2)).samples.shape == (1, 16, 2, 8, 8)  # and it runs again
 
 
 # ------------------------------------------------------------------------------------------ progress, interrupt
-def test_progress_per_forward_and_an_interrupt_leaves_nothing_behind(fams, monkeypatch):
+def test_progress_per_forward_and_an_interrupt_leaves_nothing_behind(magi1):
     import comfy.model_management
-    import comfy.utils
+    from support.progress import record_progress
 
-    updates = []
-    real = comfy.utils.ProgressBar
-
-    class Spy(real):
-        def update_absolute(self, value, total=None, preview=None):
-            updates.append((value, total))
-            return super().update_absolute(value, total, preview)
-
-    monkeypatch.setattr(comfy.utils, "ProgressBar", Spy)
     model = magi1_tiny.build_patcher()
     cond = magi1_tiny.conditioning(0)
-    fams.MAGI1.run(_request(fams, model, cond, 3, progress=True))
+    with record_progress() as progress:
+        magi1.run(_request(magi1, model, cond, 3, progress=True))
+    updates = [(value, total) for value, total, _ in progress.sent]
     forwards = len(P.steps_of(8, 4, 3))
     assert updates == [(i + 1, forwards) for i in range(forwards)]
 
@@ -310,16 +305,16 @@ def test_progress_per_forward_and_an_interrupt_leaves_nothing_behind(fams, monke
             comfy.model_management.interrupt_current_processing(True)
 
     with pytest.raises(comfy.model_management.InterruptProcessingException):
-        fams.MAGI1.run(_request(fams, model, cond, 3, step_callback=stop))
+        magi1.run(_request(magi1, model, cond, 3, step_callback=stop))
     comfy.model_management.interrupt_current_processing(False)
     dm = model.model.diffusion_model
     assert not getattr(vars(dm).get("forward_chunks"), "jensen_kv_patch", False)
-    assert fams.MAGI1.run(_request(fams, model, cond, 3)).report["chunks"] == 3  # the next run starts afresh
+    assert magi1.run(_request(magi1, model, cond, 3)).report["chunks"] == 3  # the next run starts afresh
 
 
 # ------------------------------------------------------------------------------------------ the node
-def test_the_node_samples_a_latent_and_reports(fams, nodes):
-    node = nodes.JensenKVMagi1ARSampler
+def test_the_node_samples_a_latent_and_reports(magi1, nodes):
+    node = nodes.magi1.JensenKVMagi1ARSampler
     schema = node.define_schema()
     assert all(inp.tooltip for inp in schema.inputs)
     model = magi1_tiny.build_patcher(qk_gain=MAGI1_QK_GAIN)
@@ -338,10 +333,10 @@ def test_the_node_samples_a_latent_and_reports(fams, nodes):
 
 def test_the_node_refuses_a_model_that_is_not_magi1(nodes, tiny):
     with pytest.raises(ValueError, match="MAGI-1 AR Sampler samples MAGI-1"):
-        nodes.JensenKVMagi1ARSampler.execute(tiny, magi1_tiny.conditioning(0), 64, 64, 24, 0, 4, 4, "auto")
+        nodes.magi1.JensenKVMagi1ARSampler.execute(tiny, magi1_tiny.conditioning(0), 64, 64, 24, 0, 4, 4, "auto")
 
 
-def test_the_default_steps_split_over_every_window(fams):
-    steps = fams.MAGI1.default_steps
-    assert all(steps % w == 0 for w in fams.MAGI1.window_sizes if w != 3) and steps % 4 == 0
+def test_the_default_steps_split_over_every_window(window):
+    steps = window.DEFAULT_STEPS
+    assert all(steps % w == 0 for w in window.WINDOW_SIZES if w != 3) and steps % 4 == 0
     assert math.isclose(P.distill_dt(steps, 1), steps / 2)

@@ -1,7 +1,7 @@
 """MAGI-1 in ComfyUI: the loader node's MODEL, fp8 storage, refusals, the VAE and text glue, and the sampler inside
 a ModelPatcher equal to the pure-torch run.
 
-Files are synthetic: the tiny MAGI-1 (``magi1.config.TINY``) and a tiny ViT VAE with seeded weights
+Files are synthetic: the tiny MAGI-1 (``runtime.families.magi1.model.config.TINY``) and a tiny ViT VAE with seeded weights
 (``jensen_testing.magi1_tiny``), under the reference's tensor names, written where ComfyUI's folders point.
 """
 
@@ -18,10 +18,10 @@ from safetensors.torch import load_file, save_file
 from support import comfyui as support_comfyui
 
 from jensen_testing.magi1_tiny import build, seeded_weights
-from magi1 import config as pure_config
-from magi1.caption import chunk_captions
-from magi1.sampler import MagiSettings, sample
-from magi1.vae import MagiVAE, VAEConfig, decoder_shapes
+from runtime.families.magi1.model import config as pure_config
+from runtime.families.magi1.model.caption import chunk_captions
+from runtime.families.magi1.model.sampler import MagiSettings, sample
+from runtime.families.magi1.model.vae import MagiVAE, VAEConfig, decoder_shapes
 
 VAE_TINY = VAEConfig(video_size=32, video_length=8, embed_dim=256, depth=2, num_heads=4)
 VAE_DD = dict(
@@ -76,7 +76,7 @@ def write_shards(folder, sd, n=3):
 
 @pytest.fixture
 def load_node(nodes):
-    return nodes.JensenKVLoadMagi1
+    return nodes.magi1.JensenKVLoadMagi1
 
 
 def test_loader_builds_a_model_with_every_tensor_of_the_file(load_node, model_dir, caplog):
@@ -92,7 +92,7 @@ def test_loader_builds_a_model_with_every_tensor_of_the_file(load_node, model_di
     assert all(torch.equal(loaded[k].float(), want[k]) for k in want)
     assert dm.config.distill and dm.config.num_query_groups == 2
     assert set(dm.special_tokens) == {"HQ_TOKEN", *(f"DURATION_TOKEN_{i + 1}" for i in range(8))}
-    model_mod = pack_module("runtime.families.magi1.model")
+    model_mod = pack_module("runtime.families.magi1.comfy_model")
     assert model_mod.is_magi1(patcher) and patcher.model.latent_format.scale_factor == 0.18215
 
 
@@ -116,7 +116,7 @@ def test_fp8_storage_loads_and_stays_close(load_node, model_dir):
     layer = fp8.model.diffusion_model.videodit_blocks.layers[0]
     assert layer.self_attention.linear_qkv.q.weight.dtype == torch.float8_e4m3fn
     assert fp8.model.diffusion_model.x_embedder.weight.dtype == torch.float32  # embedders stay float32
-    model_mod = pack_module("runtime.families.magi1.model")
+    model_mod = pack_module("runtime.families.magi1.comfy_model")
     x = torch.randn(1, 16, 6, 8, 8, generator=torch.Generator().manual_seed(0))
     ctx = torch.randn(1, 9, 32, generator=torch.Generator().manual_seed(1))
     outs = [model_mod.diffusion_model(p)(x, torch.tensor([0.6]), ctx) for p in (fp8, full)]
@@ -130,8 +130,8 @@ def test_fp8_storage_loads_and_stays_close(load_node, model_dir):
 
 def _ksampler_call(dit, x, ctx):
     """What ComfyMagiDiT.forward computes, on the pure model: all chunks at t = 1 - sigma, block-causal."""
-    from magi1.attention import ChunkPlan
-    from magi1.dit import Forward
+    from runtime.families.magi1.model.attention import ChunkPlan
+    from runtime.families.magi1.model.dit import Forward
 
     spec = Forward(
         t=torch.full((1, 1), 0.4),
@@ -173,7 +173,7 @@ def test_the_sampler_inside_a_model_patcher_equals_the_pure_torch_run(load_node,
     write_file(model_dir / "diffusion_models" / "tiny-magi.safetensors", sd, distill=True)
     patcher = load_node.execute("tiny-magi.safetensors", "default", "auto").args[0]
     patched = patcher.clone()
-    model_mod = pack_module("runtime.families.magi1.model")
+    model_mod = pack_module("runtime.families.magi1.comfy_model")
     dm = model_mod.diffusion_model(patched)
     special = {k: v.float() for k, v in dm.special_tokens.items()}
     settings = MagiSettings(num_steps=8, window_size=2, chunk_width=2, cfg_number=1, distill=True)
@@ -199,20 +199,13 @@ def vae_folder(model_dir):
 
 
 def test_vae_loader_and_decode_node_match_the_pure_decoder(nodes, vae_folder, monkeypatch):
-    import comfy.utils
+    from support.progress import record_progress
 
-    vae = nodes.JensenKVLoadMagi1VAE.execute("magi_vae/", "fp32").args[0]
+    vae = nodes.magi1.JensenKVLoadMagi1VAE.execute("magi_vae/", "fp32").args[0]
     z = torch.randn(1, 16, 3, 5, 5, generator=torch.Generator().manual_seed(2))
-    updates = []
-    real = comfy.utils.ProgressBar
-
-    class Spy(real):
-        def update_absolute(self, value, total=None, preview=None):
-            updates.append((value, total))
-            return super().update_absolute(value, total, preview)
-
-    monkeypatch.setattr(comfy.utils, "ProgressBar", Spy)
-    images = nodes.JensenKVMagi1VAEDecode.execute(vae, {"samples": z}, 32, 8, 0.25).args[0]
+    with record_progress() as progress:
+        images = nodes.magi1.JensenKVMagi1VAEDecode.execute(vae, {"samples": z}, 32, 8, 0.25).args[0]
+    updates = [(value, total) for value, total, _ in progress.sent]
     pure = MagiVAE(VAE_TINY)
     pure.load_state_dict({"decoder." + k: v for k, v in seeded_weights(decoder_shapes(VAE_TINY)).items()})
     video = pure.decode(z, tile_pixels=32, tile_frames=8)
@@ -224,7 +217,7 @@ def test_vae_loader_and_decode_node_match_the_pure_decoder(nodes, vae_folder, mo
 def test_vae_loader_refuses_a_dit(nodes, model_dir):
     write_file(model_dir / "vae" / "dit.safetensors", tiny_dit_weights(special=False))
     with pytest.raises(ValueError, match="Load MAGI-1 Model"):
-        nodes.JensenKVLoadMagi1VAE.execute("dit.safetensors", "auto")
+        nodes.magi1.JensenKVLoadMagi1VAE.execute("dit.safetensors", "auto")
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -247,11 +240,11 @@ def test_text_glue_with_the_pixart_tokenizer(comfy, nodes):
     import comfy.text_encoders.pixart_t5 as pixart
 
     clip = FakeClip(pixart.PixArtTokenizer())
-    cond = nodes.JensenKVMagi1TextEncode.execute(clip, "  A  Cat\n ON a Mat ", True).args[0]
+    cond = nodes.magi1.JensenKVMagi1TextEncode.execute(clip, "  A  Cat\n ON a Mat ", True).args[0]
     ids = cond[0][0][0, :, 0].long().tolist()
     want = [t[0] for t in pixart.PixArtTokenizer().tokenize_with_weights("a cat on a mat")["t5xxl"][0]]
     assert ids == want and ids[-1] == 1 and 0 not in ids  # lower-cased, EOS, no padding
-    long = nodes.JensenKVMagi1TextEncode.execute(clip, "word " * 900, True).args[0]
+    long = nodes.magi1.JensenKVMagi1TextEncode.execute(clip, "word " * 900, True).args[0]
     assert long[0][0].shape[1] == 800 and int(long[0][0][0, -1, 0]) == 1  # 799 tokens + EOS
 
 
@@ -266,7 +259,7 @@ def test_text_glue_refuses_a_padding_or_mixed_clip(comfy, nodes, kind):
 
         tok, match = m.LTXVT5Tokenizer(), "pads the prompt"
     with pytest.raises(ValueError, match=match):
-        nodes.JensenKVMagi1TextEncode.execute(FakeClip(tok), "a cat", True)
+        nodes.magi1.JensenKVMagi1TextEncode.execute(FakeClip(tok), "a cat", True)
 
 
 def test_the_magi1_nodes_are_registered(pack, nodes):
@@ -278,7 +271,7 @@ def test_the_magi1_nodes_are_registered(pack, nodes):
         "JensenKVLoadMagi1", "JensenKVLoadMagi1VAE", "JensenKVMagi1VAEDecode", "JensenKVMagi1TextEncode",
         "JensenKVMagi1ARSampler",
     } <= ids  # fmt: skip
-    for cls in nodes.MAGI1_NODES:
+    for cls in nodes.FAMILY_NODES["magi1"]:
         assert all(inp.tooltip for inp in cls.define_schema().inputs), cls
 
 
@@ -290,8 +283,8 @@ def test_converted_vae_file_loads_too(nodes, model_dir, vae_folder):
         str(model_dir / "vae" / "magi_vae.safetensors"),
         metadata={"magi1_vae_config": json.dumps(VAE_TINY.to_dict())},
     )
-    vae = nodes.JensenKVLoadMagi1VAE.execute("magi_vae.safetensors", "fp32").args[0]
-    assert vae.config == pack_module("magi1.vae").VAEConfig(**VAE_TINY.to_dict())
+    vae = nodes.magi1.JensenKVLoadMagi1VAE.execute("magi_vae.safetensors", "fp32").args[0]
+    assert vae.config == pack_module("runtime.families.magi1.model.vae").VAEConfig(**VAE_TINY.to_dict())
 
 
 def test_a_converted_folder_loads_through_the_node(load_node, model_dir, tmp_path):

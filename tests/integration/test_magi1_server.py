@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 from support import comfyui as support_comfyui
+from support.workflow_api import int2_jensen
 
 pytestmark = [
     pytest.mark.comfyui,
@@ -31,8 +32,8 @@ def server(comfy_server):
 
     from jensen_testing import magi1_tiny
     from jensen_testing.magi1_tiny import seeded_weights
-    from magi1.config import TINY, expected_shapes
-    from magi1.vae import VAEConfig, decoder_shapes
+    from runtime.families.magi1.model.config import TINY, expected_shapes
+    from runtime.families.magi1.model.vae import VAEConfig, decoder_shapes
 
     models = comfy_server.base_dir / "models"
     dit = seeded_weights(expected_shapes(TINY))
@@ -86,10 +87,7 @@ def test_a_prompt_decodes_a_latent_through_the_magi1_vae(server):
         },
         "4": {"class_type": "PreviewImage", "inputs": {"images": ["3", 0]}},
     }
-    status, body = server.post("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=300)
-    assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{server.log_tail()}"
+    entry = server.run_prompt(prompt, timeout=300, client_id=uuid.uuid4().hex)
     images = entry["outputs"]["4"]["images"]
     assert len(images) == 8  # 2 latent frames -> 8 frames
 
@@ -102,19 +100,7 @@ def test_a_prompt_samples_magi1_through_int2_and_jensen(server):
             "class_type": "JensenKVLoadMagi1",
             "inputs": {"model_name": "magi-tiny-tokens.safetensors", "weight_dtype": "default", "variant": "auto"},
         },
-        "2": {
-            "class_type": "JensenKVQuantizeKVCache",
-            "inputs": {
-                "model": ["1", 0],
-                "key_bits": "2",
-                "value_bits": "2",
-                "group_size": "32",
-                "rotation": "hadamard",
-                "scale_format": "fp8_e4m3",
-                "rotation_seed": 0,
-            },
-        },  # fmt: skip
-        "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
+        **int2_jensen(["1", 0]),
         "4": {
             "class_type": "JensenKVTestConditioning",
             "inputs": {"seed": 0, "tokens": 7, "width": 32, "magi1_caption": True},
@@ -150,10 +136,7 @@ def test_a_prompt_samples_magi1_through_int2_and_jensen(server):
         },
         "8": {"class_type": "PreviewImage", "inputs": {"images": ["7", 0]}},
     }
-    status, body = server.post("/prompt", {"prompt": prompt, "client_id": uuid.uuid4().hex})
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=600)
-    assert entry["status"]["status_str"] == "success", f"{entry['status']}\n{server.log_tail()}"
+    entry = server.run_prompt(prompt, timeout=600, client_id=uuid.uuid4().hex)
     report = entry["outputs"]["5"]["jensen_kv_report"][0]
     assert (report["key_bits"], report["correction"], report["chunks"]) == (2, "taylor", 2)
     assert report["kv_heads"] == 2 and report["heads"] == 4 and report["cfg_number"] == 3  # the tiny file is base

@@ -398,15 +398,9 @@ def test_tiers(cell, run, nodes, tiny, jk, planner, cache_mod, rs, tmp_path):
         latent_width=8,
         chunk_frames=full[0],
         window_chunks=1 if r == "krea" else window,
-        layers=LAYERS,
-        heads=HEADS,
-        head_dim=HEAD_DIM,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=geometry,
         sink_chunks=sink,
-        tiers=tiers,
-        full_bytes=4,
+        shape=planner.CacheShape(layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, geometry=geometry, full_bytes=4),
+        precision=planner.CachePrecision(spec_k=spec, spec_v=spec, tiers=tiers),
     )
     assert list(plan.chunk_bits_k) == bits_k and list(plan.chunk_bits_v) == bits_v
     eb = {b: replace(spec, bits=b).effective_bits for b in (2, 4, 8)}

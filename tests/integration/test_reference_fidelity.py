@@ -230,7 +230,7 @@ def test_patched_attention_takes_the_kv_cache_keyword_of_causal_blocks(pack, com
     """CausalWanModel's blocks call self_attn(x, freqs, kv_cache=None, transformer_options=...)."""
     import importlib
 
-    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan")
+    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family")
     calls = []
 
     class Run:
@@ -252,42 +252,35 @@ def test_patched_attention_takes_the_kv_cache_keyword_of_causal_blocks(pack, com
         patched(x, freqs, kv_cache={"k": torch.zeros(1)}, transformer_options={})
 
 
-def test_subclass_without_what_the_patch_uses_is_refused_with_the_finding(loop, comfy, euler):
+def _run_two_frames(loop, euler, model):
+    """The Chunked AR loop on ``model``: one two-frame chunk of a four-frame latent, one Euler step."""
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
+    return loop.run_chunked_ar(
+        model,
+        pos,
+        neg,
+        wan_tiny.video_latent(4),
+        seed=0,
+        cfg=1.0,
+        sampler=euler,
+        sigmas=torch.tensor([1.0, 0.0]),
+        chunk_frames=2,
+        progress=False,
+    )
+
+
+def test_subclass_without_what_the_patch_uses_is_refused_with_the_finding(loop, comfy, euler):
     with pytest.raises(ValueError, match=r"without \['norm_k'\].*probed CausalWanModelLike"):
-        loop.run_chunked_ar(
-            _causal_like(drop_attr="norm_k"),
-            pos,
-            neg,
-            wan_tiny.video_latent(4),
-            seed=0,
-            cfg=1.0,
-            sampler=euler,
-            sigmas=torch.tensor([1.0, 0.0]),
-            chunk_frames=2,
-            progress=False,
-        )
+        _run_two_frames(loop, euler, _causal_like(drop_attr="norm_k"))
 
 
 def test_variants_with_extra_latent_inputs_are_refused(loop, comfy, euler, pack):
     import importlib
 
-    pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     with pytest.raises(ValueError, match=r"adds conditioning inputs of its own \(WAN21WithContextLatents"):
-        loop.run_chunked_ar(
-            _causal_like(extra_conds=True),
-            pos,
-            neg,
-            wan_tiny.video_latent(4),
-            seed=0,
-            cfg=1.0,
-            sampler=euler,
-            sigmas=torch.tensor([1.0, 0.0]),
-            chunk_frames=2,
-            progress=False,
-        )
+        _run_two_frames(loop, euler, _causal_like(extra_conds=True))
     # newer ComfyUI passes Bernini's context_latents (and reference latents) as model kwargs: refused at run time
-    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan")
+    wan = importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family")
 
     class Run:
         frame_offset = 0

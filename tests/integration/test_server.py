@@ -13,6 +13,7 @@ import uuid
 import pytest
 from support import comfyui as support_comfyui
 from support import wan_tiny
+from support.workflow_api import int2_jensen
 
 pytestmark = [
     pytest.mark.comfyui,
@@ -31,16 +32,9 @@ OUR_NODES = (
 
 @pytest.fixture(scope="module")
 def server(comfy_server):
-    import torch
-    from safetensors.torch import save_file
-
     # the checkpoint is built in this process from ComfyUI's own Wan classes
     support_comfyui.setup_inprocess_comfyui()
-    sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file(
-        {k: v.to(torch.float32) for k, v in sd.items()},
-        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
-    )
+    wan_tiny.write_file(comfy_server.base_dir / "models" / "diffusion_models" / UNET)
     return comfy_server
 
 
@@ -50,19 +44,7 @@ def workflow(
     """An API-format prompt: UNETLoader -> Quantize -> Jensen -> Chunked AR sampler -> SaveLatent."""
     p = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        "2": {
-            "class_type": "JensenKVQuantizeKVCache",
-            "inputs": {
-                "model": ["1", 0],
-                "key_bits": "2",
-                "value_bits": "2",
-                "group_size": group,
-                "rotation": "hadamard",
-                "scale_format": "fp8_e4m3",
-                "rotation_seed": 0,
-            },
-        },
-        "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
+        **int2_jensen(["1", 0], group_size=group),
         "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
         "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
         "6": {
@@ -115,9 +97,7 @@ def submit(server, prompt) -> str:
 
 
 def run(server, prompt, timeout=300) -> dict:
-    entry = server.wait_for_prompt(submit(server, prompt), timeout=timeout)
-    assert entry["status"]["status_str"] == "success", (entry["status"], server.log_tail())
-    return entry
+    return server.run_prompt(prompt, timeout=timeout)
 
 
 def test_pack_loads_and_nodes_appear_in_object_info(server):
@@ -189,7 +169,7 @@ def test_api_prompt_runs_to_a_latent_file(server, simple):
     from support.pack import load_pack_module
 
     import jensen_core
-    from jensen_core.planner import plan_cache
+    from jensen_core.planner import CachePrecision, CacheShape, plan_cache
 
     prefix = f"jensen_kv/{uuid.uuid4().hex[:8]}"
     entry = run(server, workflow(prefix=prefix, simple=simple, frames=13, chunk=2))  # 4 latent frames, 2 chunks
@@ -209,13 +189,14 @@ def test_api_prompt_runs_to_a_latent_file(server, simple):
         latent_width=4,
         chunk_frames=2,
         window_chunks=0,
-        layers=2,
-        heads=1,
-        head_dim=128,
-        spec_k=spec,
-        spec_v=spec,
-        cfg_branches=2,
-        geometry=load_pack_module("runtime.families").wan.GEOMETRY,
+        shape=CacheShape(
+            layers=2,
+            heads=1,
+            head_dim=128,
+            geometry=load_pack_module("runtime.families.wan.family").GEOMETRY,
+            cfg_branches=2,
+        ),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     assert (report["layers"], report["heads"], report["head_dim"], report["cfg_branches"]) == (2, 1, 128, 2)
     assert report["cache_bytes"] == plan.quantized_bytes and report["bf16_bytes"] == plan.bf16_bytes

@@ -14,6 +14,7 @@ import uuid
 import pytest
 from support import comfyui as support_comfyui
 from support import wan_tiny
+from support.workflow_api import chunked_sampler, int2_jensen
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.server]
 
@@ -23,34 +24,15 @@ UNET = "jensen_kv_tiny_wan.safetensors"
 @pytest.fixture(scope="module")
 def server(comfy_server):
     """The session's shared server, with a tiny random Wan checkpoint written for this module."""
-    import torch
-    from safetensors.torch import save_file
-
     support_comfyui.setup_inprocess_comfyui()
-    sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file(
-        {k: v.to(torch.float32) for k, v in sd.items()},
-        str(comfy_server.base_dir / "models" / "diffusion_models" / UNET),
-    )
+    wan_tiny.write_file(comfy_server.base_dir / "models" / "diffusion_models" / UNET)
     return comfy_server
 
 
 def _graph(*, frames, prefix, kv_in=None, save_kv=None, chunk=2, schedule=False, preset="self_forcing_4step"):
     p = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        "2": {
-            "class_type": "JensenKVQuantizeKVCache",
-            "inputs": {
-                "model": ["1", 0],
-                "key_bits": "2",
-                "value_bits": "2",
-                "group_size": "32",
-                "rotation": "hadamard",
-                "scale_format": "fp8_e4m3",
-                "rotation_seed": 0,
-            },
-        },
-        "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
+        **int2_jensen(["1", 0]),
         "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
         "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
         "6": {
@@ -62,23 +44,7 @@ def _graph(*, frames, prefix, kv_in=None, save_kv=None, chunk=2, schedule=False,
             "class_type": "JensenKVARSchedule",
             "inputs": {"preset": preset, "steps": 30, "shift": 8.0, "manual": "1, 0.5"},
         },
-        "9": {
-            "class_type": "JensenKVChunkedARSampler",
-            "inputs": {
-                "model": ["3", 0],
-                "positive": ["4", 0],
-                "negative": ["5", 0],
-                "latent": ["6", 0],
-                "seed": 3,
-                "cfg": 1.0,
-                "sampler": ["7", 0],
-                "sigmas": ["8", 0],
-                "chunk_frames": chunk,
-                "window_chunks": 1,
-                "context_noise": 0.0,
-                "sink_chunks": 1,
-            },
-        },
+        "9": chunked_sampler(["3", 0], seed=3, chunk_frames=chunk, window_chunks=1, sink_chunks=1),
         "10": {"class_type": "SaveLatent", "inputs": {"samples": ["9", 0], "filename_prefix": prefix}},
     }
     if schedule:
@@ -100,12 +66,7 @@ def _graph(*, frames, prefix, kv_in=None, save_kv=None, chunk=2, schedule=False,
 
 
 def _run(server, prompt, expect_ok=True):
-    status, body = server.post("/prompt", {"prompt": prompt, "client_id": "jensen-kv-tests"})
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=300)
-    ok = entry["status"]["status_str"] == "success"
-    assert ok == expect_ok, f"{entry['status']}\n{server.log_tail()}"
-    return entry
+    return server.run_prompt(prompt, timeout=300, status="success" if expect_ok else "error")
 
 
 def _latent(server, prefix):

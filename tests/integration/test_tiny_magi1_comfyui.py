@@ -17,15 +17,17 @@ SCALE = 0.18215  # the MAGI-1 LATENT is the DiT's latent / 0.18215
 
 
 @pytest.fixture(scope="module")
-def fams(pack):
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.families")
+def magi1(pack):
+    """MAGI-1's recipe (its request, run and report), as the family's node file imports it."""
+    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.families.magi1.recipe")
 
 
 @pytest.fixture(scope="module")
-def patcher(fams):
+def patcher(magi1):
     if not mt.MODEL_PATH.is_file():
         pytest.fail(f"{mt.MODEL_PATH} is missing (it is committed; python tools/train_tiny_magi1.py makes it)")
-    return fams.MAGI1.load(str(mt.MODEL_PATH), "default", "auto")
+    comfy_model = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.families.magi1.comfy_model")
+    return comfy_model.load_magi1(str(mt.MODEL_PATH), "default", "auto")
 
 
 def test_the_loader_reads_the_committed_file(patcher):
@@ -37,10 +39,10 @@ def test_the_loader_reads_the_committed_file(patcher):
 
 
 @pytest.mark.parametrize("window", [4, 1])
-def test_the_magi1_ar_sampler_recipe_gives_the_pure_rollout(fams, patcher, window):
+def test_the_magi1_ar_sampler_recipe_gives_the_pure_rollout(magi1, patcher, window):
     prompt, chunks, seed = 2, 3, 5
     positive = [[tv.prompt_embedding(prompt), {"magi1_caption": True}]]
-    req = fams.MAGI1.Request(
+    req = magi1.Magi1Request.from_options(
         patcher,
         positive,
         latent_frames=chunks * mt.CHUNK_FRAMES,
@@ -52,7 +54,7 @@ def test_the_magi1_ar_sampler_recipe_gives_the_pure_rollout(fams, patcher, windo
         chunk_frames=mt.CHUNK_FRAMES,
         progress=False,
     )
-    result = fams.MAGI1.run(req)
+    result = magi1.run(req)
     assert result.report["distill"] and result.report["cfg_number"] == 1
     dm = patcher.model.diffusion_model
     special = {k: v.float() for k, v in dm.special_tokens.items()}

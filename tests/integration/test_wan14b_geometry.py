@@ -23,6 +23,11 @@ TOKENS = (LATENT // 2) ** 2
 WINDOW, SINK = 1, 1
 
 
+def wan_family():
+    """The Wan family's module (its class, presets and geometry)."""
+    return importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family")
+
+
 @pytest.fixture(scope="module")
 def big(comfy):
     return wan_tiny.build_patcher(seed=0, dtype=torch.bfloat16, **WAN14B)
@@ -76,15 +81,15 @@ def test_the_model_has_wan14b_attention_geometry(big):
 
 def test_the_adapter_reads_40_heads_of_128(fam, big):
     adapter = fam.detect(big)
-    assert isinstance(adapter, fam.wan.WanFamily)
+    assert isinstance(adapter, wan_family().WanFamily)
     assert (adapter.num_layers, adapter.heads, adapter.head_dim) == (LAYERS, HEADS, HEAD_DIM)
-    assert tuple(fam.wan.WanFamily.attention_shape(big)) == (LAYERS, HEADS, HEAD_DIM)
+    assert tuple(wan_family().WanFamily.attention_shape(big)) == (LAYERS, HEADS, HEAD_DIM)
     # the preset the planner uses for the real 14B has the same heads and head_dim, with its 40 layers
-    assert fam.wan.PRESETS["wan2.1-14b"] == (40, HEADS, HEAD_DIM)
+    assert wan_family().PRESETS["wan2.1-14b"] == (40, HEADS, HEAD_DIM)
 
 
 def test_cache_bytes_and_report_equal_the_planner(fam, int2, whole):
-    from comfyui_jensen_kv.jensen_core.planner import plan_cache
+    from comfyui_jensen_kv.jensen_core.planner import CachePrecision, CacheShape, plan_cache
     from comfyui_jensen_kv.runtime.config import get_config
 
     rep = whole.report
@@ -95,15 +100,11 @@ def test_cache_bytes_and_report_equal_the_planner(fam, int2, whole):
         latent_width=LATENT,
         chunk_frames=CHUNK,
         window_chunks=WINDOW,
-        layers=LAYERS,
-        heads=HEADS,
-        head_dim=HEAD_DIM,
-        spec_k=config.spec_k,
-        spec_v=config.spec_v,
-        geometry=fam.wan.GEOMETRY,
-        cfg_branches=1,
-        full_bytes=2,
         sink_chunks=SINK,
+        shape=CacheShape(
+            layers=LAYERS, heads=HEADS, head_dim=HEAD_DIM, geometry=wan_family().GEOMETRY, cfg_branches=1, full_bytes=2
+        ),
+        precision=CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),
     )
     assert plan.runnable and not plan.warnings
     # 4 chunks, the last not written (no state kept): 3 written, sink 1 + window 1 -> 2 held at the peak

@@ -282,13 +282,14 @@ def test_report_cache_bytes_equal_the_planner(loop, nodes, tiny, euler, key_bits
         latent_width=8,
         chunk_frames=CHUNK,
         window_chunks=window,
-        layers=rep["layers"],
-        heads=rep["heads"],
-        head_dim=rep["head_dim"],
-        spec_k=config.spec_k,
-        spec_v=config.spec_v,
-        cfg_branches=rep["cfg_branches"],
-        geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan").GEOMETRY,
+        shape=planner.CacheShape(
+            layers=rep["layers"],
+            heads=rep["heads"],
+            head_dim=rep["head_dim"],
+            geometry=importlib.import_module("comfyui_jensen_kv.runtime.families.wan.family").GEOMETRY,
+            cfg_branches=rep["cfg_branches"],
+        ),
+        precision=planner.CachePrecision(spec_k=config.spec_k, spec_v=config.spec_v),
     )
     assert rep["cfg_branches"] == (2 if cfg > 1 else 1)
     assert rep["cache_bytes"] == plan.quantized_bytes

@@ -30,7 +30,7 @@ def pack_module(name: str):
 
 @pytest.fixture(scope="module")
 def wp(pack):
-    return pack_module("runtime.families.worldplay.model"), pack_module("runtime.families.worldplay.loader")
+    return pack_module("runtime.families.worldplay.comfy_model"), pack_module("runtime.families.worldplay.loader")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def ref_inputs():
 
 @pytest.fixture(scope="module")
 def trajectory(pack, ref_inputs):
-    traj = pack_module("worldplay.trajectory").parse_trajectory("w-3, right-4")
+    traj = pack_module("runtime.families.worldplay.model.trajectory").parse_trajectory("w-3, right-4")
     torch.testing.assert_close(traj.w2c, ref_inputs["w2c"], rtol=0, atol=1e-12)
     torch.testing.assert_close(traj.intrinsics, ref_inputs["Ks"], rtol=0, atol=1e-15)
     assert traj.actions.tolist() == ref_inputs["action"].tolist()
@@ -64,7 +64,7 @@ def test_the_real_key_list_loads_with_nothing_missing_or_left_over(wp, tmp_path)
     """A file with the released checkpoint's 1,905 key names (54 double blocks, ByT5, SigLIP) at a tiny width,
     through the loader's file path: every parameter of the model comes from the file."""
     model_mod, loader = wp
-    keys = pack_module("worldplay.keys")
+    keys = pack_module("runtime.families.worldplay.model.keys")
     sd = tiny_state_dict(REAL_KEYS_SMALL, seed=3, dtype=torch.bfloat16)
     assert sorted(sd) == keys.official_keys(REAL_KEYS_SMALL) and len(sd) == 1905
     path = tmp_path / "model.safetensors"
@@ -131,7 +131,7 @@ def test_fp8_weights_load_and_run_close_to_full_precision(wp, tiny_model, ref_in
 
 def test_a_plain_hunyuanvideo_15_file_is_refused(wp, tmp_path):
     _, loader = wp
-    keys = pack_module("worldplay.keys")
+    keys = pack_module("runtime.families.worldplay.model.keys")
     sd = tiny_state_dict(TINY)
     plain = {k: v for k, v in sd.items() if k not in set(keys.worldplay_only_keys(TINY.depth))}
     path = tmp_path / "hunyuanvideo1.5_480p_i2v.safetensors"
@@ -145,7 +145,7 @@ def test_a_plain_hunyuanvideo_15_file_is_refused(wp, tmp_path):
 
 def test_a_wrong_or_missing_key_is_named(wp):
     _, loader = wp
-    keys = pack_module("worldplay.keys")
+    keys = pack_module("runtime.families.worldplay.model.keys")
     sd = tiny_state_dict(TINY)
     sd["double_blocks.1.img_attn_prope_projection.weight"] = sd.pop("double_blocks.1.img_attn_prope_proj.weight")
     with pytest.raises(keys.CheckpointError) as exc:
@@ -165,7 +165,7 @@ def test_a_wrong_or_missing_key_is_named(wp):
 
 def test_the_model_config_samples_at_shift_5(wp, tiny_model):
     model_mod, _ = wp
-    config = model_mod.classes().config(pack_module("worldplay.keys").RELEASED.core_config())
+    config = model_mod.classes().config(pack_module("runtime.families.worldplay.model.keys").RELEASED.core_config())
     assert config.sampling_settings["shift"] == 5.0
     assert config.unet_config["depth"] == 54 and config.unet_config["axes_dim"] == [16, 56, 56]
 
@@ -196,7 +196,7 @@ def test_first_chunk_forward_matches_the_reference_and_needs_both_streams(wp, ti
     """The reference's forward_txt then forward_vision of frames 0..3 at t = 937.5 without context; with the PRoPE
     stream's projection zeroed or the actions changed, the output moves (both additions are in play)."""
     model_mod, _ = wp
-    attention = pack_module("worldplay.attention")
+    attention = pack_module("runtime.families.worldplay.model.attention")
     x = torch.cat([ref_inputs["noise"], ref_inputs["cond"]], dim=1)[:, :, :4]
 
     def run(dm, traj=trajectory):
@@ -221,7 +221,7 @@ def test_first_chunk_forward_matches_the_reference_and_needs_both_streams(wp, ti
     finally:
         for b, w in zip(tiny_model.double_blocks, saved):
             b.img_attn_prope_proj.weight.data.copy_(w)
-    turned = pack_module("worldplay.trajectory").parse_trajectory("w-1, left-6")
+    turned = pack_module("runtime.families.worldplay.model.trajectory").parse_trajectory("w-1, left-6")
     assert relative_error(run(tiny_model, turned), ref_inputs["out_chunk0"]) > 10 * reference_bound().value
 
 
@@ -230,11 +230,11 @@ def test_a_two_chunk_ar_rollout_through_the_injectable_attention_matches_the_ref
     wp, tiny_model, ref_inputs, trajectory
 ):
     """The reference's AR rollout (2 chunks, 4 Euler steps at shift 5, cfg 1), re-run with the model's text prefix,
-    the context plan (worldplay.context: chunk 1 re-encodes frames 0..3 at t = 14, RoPE 0..3, and sits at 4..7)
+    the context plan (runtime.families.worldplay.model.context: chunk 1 re-encodes frames 0..3 at t = 14, RoPE 0..3, and sits at 4..7)
     and plain SDPA through ``ContextKV``: the one attention callable both streams go through."""
     model_mod, _ = wp
-    attention = pack_module("worldplay.attention")
-    context = pack_module("worldplay.context")
+    attention = pack_module("runtime.families.worldplay.model.attention")
+    context = pack_module("runtime.families.worldplay.model.context")
     schedules = pack_module("runtime.schedules")
     ref = load_file(DATA / "ar_rollout.safetensors")
     sigmas = schedules.ar_sigmas("worldplay_4step")
@@ -354,7 +354,7 @@ def test_comfyuis_sampler_runs_it_with_the_camera_path_on_the_conditioning(wp, r
     a = sample(trajectory)
     assert a.shape == (1, 32, 8, 4, 6) and torch.isfinite(a).all()
     torch.testing.assert_close(sample(trajectory), a, rtol=0, atol=0)
-    other = pack_module("worldplay.trajectory").parse_trajectory("s-3, left-4")
+    other = pack_module("runtime.families.worldplay.model.trajectory").parse_trajectory("s-3, left-4")
     assert rel_err(sample(other), a) > 1e-3
     with pytest.raises(ValueError, match="camera path on the conditioning"):
         comfy.sample.sample(

@@ -34,7 +34,7 @@ def _schema(node_cls):
 
 
 def test_the_worldplay_nodes_are_registered_with_tooltips(nodes):
-    found = {n.define_schema().node_id: n for n in nodes.WORLDPLAY_NODES}
+    found = {n.define_schema().node_id: n for n in nodes.FAMILY_NODES["worldplay"]}
     assert set(found) == set(EXPECTED)
     for node_id, (display, inputs, outputs) in EXPECTED.items():
         s = _schema(found[node_id])
@@ -52,7 +52,7 @@ def _all_nodes(nodes):
 
 
 def test_trajectory_node_checks_the_path_and_gives_its_length(nodes):
-    node = nodes.JensenKVWorldPlayTrajectory
+    node = nodes.worldplay.JensenKVWorldPlayTrajectory
     out = node.execute("w-31, right-8", 0)
     trajectory, length, info = out.args
     assert (trajectory.latents, length) == (40, 157) and "40 latent frames (157 video frames" in info
@@ -72,12 +72,12 @@ def test_trajectory_node_checks_the_path_and_gives_its_length(nodes):
 
 
 def test_preview_node_gives_an_image(nodes):
-    trajectory = nodes.JensenKVWorldPlayTrajectory.execute("w-15, right-16", 0).args[0]
-    out = nodes.JensenKVWorldPlayTrajectoryPreview.execute(trajectory, 192)
+    trajectory = nodes.worldplay.JensenKVWorldPlayTrajectory.execute("w-15, right-16", 0).args[0]
+    out = nodes.worldplay.JensenKVWorldPlayTrajectoryPreview.execute(trajectory, 192)
     (image,) = out.args
     assert image.shape == (1, 192, 192, 3) and float(image.max()) <= 1.0
     with pytest.raises(ValueError, match="must come from HY-WorldPlay Trajectory"):
-        nodes.JensenKVWorldPlayTrajectoryPreview.execute("w-3", 192)
+        nodes.worldplay.JensenKVWorldPlayTrajectoryPreview.execute("w-3", 192)
 
 
 @pytest.mark.hunyuan15
@@ -89,7 +89,7 @@ def test_load_node_loads_a_checkpoint_from_diffusion_models(nodes, tmp_path):
     path = folder / "hy_worldplay_tiny.safetensors"
     save_file(tiny_state_dict(TINY), str(path))
     folder_paths.add_model_folder_path("diffusion_models", str(folder))
-    node = nodes.JensenKVLoadWorldPlay
+    node = nodes.worldplay.JensenKVLoadWorldPlay
     assert "hy_worldplay_tiny.safetensors" in _schema(node).inputs[0].options
     before = node.fingerprint_inputs("hy_worldplay_tiny.safetensors", "default")
     out = node.execute("hy_worldplay_tiny.safetensors", "default")
@@ -118,7 +118,7 @@ def test_sampler_node_runs_int2_jensen_and_without_patch_nodes_full_precision(no
     from jensen_testing import worldplay_tiny as wt
 
     model = wt.build_patcher(0)
-    trajectory, length, _ = nodes.JensenKVWorldPlayTrajectory.execute("w-3, right-4", 0).args
+    trajectory, length, _ = nodes.worldplay.JensenKVWorldPlayTrajectory.execute("w-3, right-4", 0).args
     assert length == 29
     positive = wt.conditioning(1, 8)
     latent = {**wt.latent(8), "downscale_ratio_spacial": 16}
@@ -128,7 +128,7 @@ def test_sampler_node_runs_int2_jensen_and_without_patch_nodes_full_precision(no
     int2 = nodes.JensenKVBiasCorrection.execute(int2, "taylor", 1.0).args[0]
     runs = {}
     for name, m in (("fp", model), ("int2", int2)):
-        out = nodes.JensenKVWorldPlayARSampler.execute(m, positive, latent, trajectory, 3, sampler, sigmas)
+        out = nodes.worldplay.JensenKVWorldPlayARSampler.execute(m, positive, latent, trajectory, 3, sampler, sigmas)
         lat, report = out.args
         assert lat["samples"].shape == (1, 32, 8, 4, 6) and "downscale_ratio_spacial" not in lat
         assert out.ui["jensen_kv_report"] == [report] and "Context rebuilt before every chunk" in out.ui["text"][0]

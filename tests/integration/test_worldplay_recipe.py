@@ -22,6 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support import comfyui as support_comfyui
+from support.comfyui import pack_module
 
 from jensen_testing import worldplay_tiny as wt
 from jensen_testing.numerics import assert_within_rounding
@@ -32,13 +33,10 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "worldplay"
 SEVEN = 28  # latent frames: 7 chunks, the last one's context chosen by view overlap (20 frames)
 
 
-def pack_module(name: str):
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.{name}")
-
-
 @pytest.fixture(scope="module")
-def families(pack):
-    return pack_module("runtime.families")
+def worldplay(pack):
+    """HY-WorldPlay's recipe (its request and run), as the family's node file imports it."""
+    return pack_module("runtime.families.worldplay.recipe")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +63,7 @@ def _patch_state(model):
 
 # ------------------------------------------------------------------------------------------------ full precision
 @pytest.mark.numerics
-def test_a_full_precision_run_equals_the_references_ar_rollout(model, families):
+def test_a_full_precision_run_equals_the_references_ar_rollout(model, worldplay):
     """The reference's _ar_rollout_inner (2 chunks, 4 Euler steps at shift 5, cfg 1; tests/data/worldplay/README.md)
     from its own inputs: the prompt, ByT5 and SigLIP features and the image condition as a conditioning, its noise,
     its path; through ComfyUI's sampler (Euler, AR Video Schedule worldplay_4step)."""
@@ -87,8 +85,8 @@ def test_a_full_precision_run_equals_the_references_ar_rollout(model, families):
             },
         ]
     ]
-    path = pack_module("worldplay.trajectory").parse_trajectory("w-3, right-4")
-    request = families.WORLDPLAY.request(
+    path = pack_module("runtime.families.worldplay.model.trajectory").parse_trajectory("w-3, right-4")
+    request = worldplay.WorldPlayRequest.from_options(
         model,
         positive,
         {"samples": torch.zeros_like(ref_in["noise"])},
@@ -99,7 +97,7 @@ def test_a_full_precision_run_equals_the_references_ar_rollout(model, families):
         noise=ref_in["noise"],
         progress=False,
     )
-    result = families.WORLDPLAY.run(request)
+    result = worldplay.run(request)
     got = base.process_latent_in(result.samples)
     assert_within_rounding(got, ref["final"], wt.reference_bound(), "AR rollout")
     assert [p.context_frames for p in result.plans] == [(), (0, 1, 2, 3)]
@@ -216,13 +214,16 @@ def test_the_planner_equals_the_bytes_the_run_cached_and_the_text_stays_out(mode
         latent_width=wt.LATENT_HW[1],
         chunk_frames=4,
         window_chunks=5,
-        layers=2 * wt.TINY.depth,
-        heads=wt.TINY.heads,
-        head_dim=wt.TINY.head_dim,
-        spec_k=None if config is None else config.spec_k,
-        spec_v=None if config is None else config.spec_v,
-        full_bytes=4,
-        geometry=pack_module("runtime.families").WorldPlayFamily.geometry,
+        shape=planner.CacheShape(
+            layers=2 * wt.TINY.depth,
+            heads=wt.TINY.heads,
+            head_dim=wt.TINY.head_dim,
+            geometry=pack_module("runtime.families.worldplay.family").WorldPlayFamily.geometry,
+            full_bytes=4,
+        ),
+        precision=planner.CachePrecision(
+            spec_k=None if config is None else config.spec_k, spec_v=None if config is None else config.spec_v
+        ),
     )
     assert plan.cached_chunks_peak == 5
     assert rep["cache_bytes"] == rep["planned_bytes"] == plan.quantized_bytes > 0
@@ -295,11 +296,11 @@ def test_what_the_recipe_cannot_do_is_refused_by_name(model, options, words):
         assert w in str(e.value), (w, str(e.value))
 
 
-def test_latents_and_paths_that_do_not_fit_are_refused(model, families):
+def test_latents_and_paths_that_do_not_fit_are_refused(model, worldplay):
     import comfy.samplers
 
     def request(frames, path_latents, positive=None):
-        return families.WORLDPLAY.request(
+        return worldplay.WorldPlayRequest.from_options(
             model,
             positive or wt.conditioning(1, frames),
             wt.latent(frames),
@@ -310,15 +311,15 @@ def test_latents_and_paths_that_do_not_fit_are_refused(model, families):
         )
 
     with pytest.raises(ValueError, match="multiple of 4"):
-        families.WORLDPLAY.run(request(6, 8))
+        worldplay.run(request(6, 8))
     with pytest.raises(ValueError, match="trajectory only 8 poses"):
-        families.WORLDPLAY.run(request(12, 8))
+        worldplay.run(request(12, 8))
     two = wt.conditioning(1, 8) + wt.conditioning(2, 8)
     with pytest.raises(ValueError, match="one text prefix per video"):
-        families.WORLDPLAY.run(request(8, 8, two))
+        worldplay.run(request(8, 8, two))
 
 
-def test_plain_hunyuanvideo_15_and_wan_are_refused_naming_load_hy_worldplay(families):
+def test_plain_hunyuanvideo_15_and_wan_are_refused_naming_load_hy_worldplay(worldplay):
     import comfy.model_patcher
     import comfy.samplers
     import comfy.supported_models
@@ -333,7 +334,7 @@ def test_plain_hunyuanvideo_15_and_wan_are_refused_naming_load_hy_worldplay(fami
         (plain, ("plain HunyuanVideo 1.5", "Load HY-WorldPlay", "HY-WorldPlay AR Sampler supports")),
         (wan, ("is not HY-WorldPlay", "Chunked AR Video Sampler")),
     ):
-        request = families.WORLDPLAY.request(
+        request = worldplay.WorldPlayRequest.from_options(
             m,
             wt.conditioning(1, 8),
             wt.latent(8),
@@ -342,8 +343,8 @@ def test_plain_hunyuanvideo_15_and_wan_are_refused_naming_load_hy_worldplay(fami
             comfy.samplers.sampler_object("euler"),
             wt.worldplay_sigmas(),
         )
-        with pytest.raises(families.UnsupportedModelError) as e:
-            families.WORLDPLAY.run(request)
+        with pytest.raises(worldplay.UnsupportedModelError) as e:
+            worldplay.run(request)
         for w in words:
             assert w in str(e.value), (w, str(e.value))
 

@@ -15,6 +15,65 @@ be missing from a file.
 from __future__ import annotations
 
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}
+#: Quantize KV Cache's widgets at INT2 g32 with the Hadamard rotation and FP8 scales; Jensen Bias Correction's, taylor
+QUANT_INT2 = {
+    "key_bits": "2",
+    "value_bits": "2",
+    "group_size": "32",
+    "rotation": "hadamard",
+    "scale_format": "fp8_e4m3",
+    "rotation_seed": 0,
+}
+JENSEN_TAYLOR = {"mode": "taylor", "strength": 1.0}
+
+
+#: the Chunked AR Video Sampler's widgets in a saved workflow, in order (the required ones, then the optional ones
+#: added later); the Simple sampler puts steps, sampler_name and scheduler after cfg
+CHUNKED_SAMPLER_WIDGETS = (
+    "seed",
+    "control",
+    "cfg",
+    "chunk_frames",
+    "window_chunks",
+    "context_noise",
+    "sink_chunks",
+    "include_prefix",
+    "recache_on_switch",
+    "recompute_frames",
+    "kv_cache_attention_bias",
+    "recache_mode",
+    "context_noise_mode",
+    "first_chunk_frames",
+)
+
+
+def sampler_widgets(node: dict) -> dict:
+    """A saved Chunked AR Video Sampler (or its Simple variant) node's widget values by name."""
+    names = list(CHUNKED_SAMPLER_WIDGETS)
+    if node["type"] == "JensenKVChunkedARSamplerSimple":
+        names = ["seed", "control", "steps", "cfg", "sampler_name", "scheduler", *names[3:]]
+    return dict(zip(names, node["widgets_values"]))
+
+
+def chunked_sampler(model: list, *, seed: int = 0, chunk_frames: int = 1, window_chunks: int = 0, **widgets) -> dict:
+    """The API prompt's Chunked AR Video Sampler node on the MODEL link ``model``, at cfg 1 with no context noise
+    (``widgets`` over them), linked as the tiny prompts link it: positive ``"4"``, negative ``"5"``, latent ``"6"``,
+    SAMPLER ``"7"``, SIGMAS ``"8"``."""
+    links = {"positive": ["4", 0], "negative": ["5", 0], "latent": ["6", 0], "sampler": ["7", 0], "sigmas": ["8", 0]}
+    chunks = {"chunk_frames": chunk_frames, "window_chunks": window_chunks, "context_noise": 0.0}
+    inputs = {"model": model, **links, "seed": seed, "cfg": 1.0, **chunks, **widgets}
+    return {"class_type": "JensenKVChunkedARSampler", "inputs": inputs}
+
+
+def int2_jensen(model: list, quant: str = "2", jensen: str = "3", **quant_widgets) -> dict:
+    """The API prompt's nodes ``quant`` (Quantize KV Cache, :data:`QUANT_INT2` with ``quant_widgets`` over it) on the
+    MODEL link ``model`` and ``jensen`` (Jensen Bias Correction, taylor 1.0) on it."""
+    return {
+        quant: {"class_type": "JensenKVQuantizeKVCache", "inputs": {"model": model, **QUANT_INT2, **quant_widgets}},
+        jensen: {"class_type": "JensenKVBiasCorrection", "inputs": {"model": [quant, 0], **JENSEN_TAYLOR}},
+    }
+
+
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
 

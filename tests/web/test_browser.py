@@ -23,6 +23,8 @@ from support.comfyui import PACK_ROOT, TEST_NODES_DIR
 from support.workflow_api import frontend_defaults
 from workflow_specs import BUILD_JS, TINY_UNET, tiny_workflow, write_placeholder_files
 
+from jensen_testing.planning import plan_by_fields
+
 pytestmark = [pytest.mark.comfyui, pytest.mark.server, pytest.mark.browser, pytest.mark.slow]
 
 ARTIFACTS = PACK_ROOT / "artifacts" / "browser"
@@ -187,14 +189,11 @@ def write_tiny_checkpoint(base: Path) -> str | None:
     """A random tiny Wan that UNETLoader detects as wan2.1 (None when the test-node pack is absent)."""
     if not (TEST_NODES_DIR / "__init__.py").is_file():
         return None
-    import torch
-    from safetensors.torch import save_file
     from support import comfyui as support_comfyui
     from support import wan_tiny
 
     support_comfyui.setup_inprocess_comfyui()
-    sd = wan_tiny.state_dict_for_file(seed=0)
-    save_file({k: v.to(torch.float32) for k, v in sd.items()}, str(base / "models" / "diffusion_models" / TINY_UNET))
+    wan_tiny.write_file(base / "models" / "diffusion_models" / TINY_UNET)
     return TINY_UNET
 
 
@@ -261,13 +260,12 @@ def _plan_bytes(**kw):
     from support.pack import load_pack_module
 
     from jensen_core import QuantSpec
-    from jensen_core.planner import plan_cache
 
-    wan = load_pack_module("runtime.families").wan.GEOMETRY
+    wan = load_pack_module("runtime.families.wan.family").GEOMETRY
     lf, lh, lw = wan.latent_shape(kw.pop("width"), kw.pop("height"), kw.pop("frames"))
     bits_k, bits_v, g = kw.pop("key_bits"), kw.pop("value_bits"), kw.pop("group_size")
     spec = lambda b: None if b == "off" else QuantSpec(bits=int(b), group_size=g, rotation="hadamard")  # noqa: E731
-    p = plan_cache(
+    p = plan_by_fields(
         latent_frames=lf,
         latent_height=lh,
         latent_width=lw,

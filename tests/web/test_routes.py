@@ -16,10 +16,10 @@ import torch
 from support.pack import load_pack_module
 
 from jensen_core import ChunkCache, QuantSpec, method_of
-from jensen_core.planner import plan_cache
+from jensen_core.planner import CachePrecision, CacheShape, plan_cache
 
 routes = load_pack_module("routes.ui")
-wan = load_pack_module("runtime.families").wan
+wan = load_pack_module("runtime.families.wan.family")
 MODEL_PRESETS, WAN = wan.PRESETS, wan.GEOMETRY
 
 
@@ -98,12 +98,8 @@ def test_plan_qvg_counts_centroids_per_chunk_exactly_and_its_spec_is_exact():
         latent_width=104,
         chunk_frames=3,
         window_chunks=0,
-        layers=30,
-        heads=12,
-        head_dim=128,
-        spec_k=spec,
-        spec_v=spec,
-        geometry=WAN,
+        shape=CacheShape(layers=30, heads=12, head_dim=128, geometry=WAN),
+        precision=CachePrecision(spec_k=spec, spec_v=spec),
     )
     assert out["quantized_bytes"] == ref.quantized_bytes
     # 6 cached chunks x 30 layers x 12 heads x (4680 tokens x (32 B codes + 2 x 3 B metadata + 1 B id) + 256 x 128 x 2 B)
@@ -158,12 +154,8 @@ def test_plan_matches_plan_cache_for_wan_1_3b_defaults():
         latent_width=104,
         chunk_frames=3,
         window_chunks=0,
-        layers=30,
-        heads=12,
-        head_dim=128,
-        spec_k=QuantSpec(2, 32, "hadamard"),
-        spec_v=QuantSpec(2, 32, "hadamard"),
-        geometry=WAN,
+        shape=CacheShape(layers=30, heads=12, head_dim=128, geometry=WAN),
+        precision=CachePrecision(spec_k=QuantSpec(2, 32, "hadamard"), spec_v=QuantSpec(2, 32, "hadamard")),
     )
     assert out["bf16_bytes"] == ref.bf16_bytes
     assert out["quantized_bytes"] == ref.quantized_bytes
@@ -303,8 +295,8 @@ def test_plan_of_hy_worldplay_counts_both_streams_and_the_20_frame_context():
     """HY-WorldPlay's preset: 54 blocks x 2 streams (RoPE and PRoPE) of 16 heads x 128, chunks of 4, and a context of
     up to 20 frames rebuilt before every chunk: at 480p, 125 frames, 27.6 GB in BF16 and 4.7 GB at INT2 g32
     (benchmarks/worldplay_memory.py), whatever chunk, window and sink the query gives."""
-    fams = load_pack_module("runtime.families")
-    preset = fams.WorldPlayFamily.presets["hy-worldplay"]
+    family = load_pack_module("runtime.families.worldplay.family").WorldPlayFamily
+    preset = family.presets["hy-worldplay"]
     assert (preset.layers, preset.streams, preset.heads, preset.head_dim) == (54, 2, 16, 128)
     assert (preset.chunk_frames, preset.context_frames, preset.context_chunks) == (4, 20, 5)
     q = {"preset": "hy-worldplay", "width": "832", "height": "480", "frames": "125"}
@@ -315,12 +307,8 @@ def test_plan_of_hy_worldplay_counts_both_streams_and_the_20_frame_context():
         latent_width=52,
         chunk_frames=4,
         window_chunks=5,
-        layers=108,
-        heads=16,
-        head_dim=128,
-        spec_k=QuantSpec(2, 32, "hadamard"),
-        spec_v=QuantSpec(2, 32, "hadamard"),
-        geometry=fams.WorldPlayFamily.geometry,
+        shape=CacheShape(layers=108, heads=16, head_dim=128, geometry=family.geometry),
+        precision=CachePrecision(spec_k=QuantSpec(2, 32, "hadamard"), spec_v=QuantSpec(2, 32, "hadamard")),
     )
     assert out["bf16_bytes"] == ref.bf16_bytes == 27_603_763_200
     assert out["quantized_bytes"] == ref.quantized_bytes == 4_744_396_800

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from support.comfyui import PACK_ROOT
-from support.workflow_api import frontend_defaults
+from support.workflow_api import frontend_defaults, sampler_widgets
 from workflow_specs import (
     BUNDLED_MODELS,
     MAGI1_SAMPLER,
@@ -234,26 +234,8 @@ def test_ui_format_and_note_names_every_model_file(path):
 
 
 def _sampler_widgets(g: Graph, node: dict) -> dict:
-    """The sampler's widget values by name (required ones, then the optional ones added later)."""
-    names = [
-        "seed",
-        "control",
-        "cfg",
-        "chunk_frames",
-        "window_chunks",
-        "context_noise",
-        "sink_chunks",
-        "include_prefix",
-        "recache_on_switch",
-        "recompute_frames",
-        "kv_cache_attention_bias",
-        "recache_mode",
-        "context_noise_mode",
-        "first_chunk_frames",
-    ]
-    if node["type"] == "JensenKVChunkedARSamplerSimple":
-        names = ["seed", "control", "steps", "cfg", "sampler_name", "scheduler", *names[3:]]
-    return dict(zip(names, node["widgets_values"]))
+    """The sampler's widget values by name."""
+    return sampler_widgets(node)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ import time
 import pytest
 from safetensors.torch import load_file, save_file
 from support.comfyui import PACK_ROOT
+from support.workflow_api import int2_jensen
 from test_workflows import Graph, validate
 from workflow_specs import (
     HY15_BYT5,
@@ -119,19 +120,7 @@ def _tiny_prompt(arms: dict[str, str]) -> dict:
     """The API prompt of the tiny workflow: one Load HY-WorldPlay, INT2 + Jensen and full precision side by side."""
     prompt = {
         "1": {"class_type": "JensenKVLoadWorldPlay", "inputs": {"unet_name": TINY_FILE, "weight_dtype": "default"}},
-        "2": {
-            "class_type": "JensenKVQuantizeKVCache",
-            "inputs": {
-                "model": ["1", 0],
-                "key_bits": "2",
-                "value_bits": "2",
-                "group_size": "32",
-                "rotation": "hadamard",
-                "scale_format": "fp8_e4m3",
-                "rotation_seed": 0,
-            },
-        },
-        "3": {"class_type": "JensenKVBiasCorrection", "inputs": {"model": ["2", 0], "mode": "taylor", "strength": 1.0}},
+        **int2_jensen(["1", 0]),
         "4": {"class_type": "JensenKVTestWorldPlayPrompt", "inputs": {"seed": 1, "tokens": 7, "width": 32}},
         "5": {"class_type": "JensenKVTestWorldPlayPrompt", "inputs": {"seed": 2, "tokens": 7, "width": 32}},
         "6": {"class_type": "JensenKVTestTinyVAE", "inputs": {"seed": 0}},
@@ -190,10 +179,7 @@ def test_a_tiny_worldplay_runs_from_a_workflow_with_image_prompt_and_path_throug
     save_file(tiny_state_dict(TINY), str(folder / TINY_FILE))
     prompt = _tiny_prompt({"3": "worldplay_tiny_int2_jensen", "1": "worldplay_tiny_full"})
     t0 = time.monotonic()
-    status, body = server.post("/prompt", {"prompt": prompt, "client_id": "jensen-kv-tests"})
-    assert status == 200 and body["node_errors"] == {}, body
-    entry = server.wait_for_prompt(body["prompt_id"], timeout=600)
-    assert entry["status"]["status_str"] == "success", (entry["status"], server.log_tail())
+    entry = server.run_prompt(prompt, timeout=600)
     reports = {k: o["jensen_kv_report"][0] for k, o in entry["outputs"].items() if "jensen_kv_report" in o}
     int2, full = reports["12"], reports["13"]
     assert (int2["key_bits"], int2["value_bits"], int2["correction"]) == (2, 2, "taylor")

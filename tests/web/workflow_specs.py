@@ -9,6 +9,8 @@ model file names the loaders use, so placeholder files can be created for combo 
 
 from __future__ import annotations
 
+from support.workflow_api import JENSEN_TAYLOR, QUANT_INT2
+
 # ------------------------------------------------------------------------------------------ models
 VAE = "wan_2.1_vae.safetensors"
 TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
@@ -359,15 +361,6 @@ def _loaders(unet=SELF_FORCING, shift=None):
     ]
 
 
-QUANT_INT2 = {
-    "key_bits": "2",
-    "value_bits": "2",
-    "group_size": "32",
-    "rotation": "hadamard",
-    "scale_format": "fp8_e4m3",
-    "rotation_seed": 0,
-}
-JENSEN_TAYLOR = {"mode": "taylor", "strength": 1.0}
 SF_SCHEDULE = {"preset": "self_forcing_4step", "steps": 30, "shift": 8.0, "manual": "1, 0.757, 0.522"}
 SAMPLER_SF = {
     "seed": 42,

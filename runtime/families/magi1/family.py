@@ -1,9 +1,9 @@
 """MAGI-1 as a model family of the pack: its probe, geometry, presets and the route of its self-attention through the
 pack's quantized cache (:class:`Magi1Family`).
 
-MAGI-1's DiT (``magi1.dit.MagiDiT``) takes its self-attention as an argument of ``forward_chunks(x, spec, attention)``:
+MAGI-1's DiT (``runtime.families.magi1.model.dit.MagiDiT``) takes its self-attention as an argument of ``forward_chunks(x, spec, attention)``:
 every call is ``attention(layer, q, k, v, plan)`` with the post-norm, post-RoPE q (query heads) and k, v (K/V heads)
-of the chunks in this forward and a :class:`magi1.attention.ChunkPlan` (which finished chunks and which chunks of the
+of the chunks in this forward and a :class:`runtime.families.magi1.model.attention.ChunkPlan` (which finished chunks and which chunks of the
 forward each query chunk reads, which chunk the forward writes). :meth:`Magi1Family.install` puts one object patch on
 a clone, ``diffusion_model.forward_chunks`` -> :class:`CachedForward`, which hands the DiT a
 :class:`Magi1CacheAttention` over the run's :class:`runtime.run_caches.RunCaches` instead of the caller's attention:
@@ -27,12 +27,12 @@ import torch
 from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
-from ....magi1.attention import ChunkPlan
-from ....magi1.dit import MagiDiT
 from ...saved_run import weights_digest
-from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
-from .model import CHUNK_FRAMES, ComfyMagiDiT
-from .window import planner_window
+from ..base import AttentionShape, ModelFamily, ModelPreset, Probe, register
+from .comfy_model import CHUNK_FRAMES, ComfyMagiDiT
+from .model.attention import ChunkPlan
+from .model.dit import MagiDiT
+from .window import plan_chunks
 
 FORWARD_KEY = "diffusion_model.forward_chunks"
 SUPPORTED = (
@@ -43,7 +43,7 @@ SUPPORTED = (
 GEOMETRY = LatentGeometry(
     patch=(1, 2, 2), latent_channels=16, vae_time_stride=4, vae_space_stride=8, causal_first_frame=False
 )
-#: (layers, query heads, head_dim, K/V heads) of the published DiTs (magi1.config.PUBLISHED)
+#: (layers, query heads, head_dim, K/V heads) of the published DiTs (runtime.families.magi1.model.config.PUBLISHED)
 PRESETS = {
     "magi1-4.5b": ModelPreset("MAGI-1 4.5B", 34, 24, 128, kv_heads=8, chunk_frames=CHUNK_FRAMES),
     "magi1-24b": ModelPreset("MAGI-1 24B", 48, 48, 128, kv_heads=8, chunk_frames=CHUNK_FRAMES),
@@ -61,6 +61,8 @@ class Magi1Family(ModelFamily):
     key = "magi1"
     supported = SUPPORTED
     sampler_node = "MAGI-1 AR Sampler"
+    sampler_node_id = "JensenKVMagi1ARSampler"
+    order = 20
     saves_runs = False  # several chunks are denoised at once: no state between two chunks to save
     geometry = GEOMETRY
     presets = PRESETS
@@ -70,12 +72,15 @@ class Magi1Family(ModelFamily):
         "kv_ranges": "MAGI-1 AR Sampler's key ranges, e.g. kv_ranges=5,4,3,2 (or all)",
         "steps": "MAGI-1 AR Sampler's steps per chunk, e.g. steps=16",
     }
+    #: the video is on the sampler (no latent input), with the window and the sink; one cached branch, batch 1
+    planner_inputs = ("width", "height", "frames", "window_chunks", "sink_chunks")
+    planner_fixed = {"batch": 1, "cfg_branches": 1}
 
     @classmethod
-    def planner_window(cls, fields, latent_frames, chunk_frames):
-        """Window 0 on the MAGI-1 AR Sampler: as many finished chunks as its key ranges reach (every chunk with
-        kv_ranges 'all'), from its window_size, kv_ranges and steps (the recipe's own rule)."""
-        return planner_window(fields, latent_frames, chunk_frames)
+    def plan_chunks(cls, asked, latent_frames, fields=None, preset=None):
+        """The MAGI-1 AR Sampler's chunk (its preset's 6 latent frames) and window 0: as many finished chunks as its
+        key ranges reach (every chunk with kv_ranges 'all'), from its window_size, kv_ranges and steps."""
+        return plan_chunks(asked, latent_frames, fields, preset)
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:
@@ -265,3 +270,6 @@ class Magi1CacheAttention:
                 raise RuntimeError(f"chunk {c} was written to layers {sorted(layers)} only (missing {missing})")
         self.stored.clear()
         return chunks
+
+
+register(Magi1Family)

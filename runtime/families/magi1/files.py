@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ....magi1.checkpoint import INDEX, VAE_CONFIG, VAE_FILE
+from .model.checkpoint import INDEX, VAE_CONFIG, VAE_FILE
 
 #: how deep below a model folder a sharded checkpoint folder is looked for (ckpt/magi/4.5B_base/inference_weight)
 MAX_DEPTH = 4

@@ -1,7 +1,7 @@
 """MAGI-1's multi-noise chunk pipeline on the pack's quantized cache: the recipe the MAGI-1 AR Sampler runs.
 
 The loop is the reference's (github:SandAI-org/MAGI-1 at 6ff822e, ``inference/pipeline/video_generate.py``
-``SampleTransport.walk`` and ``VideoDiTModel.forward_dispatcher``), written once in :mod:`magi1.sampler` and
+``SampleTransport.walk`` and ``VideoDiTModel.forward_dispatcher``), written once in :mod:`runtime.families.magi1.model.sampler` and
 driven here over the patched clone (:mod:`.family`): up to ``window_size`` chunks in one forward, each at its own
 time on the ``sd3`` schedule (shift 3), Euler on the predicted velocity; per chunk and per quarter of its steps a
 key range of ``noise2clean_kvrange`` chunks (default 5, 4, 3, 2: itself and up to 4 earlier ones); the finished
@@ -30,17 +30,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ....jensen_core.planner import plan_cache
-from ....magi1 import pipeline as P
-from ....magi1.caption import DEFAULT_TOKENS, chunk_captions
-from ....magi1.sampler import MagiSettings, iter_sample
 from ...config import JensenKVConfig, get_config, get_window
+from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped
 from ...prompt_schedule import PromptSchedule
 from ...report import MIB
 from ...report import report_text as pack_text
@@ -48,80 +45,111 @@ from ...run_caches import RunCaches
 from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics
 from ..base import UnsupportedModelError, attention_override_notice
+from .comfy_model import CHUNK_FRAMES
 from .family import Magi1Family
-from .model import CHUNK_FRAMES
-from .window import DEFAULT_STEPS, auto_window, check_schedule, finished_reached
+from .model import pipeline as P
+from .model.caption import DEFAULT_TOKENS, chunk_captions
+from .model.sampler import MagiSettings, iter_sample
+from .window import DEFAULT_STEPS, check_schedule, finished_reached
 
 logger = logging.getLogger("jensen_kv")
+
+
+@dataclass(frozen=True)
+class Magi1Options:
+    """What the MAGI-1 AR Sampler's pipeline reads besides the shared options: ``num_steps`` per chunk,
+    ``window_size`` chunks in flight, ``kv_ranges`` (``noise2clean_kvrange``; () = every earlier chunk),
+    ``cfg_number`` 1 (distilled) or 3 (base) passes per step, None for the model's own, and ``special_tokens`` (the
+    HQ and DURATION tokens in front of every chunk's caption: the reference's default). Checks itself."""
+
+    num_steps: int = DEFAULT_STEPS
+    window_size: int = 4
+    kv_ranges: tuple[int, ...] = P.NOISE2CLEAN_KVRANGE
+    cfg_number: int | None = None
+    special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        v = self.num_steps
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"num_steps={v!r} must be a whole number >= 1")
+        check_schedule(self.num_steps, self.window_size, self.kv_ranges)
+        if self.cfg_number not in (None, 1, 3):
+            raise ValueError(f"cfg_number={self.cfg_number!r}: MAGI-1 runs 1 pass (distilled) or 3 (base)")
+
+
+#: the flat options of :meth:`Magi1Request.from_options`, by group (the shared four and MAGI-1's own)
+OPTION_GROUPS: OptionGroups = {
+    **SHARED_GROUPS,
+    "options": (Magi1Options, ("num_steps", "window_size", "kv_ranges", "cfg_number", "special_tokens")),
+}
 
 
 @dataclass(frozen=True, eq=False)
 class Magi1Request:
     """One MAGI-1 run. ``positive``: MAGI-1 Text Encode's CONDITIONING, or a Prompt Schedule of them (prompts by
-    chunk); the latent to make is ``latent_frames`` x ``latent_height`` x ``latent_width`` (VAE latent units,
-    ``chunk_frames`` latent frames per chunk). ``kv_ranges``: ``noise2clean_kvrange`` (() = every earlier chunk);
-    ``cfg_number`` 1 (distilled) or 3 (base), None for the model's own. ``window_chunks``: finished chunks the cache
-    keeps per layer (0: as many as the key ranges reach, so nothing a query reads is evicted); ``sink_chunks``: the
-    first chunks kept for good besides the window. ``special_tokens``: the HQ and DURATION tokens in front of every
-    chunk's caption (the reference's default). Checked here where no model is needed."""
+    chunk); the latent to make is ``latent_frames`` x ``latent_height`` x ``latent_width`` (VAE latent units).
+    The shared option groups (:mod:`runtime.options`): ``sampling`` (its ``seed``; MAGI-1 runs its own schedule, so a
+    SAMPLER, SIGMAS or cfg are refused: ``options.cfg_number`` is its passes), ``chunking`` (``chunk_frames`` latent
+    frames per chunk; ``window_chunks`` finished chunks the cache keeps per layer, 0: as many as the key ranges
+    reach, so nothing a query reads is evicted; ``sink_chunks`` the first chunks kept for good besides the window),
+    ``continuation`` (a prefix, a saved run or a state to hand on: refused, :meth:`Magi1Recipe.check`), ``hooks``
+    (``step_callback(step, steps)`` after every forward); and MAGI-1's own :class:`Magi1Options`. Checked here where
+    no model is needed; :meth:`from_options` takes the flat names."""
 
     model: Any
     positive: Any
     latent_frames: int
     latent_height: int
     latent_width: int
-    seed: int = 0
-    num_steps: int = DEFAULT_STEPS
-    window_size: int = 4
-    kv_ranges: tuple[int, ...] = P.NOISE2CLEAN_KVRANGE
-    cfg_number: int | None = None
-    window_chunks: int = 0
-    sink_chunks: int = 0
-    chunk_frames: int = CHUNK_FRAMES
-    special_tokens: bool = True
-    keep_state: bool = False
-    resume: Any = None
-    prefix: Any = None
-    observer: Any = None
-    step_callback: Callable[[int, int], None] | None = None
-    progress: bool = True
-    preview: bool = True
+    sampling: Sampling = field(default_factory=lambda: Sampling(seed=0))
+    chunking: Chunking = field(default_factory=lambda: Chunking(CHUNK_FRAMES))
+    continuation: Continuation = field(default_factory=Continuation)
+    hooks: Hooks = field(default_factory=Hooks)
+    options: Magi1Options = field(default_factory=Magi1Options)
 
     def __post_init__(self) -> None:
-        for name in ("latent_frames", "latent_height", "latent_width", "num_steps", "chunk_frames"):
-            v = getattr(self, name)
+        for name, (cls, _) in OPTION_GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+        chunk = self.chunking.chunk_frames
+        for name, v in (*((n, getattr(self, n)) for n in ("latent_frames", "latent_height", "latent_width")),
+                        ("chunk_frames", chunk)):  # fmt: skip
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}={v!r} must be a whole number >= 1")
-        if self.latent_frames % self.chunk_frames:
+        if self.latent_frames % chunk:
             raise ValueError(
-                f"latent_frames={self.latent_frames} is not a whole number of {self.chunk_frames}-frame chunks; MAGI-1 "
-                f"makes whole chunks: use {math.ceil(self.latent_frames / self.chunk_frames) * self.chunk_frames}"
+                f"latent_frames={self.latent_frames} is not a whole number of {chunk}-frame chunks; MAGI-1 makes "
+                f"whole chunks: use {math.ceil(self.latent_frames / chunk) * chunk}"
             )
         if self.latent_height % 2 or self.latent_width % 2:
             raise ValueError(
                 f"latent height {self.latent_height} and width {self.latent_width} must be even (MAGI-1 patches 2x2): "
                 "use a video width and height that are multiples of 16"
             )
-        check_schedule(self.num_steps, self.window_size, self.kv_ranges)
-        if self.cfg_number not in (None, 1, 3):
-            raise ValueError(f"cfg_number={self.cfg_number!r}: MAGI-1 runs 1 pass (distilled) or 3 (base)")
-        for name in ("window_chunks", "sink_chunks", "seed"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"{name}={v!r} must be a whole number >= 0")
+        seed = self.sampling.seed
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed={seed!r} must be a whole number >= 0")
+
+    @classmethod
+    def from_options(cls, model, positive, *, latent_frames, latent_height, latent_width, **options) -> Magi1Request:
+        """The request of flat keyword options (``seed=..., num_steps=..., window_chunks=...``: the names of
+        :data:`OPTION_GROUPS`), each put into its group; the chunk is MAGI-1's 6 latent frames unless given."""
+        groups = grouped(OPTION_GROUPS, options, "MAGI-1", defaults={"seed": 0, "chunk_frames": CHUNK_FRAMES})
+        return cls(model, positive, latent_frames, latent_height, latent_width, **groups)
 
     @property
     def chunks(self) -> int:
-        return self.latent_frames // self.chunk_frames
+        return self.latent_frames // self.chunking.chunk_frames
 
     def settings(self, distill: bool) -> MagiSettings:
         """The reference's runtime settings for this run (``cfg_number`` None: 1 for distilled models, 3 for base)."""
+        o = self.options
         return MagiSettings(
-            num_steps=self.num_steps,
-            window_size=self.window_size,
-            chunk_width=self.chunk_frames,
-            noise2clean_kvrange=tuple(self.kv_ranges),
-            cfg_number=self.cfg_number or (1 if distill else 3),
+            num_steps=o.num_steps,
+            window_size=o.window_size,
+            chunk_width=self.chunking.chunk_frames,
+            noise2clean_kvrange=tuple(o.kv_ranges),
+            cfg_number=o.cfg_number or (1 if distill else 3),
             distill=distill,
         )
 
@@ -149,15 +177,20 @@ class Magi1Recipe:
         self.settings = request.settings(self.adapter.config.distill)
         self.schedule = PromptSchedule.from_conditioning(request.positive, "positive")
         self.reached = finished_reached(self.settings, request.chunks)
-        if request.window_chunks:
-            self.window = request.window_chunks
-        else:  # auto: what the key ranges reach (at least one chunk); every chunk when they are unbounded
-            self.window = auto_window(self.settings, request.chunks)
+        o = request.options
+        # the family's planner rule: a window of 0 keeps what the key ranges reach (at least one chunk; every chunk
+        # when they are unbounded)
+        self.chunking, _ = Magi1Family.plan_chunks(
+            request.chunking,
+            request.latent_frames,
+            {"window_size": o.window_size, "kv_ranges": o.kv_ranges, "steps": o.num_steps},
+        )
+        self.window = self.chunking.window_chunks
         self.warnings: list[str] = []
         if self.window and self.window < self.reached:
             self.warnings.append(
                 f"window_chunks {self.window} keeps fewer finished chunks than the key ranges reach ({self.reached} at "
-                f"window_size {request.window_size}, kv_ranges {list(request.kv_ranges) or 'all'}): queries read only "
+                f"window_size {o.window_size}, kv_ranges {list(o.kv_ranges) or 'all'}): queries read only "
                 "the newest ones (and the sink), not what the reference reads"
             )
         self.prompts_report = [{"start_chunk": p.start_chunk, "label": p.label} for p in self.schedule.prompts]
@@ -182,16 +215,33 @@ class Magi1Recipe:
             raise UnsupportedModelError(
                 f"MAGI-1 AR Sampler supports {Magi1Family.supported}. This MODEL {found.problem}."
             )
-        if request.resume is not None or request.keep_state:
+        co = request.continuation
+        if co.resume is not None or co.keep_state:
             raise ValueError(
                 "MAGI-1 AR Sampler does not save or continue a run: its chunks are denoised several at a time, so a run "
                 "cut in two would not denoise the chunks around the cut as one run does. Make the whole video in one run "
                 "(leave the kv_cache input and output unconnected)"
             )
-        if request.prefix is not None:
+        if co.prefix is not None:
             raise ValueError(
                 "MAGI-1 AR Sampler is text-to-video: extending a clip (a prefix video) is not supported; leave prefix "
                 "unconnected"
+            )
+        sa = request.sampling
+        clash = [
+            what
+            for what, bad in (
+                ("a SAMPLER", sa.sampler is not None),
+                ("SIGMAS", sa.sigmas is not None or sa.first_chunk_sigmas is not None),
+                (f"cfg={sa.cfg}", not math.isclose(float(sa.cfg), 1.0)),
+                (f"first_chunk_frames={request.chunking.first_chunk_frames}", request.chunking.first_chunk_frames != 0),
+            )
+            if bad
+        ]
+        if clash:
+            raise ValueError(
+                f"{', '.join(clash)}: MAGI-1 AR Sampler runs the reference's own schedule (sd3, num_steps per chunk, "
+                "equal chunks) and its passes per step are cfg_number (1 or 3): leave these unset"
             )
         options = request.model.model_options
         if get_diagnostics(options) is not None:
@@ -230,7 +280,7 @@ class Magi1Recipe:
         """One caption per chunk: its prompt's valid T5 tokens with the special tokens in front (as the reference
         pads them), checked against the model."""
         special = {k: v.float() for k, v in (dm.special_tokens or {}).items()}
-        tokens = DEFAULT_TOKENS if self.r.special_tokens else ()
+        tokens = DEFAULT_TOKENS if self.r.options.special_tokens else ()
         width = dm.config.caption_channels
         out, last = [], None
         chunks = self.r.chunks
@@ -255,24 +305,16 @@ class Magi1Recipe:
         return out
 
     def planned(self, dtype: torch.dtype) -> int:
-        r, a = self.r, self.adapter
+        r, ch = self.r, self.chunking
         plan = plan_cache(
             latent_frames=r.latent_frames,
             latent_height=r.latent_height,
             latent_width=r.latent_width,
-            chunk_frames=r.chunk_frames,
-            window_chunks=self.window,
-            layers=a.num_layers,
-            heads=a.heads,
-            kv_heads=a.kv_heads,
-            head_dim=a.head_dim,
-            spec_k=self.config.spec_k,
-            spec_v=self.config.spec_v,
-            geometry=a.geometry,
-            cfg_branches=1,
-            full_bytes=torch.finfo(dtype).bits // 8,
-            sink_chunks=r.sink_chunks,
-            tiers=self.config.tiers,
+            chunk_frames=ch.chunk_frames,
+            window_chunks=ch.window_chunks,
+            sink_chunks=ch.sink_chunks,
+            shape=self.adapter.cache_shape().for_run(cfg_branches=1, batch=1, full_bytes=torch.finfo(dtype).bits // 8),
+            precision=self.config.precision,
         )
         return plan.quantized_bytes or 0
 
@@ -281,26 +323,26 @@ class Magi1Recipe:
 
         r, adapter = self.r, self.adapter
         run = self.run_caches = RunCaches(
-            self.config, self.window, adapter.num_layers, observer=r.observer, sink_chunks=r.sink_chunks
+            self.config, self.window, adapter.num_layers, observer=r.hooks.observer, sink_chunks=r.chunking.sink_chunks
         )
         dtype = adapter.dm.compute_dtype
         planned = self.planned(dtype)
         steps = P.steps_of(self.settings.num_steps, self.settings.window_size, r.chunks)
         session = self.session = Session(
-            r.model, adapter, run, self.config, planned_bytes=planned, steps=len(steps), progress=r.progress,
-            preview=r.preview,
+            r.model, adapter, run, self.config, planned_bytes=planned, steps=len(steps), progress=r.hooks.progress,
+            preview=r.hooks.preview,
         )  # fmt: skip
         work = session.work
         with session.patched():
             dm = work.model.diffusion_model
             attention = adapter.attention
-            attention.chunk_frames, attention.armed = r.chunk_frames, True
+            attention.chunk_frames, attention.armed = r.chunking.chunk_frames, True
             device = work.load_device
             self.prefill()
             captions = [c.to(device) for c in self.captions(dm)]
             shape = (1, adapter.latent_channels, r.latent_frames, r.latent_height, r.latent_width)
             # the reference's noise (torch.randn after manual_seed(seed)), as ComfyUI's prepare_noise draws it
-            noise = torch.randn(shape, generator=torch.Generator().manual_seed(r.seed)).to(device)
+            noise = torch.randn(shape, generator=torch.Generator().manual_seed(r.sampling.seed)).to(device)
             entered, x = 0, noise
             self._t0 = time.perf_counter()
             events = iter_sample(dm, noise, captions, self.settings, attention=attention)
@@ -319,15 +361,15 @@ class Magi1Recipe:
                     self.seconds.append(now - self._t0)
                     self._t0 = now
                 session.progress(i + 1, None if event.finished is None else self._preview(event, work))
-                if r.step_callback is not None:
-                    r.step_callback(i, len(steps))
+                if r.hooks.step_callback is not None:
+                    r.hooks.step_callback(i, len(steps))
             attention.armed = False
         samples = work.model.process_latent_out(x.float()).to(mm.intermediate_device())
         return Magi1Result(samples, self.report(dtype), self.seconds, run.bytes_after_write)
 
     def _preview(self, event, work):
         """The chunk ``event`` finished, in the VAE's latent units, for the preview (decoded only when it is shown)."""
-        cw, c = self.r.chunk_frames, event.finished
+        cw, c = self.r.chunking.chunk_frames, event.finished
         return lambda: work.model.process_latent_out(event.latent[:, :, c * cw : (c + 1) * cw].float())
 
     def report(self, dtype: torch.dtype) -> dict:
@@ -335,15 +377,15 @@ class Magi1Recipe:
         rep = self.session.report(
             a.cache_shape(),
             chunks=r.chunks,
-            chunk_frames=r.chunk_frames,
+            chunk_frames=r.chunking.chunk_frames,
             window_chunks=self.window,
-            sink_chunks=r.sink_chunks,
+            sink_chunks=r.chunking.sink_chunks,
             seconds=self.seconds,
             tokens_per_frame=a.geometry.tokens_per_frame(r.latent_height, r.latent_width),
             model_dtype=dtype,
             prompts=self.prompts_report,
         )
-        chunk_tokens = r.chunk_frames * a.geometry.tokens_per_frame(r.latent_height, r.latent_width)
+        chunk_tokens = r.chunking.chunk_frames * a.geometry.tokens_per_frame(r.latent_height, r.latent_width)
         rep.update(
             {
                 "family": a.name,

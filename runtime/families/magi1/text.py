@@ -8,18 +8,18 @@ the same computation as the reference's masked run: every token and its EOS, no 
 (``sd3`` to 77 without a mask, ``ltxv`` 128, ``mochi`` 256) are refused here, ``wan``'s UMT5 is another model.
 
 What does not match: the reference cleans the prompt (``clean_caption``, twice) and this applies only its
-lower-casing and whitespace rules (:func:`magi1.caption.clean_text`); the weights are whatever file the CLIP
+lower-casing and whitespace rules (:func:`runtime.families.magi1.model.caption.clean_text`); the weights are whatever file the CLIP
 loads (the reference's ``ckpt/t5`` is DeepFloyd's t5-v1_1-xxl; ComfyUI's ``t5xxl_fp16.safetensors`` is the
 same model by name, unverified here bit for bit) and in its dtype (fp16 / fp8 instead of the reference's
 float32). Prompts over 800 tokens are cut to 799 + EOS before encoding, as the reference's tokenizer cuts them.
-The special tokens (HQ, DURATION) are added per chunk by the sampler (``magi1.caption.chunk_captions``).
+The special tokens (HQ, DURATION) are added per chunk by the sampler (``runtime.families.magi1.model.caption.chunk_captions``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ....magi1.caption import MAX_TOKENS, clean_text
+from .model.caption import MAX_TOKENS, clean_text
 
 T5_KEY = "t5xxl"
 EOS, PAD = 1, 0

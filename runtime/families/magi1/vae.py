@@ -1,4 +1,4 @@
-"""The MAGI-1 VAE in ComfyUI: the pack's pure-torch decoder (``magi1.vae``) under a ModelPatcher, so ComfyUI's
+"""The MAGI-1 VAE in ComfyUI: the pack's pure-torch decoder (``runtime.families.magi1.model.vae``) under a ModelPatcher, so ComfyUI's
 memory management moves it to the GPU (and others off it) for a decode."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ....magi1 import checkpoint as ck
-from ....magi1.vae import MagiVAE, to_image
+from .model import checkpoint as ck
+from .model.vae import MagiVAE, to_image
 
 logger = logging.getLogger("jensen_kv")
 

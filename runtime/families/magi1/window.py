@@ -1,14 +1,15 @@
 """The MAGI-1 AR Sampler's schedule rules that decide what its cache holds, shared by the recipe (which runs them)
-and the family (which tells the planner): the window sizes and steps it takes, its key ranges, and how many
+and the family (its planner rule, :func:`plan_chunks`, which the web planner and the recipe both ask): the window sizes and steps it takes, its key ranges, and how many
 finished chunks a query reads."""
 
 from __future__ import annotations
 
 import math
 
-from ....magi1 import pipeline as P
-from ....magi1.sampler import MagiSettings
+from ...options import Chunking
 from ..base import PlannerFieldError
+from .model import pipeline as P
+from .model.sampler import MagiSettings
 
 #: the sampler's defaults: 16 steps (the 24B distill config and the paper; the 4.5B configs ship 64), window 4
 DEFAULT_STEPS = 16
@@ -69,10 +70,39 @@ def auto_window(settings: MagiSettings, chunks: int) -> int:
     return max(1, finished_reached(settings, chunks)) if settings.noise2clean_kvrange else 0
 
 
-def planner_window(fields, latent_frames: int, chunk_frames: int) -> tuple[int, str]:
-    """What the MAGI-1 AR Sampler's window 0 keeps, for the planner (``Magi1Family.planner_window``): the finished
-    chunks its key ranges reach at ``window_size`` / ``kv_ranges`` / ``steps`` (query strings, the node's defaults
-    when absent), checked as the sampler checks them; and a line that says so."""
+def _kv_ranges(raw) -> tuple[tuple[int, ...], str]:
+    """The key ranges of a sampler input (a tuple as the request holds it, or the node's text; absent: the
+    reference's) and their text, checked as the sampler checks them."""
+    if isinstance(raw, (tuple, list)):
+        return tuple(raw), ",".join(map(str, raw)) or "all"
+    text = str(raw or "").strip() or ",".join(map(str, P.NOISE2CLEAN_KVRANGE))
+    try:
+        return parse_kv_ranges(text), text
+    except ValueError as exc:
+        raise PlannerFieldError("kv_ranges", text, "is not a list of key ranges", str(exc)) from None
+
+
+def plan_chunks(asked: Chunking, latent_frames: int, fields=None, preset=None) -> tuple[Chunking, tuple[str, ...]]:
+    """The MAGI-1 AR Sampler's planner rule (``Magi1Family.plan_chunks``): its chunk (``preset.chunk_frames``, 6
+    latent frames, where a preset is planned; a run's request carries its own), and what its window 0 keeps: the
+    finished chunks its key ranges reach at ``window_size`` / ``kv_ranges`` / ``steps`` (``fields``: the node's
+    values or query strings, the node's defaults when absent), checked as the sampler checks them; a note for each."""
+    fields, notes = fields or {}, []
+    chunk, window = asked.chunk_frames, asked.window_chunks
+    if preset is not None and preset.chunk_frames and chunk != preset.chunk_frames:
+        notes.append(
+            f"MAGI-1 AR Sampler makes chunks of {preset.chunk_frames} latent frames: planned with chunk "
+            f"{preset.chunk_frames} (the chunk given, {chunk}, does not apply)"
+        )
+        chunk = preset.chunk_frames
+    if window == 0:
+        window, why = _auto_window(fields, latent_frames, chunk)
+        notes.append(why)
+    return Chunking(chunk, window, asked.sink_chunks), tuple(notes)
+
+
+def _auto_window(fields, latent_frames: int, chunk_frames: int) -> tuple[int, str]:
+    """What the MAGI-1 AR Sampler's window 0 keeps, and a line that says so."""
 
     def whole(name: str, default: int) -> int:
         raw = str(fields.get(name) or "").strip() or str(default)
@@ -82,11 +112,7 @@ def planner_window(fields, latent_frames: int, chunk_frames: int) -> tuple[int, 
             raise PlannerFieldError(name, raw, "is not a whole number", "give e.g. " + f"{name}={default}") from None
 
     window_size, steps = whole("window_size", 4), whole("steps", DEFAULT_STEPS)
-    text = str(fields.get("kv_ranges") or "").strip() or ",".join(map(str, P.NOISE2CLEAN_KVRANGE))
-    try:
-        ranges = parse_kv_ranges(text)
-    except ValueError as exc:
-        raise PlannerFieldError("kv_ranges", text, "is not a list of key ranges", str(exc)) from None
+    ranges, text = _kv_ranges(fields.get("kv_ranges"))
     try:
         check_schedule(steps, window_size, ranges)
     except ValueError as exc:  # window_size out of range, or steps that do not divide by it or by the stages

@@ -31,12 +31,13 @@ import torch
 from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
-from ....worldplay.attention import STREAMS, TextPrefix
-from ....worldplay.context import MEMORY_FRAMES
-from ....worldplay.trajectory import CHUNK_LATENTS
+from ...options import Chunking
 from ...saved_run import weights_digest
-from ..base import AttentionShape, ModelFamily, ModelPreset, Probe
-from .model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
+from ..base import AttentionShape, ModelFamily, ModelPreset, Probe, register
+from .comfy_model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
+from .model.attention import STREAMS, TextPrefix
+from .model.context import MEMORY_FRAMES
+from .model.trajectory import CHUNK_LATENTS
 
 #: the object patch of the route
 FORWARD_KEY = "diffusion_model._forward"
@@ -48,6 +49,8 @@ SUPPORTED = (
 )
 #: HunyuanVideo 1.5's latent layout: 32 channels, 16 x 16 pixels and 4 frames per latent frame, 1 x 1 x 1 patches
 GEOMETRY = LatentGeometry(patch=(1, 1, 1), latent_channels=32, vae_time_stride=4, vae_space_stride=16)
+#: the context holds at most this many chunks (20 frames in chunks of 4)
+CONTEXT_CHUNKS = MEMORY_FRAMES // CHUNK_LATENTS
 #: what the route reads from every double block
 BLOCK_PARTS = ("img_attn", "img_attn_prope_proj", "forward_vision", "forward_text")
 
@@ -71,7 +74,7 @@ class WorldPlayFamily(ModelFamily):
     supported = SUPPORTED
     geometry = GEOMETRY
     latent_channels = GEOMETRY.latent_channels
-    #: the released model (worldplay.keys.RELEASED): 54 double blocks x 2 streams, 16 heads x 128; the reference's
+    #: the released model (runtime.families.worldplay.model.keys.RELEASED): 54 double blocks x 2 streams, 16 heads x 128; the reference's
     #: chunks of 4 latent frames and its context of up to 20 re-encoded frames
     presets = {
         "hy-worldplay": ModelPreset(
@@ -86,7 +89,23 @@ class WorldPlayFamily(ModelFamily):
     }
     #: the pack's node that samples this family (its recipe owns the loop)
     sampler_node = SAMPLER_NODE
+    sampler_node_id = "JensenKVWorldPlayARSampler"
+    planner_fixed = {"cfg_branches": 1}  # cfg 1: one cached branch (the video's size is on its latent)
+    order = 10
     saves_runs = False  # the cache is rebuilt from the chosen context frames before every chunk
+
+    @classmethod
+    def plan_chunks(cls, asked, latent_frames, fields=None, preset=None):
+        """The cache is rebuilt before every chunk from up to 20 context frames in chunks of 4: chunk 4, window 5,
+        sink 0, whatever was asked (a note says so where the ask differs)."""
+        rule = Chunking(CHUNK_LATENTS, CONTEXT_CHUNKS, 0)
+        if (asked.chunk_frames, asked.window_chunks, asked.sink_chunks) == (rule.chunk_frames, rule.window_chunks, 0):
+            return rule, ()
+        return rule, (
+            f"{cls.name} rebuilds its cache before every chunk from up to {MEMORY_FRAMES} latent frames in chunks of "
+            f"{CHUNK_LATENTS}: planned with chunk {CHUNK_LATENTS}, window {CONTEXT_CHUNKS}, sink 0 (the chunk, window "
+            "and sink given do not apply)",
+        )
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:
@@ -227,7 +246,7 @@ class WorldPlayRoute:
         self.positions = None
 
     def attention(self, layer: int, stream: str, q: Tensor, k: Tensor, v: Tensor, text_k: Tensor, text_v: Tensor):
-        """The one attention both vision streams of every block go through (``worldplay.attention.VisionAttention``)."""
+        """The one attention both vision streams of every block go through (``runtime.families.worldplay.model.attention.VisionAttention``)."""
         return self.run.attend(stream_layer(layer, stream), q, k, v, self._options, context=(text_k, text_v))
 
     def prefix(self, dm, opts: dict, context, attention_mask, txt_byt5, clip_fea) -> TextPrefix:
@@ -315,3 +334,6 @@ __all__ = [
     "WorldPlayRoute",
     "stream_layer",
 ]
+
+
+register(WorldPlayFamily)

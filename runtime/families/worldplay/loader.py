@@ -3,7 +3,7 @@
 ``UNETLoader`` cannot load it: it detects the file as plain HunyuanVideo 1.5, whose separate
 ``img_attn_q`` / ``_k`` / ``_v`` it does not fuse and whose ``action_in.*`` and
 ``double_blocks.N.img_attn_prope_proj.*`` it has no place for. Here the file's keys are checked
-against the list the architecture has (``worldplay.keys``: a missing or unexpected key is an error
+against the list the architecture has (``runtime.families.worldplay.model.keys``: a missing or unexpected key is an error
 that names it), renamed to core's module names, and loaded strictly: every parameter of the model
 comes from the file.
 
@@ -20,8 +20,8 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from ....worldplay import keys as wp_keys
-from .model import classes
+from .comfy_model import classes
+from .model import keys as wp_keys
 
 logger = logging.getLogger("jensen_kv")
 

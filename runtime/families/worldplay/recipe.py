@@ -11,7 +11,7 @@ happens here (:class:`WorldPlayRecipe`, hook-shaped methods):
   tokens in full precision, never stored in the chunk cache and never corrected** (its K/V are the prompt's, the
   same at every chunk; quantizing them is measured in ``benchmarks/worldplay_memory.py`` and docs/worldplay.md);
 - :meth:`before_chunk` (the reference's "reconstituted context memory", every chunk but the first): the cache is
-  emptied and rebuilt from up to 20 context frames (``worldplay.context.plan_chunk``: chunk 0, the older chunk
+  emptied and rebuilt from up to 20 context frames (``runtime.families.worldplay.model.context.plan_chunk``: chunk 0, the older chunk
   whose views overlap the new chunk's most, the last 3 chunks), re-encoded in **one bidirectional forward** at
   ``t = 14`` with their RoPE time positions renumbered ``0 .. N - 1``; here that forward writes each context
   chunk (4 frames) as its own cache entry of every (block, stream) layer, quantized as the MODEL's Quantize KV
@@ -26,7 +26,7 @@ happens here (:class:`WorldPlayRecipe`, hook-shaped methods):
 :meth:`WorldPlayRecipe.check` refuses what the recipe cannot do, by name: a window or sink (the context is rebuilt
 before every chunk), cfg other than 1, saving or continuing a KV cache, a prompt schedule, KV Cache Diagnostics.
 Without the pack's patch nodes on the MODEL the cache is full precision: the A/B baseline, equal to the model's own
-forward with the reference's full-precision memory (``worldplay.attention.ContextKV``).
+forward with the reference's full-precision memory (``runtime.families.worldplay.model.attention.ContextKV``).
 """
 
 from __future__ import annotations
@@ -34,17 +34,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ....jensen_core.planner import plan_cache
-from ....worldplay.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, plan_chunk, sphere_points
-from ....worldplay.trajectory import CHUNK_LATENTS, Trajectory
 from ...config import JensenKVConfig, get_config, get_window
 from ...noise import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
+from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped
 from ...report import MIB
 from ...report import report_text as _base_report_text
 from ...run_caches import RunCaches
@@ -52,44 +50,56 @@ from ...saved_run import RetainedChunk
 from ...session import Session, interrupted
 from ...shift_observer import get_request as get_diagnostics_request
 from ..base import UnsupportedModelError, attention_override_notice
-from .family import SAMPLER_NODE, SUPPORTED, WorldPlayFamily
-from .model import FRAMES_COND, TRAJECTORY_COND
+from .comfy_model import FRAMES_COND, TRAJECTORY_COND
+from .family import CONTEXT_CHUNKS, SAMPLER_NODE, SUPPORTED, WorldPlayFamily
+from .model.context import CONTEXT_TIMESTEP, MEMORY_FRAMES, ContextPlan, plan_chunk, sphere_points
+from .model.trajectory import CHUNK_LATENTS, Trajectory
 
 logger = logging.getLogger("jensen_kv")
 
-#: the context holds at most this many chunks (20 frames in chunks of 4)
-CONTEXT_CHUNKS = MEMORY_FRAMES // CHUNK_LATENTS
+
+@dataclass(frozen=True, eq=False)
+class WorldPlayOptions:
+    """What HY-WorldPlay's recipe reads besides the shared options: the camera path (``trajectory``, from HY-WorldPlay
+    Trajectory) and ``noise``, the whole video's initial noise (None: each chunk draws its own from the seed and its
+    index, as the Chunked AR sampler does)."""
+
+    trajectory: Trajectory
+    noise: torch.Tensor | None = None
+
+
+#: the flat options of :meth:`WorldPlayRequest.from_options`, by group (the shared four and HY-WorldPlay's own)
+OPTION_GROUPS: OptionGroups = {**SHARED_GROUPS, "options": (WorldPlayOptions, ("trajectory", "noise"))}
 
 
 @dataclass(frozen=True, eq=False)
 class WorldPlayRequest:
     """One HY-WorldPlay run: the MODEL, its prompt (one CONDITIONING entry, with the image condition of
-    HunyuanVideo15ImageToVideo), the LATENT to fill, the camera path, seed, SAMPLER and SIGMAS.
-
-    ``noise``: the whole video's initial noise (None: each chunk draws its own from the seed and its index, as the
-    Chunked AR sampler does). ``observer`` sees every attention call (``runtime.observer``);
-    ``step_callback(chunk, step, steps)`` runs after every denoising step; ``progress`` / ``preview`` drive
-    ComfyUI's progress bar and latent previews. ``cfg``, ``window_chunks``, ``sink_chunks``, ``keep_state`` and
-    ``resume`` are here so that a caller that passes them (the Chunked AR sampler's vocabulary) is refused by
-    :meth:`WorldPlayRecipe.check` with the reason, not ignored."""
+    HunyuanVideo15ImageToVideo), the LATENT to fill, and the option groups: ``sampling`` (seed, cfg, SAMPLER and
+    SIGMAS), ``chunking`` (the chunk of 4 latent frames; no window or sink), ``continuation`` (nothing to continue or
+    hand on), ``hooks`` (``observer`` sees every attention call, ``step_callback(chunk, step, steps)`` runs after every
+    denoising step, ``progress`` / ``preview`` drive ComfyUI's progress bar and latent previews) and HY-WorldPlay's
+    own :class:`WorldPlayOptions` (the camera path, the noise). What the recipe cannot do with the shared values is
+    refused by :meth:`WorldPlayRecipe.check` with the reason; :meth:`from_options` takes the node's inputs and flat
+    names."""
 
     model: Any
     positive: Any
     latent: dict
-    trajectory: Trajectory
-    seed: int
-    sampler: Any
-    sigmas: torch.Tensor
-    cfg: float = 1.0
-    window_chunks: int = 0
-    sink_chunks: int = 0
-    keep_state: bool = False
-    resume: Any = None
-    noise: torch.Tensor | None = None
-    observer: Any = None
-    step_callback: Callable[[int, int, int], None] | None = None
-    progress: bool = True
-    preview: bool = True
+    sampling: Sampling
+    options: WorldPlayOptions
+    chunking: Chunking = field(default_factory=lambda: Chunking(CHUNK_LATENTS))
+    continuation: Continuation = field(default_factory=Continuation)
+    hooks: Hooks = field(default_factory=Hooks)
+
+    @classmethod
+    def from_options(cls, model, positive, latent, trajectory, seed, sampler, sigmas, **options) -> WorldPlayRequest:
+        """The request of HY-WorldPlay AR Sampler's inputs and flat keyword options (``cfg=..., noise=...,
+        progress=...``: the names of :data:`OPTION_GROUPS`), each put into its group."""
+        given = dict(trajectory=trajectory, seed=seed, sampler=sampler, sigmas=sigmas, **options)
+        return cls(
+            model, positive, latent, **grouped(OPTION_GROUPS, given, "HY-WorldPlay", {"chunk_frames": CHUNK_LATENTS})
+        )
 
     @property
     def samples(self) -> torch.Tensor:
@@ -149,12 +159,13 @@ class WorldPlayRecipe:
             raise ValueError("latent must be a LATENT (a dict with 'samples'), e.g. from HunyuanVideo15ImageToVideo")
         if latent.get("noise_mask") is not None:
             raise ValueError(f"the latent carries a noise_mask (inpainting); {SAMPLER_NODE} does not support masks")
-        if not isinstance(r.trajectory, Trajectory):
+        path = r.options.trajectory
+        if not isinstance(path, Trajectory):
             raise ValueError(
-                f"trajectory must come from HY-WorldPlay Trajectory, got {type(r.trajectory).__name__}: connect that "
-                "node's trajectory output"
+                f"trajectory must come from HY-WorldPlay Trajectory, got {type(path).__name__}: connect that node's "
+                "trajectory output"
             )
-        sigmas = r.sigmas
+        sigmas = r.sampling.sigmas
         if not isinstance(sigmas, torch.Tensor) or sigmas.ndim != 1 or sigmas.numel() < 2:
             raise ValueError(
                 "SIGMAS must be a 1-D schedule with at least 2 values (one step), e.g. AR Video Schedule "
@@ -169,18 +180,25 @@ class WorldPlayRecipe:
                 f"a multiple of {CHUNK_LATENTS} (125 video frames = 32 latents): give HunyuanVideo15ImageToVideo the "
                 "trajectory's length output"
             )
-        if frames > r.trajectory.latents:
+        if frames > path.latents:
             raise ValueError(
-                f"the latent has {frames} latent frames but the trajectory only {r.trajectory.latents} poses: give "
-                f"HunyuanVideo15ImageToVideo the trajectory's length ({r.trajectory.frames}) or a longer path"
+                f"the latent has {frames} latent frames but the trajectory only {path.latents} poses: give "
+                f"HunyuanVideo15ImageToVideo the trajectory's length ({path.frames}) or a longer path"
             )
-        if r.noise is not None and tuple(r.noise.shape) != tuple(r.samples.shape):
-            raise ValueError(f"noise {tuple(r.noise.shape)} must have the latent's shape {tuple(r.samples.shape)}")
+        if r.options.noise is not None and tuple(r.options.noise.shape) != tuple(r.samples.shape):
+            raise ValueError(
+                f"noise {tuple(r.options.noise.shape)} must have the latent's shape {tuple(r.samples.shape)}"
+            )
+        WorldPlayRecipe._check_settings(r)
+
+    @staticmethod
+    def _check_settings(r: WorldPlayRequest) -> None:
+        """The settings the reference's loop fixes (window, sink, cfg, chunk, prefix, saved caches, one prompt)."""
         clash = [
             what
             for what, bad in (
-                (f"window_chunks={r.window_chunks}", r.window_chunks != 0),
-                (f"sink_chunks={r.sink_chunks}", r.sink_chunks != 0),
+                (f"window_chunks={r.chunking.window_chunks}", r.chunking.window_chunks != 0),
+                (f"sink_chunks={r.chunking.sink_chunks}", r.chunking.sink_chunks != 0),
             )
             if bad
         ]
@@ -190,12 +208,24 @@ class WorldPlayRecipe:
                 "context frames it chooses by view overlap (chunk 0, the best-overlapping older chunk, the last 3), so "
                 "a window or an attention sink does not apply: set both to 0"
             )
-        if not math.isclose(float(r.cfg), 1.0):
+        if not math.isclose(float(r.sampling.cfg), 1.0):
             raise ValueError(
-                f"cfg={r.cfg}: HY-WorldPlay's AR distilled model samples at cfg 1 (the reference's few-step run), and "
+                f"cfg={r.sampling.cfg}: HY-WorldPlay's AR distilled model samples at cfg 1 (the reference's few-step "
+                "run), and "
                 f"{SAMPLER_NODE} keeps one cache branch; use cfg 1"
             )
-        if r.keep_state or r.resume is not None:
+        if r.chunking.chunk_frames != CHUNK_LATENTS or r.chunking.first_chunk_frames:
+            raise ValueError(
+                f"chunk_frames={r.chunking.chunk_frames}, first_chunk_frames={r.chunking.first_chunk_frames}: "
+                f"HY-WorldPlay generates every chunk as {CHUNK_LATENTS} latent frames (the reference's "
+                "chunk_latent_frames): leave both unset"
+            )
+        if r.continuation.prefix is not None:
+            raise ValueError(
+                f"a prefix clip: {SAMPLER_NODE} starts from the image of its conditioning "
+                "(HunyuanVideo15ImageToVideo), not from a clip to extend; leave prefix unconnected"
+            )
+        if r.continuation.keep_state or r.continuation.resume is not None:
             raise ValueError(
                 "saving or continuing a KV cache: HY-WorldPlay re-encodes its context from the video's latents before "
                 "every chunk, so there is no cache to hand on; leave the kv_cache input and output unconnected"
@@ -236,15 +266,15 @@ class WorldPlayRecipe:
         b, _, frames, h, w = self.latent_image.shape
         self.frames = frames
         self.chunks = frames // CHUNK_LATENTS
-        self.w2c = r.trajectory.w2c[:frames]
-        self.points = sphere_points(seed=int(r.seed))
-        self.steps = r.sigmas.numel() - 1
+        self.w2c = r.options.trajectory.w2c[:frames]
+        self.points = sphere_points(seed=int(r.sampling.seed))
+        self.steps = r.sampling.sigmas.numel() - 1
         self.tokens_per_frame = self.adapter.tokens_per_frame(tuple(self.latent_image.shape))
         self.run = RunCaches(
             self.config,
             CONTEXT_CHUNKS,
             self.adapter.num_layers,
-            observer=r.observer,
+            observer=r.hooks.observer,
             tokens_per_frame=self.tokens_per_frame,
         )
         self.reencode_sampler = comfy.samplers.KSAMPLER(_reencode)
@@ -253,7 +283,7 @@ class WorldPlayRecipe:
         self.planned_bytes = self._planned_bytes()
         self.session = Session(
             model, self.adapter, self.run, self.config, planned_bytes=self.planned_bytes,
-            steps=self.chunks * self.steps, progress=r.progress, preview=r.preview,
+            steps=self.chunks * self.steps, progress=r.hooks.progress, preview=r.hooks.preview,
         )  # fmt: skip
         self.work = self.session.work
         self.out = self.latent_image.clone()
@@ -264,31 +294,28 @@ class WorldPlayRecipe:
         self.text_tokens = 0
 
     def _planned_bytes(self) -> int:
-        """The planner's peak for this run: up to 5 context chunks of 4 frames, every (block, stream) layer."""
+        """The planner's peak for this run, under the family's planner rule: up to 5 context chunks of 4 frames, every
+        (block, stream) layer."""
         li = self.latent_image
+        chunking, _ = self.adapter.plan_chunks(Chunking(CHUNK_LATENTS), self.frames)
         plan = plan_cache(
             latent_frames=self.frames,
             latent_height=li.shape[3],
             latent_width=li.shape[4],
-            chunk_frames=CHUNK_LATENTS,
-            window_chunks=CONTEXT_CHUNKS,
-            layers=self.adapter.num_layers,
-            heads=self.adapter.heads,
-            kv_heads=self.adapter.kv_heads,
-            head_dim=self.adapter.head_dim,
-            spec_k=self.config.spec_k,
-            spec_v=self.config.spec_v,
-            batch=li.shape[0],
-            full_bytes=torch.finfo(self.r.model.model_dtype()).bits // 8,
-            geometry=self.adapter.geometry,
-            tiers=self.config.tiers,
+            chunk_frames=chunking.chunk_frames,
+            window_chunks=chunking.window_chunks,
+            sink_chunks=chunking.sink_chunks,
+            shape=self.adapter.cache_shape().for_run(
+                cfg_branches=1, batch=li.shape[0], full_bytes=torch.finfo(self.r.model.model_dtype()).bits // 8
+            ),
+            precision=self.config.precision,
         )
         return plan.quantized_bytes or 0
 
     def _conditioning(self, frames) -> list:
         """The prompt with the camera path and the call's absolute latent frames (its image condition's frames)."""
         (entry,) = self.r.positive
-        extra = {TRAJECTORY_COND: self.r.trajectory, FRAMES_COND: tuple(int(f) for f in frames)}
+        extra = {TRAJECTORY_COND: self.r.options.trajectory, FRAMES_COND: tuple(int(f) for f in frames)}
         return [[entry[0], {**entry[1], **extra}]]
 
     # ------------------------------------------------------------------ hooks
@@ -338,7 +365,7 @@ class WorldPlayRecipe:
                 cond,
                 clean,
                 disable_pbar=True,
-                seed=chunk_seed(self.r.seed, c, SAMPLER_STREAM),
+                seed=chunk_seed(self.r.sampling.seed, c, SAMPLER_STREAM),
             )
 
         # each context chunk its own entry, at its place in the context (RoPE positions 0 .. N - 1)
@@ -359,24 +386,24 @@ class WorldPlayRecipe:
         f0, f1 = plan.chunk_frames[0], plan.chunk_frames[-1] + 1
         self.run.denoise(c, plan.chunk_positions[0])
         self.adapter.route.set_call(plan.chunk_positions)
-        if r.noise is not None:
-            noise = r.noise[:, :, f0:f1].to(self.out.dtype)
+        if r.options.noise is not None:
+            noise = r.options.noise[:, :, f0:f1].to(self.out.dtype)
         else:
             noise = comfy.sample.prepare_noise(
-                self.latent_image[:, :, f0:f1], chunk_seed(r.seed, c, NOISE_STREAM), self.batch_inds
+                self.latent_image[:, :, f0:f1], chunk_seed(r.sampling.seed, c, NOISE_STREAM), self.batch_inds
             )
         out = comfy.sample.sample_custom(
             self.work,
             noise,
             1.0,
-            r.sampler,
-            r.sigmas,
+            r.sampling.sampler,
+            r.sampling.sigmas,
             self._conditioning(plan.chunk_frames),
             self._conditioning(plan.chunk_frames),
             self.latent_image[:, :, f0:f1],
-            callback=self.session.sampler_callback(c, c * self.steps, self.steps, r.step_callback),
+            callback=self.session.sampler_callback(c, c * self.steps, self.steps, r.hooks.step_callback),
             disable_pbar=True,
-            seed=chunk_seed(r.seed, c, SAMPLER_STREAM),
+            seed=chunk_seed(r.sampling.seed, c, SAMPLER_STREAM),
         )
         self.out[:, :, f0:f1] = out.to(self.out.dtype)
         self.write(c)
@@ -421,7 +448,7 @@ class WorldPlayRecipe:
             context_frames=[list(p.context_frames) for p in self.plans],
             context_frames_max=MEMORY_FRAMES,
             context_timestep=CONTEXT_TIMESTEP,
-            context_seed=int(self.r.seed),
+            context_seed=int(self.r.sampling.seed),
             text_prefix="full precision, attended as context tokens, never stored in the chunk cache",
             text_prefix_tokens=int(self.text_tokens),
             text_prefix_bytes=int(self.text_bytes),

@@ -6,14 +6,14 @@ WorldPlay is HunyuanVideo 1.5's 480p I2V transformer (double-stream blocks only)
   embedding of that frame's tokens (core's ``MLPEmbedder`` on the label's sinusoidal embedding,
   as ``time_in`` does for ``t``);
 - ``img_attn_prope_proj`` in every double block: the block's vision q, k, v (after the q/k norm,
-  before RoPE) go through PRoPE (``worldplay.prope``), attend over the same keys as the block's own
+  before RoPE) go through PRoPE (``runtime.families.worldplay.model.prope``), attend over the same keys as the block's own
   stream, come back through ``P`` and this projection, and are added to ``img_attn.proj``'s output.
 
 Its AR forward is not core's joint forward. The text runs alone (at ``t = 0``, text attending text)
 and leaves one K/V prefix per block (:meth:`WorldPlayTransformer.text_prefix`); the vision tokens of
 a call attend ``[text prefix, context, own tokens]`` with per-frame modulation
 (:meth:`WorldPlayTransformer.forward_vision`). Both vision streams of every block go through one
-callable (``worldplay.attention.VisionAttention``), so a cache decides what the context is
+callable (``runtime.families.worldplay.model.attention.VisionAttention``), so a cache decides what the context is
 without this file knowing. Through ComfyUI's model call, ``_forward`` runs the reference's
 training-time form unless a :class:`WorldPlayCall` in ``transformer_options["worldplay"]`` says
 otherwise: a block-causal forward over the call's frames, in chunks of 4.
@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ....worldplay.attention import BlockCausalAttention, TextPrefix, VisionAttention
-from ....worldplay.condition import call_frames, pad_frames, select_frames
-from ....worldplay.prope import PRoPE
-from ....worldplay.trajectory import CHUNK_LATENTS, Trajectory
+from .model.attention import BlockCausalAttention, TextPrefix, VisionAttention
+from .model.condition import call_frames, pad_frames, select_frames
+from .model.prope import PRoPE
+from .model.trajectory import CHUNK_LATENTS, Trajectory
 
 #: ``transformer_options`` key of a :class:`WorldPlayCall`
 CALL_KEY = "worldplay"
@@ -399,7 +399,7 @@ class _ConfigMixin:
         return self.model_class(self, device=device)
 
     def process_unet_state_dict(self, state_dict):
-        return state_dict  # the loader hands over core names already (worldplay.keys.to_core)
+        return state_dict  # the loader hands over core names already (runtime.families.worldplay.model.keys.to_core)
 
 
 @functools.cache

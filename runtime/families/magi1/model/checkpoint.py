@@ -11,7 +11,7 @@ Sand AI publishes (``inference/infra/checkpoint/checkpointing.py``, huggingface 
 
 Only headers are read until the weights are wanted; every refusal names the file and the way on.
 Converted files (``tools/convert_checkpoint.py``) carry the architecture as the metadata entry
-``magi1_config`` (JSON of :class:`magi1.config.MagiConfig`) and the caption's special tokens as
+``magi1_config`` (JSON of :class:`runtime.families.magi1.model.config.MagiConfig`) and the caption's special tokens as
 ``special_tokens.<NAME>`` tensors.
 """
 
@@ -314,7 +314,7 @@ def inspect_dit(path: str | os.PathLike, variant: str = "auto") -> DitCheckpoint
 @dataclass
 class VaeCheckpoint:
     files: Files
-    config: object  # magi1.vae.VAEConfig
+    config: object  # runtime.families.magi1.model.vae.VAEConfig
 
     def decoder_state_dict(self, device="cpu") -> dict[str, torch.Tensor]:
         names = [n for n in self.files.where if n.startswith("decoder.")]

@@ -28,9 +28,9 @@ import logging
 import torch
 from torch import Tensor
 
-from ...jensen_core.geometry import LatentGeometry
-from ..saved_run import weights_digest
-from .base import AttentionShape, ModelFamily, ModelPreset, Probe, UnusedSettingsError
+from ....jensen_core.geometry import LatentGeometry
+from ...saved_run import weights_digest
+from ..base import AttentionShape, ModelFamily, ModelPreset, Probe, UnusedSettingsError, register
 
 logger = logging.getLogger("jensen_kv")
 
@@ -86,6 +86,7 @@ def _probe_attention(dm) -> str | None:
 class WanFamily(ModelFamily):
     name = "Wan 2.1 T2V"
     key = "wan"
+    order = 0
     supported = SUPPORTED
     geometry = GEOMETRY
     presets = {
@@ -410,14 +411,14 @@ COMPOSE_KEY = "jensen_kv_sequence_parallel"
 
 def compose_sequence_parallel(model_patcher, *_load_args) -> None:
     """ON_LOAD (and again in :func:`check_core_ar_patched`): where Raylight's Ulysses injection replaced the pack's
-    self-attention patch, put the composition over it (:mod:`.wan_raylight`; a no-op without Raylight's forward).
+    self-attention patch, put the composition over it (:mod:`.raylight`; a no-op without Raylight's forward).
 
     ComfyUI runs ON_LOAD callbacks after the object patches, in the order they were added; Raylight adds its own
     when the model loads, before the pack's nodes clone it, so this one runs after Raylight's injection.
     """
     dm = causal_diffusion_model(model_patcher)
     if dm is not None:
-        from .wan_raylight import compose, pack_attention
+        from .raylight import compose, pack_attention
 
         compose(dm, pack_attention)
 
@@ -441,7 +442,7 @@ def check_core_ar_patched(model_patcher) -> None:
     for i, block in enumerate(dm.blocks):
         old = backup.get(SELF_ATTN_KEY.format(i))
         if getattr(block.self_attn.__dict__.get("forward"), "serves_core_ar", False):
-            continue  # Raylight's sequence-parallel forward, routed through the pack's session (wan_raylight.py)
+            continue  # Raylight's sequence-parallel forward, routed through the pack's session (raylight.py)
         if (
             old is not None
             and not getattr(old, "jensen_kv_patch", False)
@@ -506,3 +507,6 @@ def attach_core_ar(model_patcher, active_session) -> None:
         if key not in model_patcher.object_patches:
             module = model_patcher.get_model_object(f"diffusion_model.blocks.{i}.self_attn")
             model_patcher.add_object_patch(key, CoreARSelfAttention(i, module))
+
+
+register(WanFamily)

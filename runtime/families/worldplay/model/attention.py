@@ -4,7 +4,7 @@ Every double block of WorldPlay attends twice per call, over the same keys:
 
 - stream ``"img"``: the block's own attention (``img_attn``), q and k with 3-D RoPE;
 - stream ``"prope"``: the same q, k, v before RoPE, PRoPE-transformed by each frame's camera
-  (``worldplay.prope``); its output goes back through ``P`` and ``img_attn_prope_proj``.
+  (``runtime.families.worldplay.model.prope``); its output goes back through ``P`` and ``img_attn_prope_proj``.
 
 In both, a call's vision tokens attend to ``[text prefix, context, own tokens]``. The text prefix is
 the prompt's K/V of that block, computed once per prompt (WorldPlay's text stream never sees the

@@ -26,7 +26,7 @@ file's metadata or from which published model the shapes are.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 #: the reference's RoPE: ``LearnableRotaryEmbeddingCat(hidden // heads, in_pixels=False)``: head_dim // 8 bands
 #: per axis (t, h, w), so 3 * 2 * head_dim // 8 = 3/4 of each head's channels are rotated (96 of 128)
@@ -42,8 +42,34 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class MagiScales:
+    """The reference's norms, input scale and conditioning widths (as ratios of ``hidden_size``): the part of a
+    MAGI-1 DiT's architecture that is a number, not a size. Both published models: LayerNorm eps 1e-6 with
+    zero-centred gammas, the AdaLN condition hidden / 4 wide, cross-attention and gates as wide as hidden; the 24B
+    scales its input by 0.1."""
+
+    layernorm_epsilon: float = 1e-6
+    apply_layernorm_1p: bool = True
+    x_rescale_factor: float = 1.0
+    cond_hidden_ratio: float = 0.25
+    xattn_cond_hidden_ratio: float = 1.0
+    cond_gating_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("cond_hidden_ratio", "xattn_cond_hidden_ratio", "cond_gating_ratio", "x_rescale_factor"):
+            if not float(getattr(self, name)) > 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be positive")
+
+
+#: the reference's ``ModelConfig`` fields that :class:`MagiScales` holds (read as :class:`MagiConfig` attributes too)
+SCALE_FIELDS = tuple(f.name for f in fields(MagiScales))
+
+
+@dataclass(frozen=True)
 class MagiConfig:
-    """One MAGI-1 DiT's architecture (the reference's ``ModelConfig`` fields this implementation uses)."""
+    """One MAGI-1 DiT's architecture (the reference's ``ModelConfig`` fields this implementation uses): its sizes,
+    and its norms, input scale and conditioning ratios in ``scales`` (each read as an attribute of the config too,
+    ``cfg.x_rescale_factor``). :meth:`of` takes the reference's flat fields; :meth:`to_json` gives them back."""
 
     num_layers: int = 34
     hidden_size: int = 3072
@@ -51,22 +77,17 @@ class MagiConfig:
     num_attention_heads: int = 24
     num_query_groups: int = 8
     kv_channels: int = 128
-    layernorm_epsilon: float = 1e-6
-    apply_layernorm_1p: bool = True
-    x_rescale_factor: float = 1.0
     half_channel_vae: bool = False
     patch_size: int = 2
     t_patch_size: int = 1
     in_channels: int = 16
     out_channels: int = 16
-    cond_hidden_ratio: float = 0.25
     caption_channels: int = 4096
     caption_max_length: int = 800
-    xattn_cond_hidden_ratio: float = 1.0
-    cond_gating_ratio: float = 1.0
     gated_linear_unit: bool = False
     #: the distilled checkpoints add a step-size embedding to the timestep embedding (engine_config.distill)
     distill: bool = False
+    scales: MagiScales = MagiScales()
 
     def __post_init__(self) -> None:
         ints = (
@@ -109,6 +130,49 @@ class MagiConfig:
                 f"half_channel_vae feeds the latent twice: in_channels {self.in_channels} and out_channels "
                 f"{self.out_channels} must be even"
             )
+        if not isinstance(self.scales, MagiScales):
+            raise ConfigError(f"scales must be a MagiScales, got {type(self.scales).__name__}")
+
+    @classmethod
+    def of(cls, **flat) -> MagiConfig:
+        """The config of the reference's flat fields (``x_rescale_factor=0.1, num_layers=48, ...``)."""
+        scales = {k: flat.pop(k) for k in SCALE_FIELDS if k in flat}
+        return cls(**flat, scales=MagiScales(**scales))
+
+    def with_(self, **flat) -> MagiConfig:
+        """This config with some of the reference's flat fields changed."""
+        return MagiConfig.of(**{**self.flat(), **flat})
+
+    def flat(self) -> dict:
+        """The reference's flat fields of this config."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "scales"}
+        return {**out, **asdict(self.scales)}
+
+    # ------------------------------------------------------------------ the scales, read as the reference names them
+    @property
+    def layernorm_epsilon(self) -> float:
+        return self.scales.layernorm_epsilon
+
+    @property
+    def apply_layernorm_1p(self) -> bool:
+        return self.scales.apply_layernorm_1p
+
+    @property
+    def x_rescale_factor(self) -> float:
+        return self.scales.x_rescale_factor
+
+    @property
+    def cond_hidden_ratio(self) -> float:
+        return self.scales.cond_hidden_ratio
+
+    @property
+    def xattn_cond_hidden_ratio(self) -> float:
+        return self.scales.xattn_cond_hidden_ratio
+
+    @property
+    def cond_gating_ratio(self) -> float:
+        return self.scales.cond_gating_ratio
+
         for name in ("cond_hidden_ratio", "xattn_cond_hidden_ratio", "cond_gating_ratio", "x_rescale_factor"):
             if not float(getattr(self, name)) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r} must be positive")
@@ -143,7 +207,7 @@ class MagiConfig:
         return self.in_channels // 2 if self.half_channel_vae else self.in_channels
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.flat(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> MagiConfig:
@@ -153,23 +217,23 @@ class MagiConfig:
             raise ConfigError(f"the MAGI-1 config is not JSON ({e})") from None
         if not isinstance(data, dict):
             raise ConfigError("the MAGI-1 config must be a JSON object")
-        known = {f.name for f in fields(cls)}
+        known = set(cls().flat())
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown MAGI-1 config fields {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        return cls.of(**data)
 
     @classmethod
     def from_reference_json(cls, data: dict, distill: bool | None = None) -> MagiConfig:
         """A config from the reference's ``example/*/*_config.json`` (its ``model_config`` and ``engine_config``)."""
         model = data.get("model_config", data)
-        known = {f.name for f in fields(cls)} - {"distill"}
+        known = set(cls().flat()) - {"distill"}
         kwargs = {k: v for k, v in model.items() if k in known}
         engine = data.get("engine_config", {})
         if engine.get("fp8_quant"):
             raise ConfigError(FP8_QUANT_REFUSAL)
         kwargs["distill"] = bool(engine.get("distill", False)) if distill is None else distill
-        return cls(**kwargs)
+        return cls.of(**kwargs)
 
 
 FP8_QUANT_REFUSAL = (
@@ -182,7 +246,7 @@ FP8_QUANT_REFUSAL = (
 #: the published DiTs, by (hidden_size, num_layers)
 PUBLISHED: dict[str, MagiConfig] = {
     "4.5B": MagiConfig(),
-    "24B": MagiConfig(
+    "24B": MagiConfig.of(
         num_layers=48,
         hidden_size=6144,
         ffn_hidden_size=16384,
@@ -210,8 +274,8 @@ TINY = MagiConfig(
     caption_max_length=800,
 )
 #: the tiny model with the 24B's differences: SwiGLU, the doubled 16-channel latent and the 0.1 input scale
-TINY_24B_STYLE = replace(
-    TINY, gated_linear_unit=True, half_channel_vae=True, in_channels=32, out_channels=32, x_rescale_factor=0.1
+TINY_24B_STYLE = TINY.with_(
+    gated_linear_unit=True, half_channel_vae=True, in_channels=32, out_channels=32, x_rescale_factor=0.1
 )
 
 
@@ -273,7 +337,7 @@ def config_from_shapes(
         x_rescale_factor = published.x_rescale_factor if published is not None else 1.0
     if half_channel_vae is None:
         half_channel_vae = published.half_channel_vae if published is not None else False
-    return MagiConfig(
+    return MagiConfig.of(
         num_layers=layers,
         hidden_size=hidden,
         ffn_hidden_size=ffn,

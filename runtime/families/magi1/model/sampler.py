@@ -1,7 +1,7 @@
 """MAGI-1's multi-noise chunk sampler, as the reference runs it (``SampleTransport`` of ``video_generate.py``
-and ``VideoDiTModel.forward_dispatcher`` / ``forward_3cfg``), over an injectable attention (:mod:`magi1.attention`).
+and ``VideoDiTModel.forward_dispatcher`` / ``forward_3cfg``), over an injectable attention (:mod:`runtime.families.magi1.model.attention`).
 
-What one forward does (:func:`magi1.pipeline.steps_of` lists them):
+What one forward does (:func:`runtime.families.magi1.model.pipeline.steps_of` lists them):
 
 - the chunks in flight (up to ``window_size``), each at its own time, with the finished chunk in front at
   ``clean_t`` on the first forward of a stage (its caption: the null caption), whose K/V that forward writes;
@@ -10,10 +10,10 @@ What one forward does (:func:`magi1.pipeline.steps_of` lists them):
   velocity becomes ``0.7 v + 0.3 v_self`` (the reference's ``prev_chunks_scale``);
 - ``cfg_number`` 3 (base models): the text pass (caption, AdaLN token "kept"), the context pass (null caption,
   AdaLN token "dropped"; it is the one that writes the K/V buffer) and the unconditional pass (each chunk
-  alone, null caption, RoPE time from 0, no buffer), blended per chunk by :func:`magi1.pipeline.cfg_scales`:
+  alone, null caption, RoPE time from 0, no buffer), blended per chunk by :func:`runtime.families.magi1.model.pipeline.cfg_scales`:
   ``(1 - p) v_uncond + (p - s) v_context + s v_text``.
 
-``attention`` defaults to :class:`magi1.attention.FullPrecisionKV` (every finished chunk kept in full
+``attention`` defaults to :class:`runtime.families.magi1.model.attention.FullPrecisionKV` (every finished chunk kept in full
 precision, as the reference's whole-video buffer). Text-to-video only (no prefix video).
 """
 
@@ -188,7 +188,7 @@ def iter_sample(
     """Denoise ``noise`` (1, C, chunks * chunk_width, H, W) with MAGI-1's pipeline; one event per forward.
 
     ``captions``: one caption embedding per chunk, (tokens, caption_channels), valid tokens only and special
-    tokens already in front (:func:`magi1.caption.chunk_captions`); ``null_caption``: the negative / clean-chunk
+    tokens already in front (:func:`runtime.families.magi1.model.caption.chunk_captions`); ``null_caption``: the negative / clean-chunk
     caption (default: the model's ``null_caption_embedding[:50]``). The latent is denoised in place of a copy;
     the last event's ``latent`` is the result."""
     s = settings

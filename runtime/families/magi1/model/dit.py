@@ -28,7 +28,7 @@ the compute dtype (``compute_dtype``, bf16 in the reference).
 ComfyUI's ``operations`` (its ``comfy.ops`` classes: ``Linear``, ``Conv3d``, ``LayerNorm``) are a constructor
 argument; the default is plain ``torch.nn``. The zero-centred norms, ``rope.bands`` and the null caption are
 plain parameters, cast at use (so fp8 storage works). Every self-attention call goes through the
-``attention`` callable a forward is given (:mod:`magi1.attention`).
+``attention`` callable a forward is given (:mod:`runtime.families.magi1.model.attention`).
 """
 
 from __future__ import annotations

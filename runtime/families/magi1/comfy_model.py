@@ -1,4 +1,4 @@
-"""MAGI-1 as a ComfyUI MODEL: the pack's pure-torch DiT (``magi1/``) inside ``comfy.model_base.BaseModel``.
+"""MAGI-1 as a ComfyUI MODEL: the pack's pure-torch DiT (``runtime/families/magi1/model/``) inside ``comfy.model_base.BaseModel``.
 
 - :class:`Magi1ModelConfig` (a ``supported_models_base.BASE``) carries the architecture and the latent format
   (16 channels, 3-D, 8 x 8 pixels and 4 frames per latent pixel, scale 0.18215: the DiT works on
@@ -6,12 +6,12 @@
 - :class:`Magi1Model` (a ``BaseModel``, flow-matching model type) builds :class:`ComfyMagiDiT` with the
   operations ComfyUI picks for the weight dtype (``comfy.ops``), so ModelPatcher, memory management,
   LoRA-style weight patches and fp8 storage (``weight_dtype``) work as for core models;
-- :func:`load_magi1` reads a file or Sand AI's folder (``magi1.checkpoint``) and returns a ModelPatcher the
+- :func:`load_magi1` reads a file or Sand AI's folder (``runtime.families.magi1.model.checkpoint``) and returns a ModelPatcher the
   way ``comfy.sd.load_diffusion_model_state_dict`` does.
 
 The DiT's ``forward(x, timestep, context)`` (what ComfyUI's KSampler calls) denoises all chunks of the latent
 together at one noise level with block-causal attention, which is *not* MAGI-1's pipeline: sample MAGI-1 with
-its chunk sampler (``magi1.sampler``, on :func:`diffusion_model` of the patcher).
+its chunk sampler (``runtime.families.magi1.model.sampler``, on :func:`diffusion_model` of the patcher).
 
 ComfyUI is imported inside functions only; the classes that subclass its types are built on first use.
 """
@@ -24,10 +24,10 @@ import os
 
 import torch
 
-from ....magi1 import checkpoint as ck
-from ....magi1.attention import ChunkPlan
-from ....magi1.config import MagiConfig
-from ....magi1.dit import Forward, MagiDiT
+from .model import checkpoint as ck
+from .model.attention import ChunkPlan
+from .model.config import MagiConfig
+from .model.dit import Forward, MagiDiT
 
 logger = logging.getLogger("jensen_kv")
 
@@ -123,7 +123,7 @@ def is_magi1(model_patcher) -> bool:
 def load_magi1(path: str | os.PathLike, weight_dtype: str = "default", variant: str = "auto"):
     """A ModelPatcher of the MAGI-1 DiT at ``path`` (a ``.safetensors`` file, or a folder with an index and shards
     or a ``model.safetensors``), built like ``comfy.sd.load_diffusion_model_state_dict`` builds core models.
-    Raises :class:`magi1.checkpoint.CheckpointError` (and its subclasses) naming what is wrong."""
+    Raises :class:`runtime.families.magi1.model.checkpoint.CheckpointError` (and its subclasses) naming what is wrong."""
     import comfy.model_management as mm
     import comfy.model_patcher
     import comfy.utils

@@ -137,7 +137,7 @@ def agree_taylor_layout(shard: HeadShard, q: Tensor, group_size: int, tokens: in
     """
     import torch.distributed as dist
 
-    from ...jensen_core.correction_layouts import Layout, adopt_layout, taylor_layout
+    from ....jensen_core.correction_layouts import Layout, adopt_layout, taylor_layout
 
     D = int(q.shape[-1])
     G = D // int(group_size)
