@@ -105,3 +105,21 @@ class Combo(io.Combo.Input):
         if comfyui_checks_v3_combos():
             return super().get_io_type()
         return list(self.options)
+
+
+#: the pack's bundled tiny AR models (Wan 2.1 files, listed by Load Diffusion Model through diffusion_models)
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny_ar"
+
+
+def without_bundled(names: list[str], kind: str = "diffusion_models") -> list[str]:
+    """``names`` from ComfyUI's ``kind`` list less the pack's bundled tiny Wan files: a loader of another family
+    (MAGI-1, HY-WorldPlay) lists only files that can be its own."""
+    import folder_paths
+
+    bundled = BUNDLED_MODELS_DIR.resolve()
+    kept = []
+    for name in names:
+        path = folder_paths.get_full_path(kind, name)
+        if path is None or bundled not in Path(path).resolve().parents:
+            kept.append(name)
+    return kept

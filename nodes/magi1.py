@@ -15,7 +15,7 @@ from ..runtime.families.magi1.recipe import Magi1Request, report_text, run
 from ..runtime.families.magi1.text import encode
 from ..runtime.families.magi1.vae import VAE_DTYPES, load_magi1_vae
 from ..runtime.families.magi1.window import DEFAULT_STEPS, parse_kv_ranges
-from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVReport, advanced, logger
+from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVReport, advanced, logger, without_bundled
 
 MAGI1_CATEGORY = f"{CATEGORY}/MAGI-1"
 Magi1VAEType = io.Custom("MAGI1_VAE")
@@ -27,7 +27,7 @@ def _check_listed(name, kind: str, none_found: str, what: str) -> bool | str:
     """A loader's ``validate_inputs``: its file or folder is one ComfyUI's ``kind`` folders hold."""
     if name is None:
         return True
-    if name == none_found or name not in choices(kind):
+    if name == none_found or name not in without_bundled(choices(kind), kind):
         shown = "nothing is there" if name == none_found else f"{name!r} is not there"
         return f"{shown}: put {what} (or a converted .safetensors) into ComfyUI's models/{kind} and press R"
     return True
@@ -36,7 +36,7 @@ def _check_listed(name, kind: str, none_found: str, what: str) -> bool | str:
 class JensenKVLoadMagi1(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        names = choices("diffusion_models")
+        names = without_bundled(choices("diffusion_models"))
         return io.Schema(
             node_id="JensenKVLoadMagi1",
             display_name="Load MAGI-1 Model",

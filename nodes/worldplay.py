@@ -11,7 +11,16 @@ from ..runtime.families.worldplay.loader import WEIGHT_DTYPES, describe, load_wo
 from ..runtime.families.worldplay.model.preview import image_tensor, render_trajectory
 from ..runtime.families.worldplay.model.trajectory import CHUNK_LATENTS, Trajectory, TrajectoryError, parse_trajectory
 from ..runtime.families.worldplay.recipe import WorldPlayRequest, report_text, run
-from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVReport, WorldPlayTrajectory, advanced, logger
+from .common import (
+    CATEGORY,
+    UI_REPORT_KEY,
+    Combo,
+    JensenKVReport,
+    WorldPlayTrajectory,
+    advanced,
+    logger,
+    without_bundled,
+)
 
 NO_FILES = "(no file in models/diffusion_models)"
 NEEDS = (
@@ -22,7 +31,7 @@ NEEDS = (
 def _model_files() -> list[str]:
     import folder_paths
 
-    return folder_paths.get_filename_list("diffusion_models")
+    return without_bundled(folder_paths.get_filename_list("diffusion_models"))
 
 
 def _path(name: str) -> str:
