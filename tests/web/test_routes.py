@@ -406,7 +406,11 @@ def test_plan_projection_equals_bytes_a_real_cache_holds():
         ({"group_size": "48"}, "group_size", ["group_size=48 is not supported", "8, 16, 32, 64, 128, 256"]),
         ({"scale_format": "fp8"}, "scale_format", ["fp8_e4m3, bf16, fp16, fp32"]),
         ({"rotation": "random"}, "rotation", ["none, hadamard"]),
-        ({"preset": "wan2.2"}, "preset", ["wan2.1-1.3b, wan2.1-14b, tiny-ar, hy-worldplay, magi1-4.5b, magi1-24b, custom"]),
+        (
+            {"preset": "wan2.2"},
+            "preset",
+            ["wan2.1-1.3b, wan2.1-14b, tiny-ar, hy-worldplay, magi1-4.5b, magi1-24b, custom"],
+        ),
         ({"preset": "custom"}, "layers", ["layers is missing", "preset=custom needs layers, heads and head_dim"]),
         ({"cfg_branches": "3"}, "cfg_branches", ["out of range 1..2", "cfg > 1"]),
         ({"window_chunks": "-1"}, "window_chunks", ["0 = all"]),
