@@ -1685,10 +1685,14 @@ MODEL_LOADERS: dict[str, dict[str, str]] = {
 
 
 def model_entries(node: dict) -> list[dict]:
-    """The ``properties.models`` of a UI-format node: one entry per model file its widgets name (bundled files
-    need none: they ship with the pack)."""
+    """The ``properties.models`` of a UI-format node: one entry per model file its widgets name that is downloaded
+    as published (bundled files need none: they ship with the pack; files to convert get none)."""
     names = [v for v in node.get("widgets_values") or [] if isinstance(v, str) and v in MODEL_SOURCES]
-    return [{"name": n, "url": MODEL_SOURCES[n][1], "directory": MODEL_SOURCES[n][0]} for n in names]
+    # a file to convert first has no entry: its URL would be a repository page, which the front end's download
+    # would save under the model's name; the workflow's Note says how to make it (tools/convert_checkpoint.py)
+    return [
+        {"name": n, "url": MODEL_SOURCES[n][1], "directory": MODEL_SOURCES[n][0]} for n in names if MODEL_SOURCES[n][2]
+    ]
 
 
 def add_model_entries(workflow: dict) -> dict:
