@@ -6,7 +6,7 @@ from __future__ import annotations
 from comfy_api.latest import io, ui
 
 from ..runtime.schedules import PRESET_HELP, PRESETS, ar_sigmas, describe, first_chunk_sigmas
-from .common import CATEGORY, check_combo_values, logger
+from .common import CATEGORY, Combo, logger
 
 
 class JensenKVARSchedule(io.ComfyNode):
@@ -21,7 +21,7 @@ class JensenKVARSchedule(io.ComfyNode):
                 "SIGMAS for the Chunked AR Video Sampler (it does not depend on ModelSamplingSD3's shift)."
             ),
             inputs=[
-                io.Combo.Input(
+                Combo(
                     "preset",
                     options=list(PRESETS),
                     default="self_forcing_4step",
@@ -58,10 +58,6 @@ class JensenKVARSchedule(io.ComfyNode):
                 )
             ],
         )
-
-    @classmethod
-    def validate_inputs(cls, preset=None):
-        return check_combo_values(cls, preset=preset)
 
     @classmethod
     def execute(cls, preset, steps=30, shift=8.0, manual="") -> io.NodeOutput:

@@ -6,7 +6,7 @@ from comfy_api.latest import io, ui
 
 from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, get_config, parse_correction, set_config
 from ..runtime.core_ar import attach
-from .common import CATEGORY, check_combo_values, logger, node_message
+from .common import CATEGORY, Combo, logger, node_message
 
 NOTHING_TO_CORRECT = (
     "Jensen Bias Correction: nothing to correct - no Quantize KV Cache with quantized keys upstream, so the "
@@ -28,7 +28,7 @@ class JensenKVBiasCorrection(io.ComfyNode):
             ),
             inputs=[
                 io.Model.Input("model", tooltip="The MODEL from Quantize KV Cache."),
-                io.Combo.Input(
+                Combo(
                     "mode",
                     options=list(CORRECTION_CHOICES),
                     default="taylor",
@@ -57,10 +57,6 @@ class JensenKVBiasCorrection(io.ComfyNode):
             ],
             hidden=[io.Hidden.unique_id],
         )
-
-    @classmethod
-    def validate_inputs(cls, mode=None):
-        return check_combo_values(cls, mode=mode)
 
     @classmethod
     def execute(cls, model, mode, strength) -> io.NodeOutput:

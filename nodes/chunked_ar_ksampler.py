@@ -15,7 +15,7 @@ from .chunked_ar_sampler import (
     outputs,
     sample_node,
 )
-from .common import CATEGORY, advanced, check_combo_values
+from .common import CATEGORY, Combo, advanced
 
 #: Which settings of this node reproduce which reference (checked in tests/integration/test_nodes.py).
 STEPS_TOOLTIP = (
@@ -59,14 +59,14 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
                     tooltip=STEPS_TOOLTIP,
                 ),
                 cfg_input(),
-                io.Combo.Input(
+                Combo(
                     "sampler_name",
                     options=list(comfy.samplers.KSampler.SAMPLERS),
                     default="lcm",
                     tooltip="ComfyUI sampler used for every chunk; lcm (predict x0, then fresh noise) is what "
                     "Self-Forcing, LongLive and CausVid do between steps.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "scheduler",
                     options=list(comfy.samplers.KSampler.SCHEDULERS),
                     default="simple",
@@ -90,10 +90,6 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
             outputs=outputs(),
             hidden=hidden_inputs(),
         )
-
-    @classmethod
-    def validate_inputs(cls, sampler_name=None, scheduler=None):
-        return check_combo_values(cls, sampler_name=sampler_name, scheduler=scheduler)
 
     @classmethod
     def execute(

@@ -7,7 +7,7 @@ from comfy_api.latest import io
 from ..runtime.chunk_loop import CONTEXT_NOISE_MODES, RECACHE_MODES, ChunkedARRequest, report_text, run
 from ..runtime.config import CHUNK_DEFAULTS
 from ..runtime.saved_run import SavedRun
-from .common import CATEGORY, UI_REPORT_KEY, JensenKVCache, JensenKVReport, advanced, logger, output_connected
+from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVCache, JensenKVReport, advanced, logger, output_connected
 
 DESCRIPTION = (
     "Chunk-wise autoregressive sampling for Self-Forcing / CausVid / SkyReels-V2 DF (Wan 2.1 T2V; SkyReels-V2 DF as an "
@@ -132,7 +132,7 @@ def common_tail_inputs() -> list:
         ),
         *krea_inputs(),
         advanced(
-            io.Combo.Input(
+            Combo(
                 "recache_mode",
                 options=list(RECACHE_MODES),
                 default="longlive",
@@ -146,7 +146,7 @@ def common_tail_inputs() -> list:
             )
         ),
         advanced(
-            io.Combo.Input(
+            Combo(
                 "context_noise_mode",
                 options=list(CONTEXT_NOISE_MODES),
                 default="relabel",

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
+from pathlib import Path
 
 from comfy_api.latest import io
 
@@ -68,17 +70,56 @@ def node_message(node_cls, text: str) -> None:
         logger.debug("jensen_kv: could not send progress text", exc_info=True)
 
 
-def check_combo_values(node_cls, **values) -> bool | str:
-    """``validate_inputs`` body: every Combo value must be one of its options.
+def comfyui_checks_v3_combos() -> bool:
+    """Whether this ComfyUI's prompt validation checks a V3 ``io.Combo`` value against its options itself.
 
-    ComfyUI v0.3.64 validates V1 combo lists but not V3 ``io.Combo`` inputs, so a prompt with, say,
-    ``group_size: "48"`` would otherwise reach ``execute``. Linked (not yet known) values are None.
+    v0.27 and newer do (``execution.validate_inputs``: ``input_type == io.Combo.io_type``); v0.3.64 checks only
+    V1 list combos. Read from execution.py's text, not imported (it imports ComfyUI's ``nodes``); unknown counts as
+    checked (a newer ComfyUI).
     """
-    problems = []
-    for inp in node_cls.define_schema().inputs:
-        if isinstance(inp, io.Combo.Input) and values.get(inp.id) is not None:
-            value = values[inp.id]
-            if value not in inp.options:
-                shown = inp.options if len(inp.options) <= 20 else f"{len(inp.options)} options"
-                problems.append(f"{inp.id}: {value!r} is not one of {shown}")
-    return True if not problems else "; ".join(problems)
+    global _CHECKS_V3_COMBOS
+    if _CHECKS_V3_COMBOS is None:
+        try:
+            spec = importlib.util.find_spec("execution")
+            text = Path(spec.origin).read_text(encoding="utf-8") if spec and spec.origin else ""
+        except (ImportError, OSError, ValueError):
+            text = ""
+        _CHECKS_V3_COMBOS = not text or "Combo.io_type" in text
+    return _CHECKS_V3_COMBOS
+
+
+_CHECKS_V3_COMBOS: bool | None = None
+
+
+class Combo(io.Combo.Input):
+    """A dropdown that ComfyUI's own validation checks on every version: one bad value is one
+    ``value_not_in_list`` error, on that input.
+
+    ComfyUI attaches a ``validate_inputs`` failure to *every* input its signature names (and skips its own checks
+    of those), so a node that checked all its combos there showed one bad value as one error per input. On a
+    ComfyUI that does not check V3 combos (v0.3.64) this input is published as a V1 list combo, which it checks;
+    newer ones get the V3 ``COMBO`` type as before.
+    """
+
+    def get_io_type(self):
+        if comfyui_checks_v3_combos():
+            return super().get_io_type()
+        return list(self.options)
+
+
+#: the pack's bundled tiny AR models (Wan 2.1 files, listed by Load Diffusion Model through diffusion_models)
+BUNDLED_MODELS_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny_ar"
+
+
+def without_bundled(names: list[str], kind: str = "diffusion_models") -> list[str]:
+    """``names`` from ComfyUI's ``kind`` list less the pack's bundled tiny Wan files: a loader of another family
+    (MAGI-1, HY-WorldPlay) lists only files that can be its own."""
+    import folder_paths
+
+    bundled = BUNDLED_MODELS_DIR.resolve()
+    kept = []
+    for name in names:
+        path = folder_paths.get_full_path(kind, name)
+        if path is None or bundled not in Path(path).resolve().parents:
+            kept.append(name)
+    return kept

@@ -12,7 +12,7 @@ import struct
 from comfy_api.latest import io, ui
 
 from ..runtime.saved_run import FORMAT, load_saved_run
-from .common import CATEGORY, JensenKVCache, logger
+from .common import CATEGORY, Combo, JensenKVCache, logger
 
 ROOTS = ("output", "input")
 MAX_LISTED = 1000
@@ -182,7 +182,7 @@ class JensenKVLoadKVCache(io.ComfyNode):
                 "video size; anything else is refused with the reason)."
             ),
             inputs=[
-                io.Combo.Input(
+                Combo(
                     "cache_file",
                     options=files or ["(no saved KV cache yet)"],
                     tooltip="A .safetensors file written by Save KV Cache, in ComfyUI's output or input folder.",

@@ -15,7 +15,7 @@ from ..runtime.families.magi1.recipe import Magi1Request, report_text, run
 from ..runtime.families.magi1.text import encode
 from ..runtime.families.magi1.vae import VAE_DTYPES, load_magi1_vae
 from ..runtime.families.magi1.window import DEFAULT_STEPS, parse_kv_ranges
-from .common import CATEGORY, UI_REPORT_KEY, JensenKVReport, advanced, check_combo_values, logger
+from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVReport, advanced, logger, without_bundled
 
 MAGI1_CATEGORY = f"{CATEGORY}/MAGI-1"
 Magi1VAEType = io.Custom("MAGI1_VAE")
@@ -23,10 +23,20 @@ NONE_FOUND = "(no MAGI-1 checkpoint in models/diffusion_models)"
 NO_VAE_FOUND = "(no MAGI-1 VAE in models/vae)"
 
 
+def _check_listed(name, kind: str, none_found: str, what: str) -> bool | str:
+    """A loader's ``validate_inputs``: its file or folder is one ComfyUI's ``kind`` folders hold."""
+    if name is None:
+        return True
+    if name == none_found or name not in without_bundled(choices(kind), kind):
+        shown = "nothing is there" if name == none_found else f"{name!r} is not there"
+        return f"{shown}: put {what} (or a converted .safetensors) into ComfyUI's models/{kind} and press R"
+    return True
+
+
 class JensenKVLoadMagi1(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
-        names = choices("diffusion_models")
+        names = without_bundled(choices("diffusion_models"))
         return io.Schema(
             node_id="JensenKVLoadMagi1",
             display_name="Load MAGI-1 Model",
@@ -38,18 +48,18 @@ class JensenKVLoadMagi1(io.ComfyNode):
                 "distill_quant fp8 weights (use the distill weights with weight_dtype fp8_e4m3fn)."
             ),
             inputs=[
-                io.Combo.Input(
+                Combo(
                     "model_name",
                     options=names or [NONE_FOUND],
                     tooltip="A file, or a folder (ending in /) holding an index and its shards, under models/diffusion_models.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "weight_dtype",
                     options=list(WEIGHT_DTYPES),
                     default="default",
                     tooltip="How the weights are stored in memory: default (as ComfyUI picks), fp8_e4m3fn (half of bf16) or bf16.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "variant",
                     options=list(VARIANTS),
                     default="auto",
@@ -60,8 +70,10 @@ class JensenKVLoadMagi1(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, model_name, weight_dtype, variant):
-        return check_combo_values(cls, model_name=model_name, weight_dtype=weight_dtype, variant=variant)
+    def validate_inputs(cls, model_name):
+        # only model_name: ComfyUI attaches a failure to every input named here, so one missing file is one error
+        # (weight_dtype and variant are plain dropdowns that ComfyUI checks itself)
+        return _check_listed(model_name, "diffusion_models", NONE_FOUND, "Sand AI's inference_weight folder")
 
     @classmethod
     def fingerprint_inputs(cls, model_name, weight_dtype, variant):
@@ -98,12 +110,12 @@ class JensenKVLoadMagi1VAE(io.ComfyNode):
                 "tools/convert_checkpoint.py --magi1-vae. Decodes with MAGI-1 VAE Decode."
             ),
             inputs=[
-                io.Combo.Input(
+                Combo(
                     "vae_name",
                     options=names or [NO_VAE_FOUND],
                     tooltip="A file, or a folder (ending in /) with config.json, under models/vae.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "dtype",
                     options=list(VAE_DTYPES),
                     default="auto",
@@ -114,8 +126,8 @@ class JensenKVLoadMagi1VAE(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, vae_name, dtype):
-        return check_combo_values(cls, vae_name=vae_name, dtype=dtype)
+    def validate_inputs(cls, vae_name):
+        return _check_listed(vae_name, "vae", NO_VAE_FOUND, "Sand AI's ckpt/vae folder")
 
     @classmethod
     def fingerprint_inputs(cls, vae_name, dtype):
@@ -286,7 +298,7 @@ class JensenKVMagi1ARSampler(io.ComfyNode):
                     max=4,
                     tooltip="Chunks denoised together (4: the reference). Fewer: slower, each query reads more cached chunks.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "cfg",
                     options=list(CFG_CHOICES),
                     default="auto",
@@ -338,10 +350,12 @@ class JensenKVMagi1ARSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, cfg="auto", kv_ranges="5,4,3,2", steps=None, window_size=None, **_):
-        combos = check_combo_values(cls, cfg=cfg)
-        if combos is not True:
-            return combos
+    def validate_inputs(cls, kv_ranges="5,4,3,2", steps=None, window_size=None):
+        # the three inputs that depend on each other, and only those: ComfyUI attaches a failure to each input named
+        # here (and skips its own min / max checks of them), so cfg and the rest stay with ComfyUI's checks
+        for name, value, lo, hi in (("steps", steps, 1, 1000), ("window_size", window_size, 1, 4)):
+            if value is not None and not lo <= value <= hi:
+                return f"{name} {value} is outside {lo} to {hi}"
         try:
             ranges = parse_kv_ranges(kv_ranges) if kv_ranges is not None else None
         except ValueError as exc:

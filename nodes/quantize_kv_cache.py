@@ -27,7 +27,7 @@ from ..runtime.config import (
 )
 from ..runtime.core_ar import attach
 from ..runtime.families import attention_shape
-from .common import CATEGORY, advanced, check_combo_values, logger
+from .common import CATEGORY, Combo, advanced, logger
 
 
 def build_config(
@@ -91,27 +91,27 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     "model",
                     tooltip="A Wan 2.1 T2V model (Self-Forcing, CausVid, SkyReels-V2) or a causal-AR one for SamplerARVideo.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "key_bits",
                     options=list(BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["key_bits"],
                     tooltip="Bits per cached key element; 'off' keeps keys in the model's precision. "
                     "Low bits inflate attention on cached keys; add Jensen Bias Correction.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "value_bits",
                     options=list(BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["value_bits"],
                     tooltip="Bits per cached value element; 'off' keeps values in the model's precision.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "group_size",
                     options=list(GROUP_SIZE_CHOICES),
                     default=QUANTIZE_DEFAULTS["group_size"],
                     tooltip="Channels sharing one scale and zero-point; must divide the head dim (128 for Wan). "
                     "Smaller = more accurate, more metadata (INT2 at 32: 2.75 bits/element).",
                 ),
-                io.Combo.Input(
+                Combo(
                     "rotation",
                     options=list(ROTATION_CHOICES),
                     default=QUANTIZE_DEFAULTS["rotation"],
@@ -119,7 +119,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     "channels, usually better at 2-3 bits. Needs a power-of-two head dim.",
                 ),
                 advanced(
-                    io.Combo.Input(
+                    Combo(
                         "scale_format",
                         options=list(SCALE_FORMAT_CHOICES),
                         default=QUANTIZE_DEFAULTS["scale_format"],
@@ -139,7 +139,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                 ),
                 # added after the original inputs, and optional: prompts saved before them (UI or API
                 # format) still validate and run as RTN
-                io.Combo.Input(
+                Combo(
                     "method",
                     options=list(METHOD_CHOICES),
                     default=QUANTIZE_DEFAULTS["method"],
@@ -186,7 +186,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     )
                 ),
                 # precision by age (optional, after the others: older prompts run with every chunk at one precision)
-                io.Combo.Input(
+                Combo(
                     "recent_chunks_bits",
                     options=list(TIER_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["recent_chunks_bits"],
@@ -205,7 +205,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     tooltip="With recent_chunks_bits on: how many of the newest cached chunks keep those bits "
                     "(ignored when it is off).",
                 ),
-                io.Combo.Input(
+                Combo(
                     "sink_bits",
                     options=list(TIER_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["sink_bits"],
@@ -213,7 +213,7 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     tooltip="Precision by age: keep the attention-sink chunks (the sampler's sink_chunks) at 3, 4 or "
                     "8 bits for good. 'off' stores them like any other chunk. No effect without a sink.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "recent_chunks_key_bits",
                     options=list(RECENT_KEY_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["recent_chunks_key_bits"],
@@ -229,32 +229,6 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     tooltip="A clone of the model carrying the KV-cache spec (Chunked AR sampler or SamplerARVideo)."
                 )
             ],
-        )
-
-    @classmethod
-    def validate_inputs(
-        cls,
-        key_bits=None,
-        value_bits=None,
-        group_size=None,
-        rotation=None,
-        scale_format=None,
-        method=None,
-        recent_chunks_bits=None,
-        sink_bits=None,
-        recent_chunks_key_bits=None,
-    ):
-        return check_combo_values(
-            cls,
-            key_bits=key_bits,
-            value_bits=value_bits,
-            group_size=group_size,
-            rotation=rotation,
-            scale_format=scale_format,
-            method=method,
-            recent_chunks_bits=recent_chunks_bits,
-            sink_bits=sink_bits,
-            recent_chunks_key_bits=recent_chunks_key_bits,
         )
 
     @classmethod

@@ -20,7 +20,7 @@ from ..runtime.config import JensenKVConfig, get_config, parse_correction, set_c
 from ..runtime.core_ar import CacheWindow, attach, set_window
 from .ar_cache_window import JensenKVARCacheWindow
 from .bias_correction import JensenKVBiasCorrection
-from .common import CATEGORY, check_combo_values, logger
+from .common import CATEGORY, logger
 from .quantize_kv_cache import JensenKVQuantizeKVCache, build_config
 
 RayActors = io.Custom("RAY_ACTORS")
@@ -122,34 +122,6 @@ class JensenKVRayActors(io.ComfyNode):
                 *window,
             ],
             outputs=[RayActors.Output(tooltip="The same actors, their models carrying the Jensen KV cache settings.")],
-        )
-
-    @classmethod
-    def validate_inputs(
-        cls,
-        key_bits=None,
-        value_bits=None,
-        group_size=None,
-        rotation=None,
-        scale_format=None,
-        method=None,
-        recent_chunks_bits=None,
-        sink_bits=None,
-        recent_chunks_key_bits=None,
-        mode=None,
-    ):
-        return check_combo_values(
-            cls,
-            key_bits=key_bits,
-            value_bits=value_bits,
-            group_size=group_size,
-            rotation=rotation,
-            scale_format=scale_format,
-            method=method,
-            recent_chunks_bits=recent_chunks_bits,
-            sink_bits=sink_bits,
-            recent_chunks_key_bits=recent_chunks_key_bits,
-            mode=mode,
         )
 
     @classmethod

@@ -9,6 +9,7 @@ import torch
 from comfy_api.latest import io
 
 from ..jensen_core import tiny_decoder, toy_video
+from .common import Combo
 from .tiny_ar_prompt import DEMO_CATEGORY
 
 DECODER_PATH = Path(__file__).resolve().parents[1] / "models" / "tiny_decoder" / "jensen-kv-tiny-decoder.safetensors"
@@ -85,7 +86,7 @@ class JensenKVTinyARDecode(io.ComfyNode):
                 io.Int.Input(
                     "scale", default=8, min=1, max=32, tooltip="Pixels per latent pixel (8 = Wan's VAE stride)."
                 ),
-                io.Combo.Input(
+                Combo(
                     "decoder",
                     options=list(METHODS),
                     default=DECODER,

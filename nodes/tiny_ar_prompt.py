@@ -5,6 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..jensen_core import toy_video
+from .common import Combo
 
 DEMO_CATEGORY = "jensen_kv/demo"
 
@@ -22,7 +23,7 @@ class JensenKVTinyARPrompt(io.ComfyNode):
                 "text encoder is needed. For real Wan checkpoints use CLIPTextEncode."
             ),
             inputs=[
-                io.Combo.Input(
+                Combo(
                     "prompt",
                     options=list(toy_video.PROMPT_TEXTS),
                     default=toy_video.PROMPT_TEXTS[0],

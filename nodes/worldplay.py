@@ -11,7 +11,16 @@ from ..runtime.families.worldplay.loader import WEIGHT_DTYPES, describe, load_wo
 from ..runtime.families.worldplay.model.preview import image_tensor, render_trajectory
 from ..runtime.families.worldplay.model.trajectory import CHUNK_LATENTS, Trajectory, TrajectoryError, parse_trajectory
 from ..runtime.families.worldplay.recipe import WorldPlayRequest, report_text, run
-from .common import CATEGORY, UI_REPORT_KEY, JensenKVReport, WorldPlayTrajectory, advanced, check_combo_values, logger
+from .common import (
+    CATEGORY,
+    UI_REPORT_KEY,
+    Combo,
+    JensenKVReport,
+    WorldPlayTrajectory,
+    advanced,
+    logger,
+    without_bundled,
+)
 
 NO_FILES = "(no file in models/diffusion_models)"
 NEEDS = (
@@ -22,7 +31,7 @@ NEEDS = (
 def _model_files() -> list[str]:
     import folder_paths
 
-    return folder_paths.get_filename_list("diffusion_models")
+    return without_bundled(folder_paths.get_filename_list("diffusion_models"))
 
 
 def _path(name: str) -> str:
@@ -50,12 +59,12 @@ class JensenKVLoadWorldPlay(io.ComfyNode):
                 "and loses those; use this node."
             ),
             inputs=[
-                io.Combo.Input(
+                Combo(
                     "unet_name",
                     options=_model_files() or [NO_FILES],
                     tooltip="HY-WorldPlay's ar_distilled_action_model/model.safetensors, in models/diffusion_models.",
                 ),
-                io.Combo.Input(
+                Combo(
                     "weight_dtype",
                     options=list(WEIGHT_DTYPES),
                     default="default",
@@ -75,12 +84,12 @@ class JensenKVLoadWorldPlay(io.ComfyNode):
         return f"{unet_name}|{weight_dtype}|{st.st_size}|{st.st_mtime_ns}"
 
     @classmethod
-    def validate_inputs(cls, unet_name=None, weight_dtype=None):
-        checked = check_combo_values(cls, weight_dtype=weight_dtype)
-        if checked is not True:
-            return checked
+    def validate_inputs(cls, unet_name=None):
+        # only unet_name: ComfyUI attaches a failure to every input named here (and leaves their own checks out)
         if unet_name == NO_FILES:
             return "put HY-WorldPlay's model.safetensors into ComfyUI's models/diffusion_models and press R"
+        if unet_name is not None and unet_name not in _model_files():
+            return f"{unet_name!r} is not in ComfyUI's models/diffusion_models: put it there and press R"
         return True
 
     @classmethod

@@ -277,6 +277,7 @@ def options(params: Mapping[str, str] | None = None) -> dict:
             "context_frames": p.context_frames,
             "label": p.label,
             "family": family.key,
+            "files": list(p.files),
         }
         for name, (family, p) in MODEL_PRESETS.items()
     }

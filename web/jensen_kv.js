@@ -102,7 +102,9 @@ function el(tag, attrs = {}, ...children) {
 
 const fmt = (x, d) => x.toLocaleString("en-US", { maximumFractionDigits: d, minimumFractionDigits: d });
 // sizes as MiB (KiB below 1 MiB, where MiB would round to 0.00x)
-const bytesText = (bytes) => (bytes == null ? "–" : bytes < 2 ** 20 ? `${fmt(bytes / 2 ** 10, 1)} KiB` : `${fmt(bytes / 2 ** 20, 1)} MiB`);
+const bytesText = (bytes) => (bytes == null ? "–"
+  : bytes < 2 ** 20 ? `${fmt(bytes / 2 ** 10, 1)} KiB`
+    : bytes < 2 ** 30 ? `${fmt(bytes / 2 ** 20, 1)} MiB` : `${fmt(bytes / 2 ** 30, 2)} GiB`);
 const num = (x, d = 2) => (x == null ? "–" : Number(x).toLocaleString("en-US", { maximumFractionDigits: d }));
 const widgetValue = (node, name) => node.widgets?.find((w) => w.name === name)?.value;
 
@@ -224,6 +226,12 @@ function upstreamLoader(node) {
   return null;
 }
 
+function presetOfFile(options, fileName) {
+  // the preset whose model files the loader names (the bundled tiny AR model), else none
+  const file = String(fileName ?? "").split(/[\\/]/).pop();
+  return Object.entries(options?.presets ?? {}).find(([, p]) => (p.files ?? []).includes(file)) ?? [];
+}
+
 function familyPreset(options, family, fileName, current) {
   // a preset of the family: the one whose size ("24B") the loader's file name carries, else the one chosen
   // already, else the family's first
@@ -253,6 +261,9 @@ function fromWorkflow(node) {
     const guider = inputNode(sampler, "guider");
     const cfg = widgetValue(guider ?? sampler, "cfg");
     found.cfg_branches = cfg != null && Number(cfg) > 1 ? 2 : 1;
+    const loader = upstreamLoader(node);  // core's sampler takes the MODEL through its guider: start at this node
+    const [name, p] = presetOfFile(options, widgetValue(loader, "unet_name") ?? widgetValue(loader, "model_name"));
+    if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim });
     for (let slot = 0; slot < (sampler.outputs?.length ?? 0); slot++) {
       const r = (sampler.getOutputNodes(slot) ?? []).find((m) => m.type === "JensenKVCacheReport");
       if (r) { reporter = r; break; }
@@ -278,6 +289,10 @@ function fromWorkflow(node) {
     }
     if (family.inputs.includes("frames")) return { found, fields, sampler };  // the video is on the sampler
   } else {
+    // the plain Wan sampler: the preset of the loader's file where one names it (the bundled tiny model)
+    const loader = upstreamLoader(sampler);
+    const [name, p] = presetOfFile(options, widgetValue(loader, "unet_name") ?? widgetValue(loader, "model_name"));
+    if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim });
     for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
       const v = widgetValue(sampler, name);
       if (v != null) found[name] = v;
@@ -555,7 +570,40 @@ function render(node, options, state, req) {
     ? `last run (sampler): ${bytesText(r.cache_bytes)} measured, BF16 ${bytesText(r.bf16_bytes)}`
     : "";
   if (r) ui.measured.dataset.bytes = r.cache_bytes;
+  const why = r && plan?.runnable ? mismatch(r, plan, req.plan) : null;
+  if (why != null) {
+    ui.measured.dataset.agrees = why.length ? "false" : "true";
+    ui.measured.textContent += why.length
+      ? ` — not the plan's ${bytesText(plan.quantized_bytes)}: ${why.join("; ")}`
+      : " — as planned, to the byte";
+  } else {
+    delete ui.measured.dataset.agrees;
+  }
   requestAnimationFrame(() => fitNode(node));
+}
+
+function mismatch(report, plan, asked) {
+  // why a measured run and the plan differ: the settings the run reports that the plan took otherwise
+  // (an empty list: they agree; the bytes differ only if nothing here explains it)
+  if (report.cache_bytes === plan.quantized_bytes) return [];
+  const m = plan.model ?? {};
+  const why = [];
+  const dims = (o) => `${o.layers} layers × ${o.heads} heads × ${o.head_dim}`;
+  if (report.layers != null && (report.layers !== m.layers || report.heads !== m.heads || report.head_dim !== m.head_dim)) {
+    why.push(`the run's model has ${dims(report)}, the plan ${dims(m)} (pick its preset or type them)`);
+  }
+  const pairs = [["chunk_frames", "chunk"], ["window_chunks", "window"], ["sink_chunks", "sink"], ["cfg_branches", "cfg branches"]];
+  for (const [k, label] of pairs) {
+    const planned = plan[k] ?? asked?.[k];
+    if (report[k] != null && planned != null && Number(report[k]) !== Number(planned)) {
+      why.push(`${label} ${report[k]} in the run, ${planned} in the plan`);
+    }
+  }
+  if (report.key_bits != null && asked?.key_bits != null && String(report.key_bits) !== String(asked.key_bits)) {
+    why.push(`the run's keys were ${report.key_bits === "off" ? "not quantized" : `INT${report.key_bits}`} (an older run, or another Quantize node)`);
+  }
+  if (!why.length) why.push("the video size or the precision differ (rerun after a change)");
+  return why;
 }
 
 // ----------------------------------------------------------------------------------- sampler report

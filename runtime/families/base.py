@@ -92,6 +92,9 @@ class ModelPreset:
     streams: int = 1
     chunk_frames: int = 0
     context_frames: int = 0
+    #: model files that are this model (the bundled tiny AR files): the web planner takes this preset when the
+    #: sampler's loader names one of them
+    files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.streams < 1 or self.chunk_frames < 0 or self.context_frames < 0:

@@ -117,8 +117,6 @@ def test_settings_sent_to_an_actor_process_give_the_nodes_result_there(ray_node,
 
 
 def test_without_actors_it_says_what_to_connect(ray_node):
-    assert ray_node.validate_inputs(group_size="32", mode="taylor") is True
-    assert "48" in str(ray_node.validate_inputs(group_size="48"))
     with pytest.raises(ValueError, match="Load Diffusion Model \\(Ray\\)"):
         ray_node.execute({"workers": []}, **SETTINGS)
     with pytest.raises(ValueError, match="group_size='48'"):

@@ -98,10 +98,9 @@ def test_load_node_loads_a_checkpoint_from_diffusion_models(nodes, tmp_path):
     assert model.model.model_config.sampling_settings["shift"] == 5.0
     save_file(tiny_state_dict(TINY, seed=1), str(path))
     assert node.fingerprint_inputs("hy_worldplay_tiny.safetensors", "default") != before
-    assert "diffusion_models" in node.validate_inputs(
-        unet_name="(no file in models/diffusion_models)", weight_dtype="default"
-    )
-    assert "not one of" in node.validate_inputs(unet_name="x", weight_dtype="int4")
+    assert "diffusion_models" in node.validate_inputs(unet_name="(no file in models/diffusion_models)")
+    assert "'x' is not in ComfyUI's models/diffusion_models" in node.validate_inputs(unet_name="x")
+    assert node.validate_inputs(unet_name="hy_worldplay_tiny.safetensors") is True
     bad = folder / "plain.safetensors"
     save_file({"blocks.0.self_attn.q.weight": torch.zeros(2, 2)}, str(bad))
     with pytest.raises(ValueError, match="not a HunyuanVideo 1.5 / HY-WorldPlay transformer"):

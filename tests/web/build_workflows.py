@@ -22,6 +22,10 @@ only its own files:
 The HY-WorldPlay workflows (``WORLDPLAY_WORKFLOWS``: HunyuanVideo15ImageToVideo and DualCLIPLoader's
 ``hunyuan_video_15`` exist from v0.27 on) are built like the core ones, with a ComfyUI that has HunyuanVideo 1.5.
 ``--only NAME`` (repeatable) builds only the named workflows.
+
+Every build ends with ``add_model_entries`` (workflow_specs.MODEL_SOURCES: each loader's ``properties.models``, what
+ComfyUI's missing-models dialog reads). ``--models-only`` runs that step alone on the shipped files (no server, no
+browser): what changed in MODEL_SOURCES reaches every file, the rest of each file stays as its last build wrote it.
 """
 
 from __future__ import annotations
@@ -52,8 +56,20 @@ from workflow_specs import (  # noqa: E402
     CORE_WORKFLOW_NAMES,
     WORKFLOWS,
     WORLDPLAY_WORKFLOW_NAMES,
+    add_model_entries,
     write_placeholder_files,
 )
+
+
+def write_workflow(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(add_model_entries(data), indent=2, ensure_ascii=False) + "\n")
+
+
+def models_only() -> int:
+    for path in sorted((PACK_ROOT / "workflows").glob("*.json")):
+        write_workflow(path, json.loads(path.read_text()))
+        print(f"wrote the model entries of {path.relative_to(PACK_ROOT)}")
+    return 0
 
 
 def oldest_supported() -> tuple[int, ...]:
@@ -63,6 +79,8 @@ def oldest_supported() -> tuple[int, ...]:
 
 
 def main() -> int:
+    if "--models-only" in sys.argv[1:]:
+        return models_only()
     reason = browser_skip_reason()
     comfy = find_comfyui()
     if reason or comfy is None:
@@ -126,7 +144,7 @@ def main() -> int:
                 data = page.evaluate(BUILD_JS, spec)
                 data["id"] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"comfyui-jensen-kv/{spec['name']}"))  # stable
                 path = out_dir / f"{spec['name']}.json"
-                path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+                write_workflow(path, data)
                 print(f"wrote {path.relative_to(PACK_ROOT)}: {len(data['nodes'])} nodes, {len(data['links'])} links")
             browser.close()
     return 0

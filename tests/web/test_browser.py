@@ -570,6 +570,36 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
     assert not our_errors(ui.errors), our_errors(ui.errors)
 
 
+def test_cpu_demo_planner_follows_the_bundled_model_and_agrees_with_the_run_to_the_byte(ui):
+    """Issue 41, item 1: the shipped CPU demo opens its planner on the bundled model (tiny AR, 4 x 2 x 128), not on
+    Wan 1.3B; after a run the measured bytes equal the plan's, and when they differ the planner says why."""
+    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text()))
+    assert not ui.missing_nodes_dialog_shown()
+    ui.focus(QUANT)
+    planned = ui.wait_planner(
+        "el.querySelector('[data-jkv=preset]').value === 'tiny-ar' && el.querySelector('[data-jkv=quant]')?.dataset.bytes"
+    )
+    el = ui.panel()
+    dims = [el.query_selector(f"[data-jkv=in-{n}]").input_value() for n in ("layers", "heads", "head_dim")]
+    assert dims == ["4", "2", "128"], dims
+    with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
+        ui.page.get_by_role("button", name="Run").first.click()
+    body = queued.value.json()
+    assert queued.value.status == 200 and not body.get("node_errors"), body
+    entry = ui.server.wait_for_prompt(body["prompt_id"], timeout=600)
+    assert entry["status"]["status_str"] == "success", (entry["status"], ui.server.log_tail())
+    after = ui.wait_planner("el.querySelector('[data-jkv=measured]')?.dataset.agrees", timeout_ms=60_000)
+    measured = el.query_selector("[data-jkv=measured]")
+    assert int(measured.get_attribute("data-bytes")) == planned["quant_bytes"], (after, planned)
+    assert measured.get_attribute("data-agrees") == "true" and "as planned, to the byte" in after["measured"], after
+    ui.shot("11_cpu_demo_planner_agrees")
+    # the settings changed after the run: the measured line says why run and plan differ
+    ui.set_widget(QUANT, "key_bits", "4")
+    after = ui.wait_planner("el.querySelector('[data-jkv=measured]')?.dataset.agrees === 'false'")
+    assert "not the plan's" in after["measured"] and "the run's keys were INT2" in after["measured"], after
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
 def _node_id(wf: dict, node_type: str) -> int:
     return next(n["id"] for n in wf["nodes"] if n["type"] == node_type)
 

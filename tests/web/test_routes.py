@@ -406,7 +406,11 @@ def test_plan_projection_equals_bytes_a_real_cache_holds():
         ({"group_size": "48"}, "group_size", ["group_size=48 is not supported", "8, 16, 32, 64, 128, 256"]),
         ({"scale_format": "fp8"}, "scale_format", ["fp8_e4m3, bf16, fp16, fp32"]),
         ({"rotation": "random"}, "rotation", ["none, hadamard"]),
-        ({"preset": "wan2.2"}, "preset", ["wan2.1-1.3b, wan2.1-14b, hy-worldplay, magi1-4.5b, magi1-24b, custom"]),
+        (
+            {"preset": "wan2.2"},
+            "preset",
+            ["wan2.1-1.3b, wan2.1-14b, tiny-ar, hy-worldplay, magi1-4.5b, magi1-24b, custom"],
+        ),
         ({"preset": "custom"}, "layers", ["layers is missing", "preset=custom needs layers, heads and head_dim"]),
         ({"cfg_branches": "3"}, "cfg_branches", ["out of range 1..2", "cfg > 1"]),
         ({"window_chunks": "-1"}, "window_chunks", ["0 = all"]),
@@ -437,7 +441,13 @@ def test_options_lists_the_node_choices_and_presets():
     assert opt["method"] == list(config.METHOD_CHOICES) == ["rtn", "qvg"]
     assert opt["defaults"]["method"] == "rtn" and opt["ranges"]["qvg_centroids"]["max"] == 256
     wan_presets = {k: v for k, v in opt["presets"].items() if v["family"] == "wan"}
-    assert {k: (v["layers"], v["heads"], v["head_dim"]) for k, v in wan_presets.items()} == MODEL_PRESETS
+    # the real Wan sizes, and the bundled demo model (4 blocks, 2 heads x 128) with the files that are it
+    assert {k: (v["layers"], v["heads"], v["head_dim"]) for k, v in wan_presets.items()} == {
+        **MODEL_PRESETS,
+        "tiny-ar": (4, 2, 128),
+    }
+    assert wan_presets["tiny-ar"]["files"] == ["jensen-kv-tiny-ar.safetensors", "jensen-kv-tiny-ar-v2.safetensors"]
+    assert all(v["files"] == [] for k, v in opt["presets"].items() if k != "tiny-ar")
     json.dumps(opt)  # served as JSON
     with pytest.raises(routes.ParamError):
         routes.options({"x": "1"})

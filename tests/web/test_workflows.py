@@ -18,6 +18,8 @@ from workflow_specs import (
     BUNDLED_MODELS,
     MAGI1_SAMPLER,
     MODEL_FILES,
+    MODEL_LOADERS,
+    MODEL_SOURCES,
     STORY_CACHE,
     T5_XXL,
     WORKFLOWS,
@@ -31,13 +33,6 @@ WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 #: input types whose widgets depend on another widget's value (0.33's Save Video ``format``)
 DYNAMIC_WIDGET_TYPES = ("COMFY_DYNAMICCOMBO_V3",)
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
-LOADER_FOLDERS = {
-    "UNETLoader": "diffusion_models",
-    "CLIPLoader": "text_encoders",
-    "VAELoader": "vae",
-    "JensenKVLoadMagi1": "diffusion_models",
-    "JensenKVLoadMagi1VAE": "vae",
-}
 SAMPLERS = {"JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"}
 UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload")
 
@@ -215,9 +210,9 @@ def test_ui_format_and_note_names_every_model_file(path):
     assert wf["last_node_id"] == max(n["id"] for n in wf["nodes"])
     g = Graph(wf)
     note = g.note_text()
-    for t, folder in LOADER_FOLDERS.items():
+    for t, widgets in MODEL_LOADERS.items():
         for node in g.of_type(t):
-            name = node["widgets_values"][0]
+            name, folder = node["widgets_values"][0], next(iter(widgets.values()))
             if name in BUNDLED_MODELS.get(folder, ()):
                 assert "bundled" in note and "models/tiny_ar" in note, f"the Note does not say where {name} comes from"
                 continue
@@ -231,6 +226,49 @@ def test_ui_format_and_note_names_every_model_file(path):
     assert g.of_type("SaveAnimatedWEBP"), "each workflow saves a video"
     # Create Video + Save Video read differently across the supported versions (0.33's dynamic format combo)
     assert not g.of_type("SaveVideo") and not g.of_type("CreateVideo")
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_every_model_file_has_an_entry_with_a_url_and_the_folder_its_loader_reads(path):
+    """What ComfyUI's missing-models dialog reads (``properties.models``, as core's templates carry it): every file a
+    loader names, but for the bundled tiny model, has an entry with its public URL and its ComfyUI folder, the folder
+    that loader lists (a loader of another folder, or an entry naming a file no widget names, fails)."""
+    wf = load(path)
+    bundled = {n for names in BUNDLED_MODELS.values() for n in names}
+    named = 0
+    for node in wf["nodes"]:
+        entries = node.get("properties", {}).get("models", [])
+        widgets = MODEL_LOADERS.get(node["type"], {})
+        assert entries == [] or widgets, f"{node['type']} carries model entries but is no model loader"
+        values = dict(zip(widgets, node.get("widgets_values") or [], strict=False))
+        by_name = {e["name"]: e for e in entries}
+        assert {e["name"] for e in entries} <= set(values.values()), (node["type"], entries, values)
+        for widget, name in values.items():
+            if name in bundled:
+                assert name not in by_name, f"{name} ships with the pack: no download entry"
+                continue
+            named += 1
+            entry = by_name.get(name)
+            if not MODEL_SOURCES[name][2]:  # converted first: no download entry, and the Note says how
+                assert entry is None, f"{name} is made by tools/convert_checkpoint.py: no download entry"
+                notes = " ".join(
+                    str(v)
+                    for n in wf["nodes"]
+                    if n["type"] in ("Note", "MarkdownNote")
+                    for v in n.get("widgets_values") or []
+                )
+                assert "convert_checkpoint.py" in notes, f"{path.name}: {name} needs converting and no Note says how"
+                continue
+            assert entry is not None, f"{path.name}: {node['type']}.{widget} = {name!r} has no model entry"
+            assert set(entry) == {"name", "url", "directory"}, entry
+            assert entry["url"].startswith("https://huggingface.co/"), entry
+            assert entry["directory"] == widgets[widget], (
+                f"{name}: {entry['directory']} is not what {node['type']} reads"
+            )
+            assert name in MODEL_FILES[entry["directory"]], f"{name} is not a placeholder of {entry['directory']}"
+            assert entry["url"].endswith((".safetensors", ".sft")), entry  # the file itself, not a page
+    if "tiny" not in path.stem:
+        assert named, f"{path.name} names no model file"
 
 
 def _sampler_widgets(g: Graph, node: dict) -> dict:
@@ -454,6 +492,8 @@ def object_info(comfy_server):
 @pytest.mark.server
 @pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
 def test_workflow_is_valid_against_live_object_info(path, object_info):
+    # with the placeholders written into each model entry's folder (MODEL_FILES), the loaders' combos list them:
+    # every model entry names a file its loader really reads from that folder
     assert "JensenKVQuantizeKVCache" in object_info, "the pack's nodes did not load on the server"
     problems = validate(load(path), object_info)
     assert not problems, "\n".join(problems)
@@ -532,6 +572,26 @@ def test_validator_catches_broken_workflows(object_info):
     save_specs = object_info["SaveVideo"]["input"]["required"]
     if any(spec[0] in DYNAMIC_WIDGET_TYPES for spec in save_specs.values()):
         assert "dynamic combo" in broken(lambda w: node(w, "SaveAnimatedWEBP").update(type="SaveVideo"))
+
+
+@pytest.mark.comfyui
+@pytest.mark.server
+def test_family_loaders_list_no_bundled_tiny_wan_file(object_info):
+    """Load MAGI-1 Model and Load HY-WorldPlay list only what can be their own: not the pack's bundled tiny Wan files,
+    which Load Diffusion Model lists (HY-WorldPlay's loader exists from v0.27 on)."""
+
+    def options(node, widget):
+        spec = object_info[node]["input"]["required"][widget]
+        return spec[0] if isinstance(spec[0], list) else spec[1]["options"]
+
+    bundled = set(BUNDLED_MODELS["diffusion_models"])
+    assert bundled <= set(options("UNETLoader", "unet_name"))
+    placeholders = set(MODEL_FILES["diffusion_models"])
+    for node, widget in (("JensenKVLoadMagi1", "model_name"), ("JensenKVLoadWorldPlay", "unet_name")):
+        if node in object_info:
+            listed = set(options(node, widget))
+            assert not listed & bundled, f"{node} lists {listed & bundled}"
+            assert placeholders <= listed, f"{node} lists less than diffusion_models holds: {placeholders - listed}"
 
 
 @pytest.mark.comfyui

@@ -1625,3 +1625,82 @@ def _worldplay_i2v() -> dict:
 WORLDPLAY_WORKFLOWS: list[dict] = [_worldplay_i2v()]
 WORLDPLAY_WORKFLOW_NAMES = frozenset(spec["name"] for spec in WORLDPLAY_WORKFLOWS)
 WORKFLOWS += WORLDPLAY_WORKFLOWS
+
+
+# ------------------------------------------------------------------------------------------ model entries
+# What ComfyUI's missing-models dialog offers: ``properties.models`` on each loader node, as core's templates carry
+# them ({"name", "url", "directory"}). One entry per model file a workflow names, written by build_workflows.py
+# (add_model_entries) and checked by test_workflows.py. The URL is the public file where a file is used as it is
+# published; where the pack's converter must run first (the Note says how), it is the repository page of the file
+# to convert (no ready file is published: downloading it as it is would give a file no loader reads).
+_COMFY_WAN = "https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files"
+_COMFY_HY15 = "https://huggingface.co/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files"
+#: file name -> (ComfyUI folder, URL, ready as published (True) or to convert with tools/convert_checkpoint.py)
+MODEL_SOURCES: dict[str, tuple[str, str, bool]] = {
+    TEXT_ENCODER: ("text_encoders", f"{_COMFY_WAN}/text_encoders/{TEXT_ENCODER}", True),
+    VAE: ("vae", f"{_COMFY_WAN}/vae/{VAE}", True),
+    T5_XXL: ("text_encoders", f"https://huggingface.co/comfyanonymous/flux_text_encoders/resolve/main/{T5_XXL}", True),
+    SKYREELS_DF: (
+        "diffusion_models",
+        f"https://huggingface.co/Kijai/WanVideo_comfy/resolve/main/Skyreels/{SKYREELS_DF}",
+        True,
+    ),
+    CAUSAL_FORCING_FRAMEWISE: (
+        "diffusion_models",
+        "https://huggingface.co/TalmajM/causal_forcing_framewise_ComfyUI_repackaged/resolve/main/split_files/"
+        f"diffusion_models/{CAUSAL_FORCING_FRAMEWISE}",  # the URL ComfyUI's own Causal Forcing template names
+        True,
+    ),
+    HY15_QWEN: ("text_encoders", f"{_COMFY_HY15}/text_encoders/{HY15_QWEN}", True),
+    HY15_BYT5: ("text_encoders", f"{_COMFY_HY15}/text_encoders/{HY15_BYT5}", True),
+    HY15_VAE: ("vae", f"{_COMFY_HY15}/vae/{HY15_VAE}", True),
+    SIGCLIP: ("clip_vision", f"{_COMFY_HY15}/clip_vision/{SIGCLIP}", True),
+    # published under another name (ar_distilled_action_model/model.safetensors): saved under this one, it loads
+    WORLDPLAY_UNET: (
+        "diffusion_models",
+        "https://huggingface.co/tencent/HY-WorldPlay/resolve/main/ar_distilled_action_model/model.safetensors",
+        True,
+    ),
+    # converted by tools/convert_checkpoint.py first (docs/checkpoints.md): the repository the Note names
+    SELF_FORCING: ("diffusion_models", "https://huggingface.co/gdhe17/Self-Forcing", False),
+    SELF_FORCING_CAUSAL: ("diffusion_models", "https://huggingface.co/gdhe17/Self-Forcing", False),
+    CAUSVID: ("diffusion_models", "https://huggingface.co/tianweiy/CausVid", False),
+    LONGLIVE: ("diffusion_models", "https://huggingface.co/Efficient-Large-Model/LongLive-1.3B", False),
+    KREA: ("diffusion_models", "https://huggingface.co/daydreamlive/krea-realtime-video", False),
+    CAUSAL_FORCING: ("diffusion_models", "https://huggingface.co/zhuhz22/Causal-Forcing", False),
+    MAGI1_DISTILL: ("diffusion_models", "https://huggingface.co/sand-ai/MAGI-1", False),
+    MAGI1_VAE: ("vae", "https://huggingface.co/sand-ai/MAGI-1", False),
+}
+#: the model loaders the workflows use: node type -> {widget: the ComfyUI folder it lists}
+MODEL_LOADERS: dict[str, dict[str, str]] = {
+    "UNETLoader": {"unet_name": "diffusion_models"},
+    "CLIPLoader": {"clip_name": "text_encoders"},
+    "DualCLIPLoader": {"clip_name1": "text_encoders", "clip_name2": "text_encoders"},
+    "VAELoader": {"vae_name": "vae"},
+    "CLIPVisionLoader": {"clip_name": "clip_vision"},
+    "JensenKVLoadMagi1": {"model_name": "diffusion_models"},
+    "JensenKVLoadMagi1VAE": {"vae_name": "vae"},
+    "JensenKVLoadWorldPlay": {"unet_name": "diffusion_models"},
+}
+
+
+def model_entries(node: dict) -> list[dict]:
+    """The ``properties.models`` of a UI-format node: one entry per model file its widgets name that is downloaded
+    as published (bundled files need none: they ship with the pack; files to convert get none)."""
+    names = [v for v in node.get("widgets_values") or [] if isinstance(v, str) and v in MODEL_SOURCES]
+    # a file to convert first has no entry: its URL would be a repository page, which the front end's download
+    # would save under the model's name; the workflow's Note says how to make it (tools/convert_checkpoint.py)
+    return [
+        {"name": n, "url": MODEL_SOURCES[n][1], "directory": MODEL_SOURCES[n][0]} for n in names if MODEL_SOURCES[n][2]
+    ]
+
+
+def add_model_entries(workflow: dict) -> dict:
+    """Put :func:`model_entries` on every node that names a model file (what build_workflows.py saves)."""
+    for node in workflow.get("nodes", []):
+        entries = model_entries(node)
+        if entries:
+            node.setdefault("properties", {})["models"] = entries
+        elif isinstance(node.get("properties"), dict):
+            node["properties"].pop("models", None)
+    return workflow

@@ -92,6 +92,14 @@ class WanFamily(ModelFamily):
     presets = {
         "wan2.1-1.3b": ModelPreset("Wan 2.1 1.3B", *PRESETS["wan2.1-1.3b"]),
         "wan2.1-14b": ModelPreset("Wan 2.1 14B", *PRESETS["wan2.1-14b"]),
+        # the pack's bundled demo model (models/tiny_ar/MODEL_CARD.md: 4 blocks, 2 heads x 128), v1 and v2
+        "tiny-ar": ModelPreset(
+            "tiny AR (bundled demo)",
+            4,
+            2,
+            128,
+            files=("jensen-kv-tiny-ar.safetensors", "jensen-kv-tiny-ar-v2.safetensors"),
+        ),
     }
     latent_channels = GEOMETRY.latent_channels
     patch = GEOMETRY.patch
