@@ -22,7 +22,17 @@ Sections (each row of the table names its section):
 5. ``e2e``     - seconds per chunk through the pack's chunk loop on random models, BF16: Wan 1.3B's
    geometry (dim 1536, 12 heads, 30 layers, FFN 8960) at 480p (60 x 104 latent), 3-frame chunks,
    window 4, 6 chunks, 4 euler steps; and a 14B-geometry slice (dim 5120 = 40 heads x 128, FFN 13824,
-   4 of its 40 layers) at the same size. Full-precision cache, INT2 + Taylor, INT2 + chunk_mean.
+   4 of its 40 layers) at the same size. Full-precision cache, INT2 + Taylor, INT2 + chunk_mean;
+6. ``family_ops`` - one attend at the other families' released shapes at 480p, BF16, as ``op`` does for Wan
+   (:data:`FAMILY_OPS`): MAGI-1 4.5B's grouped-query attention (24 query heads over 8 K/V heads x 128; the 4
+   chunks in flight, 4 x 9,360 tokens, attend in full precision to themselves and to the one finished chunk the
+   window reads, quantized) and HY-WorldPlay's (16 heads x 128; a chunk of 6,240 tokens over its rebuilt context
+   of 5 chunks, quantized; each of its two streams makes this call once per block). SDPA over the same keys
+   unquantized, INT2, INT2 + Taylor, INT2 + chunk_mean; ratios to INT2 and to SDPA; the peak above the inputs;
+7. ``families`` - every family's own loop end to end (``benchmarks/chunk_cost.py``'s cases ``wan/plain``,
+   ``magi1``, ``worldplay`` on their tiny models, on the GPU): the correction's overhead over INT2 and INT2's over
+   the full-precision cache, at ``RunCaches.attend`` and for the whole run, whether a chunk's time stays flat once
+   the window is full, and the run's peak (the report's ``peak_memory``, the CUDA allocator) beside the cache.
 
 A section that would run past ``--budget`` seconds is skipped and says so in the table. On a machine
 without CUDA the script stops with a message (exit 2) unless ``--dry-run``.
@@ -47,7 +57,15 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appe
 
 import torch  # noqa: E402
 
-SECTIONS = ("tests", "layouts", "op", "memory", "e2e")
+SECTIONS = ("tests", "layouts", "op", "memory", "e2e", "family_ops", "families")
+#: the other families' attention at 480p (released shapes): name -> (query heads, K/V heads, query tokens, cached
+#: chunks of ``tokens`` each, in-flight tokens attended in full precision besides the query's own)
+FAMILY_OPS = {
+    "MAGI-1 4.5B (GQA 24/8 x 128, 4 chunks in flight, 1 finished chunk read)": (24, 8, 4 * 9360, 1, 9360),
+    "HY-WorldPlay (16 x 128, one stream; a chunk over its context of 5 chunks)": (16, 16, 6240, 5, 6240),
+}
+#: benchmarks/chunk_cost.py's cases that the families section runs (one per family)
+FAMILY_CASES = ("wan/plain", "magi1", "worldplay")
 #: Wan 1.3B at 480p: 12 heads x 128; 3 latent frames of 30 x 52 tokens per chunk; window 4
 HEADS, HEAD_DIM, CHUNK_TOKENS, CACHED = 12, 128, 3 * 1560, 4
 WAN13B = dict(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30, text_dim=64, text_len=32)
@@ -100,6 +118,19 @@ def plan(args) -> list[tuple[str, str]]:
             f"window {WINDOW}, {E2E_CHUNKS} chunks, {STEPS} steps): Wan 1.3B geometry (30 layers) and a 14B-geometry "
             "slice (4 of 40 layers); FP cache, INT2 + Taylor, INT2 + chunk_mean",
         ),
+        (
+            "family_ops",
+            "one attend per family at its released shape, BF16: "
+            + "; ".join(FAMILY_OPS)
+            + ": SDPA unquantized, INT2, INT2 + Taylor, INT2 + chunk_mean, peak CUDA memory",
+        ),
+        (
+            "families",
+            "each family's own loop on its tiny model (benchmarks/chunk_cost.py cases "
+            + ", ".join(FAMILY_CASES)
+            + "): full cache, INT2, INT2 + Taylor; the correction's overhead at the attention op and end to end, "
+            "flat per-chunk time once the window is full, the report's peak memory",
+        ),
     ]
     skip = {s for s in SECTIONS if getattr(args, f"skip_{s}", False)}
     return [(s, ("(skipped) " if s in skip else "") + what) for s, what in out]
@@ -138,14 +169,18 @@ def run_layouts(table: Table) -> None:
 
 
 # -------------------------------------------------------------------------------------------- op level
-def _window(dtype, device):
+def _window(dtype, device, heads=HEADS, kv_heads=HEADS, query=CHUNK_TOKENS, cached=CACHED, tokens=CHUNK_TOKENS):
+    """q (``heads`` x ``query`` tokens), the current K/V (``kv_heads``, the query's tokens), ``cached`` chunks of
+    ``tokens`` in an INT2 g32 Hadamard cache, and the whole window's K/V unquantized."""
     from jensen_core import ChunkCache, QuantSpec
 
     g = torch.Generator(device=device).manual_seed(0)
-    shape = (1, HEADS, CHUNK_TOKENS, HEAD_DIM)
-    rand = lambda: torch.randn(shape, generator=g, device=device, dtype=torch.float32).to(dtype)  # noqa: E731
-    q, k_cur, v_cur = rand() * 2, rand() * 2, rand()
-    ks, vs = [rand() * 2 for _ in range(CACHED)], [rand() for _ in range(CACHED)]
+
+    def rand(h=kv_heads, n=tokens):
+        return torch.randn((1, h, n, HEAD_DIM), generator=g, device=device, dtype=torch.float32).to(dtype)
+
+    q, k_cur, v_cur = rand(heads, query) * 2, rand(n=query) * 2, rand(n=query)
+    ks, vs = [rand() * 2 for _ in range(cached)], [rand() for _ in range(cached)]
     spec = QuantSpec(bits=2, group_size=32, rotation="hadamard")
     cache = ChunkCache(spec, spec)
     for k, v in zip(ks, vs):
@@ -226,6 +261,97 @@ def run_ops(table: Table, rounds: int, memory: bool) -> None:
         del out
         table.add("memory", name, f"{peak / 2**20:.1f} MiB", f"{peak / window_bytes:.3f} x window K+V")
     table.add("memory", "one layer's window K+V, BF16", f"{window_bytes / 2**20:.1f} MiB", "")
+
+
+# ------------------------------------------------------------------------------------- the other families
+def family_op_calls(name: str, dtype, device: str = "cuda") -> tuple[dict, int]:
+    """The attends of :data:`FAMILY_OPS` ``name``: label -> callable, and the bytes of the window's K/V."""
+    import torch.nn.functional as F
+
+    heads, kv_heads, query, cached, tokens = FAMILY_OPS[name]
+    q, k_cur, v_cur, k_all, v_all, cache = _window(dtype, device, heads, kv_heads, query, cached, tokens)
+    rep = heads // kv_heads
+    k_sdpa, v_sdpa = k_all.repeat_interleave(rep, 1), v_all.repeat_interleave(rep, 1)
+    calls = {
+        "SDPA BF16, unquantized": lambda: F.scaled_dot_product_attention(q, k_sdpa, v_sdpa),
+        "INT2 (no correction)": lambda: cache.attend(q, k_cur, v_cur, correction="off"),
+        "INT2 + Taylor": lambda: cache.attend(q, k_cur, v_cur, correction="taylor"),
+        "INT2 + chunk_mean": lambda: cache.attend(q, k_cur, v_cur, correction="chunk_mean"),
+    }
+    return calls, 2 * k_all.numel() * k_all.element_size()
+
+
+def run_family_ops(table: Table, rounds: int) -> None:
+    for name in FAMILY_OPS:
+        calls, window_bytes = family_op_calls(name, torch.bfloat16)
+        for fn in calls.values():
+            fn()
+        torch.cuda.synchronize()
+        names, times = list(calls), {n: [] for n in calls}
+        for r in range(rounds):
+            for label in names[r % len(names) :] + names[: r % len(names)]:
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                calls[label]()
+                b.record()
+                torch.cuda.synchronize()
+                times[label].append(a.elapsed_time(b))
+        for label in names:
+            to_int2 = statistics.median(x / y for x, y in zip(times[label], times["INT2 (no correction)"]))
+            to_sdpa = statistics.median(x / y for x, y in zip(times[label], times[names[0]]))
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = calls[label]()
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - before
+            del out
+            table.add(
+                "family_ops",
+                f"{name.split(' (')[0]}: {label}",
+                f"{statistics.median(times[label]):.2f} ms",
+                f"x{to_int2:.3f} of INT2, x{to_sdpa:.3f} of SDPA; peak {peak / window_bytes:.2f} x window K+V",
+            )
+        del calls
+        torch.cuda.empty_cache()
+
+
+def run_families(table: Table, deadline: float) -> None:
+    spec = importlib.util.spec_from_file_location("jensen_kv_chunk_cost", ROOT / "benchmarks" / "chunk_cost.py")
+    chunk_cost = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = chunk_cost
+    spec.loader.exec_module(chunk_cost)
+    bench = chunk_cost.Bench("cuda")
+    for case in FAMILY_CASES:
+        if time.perf_counter() > deadline:
+            table.add("families", case, "skipped", "past --budget")
+            continue
+        t = chunk_cost.time_case(bench, case, chunks=8, rounds=2)
+        r = chunk_cost.ratios(t)
+        table.add(
+            "families",
+            f"{case}: INT2 + Taylor / INT2",
+            f"op x{r['taylor_op']:.3f}",
+            f"end to end x{r['taylor_e2e']:.3f}",
+        )
+        table.add(
+            "families", f"{case}: INT2 / full cache", f"op x{r['int2_op']:.3f}", f"end to end x{r['int2_e2e']:.3f}"
+        )
+        table.add(
+            "families",
+            f"{case}: flat once the window is full",
+            ", ".join(f"{s} {v:.2f}" for s, v in r["flat"].items()),
+            "last third of the chunks / the first full one",
+        )
+        for s in chunk_cost.SETTINGS:
+            peak = bench.run(case, s, 8).report.get("peak_memory") or {}
+            if peak.get("peak_bytes") is not None:
+                table.add(
+                    "families",
+                    f"{case}: {s} peak",
+                    f"{peak['peak_bytes'] / 2**20:.1f} MiB",
+                    f"cache {peak['cache_bytes'] / 2**20:.2f} MiB (planned {(peak['planned_cache_bytes'] or 0) / 2**20:.2f})",
+                )
 
 
 # ------------------------------------------------------------------------------------------------- e2e
@@ -309,8 +435,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the table (with the command and the device) to this file")
     ap.add_argument("--rounds", type=int, default=9, help="interleaved rounds of the op-level timings")
     ap.add_argument("--budget", type=float, default=450, help="seconds; a section that would start later is skipped")
-    for s in ("tests", "e2e"):
-        ap.add_argument(f"--skip-{s}", action="store_true", help=f"skip the {s} section")
+    for s in ("tests", "e2e", "family_ops", "families"):
+        ap.add_argument(f"--skip-{s.replace('_', '-')}", action="store_true", help=f"skip the {s} section")
     args = ap.parse_args(argv)
     command = "python benchmarks/gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.dry_run:
@@ -337,6 +463,14 @@ def main(argv=None) -> int:
         table.add("e2e", "chunk loop", "skipped", "--skip-e2e")
     else:
         run_e2e(table, deadline)
+    if args.skip_family_ops:
+        table.add("family_ops", "MAGI-1, HY-WorldPlay attends", "skipped", "--skip-family-ops")
+    else:
+        run_family_ops(table, args.rounds)
+    if args.skip_families:
+        table.add("families", "the families' loops", "skipped", "--skip-families")
+    else:
+        run_families(table, deadline)
     total = time.perf_counter() - start
     text = (
         f"command: {command.strip()}\ntorch {torch.__version__}, {device}; {total:.0f} s in all\n\n{table.render()}\n"

@@ -6,6 +6,7 @@ import torch
 
 from ..jensen_core.cache_values import CachePrecision, CacheShape
 from ..jensen_core.methods import REGISTRY, RTN, method_of
+from .peak_memory import peak_text
 from .run_caches import RunCaches
 
 MIB = 2**20
@@ -32,6 +33,7 @@ def build_report(
     planned_bytes: int | None = None,
     state_file_bytes: int | None = None,
     resumed: bool = False,
+    peak_memory: dict | None = None,
 ) -> dict:
     """The report of a run whose caches are ``run``: ``shape`` (the model's layers, heads, head_dim; its
     ``cfg_branches`` counted when no cache was written) and ``precision`` (the specs and tiers) as the caches had
@@ -91,6 +93,7 @@ def build_report(
         "memory_request": memory_request,
         "state_file_bytes": None if state_file_bytes is None else int(state_file_bytes),
         "state_file_mib": None if state_file_bytes is None else state_file_bytes / MIB,
+        "peak_memory": peak_memory,
     }
 
 
@@ -146,6 +149,9 @@ def report_text(report: dict) -> str:
             f"{report['head_offset'] + report['heads_per_rank'] - 1} (the peak above is this rank's); all ranks "
             f"together {report['cache_bytes_all_ranks'] / 2**20:.2f} MiB."
         )
+    peak = peak_text(report.get("peak_memory"))
+    if peak:
+        lines.append(peak)
     if report.get("state_file_bytes"):
         lines.append(f"KV cache output: {report['state_file_mib']:.2f} MiB as a file (Save KV Cache).")
     corr = report["correction"]

@@ -12,8 +12,10 @@ walk is the same, and lives here once (:class:`Session`):
 - ComfyUI's memory request (``comfy.model_management.load_models_gpu`` with room for the planned cache, which
   frees other models' memory to make it), its progress bar (``comfy.utils.ProgressBar``), latent previews
   (``latent_preview``, as KSampler's) and interrupts (``throw_exception_if_processing_interrupted``);
-- the base report (:func:`base_report`: the caches' bytes and bits, the precision and the correction), which each
-  loop extends with its own fields.
+- the run's peak memory above its start (:class:`~runtime.peak_memory.PeakMeter`: the CUDA allocator's peak, or
+  the process's resident peak on a CPU), measured from the memory request to the end;
+- the base report (:func:`base_report`: the caches' bytes and bits, the precision and the correction, the peak
+  beside them), which each loop extends with its own fields.
 
 Core's AR path (``runtime/core_ar/``) takes the caches' lifecycle and :func:`base_report` from here and nothing
 else: core's sampler owns the model call, the memory, the progress, the previews and the interrupts there (see
@@ -28,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .config import JensenKVConfig
+from .peak_memory import PeakMeter
 from .report import MIB, build_report
 from .run_caches import RunCaches
 
@@ -113,6 +116,7 @@ class Session:
         self.previewer = previewer(model, preview and progress)
         self.pbar = comfy.utils.ProgressBar(self.steps) if progress else None
         self.memory_request: dict | None = None
+        self.meter: PeakMeter | None = None
 
     # ------------------------------------------------------------------ the patched clone
     @contextlib.contextmanager
@@ -127,8 +131,11 @@ class Session:
                 install()
             self.family.install(self.work, self.caches)
             self.memory_request = request_memory(self.work, self.planned_bytes)
+            self.meter = PeakMeter(self.work.load_device).start()
             yield self
         finally:
+            if self.meter is not None:
+                self.meter.stop()
             try:
                 self.family.remove(self.work)
             finally:
@@ -171,13 +178,18 @@ class Session:
 
     # ------------------------------------------------------------------ the report
     def report(self, shape, **facts) -> dict:
-        """:func:`base_report` of this run: its caches, the memory request and the planned bytes, and ``facts``."""
+        """:func:`base_report` of this run: its caches, the memory request, the planned bytes, the measured peak
+        memory (:mod:`runtime.peak_memory`) and ``facts``."""
+        peak = None
+        if self.meter is not None:
+            peak = self.meter.report(self.caches.usage.peak_bytes, self.planned_bytes)
         return base_report(
             self.caches,
             self.config,
             shape,
             memory_request=self.memory_request,
             planned_bytes=self.planned_bytes,
+            peak_memory=peak,
             **facts,
         )
 

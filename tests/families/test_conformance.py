@@ -23,6 +23,7 @@ A family's ``marks`` go on its tests (``hunyuan15``: deselected on a ComfyUI wit
 from __future__ import annotations
 
 import importlib
+import sys
 
 import pytest
 import torch
@@ -371,3 +372,27 @@ def test_on_core_path_the_pack_with_quantization_off_gives_core_result(fam, node
     torch.testing.assert_close(out, ref, atol=2e-5, rtol=0)
     int2 = tiny.sample_core(_quantized(nodes, causal), lat, sigmas, num_frame_per_block=tiny.chunk_frames, seed=3)
     assert float((int2 - ref).abs().max()) > 1e-4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a CPU run's peak is read from Linux's /proc")
+def test_the_report_gives_the_runs_measured_peak_beside_the_planned_cache(fam, loop, nodes, euler):
+    """Every family's report carries ``peak_memory``: the cache's peak and plan as the report has them, and the run's
+    measured peak, which covers the whole run (a 64 MiB tensor an observer holds during one attention call shows)."""
+    family, tiny, _ = fam
+    held = []
+
+    def observer(e):
+        if not held:
+            held.append(torch.ones(64 * 2**20 // 4))  # resident for the rest of the run
+
+    rep = _run(
+        loop, tiny, _quantized(nodes, tiny.build(0), "taylor"), euler, frames=4 * tiny.chunk_frames, observer=observer
+    ).report
+    assert held, "no attention call was observed"
+    peak = rep["peak_memory"]
+    assert peak["cache_bytes"] == rep["cache_bytes"] > 0
+    assert peak["planned_cache_bytes"] == rep["planned_bytes"]
+    assert peak["peak_bytes"] >= 60 * 2**20, peak
+    assert peak["above_cache_bytes"] == peak["peak_bytes"] - rep["cache_bytes"]
+    report_text = importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.report").report_text
+    assert "Peak memory of the run (process)" in report_text(rep)
