@@ -408,3 +408,30 @@ def test_the_text_prefix_drops_padding_and_is_shared_by_the_streams(tiny_model, 
     two = torch.cat([ref_inputs["text"]] * 2)
     with pytest.raises(ValueError, match=r"different numbers of valid text tokens \(\[5, 6\]\)"):
         tiny_model.text_prefix(two, torch.tensor([[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1, 0]]))
+
+
+def test_a_padded_prompt_gives_the_prefix_of_its_real_tokens_alone(tiny_model, ref_inputs):
+    """HY-WorldPlay's token refiner pools its condition over the real tokens only; core's TokenRefiner divides by the
+    padded length. The pack takes the masked mean on a padded prompt, so the prefix of a prompt padded with 2 tokens
+    (whatever they hold) equals the prefix of its 5 real tokens unpadded, within float32 rounding (the refiner's 2
+    blocks and the model's blocks: reference_bound). Core's plain mean is shown to miss by far more."""
+    real = ref_inputs["text"][:, :5]
+    padded = torch.cat([real, 3.0 * torch.randn(1, 2, real.shape[-1], generator=torch.Generator().manual_seed(5))], 1)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0]])
+    got = tiny_model.text_prefix(padded, mask, ref_inputs["byt5"], ref_inputs["vision"])
+    want = tiny_model.text_prefix(real, None, ref_inputs["byt5"], ref_inputs["vision"])
+    got_kv = torch.cat([torch.cat(got.keys, -1), torch.cat(got.values, -1)], -1)
+    want_kv = torch.cat([torch.cat(want.keys, -1), torch.cat(want.values, -1)], -1)
+    bound = reference_bound()
+    assert_within_rounding(got_kv, want_kv, bound)
+    # core's mean over the padded length: the refiner run as core runs it on the same padded prompt
+    core = tiny_model.txt_in
+    t0 = torch.zeros(1)
+    additive = (mask - 1).to(padded.dtype) * torch.finfo(padded.dtype).max
+    from comfy.ldm.flux.layers import timestep_embedding
+
+    pooled_core = core.c_embedder(padded.sum(dim=1) / padded.shape[1])
+    pooled_real = core.c_embedder(real.sum(dim=1) / real.shape[1])
+    t = core.t_embedder(timestep_embedding(t0, 256, time_factor=1.0))
+    assert relative_error(t + pooled_core, t + pooled_real) > 100 * bound.value
+    assert core(padded, t0, additive).shape[1] == 7  # core's refiner keeps the padded length
