@@ -153,30 +153,13 @@ class Bench:
         tiny = self.tiny[case.split("/")[0]]
         model = self.model(case, setting)
         frames, _ = self.frames_and_window(case, chunks)
+        common = {"seed": 7, "cfg": 1.0, "observer": observer, "progress": False, **tiny.run_options}
         if case.startswith("wan/"):
-            return self.loop.run_chunked_ar(
-                model,
-                tiny.conditioning(1),
-                tiny.conditioning(2),
-                tiny.latent(frames, 1),
-                seed=7,
-                cfg=1.0,
-                observer=observer,
-                progress=False,
-                **{**tiny.run_options, **self.wan_options(case.split("/")[1], model)},
-            )
+            options = {**common, **self.wan_options(case.split("/")[1], model)}
+            conds = (tiny.conditioning(1), tiny.conditioning(2))
+            return self.loop.run_chunked_ar(model, *conds, tiny.latent(frames, 1), **options)
         schedule = {} if tiny.sigmas is None else {"sampler": self.euler, "sigmas": tiny.sigmas(model)}
-        return tiny.sample(
-            model,
-            tiny.conditioning(1),
-            tiny.latent(frames, 1),
-            seed=7,
-            cfg=1.0,
-            observer=observer,
-            progress=False,
-            **schedule,
-            **tiny.run_options,
-        )
+        return tiny.sample(model, tiny.conditioning(1), tiny.latent(frames, 1), **common, **schedule)
 
 
 class AttendTimer:

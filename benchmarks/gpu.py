@@ -227,14 +227,13 @@ def op_calls(dtype, device: str = "cuda") -> tuple[dict, int, list[str]]:
     return calls, window_bytes, notes
 
 
-def run_ops(table: Table, rounds: int, memory: bool) -> None:
-    dtype = torch.bfloat16
-    calls, window_bytes, notes = op_calls(dtype)
-    for fn in calls.values():  # warm-up: kernel choice, checks, compilation
+def interleaved_ms(calls: dict, rounds: int) -> dict[str, list[float]]:
+    """CUDA milliseconds of each call over ``rounds`` interleaved rounds (a rotating order), after one warm-up call
+    each (kernel choice, checks, compilation)."""
+    for fn in calls.values():
         fn()
     torch.cuda.synchronize()
-    times = {n: [] for n in calls}
-    names = list(calls)
+    names, times = list(calls), {n: [] for n in calls}
     for r in range(rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -243,6 +242,26 @@ def run_ops(table: Table, rounds: int, memory: bool) -> None:
             b.record()
             torch.cuda.synchronize()
             times[name].append(a.elapsed_time(b))
+    return times
+
+
+def peak_above_inputs(fn) -> int:
+    """The CUDA allocator's peak during one ``fn()`` above what was allocated before it (its output included)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak
+
+
+def run_ops(table: Table, rounds: int, memory: bool) -> None:
+    dtype = torch.bfloat16
+    calls, window_bytes, notes = op_calls(dtype)
+    times = interleaved_ms(calls, rounds)
+    names = list(calls)
     base = names[0]
     for name in names:
         ratio = statistics.median(x / y for x, y in zip(times[name], times[base]))
@@ -252,13 +271,7 @@ def run_ops(table: Table, rounds: int, memory: bool) -> None:
     if not memory:
         return
     for name in names:
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out = calls[name]()
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
-        del out
+        peak = peak_above_inputs(calls[name])
         table.add("memory", name, f"{peak / 2**20:.1f} MiB", f"{peak / window_bytes:.3f} x window K+V")
     table.add("memory", "one layer's window K+V, BF16", f"{window_bytes / 2**20:.1f} MiB", "")
 
@@ -284,28 +297,11 @@ def family_op_calls(name: str, dtype, device: str = "cuda") -> tuple[dict, int]:
 def run_family_ops(table: Table, rounds: int) -> None:
     for name in FAMILY_OPS:
         calls, window_bytes = family_op_calls(name, torch.bfloat16)
-        for fn in calls.values():
-            fn()
-        torch.cuda.synchronize()
-        names, times = list(calls), {n: [] for n in calls}
-        for r in range(rounds):
-            for label in names[r % len(names) :] + names[: r % len(names)]:
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                calls[label]()
-                b.record()
-                torch.cuda.synchronize()
-                times[label].append(a.elapsed_time(b))
+        names, times = list(calls), interleaved_ms(calls, rounds)
         for label in names:
             to_int2 = statistics.median(x / y for x, y in zip(times[label], times["INT2 (no correction)"]))
             to_sdpa = statistics.median(x / y for x, y in zip(times[label], times[names[0]]))
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            out = calls[label]()
-            torch.cuda.synchronize()
-            peak = torch.cuda.max_memory_allocated() - before
-            del out
+            peak = peak_above_inputs(calls[label])
             table.add(
                 "family_ops",
                 f"{name.split(' (')[0]}: {label}",
