@@ -159,7 +159,12 @@ class Bench:
             conds = (tiny.conditioning(1), tiny.conditioning(2))
             return self.loop.run_chunked_ar(model, *conds, tiny.latent(frames, 1), **options)
         schedule = {} if tiny.sigmas is None else {"sampler": self.euler, "sigmas": tiny.sigmas(model)}
-        return tiny.sample(model, tiny.conditioning(1), tiny.latent(frames, 1), **common, **schedule)
+        positive = tiny.conditioning(1)
+        if case == "worldplay":  # its image condition spans the video's latent frames (the suite's is 32)
+            from jensen_testing import worldplay_tiny
+
+            positive = worldplay_tiny.conditioning(1, frames)
+        return tiny.sample(model, positive, tiny.latent(frames, 1), **common, **schedule)
 
 
 class AttendTimer:

@@ -133,3 +133,44 @@ def test_bad_starts_and_counts_are_named():
         select_context_frames(eye_path(8), 8, sphere_points(n=10))
     with pytest.raises(ValueError, match="positive number of points"):
         sphere_points(n=0)
+
+
+def _overlap_over_all_points(query, other, points):
+    """The overlap as the reference computes it: both cameras tested on all the points."""
+    from runtime.families.worldplay.model.context import VIEW_DISTANCE, _in_view, _pose_in
+
+    q, o = query.double(), other.double()
+    cq, fq = _pose_in(q, q)
+    co, fo = _pose_in(q, o)
+    pts = points.double() + cq
+    seen_q = _in_view(pts, cq, fq, 60.0, 35.0)
+    seen_o = _in_view(pts, co, fo, 60.0, 35.0) & (torch.linalg.norm(pts - co, dim=-1) < VIEW_DISTANCE)
+    return 0.0 if int(seen_q.sum()) == 0 else float((seen_q & seen_o).sum()) / int(seen_q.sum())
+
+
+def test_scoring_every_older_chunk_at_once_equals_the_references_pairwise_overlaps(loop, ref_points):
+    """fov_overlaps tests each other camera on the query's in-view points only, for all of them at once; it equals
+    the reference's pair by pair over all the points, and chunk_distances equals chunk_distance per chunk."""
+    from runtime.families.worldplay.model.context import chunk_distances, fov_overlaps
+
+    n = loop.shape[0]
+    others = [loop[i] for i in range(0, n, 3)]
+    for q in (n - 1, n // 2):
+        got = fov_overlaps(loop[q], others, ref_points)
+        want = [_overlap_over_all_points(loop[q], o, ref_points) for o in others]
+        assert got == want
+        assert any(0 < w < 1 for w in want), "a partial overlap among the pairs"
+    queries, starts = list(range(n - 4, n)), list(range(4, n - 12, 4))
+    assert starts, n
+
+    def score(h):  # the reference's chunk distance, pair by pair over all the points
+        pair = [
+            (
+                _overlap_over_all_points(loop[q], loop[h], ref_points),
+                _overlap_over_all_points(loop[q], loop[h + 2], ref_points),
+            )
+            for q in queries
+        ]
+        return sum(((1.0 - a) + (1.0 - b)) / 2.0 for a, b in pair) / len(queries)
+
+    assert chunk_distances(loop, queries, starts, ref_points) == [score(h) for h in starts]

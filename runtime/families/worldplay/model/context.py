@@ -91,6 +91,33 @@ def _pose_in(frame_w2c: Tensor, w2c: Tensor) -> tuple[Tensor, Tensor]:
     return -r.T @ t, r.T[:, 2]
 
 
+def fov_overlaps(
+    w2c_query: Tensor,
+    w2c_others: Sequence[Tensor],
+    points: Tensor,
+    fov_h: float = FOV_H_DEG,
+    fov_v: float = FOV_V_DEG,
+    distance: float = VIEW_DISTANCE,
+) -> list[float]:
+    """:func:`fov_overlap` of camera ``query`` with each of ``others``: the query camera's points in view found once,
+    and each other camera tested on those points only (the share counts nothing else), so scoring every older chunk
+    costs a small fraction of testing all the points against every camera."""
+    q = torch.as_tensor(w2c_query, dtype=torch.float64)
+    cq, fq = _pose_in(q, q)
+    pts = points.to(torch.float64) + cq
+    seen_q = _in_view(pts, cq, fq, fov_h, fov_v)
+    count = int(seen_q.sum())
+    if count == 0:
+        return [0.0] * len(w2c_others)
+    mine = pts[seen_q]
+    out = []
+    for other in w2c_others:
+        co, fo = _pose_in(q, torch.as_tensor(other, dtype=torch.float64))
+        seen_o = _in_view(mine, co, fo, fov_h, fov_v) & (torch.linalg.norm(mine - co, dim=-1) < distance)
+        out.append(float(seen_o.sum()) / count)
+    return out
+
+
 def fov_overlap(
     w2c_query: Tensor,
     w2c_other: Tensor,
@@ -102,25 +129,24 @@ def fov_overlap(
     """Share of the points in camera ``query``'s view that camera ``other`` sees too (0 when none is in view).
 
     ``points`` ``(n, 3)`` are offsets around the query camera, in its frame."""
-    q = torch.as_tensor(w2c_query, dtype=torch.float64)
-    o = torch.as_tensor(w2c_other, dtype=torch.float64)
-    cq, fq = _pose_in(q, q)
-    co, fo = _pose_in(q, o)
-    pts = points.to(torch.float64) + cq
-    seen_q = _in_view(pts, cq, fq, fov_h, fov_v)
-    seen_o = _in_view(pts, co, fo, fov_h, fov_v) & (torch.linalg.norm(pts - co, dim=-1) < distance)
-    count = int(seen_q.sum())
-    return 0.0 if count == 0 else float((seen_q & seen_o).sum()) / count
+    return fov_overlaps(w2c_query, [w2c_other], points, fov_h, fov_v, distance)[0]
+
+
+def chunk_distances(w2c: Tensor, query_frames: Sequence[int], starts: Sequence[int], points: Tensor) -> list[float]:
+    """The reference's score (:func:`chunk_distance`) of each older chunk starting at ``starts``: each query frame's
+    view found once for all of them."""
+    totals = [0.0] * len(starts)
+    for q in query_frames:
+        both = fov_overlaps(w2c[q], [w2c[f] for h in starts for f in (h, h + 2)], points)
+        for i in range(len(starts)):
+            totals[i] += ((1.0 - both[2 * i]) + (1.0 - both[2 * i + 1])) / 2.0
+    return [total / len(query_frames) for total in totals]
 
 
 def chunk_distance(w2c: Tensor, query_frames: Sequence[int], start: int, points: Tensor) -> float:
-    """The reference's score of the older chunk starting at ``start`` for the new chunk's ``query_frames``."""
-    total = 0.0
-    for q in query_frames:
-        d1 = 1.0 - fov_overlap(w2c[q], w2c[start], points)
-        d2 = 1.0 - fov_overlap(w2c[q], w2c[start + 2], points)
-        total += (d1 + d2) / 2.0
-    return total / len(query_frames)
+    """The reference's score of the older chunk starting at ``start`` for the new chunk's ``query_frames``: the mean
+    over the query frames of ``1 - overlap`` with the chunk's frames ``start`` and ``start + 2``, averaged."""
+    return chunk_distances(w2c, query_frames, [start], points)[0]
 
 
 def select_context_frames(
@@ -139,7 +165,7 @@ def select_context_frames(
     recent = list(range(max(0, start - recent_frames), start))
     queries = list(range(start, min(start + CHUNK_LATENTS, n)))
     candidates = list(range(CHUNK_LATENTS, start - recent_frames, CHUNK_LATENTS))
-    scored = [(h, chunk_distance(w2c, queries, h, points)) for h in candidates]
+    scored = list(zip(candidates, chunk_distances(w2c, queries, candidates, points)))
     scored.sort(key=lambda item: item[1])  # stable: equal scores keep the older chunk first
     memory = list(range(CHUNK_LATENTS))
     for h, _ in scored:
@@ -192,7 +218,9 @@ __all__ = [
     "MEMORY_FRAMES",
     "RECENT_FRAMES",
     "chunk_distance",
+    "chunk_distances",
     "fov_overlap",
+    "fov_overlaps",
     "plan_chunk",
     "select_context_frames",
     "sphere_points",
