@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import causal_wan, magi1_tiny, reference, wan_tiny, worldplay_tiny
+from . import causal_wan, lingbot_tiny, magi1_tiny, reference, wan_tiny, worldplay_tiny
 from .comfyui import pack_module
 
 
@@ -278,5 +278,59 @@ TINY["magi1"] = TinyFamily(
     refused_options={
         "keep_state": ("does not save or continue",),
         "resume": ("does not save or continue",),
+    },
+)
+
+
+# --------------------------------------------------------------------------------------------------- LingBot-World
+def _lb_frames(frames: int) -> int:
+    """LingBot-World's suite runs use chunks of 4 latent frames: the suite's frame counts, rounded up to whole chunks."""
+    return 4 * -(-frames // 4)
+
+
+def _lb_sample(model, positive, latent, *, seed, cfg, observer=None, **options):
+    recipe = pack_module("runtime.families.lingbot.recipe")
+    frames = latent["samples"].shape[2]
+    request = recipe.LingBotRequest.from_options(
+        model, positive, latent, lingbot_tiny.camera_path(frames), seed, cfg=cfg, observer=observer, **options
+    )
+    return recipe.run(request)
+
+
+def _lb_reference(model, frames: int, cfg: float = 1.0) -> torch.Tensor:
+    """The reference's causal-fast loop with its own frame-granular full-precision rolling cache (window 18, sink 6),
+    the same noise stream, image condition and camera (jensen_testing.lingbot_tiny.plain_rollout)."""
+    return lingbot_tiny.plain_rollout(model, _lb_frames(frames), seed=7, cond_seed=1)
+
+
+def _lb_refused():
+    """A LingBot model with 1.0 Fast's action-variant camera input (7 channels: 1792 features per token): the family
+    applies and refuses it."""
+    from dataclasses import replace
+
+    return lingbot_tiny.build_patcher(0, replace(lingbot_tiny.TINY, camera_in=1792))
+
+
+TINY["lingbot"] = TinyFamily(
+    key="lingbot",
+    build=lambda seed: lingbot_tiny.build_patcher(seed=seed),
+    latent=lambda frames, batch=1: lingbot_tiny.latent(_lb_frames(frames), batch),
+    # the image condition is cut to the run's frames, so one of the longest video the suite makes serves every run
+    conditioning=lambda seed: lingbot_tiny.conditioning(seed, 32),
+    sigmas=None,
+    chunk_frames=4,
+    block_causal=None,
+    refused=_lb_refused,
+    refusal_words=("1792", "action variant", "LingBot-World 2.0"),
+    sample=_lb_sample,
+    reference=_lb_reference,
+    # measured 2e-7 of the largest value: the cache's log-sum-exp merge sums in another order than one SDPA
+    reference_tolerance=1e-5,
+    refused_options={
+        "window_chunks": ("local_attn_size", "sink_size"),
+        "sink_chunks": ("local_attn_size", "sink_size"),
+        "cfg": ("cfg 1",),
+        "keep_state": ("no cache to hand on",),
+        "resume": ("no cache to hand on",),
     },
 )

@@ -9,6 +9,8 @@
   ByT5 features, ``pooled_output`` None as core's text encoders leave it), standing in for Qwen2.5-VL + ByT5.
 - ``JensenKVTestTinyVAE``: a VAE stand-in with HunyuanVideo 1.5's layout for HunyuanVideo15ImageToVideo: every
   16 x 16 pixel patch through a fixed random projection to 32 channels (the first frame, then every 4th).
+- ``JensenKVTestTinyWanVAE``: the same with Wan 2.1's layout (8 x 8 pixels -> 16 channels) for WanImageToVideo (the
+  tiny LingBot-World).
 """
 
 from __future__ import annotations
@@ -121,8 +123,43 @@ async def comfy_entrypoint():
         def execute(cls, seed):
             return io.NodeOutput(TinyVAE(seed))
 
+    class TinyWanVAE:
+        """Wan 2.1's latent layout (16 channels, 8 x 8 pixels and 4 frames per latent) from a fixed random projection."""
+
+        def __init__(self, seed):
+            g = torch.Generator().manual_seed(seed)
+            self.proj = torch.randn(16, 3 * 8 * 8, generator=g) / math.sqrt(3 * 8 * 8)
+
+        def encode(self, pixels):
+            frames = pixels[::4, :, :, :3].float()
+            t, h, w = frames.shape[0], frames.shape[1] // 8, frames.shape[2] // 8
+            patches = frames[:, : h * 8, : w * 8].reshape(t, h, 8, w, 8, 3).permute(0, 1, 3, 5, 2, 4)
+            latent = patches.reshape(t, h, w, -1) @ self.proj.T  # (t, h, w, 16)
+            return latent.permute(3, 0, 1, 2).unsqueeze(0)  # (1, 16, t, h, w)
+
+    class JensenKVTestTinyWanVAE(io.ComfyNode):
+        @classmethod
+        def define_schema(cls):
+            return io.Schema(
+                node_id="JensenKVTestTinyWanVAE",
+                display_name="Tiny Wan 2.1 VAE (jensen_kv tests)",
+                category="jensen_kv/testing",
+                inputs=[io.Int.Input("seed", default=0, min=0, max=2**31 - 1, tooltip="Seed of the projection.")],
+                outputs=[io.Vae.Output()],
+            )
+
+        @classmethod
+        def execute(cls, seed):
+            return io.NodeOutput(TinyWanVAE(seed))
+
     class TestNodes(ComfyExtension):
         async def get_node_list(self):
-            return [JensenKVTestConditioning, JensenKVTestPatchProbe, JensenKVTestWorldPlayPrompt, JensenKVTestTinyVAE]
+            return [
+                JensenKVTestConditioning,
+                JensenKVTestPatchProbe,
+                JensenKVTestWorldPlayPrompt,
+                JensenKVTestTinyVAE,
+                JensenKVTestTinyWanVAE,
+            ]
 
     return TestNodes()

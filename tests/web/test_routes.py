@@ -409,7 +409,9 @@ def test_plan_projection_equals_bytes_a_real_cache_holds():
         (
             {"preset": "wan2.2"},
             "preset",
-            ["wan2.1-1.3b, wan2.1-14b, tiny-ar, hy-worldplay, magi1-4.5b, magi1-24b, custom"],
+            [
+                "wan2.1-1.3b, wan2.1-14b, tiny-ar, hy-worldplay, lingbot-world-1.3b, lingbot-world-14b, magi1-4.5b, magi1-24b, custom"
+            ],
         ),
         ({"preset": "custom"}, "layers", ["layers is missing", "preset=custom needs layers, heads and head_dim"]),
         ({"cfg_branches": "3"}, "cfg_branches", ["out of range 1..2", "cfg > 1"]),
@@ -582,3 +584,21 @@ def test_plan_rejects_bad_tiers_naming_value_and_fix(params, param, words):
     assert body["param"] == param
     for w in words:
         assert w in body["error"], body["error"]
+
+
+def test_the_lingbot_presets_plan_the_reference_window_as_2_frame_entries():
+    """LingBot-World's window of 18 latent frames with a sink of 6 (the sampler's local_attn_size / sink_size, its
+    defaults when absent) is planned as 2-frame entries (sink 3, window 4: 14 cached frames) at chunk 4, whatever window
+    in chunks was typed; the README's 480x832 figures (88 latent frames, the CLI's 361-frame run as whole chunks)."""
+    base = {"preset": "lingbot-world-14b", "width": "832", "height": "480", "frames": "349", "chunk_frames": "4"}
+    bf16 = routes.plan_summary({**base, "key_bits": "off", "value_bits": "off"})
+    assert bf16["model"]["family"] == "lingbot" and bf16["latent_frames"] == 88
+    assert bf16["bf16_bytes"] == 17_891_328_000 == 40 * 2 * 40 * 128 * 2 * 14 * 1560
+    int2 = routes.plan_summary({**base, "key_bits": "2", "value_bits": "2", "group_size": "32", "window_chunks": "7"})
+    assert int2["quantized_bytes"] == 3_075_072_000
+    small = routes.plan_summary({**base, "preset": "lingbot-world-1.3b", "key_bits": "4", "value_bits": "4"})
+    assert small["quantized_bytes"] == 1_195_084_800
+    wider = routes.plan_summary({**base, "local_attn_size": "26", "sink_size": "6"})
+    assert wider["bf16_bytes"] * 14 == bf16["bf16_bytes"] * 22
+    with pytest.raises(routes.ParamError, match="local_attn_size"):
+        routes.plan_summary({**base, "local_attn_size": "9"})

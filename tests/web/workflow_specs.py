@@ -1627,6 +1627,104 @@ WORLDPLAY_WORKFLOW_NAMES = frozenset(spec["name"] for spec in WORLDPLAY_WORKFLOW
 WORKFLOWS += WORLDPLAY_WORKFLOWS
 
 
+# ============================================================================ LingBot-World 2.0 (every ComfyUI)
+# LingBot-World 2.0 is Wan 2.1's stack with camera layers (runtime/families/lingbot): WanImageToVideo, CLIPLoader
+# "wan" and Wan 2.1's VAE exist on every supported ComfyUI, so it is built with the oldest, as the Wan workflows.
+LINGBOT_UNET = "lingbot_world_v2_1.3b_causal_fast.safetensors"  # the merged transformers/ shards (see the Note)
+MODEL_FILES["diffusion_models"] = (*MODEL_FILES["diffusion_models"], LINGBOT_UNET)
+LINGBOT_PATH = "w-15, w+right-8, w-8"  # 1 + 31 = 32 latent frames = 125 video frames = 8 chunks of 4
+LINGBOT_PROMPT = "A sunlit stone courtyard with arches and potted olive trees, the camera walking through it"
+LINGBOT_SAMPLER = {
+    "seed": 42,
+    "control_after_generate": "fixed",
+    "local_attn_size": 18,
+    "sink_size": 6,
+    "chunk_frames": 4,
+    "timestep_indices": "0,250,500,750",
+    "shift": 10.0,
+}
+
+NOTE_LINGBOT = f"""LingBot-World 2.0 image to video at 480p along a camera path, with a 2-bit KV cache + Jensen bias correction
+
+LingBot-World 2.0 (Robbyant, causal-fast 1.3B): Wan 2.1's blocks with 36 input channels (noise, mask, image
+latent) and camera layers that fold a per-pixel ray map of the camera path into every token, distilled to make
+chunks of 4 latent frames in 4 steps without CFG. Load LingBot-World builds it from ComfyUI's Wan 2.1 classes
+(UNETLoader would read the file as plain Wan 2.1 and drop the camera layers: patch_embedding_wancamctrl,
+c2ws_hidden_states_layer1/2 and every block's cam_injector_layer1/2, cam_scale_layer, cam_shift_layer).
+
+The graph: your start image and prompt go through WanImageToVideo (832x480; length = the camera's length
+output: 125 frames = 32 latent frames = 8 chunks). LingBot-World Camera turns "{LINGBOT_PATH}" into one camera
+pose per latent frame (w/s forward/back, a/d right/left on the ground plane, left/right yaw 6 deg, up/down pitch
+4 deg; + holds keys together; the number is latent frames), or reads the reference's pose folder (poses.npy,
+intrinsics.npy) from pose_folder. LingBot-World 2.0 takes no action labels. LingBot-World AR Sampler does what the
+reference's causal-fast run does: every chunk denoised in 4 DMD steps at t = 999, 967, 908, 768 (shift 10, no
+CFG, fresh noise between steps), then written to the cache by one clean pass at t = 0; the window is the
+reference's 18 latent frames with a sink of 6 (kept as cache entries of 2 frames).
+
+The pack's nodes on the MODEL: Quantize KV Cache stores the cache of all 30 blocks in INT2 (group 32, Hadamard
+rotation, FP8 scales: 2.75 bits/element) and Jensen Bias Correction (taylor) removes the attention the quantized
+keys steal. At 480x832 the window's 14 cached frames (plus the 4 being made) cost 4.03 GB in BF16 and 0.69 GB
+here (the 14B: 17.89 GB and 3.08 GB; docs/lingbot.md); remove the two nodes for the full-precision A/B baseline.
+
+Model files (put them under ComfyUI/models/, then press R to refresh the loaders):
+- models/diffusion_models/{LINGBOT_UNET}
+  robbyant/lingbot-world-v2-1.3b-causal-fast: its transformers/ folder holds the DiT as safetensors shards;
+  merge them into this one file (docs/lingbot.md gives the command; tools/convert_checkpoint.py does not).
+- models/text_encoders/{TEXT_ENCODER}
+  from Comfy-Org/Wan_2.1_ComfyUI_repackaged (split_files/text_encoders); CLIPLoader type "wan".
+- models/vae/{VAE}
+  from Comfy-Org/Wan_2.1_ComfyUI_repackaged (split_files/vae).
+Start image: ComfyUI/input/{START_IMAGE} (put your image there, or upload another)."""
+
+
+def _lingbot_i2v() -> dict:
+    nodes = [
+        _note(NOTE_LINGBOT, size=(620, 1000)),
+        _n("unet", "JensenKVLoadLingBot", 1, {"unet_name": LINGBOT_UNET, "weight_dtype": "default"}, size=[380, 90]),
+        _n("clip", "CLIPLoader", 1, {"clip_name": TEXT_ENCODER, "type": "wan", "device": "default"}, size=[340, 110]),
+        _n("vae", "VAELoader", 1, {"vae_name": VAE}, size=[340, 60]),
+        _n("image", "LoadImage", 1, {"image": START_IMAGE}, title="Start image (ComfyUI/input)"),
+        _n("pos", "CLIPTextEncode", 2, {"text": LINGBOT_PROMPT}, title="Prompt", size=[400, 160]),
+        _n("neg", "CLIPTextEncode", 2, {"text": ""}, title="Negative prompt (unused: no CFG)", size=[400, 100]),
+        _n(
+            "camera",
+            "JensenKVLingBotCamera",
+            2,
+            {"path": LINGBOT_PATH, "pose_folder": ""},
+            title="LingBot-World Camera (32 latent frames)",
+            size=[400, 150],
+        ),
+        _n("i2v", "WanImageToVideo", 3, {"width": 832, "height": 480, "length": 125, "batch_size": 1}),
+        _n("quant", "JensenKVQuantizeKVCache", 4, QUANT_INT2),
+        _n("jensen", "JensenKVBiasCorrection", 4, JENSEN_TAYLOR),
+        _n("sampler", "JensenKVLingBotARSampler", 5, LINGBOT_SAMPLER, size=[360, 260]),
+        _n("decode", "VAEDecode", 6),
+        _save_webp("jensen_kv/lingbot_world_i2v_int2_jensen", 16.0, 6),
+    ]
+    links = [
+        ("unet", "MODEL", "quant", "model"),
+        ("quant", "MODEL", "jensen", "model"),
+        ("jensen", "MODEL", "sampler", "model"),
+        ("clip", "CLIP", "pos", "clip"),
+        ("clip", "CLIP", "neg", "clip"),
+        ("pos", "CONDITIONING", "i2v", "positive"),
+        ("neg", "CONDITIONING", "i2v", "negative"),
+        ("vae", "VAE", "i2v", "vae"),
+        ("image", "IMAGE", "i2v", "start_image"),
+        ("camera", "length", "i2v", "length"),
+        ("i2v", "positive", "sampler", "positive"),
+        ("i2v", "latent", "sampler", "latent"),
+        ("camera", "camera", "sampler", "camera"),
+        ("sampler", "LATENT", "decode", "samples"),
+        ("vae", "VAE", "decode", "vae"),
+        ("decode", "IMAGE", "save", "images"),
+    ]
+    return {"name": "jensen_kv_lingbot_world_1p3b_i2v_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+
+
+LINGBOT_WORKFLOWS: list[dict] = [_lingbot_i2v()]
+WORKFLOWS += LINGBOT_WORKFLOWS
+
 # ------------------------------------------------------------------------------------------ model entries
 # What ComfyUI's missing-models dialog offers: ``properties.models`` on each loader node, as core's templates carry
 # them ({"name", "url", "directory"}). One entry per model file a workflow names, written by build_workflows.py
