@@ -8,7 +8,8 @@ planned cache (issue 42, items 2 and 3).
 Each case is a family's tiny random model from ``jensen_testing.families.TINY`` (the conformance suite's: the Wan
 loop with each of its recipes, MAGI-1's multi-noise pipeline, HY-WorldPlay's context rebuild; ComfyUI in-process,
 float32 on the CPU) sampled for ``--chunks`` chunks under a window that fills early (Wan: window 2 + sink 1; MAGI-1:
-its window of 4 chunks in flight; HY-WorldPlay: its context of at most 5 chunks), with the cache in three settings,
+its window of 4 chunks in flight; HY-WorldPlay: its context of at most 5 chunks; LingBot-World: its window of 18
+latent frames with a sink of 6), with the cache in three settings,
 run round by round in a rotating order:
 
 - ``full``: no Quantize KV Cache (the cache in the model's dtype);
@@ -51,7 +52,7 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appe
 
 SETTINGS = ("full", "int2", "int2+taylor")
 WAN_RECIPES = ("plain", "self_forcing", "longlive", "krea", "skyreels", "causal_forcing")
-CASES = tuple(f"wan/{r}" for r in WAN_RECIPES) + ("magi1", "worldplay")
+CASES = tuple(f"wan/{r}" for r in WAN_RECIPES) + ("magi1", "worldplay", "lingbot")
 MIB = 2**20
 
 
@@ -143,6 +144,8 @@ class Bench:
             return chunks * self.tiny["magi1"].chunk_frames, 4  # 4 chunks in flight, then one finished per chunk
         if case == "worldplay":
             return chunks * 4, 5  # the context: at most 5 chunks of 4 frames (20 frames)
+        if case == "lingbot":
+            return chunks * 4, 4  # window 18 latent frames with the sink and the chunk: 14 cached, full from chunk 4
         if case == "wan/causal_forcing":
             return chunks, 3
         if case == "wan/krea":
@@ -164,6 +167,10 @@ class Bench:
             from jensen_testing import worldplay_tiny
 
             positive = worldplay_tiny.conditioning(1, frames)
+        elif case == "lingbot":
+            from jensen_testing import lingbot_tiny
+
+            positive = lingbot_tiny.conditioning(1, frames)
         return tiny.sample(model, positive, tiny.latent(frames, 1), **common, **schedule)
 
 

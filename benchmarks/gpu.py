@@ -30,7 +30,7 @@ Sections (each row of the table names its section):
    of 5 chunks, quantized; each of its two streams makes this call once per block). SDPA over the same keys
    unquantized, INT2, INT2 + Taylor, INT2 + chunk_mean; ratios to INT2 and to SDPA; the peak above the inputs;
 7. ``families`` - every family's own loop end to end (``benchmarks/chunk_cost.py``'s cases ``wan/plain``,
-   ``magi1``, ``worldplay`` on their tiny models, on the GPU): the correction's overhead over INT2 and INT2's over
+   ``magi1``, ``worldplay``, ``lingbot`` on their tiny models, on the GPU): the correction's overhead over INT2 and INT2's over
    the full-precision cache, at ``RunCaches.attend`` and for the whole run, whether a chunk's time stays flat once
    the window is full, and the run's peak (the report's ``peak_memory``, the CUDA allocator) beside the cache.
 
@@ -65,7 +65,7 @@ FAMILY_OPS = {
     "HY-WorldPlay (16 x 128, one stream; a chunk over its context of 5 chunks)": (16, 16, 6240, 5, 6240),
 }
 #: benchmarks/chunk_cost.py's cases that the families section runs (one per family)
-FAMILY_CASES = ("wan/plain", "magi1", "worldplay")
+FAMILY_CASES = ("wan/plain", "magi1", "worldplay", "lingbot")
 #: Wan 1.3B at 480p: 12 heads x 128; 3 latent frames of 30 x 52 tokens per chunk; window 4
 HEADS, HEAD_DIM, CHUNK_TOKENS, CACHED = 12, 128, 3 * 1560, 4
 WAN13B = dict(dim=1536, ffn_dim=8960, num_heads=12, num_layers=30, text_dim=64, text_len=32)

@@ -32,7 +32,7 @@ def test_the_dry_run_lists_every_section_and_exits_0():
         "480x832 (3-frame chunks, window 4",
         "MAGI-1 4.5B (GQA 24/8 x 128, 4 chunks in flight, 1 finished chunk read)",
         "HY-WorldPlay (16 x 128, one stream",
-        "chunk_cost.py cases wan/plain, magi1, worldplay",
+        "chunk_cost.py cases wan/plain, magi1, worldplay, lingbot",
         "the report's peak memory",
     ):
         assert what in r.stdout, what
