@@ -47,6 +47,7 @@ from typing import ClassVar, NamedTuple
 from ...jensen_core.cache_values import CacheShape
 from ...jensen_core.geometry import LatentGeometry
 from ..options import Chunking
+from ..saved_run import weights_digest
 
 #: the pack's own sampler node; a family whose recipe owns its loop names its own node in ``sampler_node``
 CHUNKED_AR_SAMPLER = "Chunked AR Video Sampler"
@@ -291,6 +292,64 @@ class ModelFamily(ABC):
         """The MODEL as loaded carries :meth:`attach_core_ar`'s patches and they displaced nobody's:
         :class:`UnusedSettingsError` naming the other patch otherwise."""
         raise NotImplementedError(f"{cls.name} has no core AR path")
+
+
+class DiffusionModelFamily(ModelFamily):
+    """A family whose instance drives ``model_patcher.model.diffusion_model`` (:attr:`dm`): its weights digest and
+    its description are that model's (``WAN21/WanModel``)."""
+
+    dm: object
+    model_class: str
+
+    def read_model(self, model_patcher) -> None:
+        """Set :attr:`dm` and :attr:`model_class` from ``model_patcher``."""
+        self.dm = model_patcher.model.diffusion_model
+        self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
+
+    def weights_digest(self) -> str:
+        return weights_digest(self.dm)
+
+    def describe(self) -> str:
+        return self.model_class
+
+
+def check_even_latent(samples, channels: int | None, model: str, make_it: str, patches: str) -> None:
+    """ValueError naming the fix unless ``samples`` is a 5-D video latent (with ``channels`` channels where given)
+    of even height and width; ``model`` (``a Wan video latent``), ``make_it`` (the node that makes one) and
+    ``patches`` (``Wan patches 2x2``) word the errors."""
+    if samples.ndim != 5 or (channels is not None and samples.shape[1] != channels):
+        raise ValueError(
+            f"the latent has shape {tuple(samples.shape)}; {model} is (batch, 16, frames, height, width): {make_it}"
+        )
+    if samples.shape[-1] % 2 or samples.shape[-2] % 2:
+        raise ValueError(
+            f"latent height {samples.shape[-2]} and width {samples.shape[-1]} must be even ({patches}): use a video "
+            "width and height that are multiples of 16"
+        )
+
+
+def check_patch_free(work, key: str, ours: type, sampler_node: str, routes: str) -> None:
+    """ValueError unless the object patch on ``key`` of ``work`` is absent or of type ``ours``: ``sampler_node``
+    must route ``routes`` (``LingBot-World's forward``) through its cache and drops no other pack's patch."""
+    other = work.object_patches.get(key)
+    if other is not None and not isinstance(other, ours):
+        what = getattr(other, "__qualname__", None) or type(other).__qualname__
+        raise ValueError(
+            f"the MODEL already carries an object patch on {key} ({what}), put there by another node pack; "
+            f"{sampler_node} must route {routes} through its cache and will not silently drop that patch: remove the "
+            "node that adds it"
+        )
+
+
+def restore_object_patch(work, key: str) -> None:
+    """Undo one run's object patch on ``key`` of ``work`` (the shared model: only this key is restored from the
+    shared backup, so other packs' patches stay as ComfyUI left them)."""
+    import comfy.utils
+
+    backup = work.object_patches_backup
+    if key in backup:
+        comfy.utils.set_attr(work.model, key, backup.pop(key))
+    work.object_patches.pop(key, None)
 
 
 #: the families registered so far; ``runtime.families.registry`` lists them in :attr:`ModelFamily.order`

@@ -22,8 +22,17 @@ from __future__ import annotations
 
 from ....jensen_core.geometry import LatentGeometry
 from ...options import Chunking
-from ...saved_run import weights_digest
-from ..base import AttentionShape, ModelFamily, ModelPreset, PlannerFieldError, Probe, register
+from ..base import (
+    AttentionShape,
+    DiffusionModelFamily,
+    ModelPreset,
+    PlannerFieldError,
+    Probe,
+    check_even_latent,
+    check_patch_free,
+    register,
+    restore_object_patch,
+)
 from .comfy_model import CALL_KEY, SAMPLER_NODE, LingBotCall, LingBotInputError, is_lingbot
 from .model.camera import camera_features
 from .model.keys import CAMERA_BLOCK, RELEASED
@@ -52,7 +61,7 @@ def _whole(fields, name: str, default: int) -> int:
         ) from None
 
 
-class LingBotFamily(ModelFamily):
+class LingBotFamily(DiffusionModelFamily):
     name = "LingBot-World"
     key = "lingbot"
     supported = SUPPORTED
@@ -128,57 +137,35 @@ class LingBotFamily(ModelFamily):
             return None
 
     def __init__(self, model_patcher):
-        self.dm = model_patcher.model.diffusion_model
+        self.read_model(model_patcher)
         self.num_layers = len(self.dm.blocks)
         self.heads = int(self.dm.num_heads)
         self.head_dim = int(self.dm.dim) // self.heads
-        self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
         self.route: LingBotRoute | None = None
 
     def check_latent(self, samples) -> None:
-        if samples.ndim != 5 or samples.shape[1] != GEOMETRY.latent_channels:
-            raise ValueError(
-                f"the latent has shape {tuple(samples.shape)}; a LingBot-World latent is (batch, 16, frames, height, "
-                "width): make it with WanImageToVideo"
-            )
-        if samples.shape[-1] % 2 or samples.shape[-2] % 2:
-            raise ValueError(
-                f"latent height {samples.shape[-2]} and width {samples.shape[-1]} must be even (1 x 2 x 2 patches): use "
-                "a video width and height that are multiples of 16"
-            )
+        check_even_latent(
+            samples,
+            GEOMETRY.latent_channels,
+            "a LingBot-World latent",
+            "make it with WanImageToVideo",
+            "1 x 2 x 2 patches",
+        )
 
     def fingerprint(self) -> dict:
         return {**super().fingerprint(), "dim": int(self.dm.dim), "camera_in": int(self.dm.camera_in)}
-
-    def weights_digest(self) -> str:
-        return weights_digest(self.dm)
-
-    def describe(self) -> str:
-        return self.model_class
 
     @classmethod
     def is_loop_patch(cls, patch) -> bool:
         return isinstance(patch, LingBotLoopForward)
 
     def install(self, work, run) -> None:
-        other = work.object_patches.get(FORWARD_KEY)
-        if other is not None and not isinstance(other, LingBotLoopForward):
-            what = getattr(other, "__qualname__", None) or type(other).__qualname__
-            raise ValueError(
-                f"the MODEL already carries an object patch on {FORWARD_KEY} ({what}), put there by another node pack; "
-                f"{SAMPLER_NODE} must route LingBot-World's forward through its cache and will not silently drop that "
-                "patch: remove the node that adds it"
-            )
+        check_patch_free(work, FORWARD_KEY, LingBotLoopForward, SAMPLER_NODE, "LingBot-World's forward")
         self.route = LingBotRoute(run)
         work.add_object_patch(FORWARD_KEY, LingBotLoopForward(self.dm, self.route))
 
     def remove(self, work) -> None:
-        import comfy.utils
-
-        backup = work.object_patches_backup
-        if FORWARD_KEY in backup:
-            comfy.utils.set_attr(work.model, FORWARD_KEY, backup.pop(FORWARD_KEY))
-        work.object_patches.pop(FORWARD_KEY, None)
+        restore_object_patch(work, FORWARD_KEY)
         if self.route is not None:
             self.route.close()
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from ...model_loading import check_weight_dtype, load_strict, model_patcher, strip_prefix
 from .comfy_model import classes
 from .model import keys as lb_keys
 
@@ -26,14 +27,6 @@ logger = logging.getLogger("jensen_kv")
 
 WEIGHT_DTYPES = {"default": None, "bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
                  "fp8_e4m3fn": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}  # fmt: skip
-_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
-
-
-def strip_prefix(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    for prefix in _PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd):
-            return {k[len(prefix) :]: v for k, v in sd.items()}
-    return dict(sd)
 
 
 def lingbot_from_state_dict(
@@ -45,40 +38,25 @@ def lingbot_from_state_dict(
     offload_device=None,
 ):
     """A ComfyUI ModelPatcher of LingBot-World from an official-format state dict (see the module docstring)."""
-    import comfy.model_management as mm
-    import comfy.model_patcher
-    import comfy.utils
-
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"weight_dtype {weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+    check_weight_dtype(weight_dtype, WEIGHT_DTYPES)
     sd = strip_prefix(sd)
     shape = lb_keys.read_shape(sd, num_heads, text_len)
     lb_keys.check_keys(sd, shape)
-    load_device = mm.get_torch_device() if load_device is None else load_device
-    offload_device = mm.unet_offload_device() if offload_device is None else offload_device
-    config = classes().config(shape.unet_config())
-    supported = list(config.supported_inference_dtypes)
-    dtype = WEIGHT_DTYPES[weight_dtype]
-    if dtype is None:
-        dtype = mm.unet_dtype(
-            model_params=comfy.utils.calculate_parameters(sd),
-            supported_dtypes=supported,
-            weight_dtype=comfy.utils.weight_dtype(sd),
-        )
-    config.set_inference_dtype(dtype, mm.unet_manual_cast(dtype, load_device, supported))
-    model = config.get_model(sd, "")
-    dm = model.diffusion_model
-    dm.requires_grad_(False).eval()
-    missing, unexpected = dm.load_state_dict(sd, strict=False)
-    if missing or unexpected:
-        raise lb_keys.CheckpointError(
+    model, load_device, offload_device = load_strict(
+        classes().config(shape.unet_config()),
+        sd,
+        WEIGHT_DTYPES[weight_dtype],
+        load_device,
+        offload_device,
+        lambda missing, unexpected: lb_keys.CheckpointError(
             f"the pack's LingBot model and its key list disagree (missing {missing[:5]}, unexpected {unexpected[:5]})"
-        )
+        ),
+    )
     logger.info(
         "jensen_kv: LingBot-World loaded: %d blocks, width %d, %d heads x %d, weights %s",
         shape.num_layers, shape.dim, shape.num_heads, shape.dim // shape.num_heads, model.get_dtype(),
     )  # fmt: skip
-    return comfy.model_patcher.ModelPatcher(model, load_device=load_device, offload_device=offload_device)
+    return model_patcher(model, load_device, offload_device)
 
 
 def file_metadata(path: str) -> dict:

@@ -27,8 +27,16 @@ import torch
 from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
-from ...saved_run import weights_digest
-from ..base import AttentionShape, ModelFamily, ModelPreset, Probe, register
+from ..base import (
+    AttentionShape,
+    DiffusionModelFamily,
+    ModelPreset,
+    Probe,
+    check_even_latent,
+    check_patch_free,
+    register,
+    restore_object_patch,
+)
 from .comfy_model import CHUNK_FRAMES, ComfyMagiDiT
 from .model.attention import ChunkPlan
 from .model.dit import MagiDiT
@@ -56,7 +64,7 @@ class MagiLoopError(RuntimeError):
     """The patched MAGI-1 was called by something other than the MAGI-1 AR Sampler's run."""
 
 
-class Magi1Family(ModelFamily):
+class Magi1Family(DiffusionModelFamily):
     name = "MAGI-1"
     key = "magi1"
     supported = SUPPORTED
@@ -114,27 +122,23 @@ class Magi1Family(ModelFamily):
             return None
 
     def __init__(self, model_patcher):
-        self.dm = model_patcher.model.diffusion_model
+        self.read_model(model_patcher)
         cfg = self.config = self.dm.config
         self.num_layers = int(cfg.num_layers)
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(cfg.num_query_groups)
         self.head_dim = int(cfg.kv_channels)
-        self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
         self.attention: Magi1CacheAttention | None = None
 
     # ------------------------------------------------------------------ latent geometry
     def check_latent(self, samples) -> None:
-        if samples.ndim != 5 or samples.shape[1] != GEOMETRY.latent_channels:
-            raise ValueError(
-                f"the latent has shape {tuple(samples.shape)}; a MAGI-1 video latent is (batch, 16, frames, height, "
-                "width): MAGI-1 AR Sampler makes it from the video size"
-            )
-        if samples.shape[-1] % 2 or samples.shape[-2] % 2:
-            raise ValueError(
-                f"latent height {samples.shape[-2]} and width {samples.shape[-1]} must be even (MAGI-1 patches 2x2): "
-                "use a video width and height that are multiples of 16"
-            )
+        check_even_latent(
+            samples,
+            GEOMETRY.latent_channels,
+            "a MAGI-1 video latent",
+            "MAGI-1 AR Sampler makes it from the video size",
+            "MAGI-1 patches 2x2",
+        )
 
     def fingerprint(self) -> dict:
         cfg = self.config
@@ -146,33 +150,15 @@ class Magi1Family(ModelFamily):
             "distill": bool(cfg.distill),
         }
 
-    def weights_digest(self) -> str:
-        return weights_digest(self.dm)
-
-    def describe(self) -> str:
-        return self.model_class
-
     # ------------------------------------------------------------------ the patch
     def install(self, work, run) -> None:
         """Put :class:`CachedForward` on ``work`` (a clone for this run); refuses another pack's patch there."""
-        old = work.object_patches.get(FORWARD_KEY)
-        if old is not None and not isinstance(old, CachedForward):
-            what = getattr(old, "__qualname__", None) or type(old).__qualname__
-            raise ValueError(
-                f"the MODEL already carries an object patch on {FORWARD_KEY} ({what}), put there by another node pack; "
-                "MAGI-1 AR Sampler must route the DiT's self-attention through its cache and will not silently drop "
-                "that patch: remove the node that adds it"
-            )
+        check_patch_free(work, FORWARD_KEY, CachedForward, "MAGI-1 AR Sampler", "the DiT's self-attention")
         self.attention = Magi1CacheAttention(run, self.num_layers)
         work.add_object_patch(FORWARD_KEY, CachedForward(work.get_model_object("diffusion_model"), self.attention))
 
     def remove(self, work) -> None:
-        import comfy.utils
-
-        backup = work.object_patches_backup
-        if FORWARD_KEY in backup:
-            comfy.utils.set_attr(work.model, FORWARD_KEY, backup.pop(FORWARD_KEY))
-        work.object_patches.pop(FORWARD_KEY, None)
+        restore_object_patch(work, FORWARD_KEY)
         if self.attention is not None:
             self.attention.armed = False
 

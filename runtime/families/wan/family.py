@@ -29,8 +29,15 @@ import torch
 from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
-from ...saved_run import weights_digest
-from ..base import AttentionShape, ModelFamily, ModelPreset, Probe, UnusedSettingsError, register
+from ..base import (
+    AttentionShape,
+    DiffusionModelFamily,
+    ModelPreset,
+    Probe,
+    UnusedSettingsError,
+    check_even_latent,
+    register,
+)
 
 logger = logging.getLogger("jensen_kv")
 
@@ -83,7 +90,7 @@ def _probe_attention(dm) -> str | None:
     return None
 
 
-class WanFamily(ModelFamily):
+class WanFamily(DiffusionModelFamily):
     name = "Wan 2.1 T2V"
     key = "wan"
     order = 0
@@ -155,25 +162,21 @@ class WanFamily(ModelFamily):
             return None
 
     def __init__(self, model_patcher):
-        self.dm = model_patcher.model.diffusion_model
+        self.read_model(model_patcher)
         self.num_layers = len(self.dm.blocks)
         first = self.dm.blocks[0].self_attn
         self.heads, self.head_dim = int(first.num_heads), int(first.head_dim)
         self.keys = [SELF_ATTN_KEY.format(i) for i in range(self.num_layers)]
-        self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
 
     # ------------------------------------------------------------------ latent geometry
     def check_latent(self, samples) -> None:
-        if samples.ndim != 5:
-            raise ValueError(
-                f"the latent has shape {tuple(samples.shape)}; a Wan video latent is (batch, 16, frames, height, width): "
-                "make it with EmptyHunyuanLatentVideo (or Wan's image-to-video nodes' latent output)"
-            )
-        if samples.shape[-1] % 2 or samples.shape[-2] % 2:
-            raise ValueError(
-                f"latent height {samples.shape[-2]} and width {samples.shape[-1]} must be even (Wan patches 2x2): "
-                "use a video width and height that are multiples of 16"
-            )
+        check_even_latent(
+            samples,
+            None,
+            "a Wan video latent",
+            "make it with EmptyHunyuanLatentVideo (or Wan's image-to-video nodes' latent output)",
+            "Wan patches 2x2",
+        )
 
     def fingerprint(self) -> dict:
         return {
@@ -182,12 +185,6 @@ class WanFamily(ModelFamily):
             "ffn_dim": int(getattr(self.dm, "ffn_dim", 0)),
             "text_dim": int(getattr(self.dm, "text_dim", 0)),
         }
-
-    def weights_digest(self) -> str:
-        return weights_digest(self.dm)
-
-    def describe(self) -> str:
-        return self.model_class
 
     # ------------------------------------------------------------------ whose patch, core's AR path
     @classmethod

@@ -32,8 +32,15 @@ from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
 from ...options import Chunking
-from ...saved_run import weights_digest
-from ..base import AttentionShape, ModelFamily, ModelPreset, Probe, register
+from ..base import (
+    AttentionShape,
+    DiffusionModelFamily,
+    ModelPreset,
+    Probe,
+    check_patch_free,
+    register,
+    restore_object_patch,
+)
 from .comfy_model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
 from .model.attention import STREAMS, TextPrefix
 from .model.context import MEMORY_FRAMES
@@ -68,7 +75,7 @@ def _hunyuan15_base(base) -> bool:
     return cls is not None and isinstance(base, cls)
 
 
-class WorldPlayFamily(ModelFamily):
+class WorldPlayFamily(DiffusionModelFamily):
     name = "HY-WorldPlay"
     key = "worldplay"
     supported = SUPPORTED
@@ -148,13 +155,12 @@ class WorldPlayFamily(ModelFamily):
             return None
 
     def __init__(self, model_patcher):
-        self.dm = model_patcher.model.diffusion_model
+        self.read_model(model_patcher)
         self.blocks = len(self.dm.double_blocks)
         self.num_layers = len(STREAMS) * self.blocks
         self.heads = int(self.dm.num_heads)
         self.head_dim = int(self.dm.hidden_size) // self.heads
         self.geometry = dataclasses.replace(GEOMETRY, patch=tuple(int(p) for p in self.dm.patch_size))
-        self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
         self.route: WorldPlayRoute | None = None
 
     # ------------------------------------------------------------------ latents, identity
@@ -179,12 +185,6 @@ class WorldPlayFamily(ModelFamily):
             "hidden_size": int(self.dm.hidden_size),
         }
 
-    def weights_digest(self) -> str:
-        return weights_digest(self.dm)
-
-    def describe(self) -> str:
-        return self.model_class
-
     # ------------------------------------------------------------------ the route
     @classmethod
     def is_loop_patch(cls, patch) -> bool:
@@ -192,24 +192,12 @@ class WorldPlayFamily(ModelFamily):
 
     def install(self, work, run) -> None:
         """Put the route on ``work`` (a clone made for one run); refuses to replace another pack's ``_forward``."""
-        other = work.object_patches.get(FORWARD_KEY)
-        if other is not None and not isinstance(other, WorldPlayLoopForward):
-            what = getattr(other, "__qualname__", None) or type(other).__qualname__
-            raise ValueError(
-                f"the MODEL already carries an object patch on {FORWARD_KEY} ({what}), put there by another node pack; "
-                f"{SAMPLER_NODE} must route HY-WorldPlay's forward through its cache and will not silently drop that "
-                "patch: remove the node that adds it"
-            )
+        check_patch_free(work, FORWARD_KEY, WorldPlayLoopForward, SAMPLER_NODE, "HY-WorldPlay's forward")
         self.route = WorldPlayRoute(run)
         work.add_object_patch(FORWARD_KEY, WorldPlayLoopForward(self.dm, self.route))
 
     def remove(self, work) -> None:
-        import comfy.utils
-
-        backup = work.object_patches_backup
-        if FORWARD_KEY in backup:
-            comfy.utils.set_attr(work.model, FORWARD_KEY, backup.pop(FORWARD_KEY))
-        work.object_patches.pop(FORWARD_KEY, None)
+        restore_object_patch(work, FORWARD_KEY)
         if self.route is not None:
             self.route.close()
 

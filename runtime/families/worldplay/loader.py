@@ -20,6 +20,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
+from ...model_loading import check_weight_dtype, load_strict, model_patcher, strip_prefix
 from .comfy_model import classes
 from .model import keys as wp_keys
 
@@ -30,53 +31,26 @@ WEIGHT_DTYPES = {
     "fp8_e4m3fn": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
 }
-#: prefixes a full checkpoint puts before the transformer's keys
-_PREFIXES = ("model.diffusion_model.", "diffusion_model.")
-
-
-def strip_prefix(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """The transformer's keys of ``sd``: a ``model.diffusion_model.`` (or ``diffusion_model.``) prefix removed."""
-    for prefix in _PREFIXES:
-        if sd and all(k.startswith(prefix) for k in sd):
-            return {k[len(prefix) :]: v for k, v in sd.items()}
-    return dict(sd)
 
 
 def worldplay_from_state_dict(
     sd: Mapping[str, Tensor], weight_dtype: str = "default", load_device=None, offload_device=None
 ):
     """A ComfyUI ModelPatcher of HY-WorldPlay from an official-format state dict (see the module docstring)."""
-    import comfy.model_management as mm
-    import comfy.model_patcher
-    import comfy.utils
-
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"weight_dtype {weight_dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+    check_weight_dtype(weight_dtype, WEIGHT_DTYPES)
     sd = strip_prefix(sd)
     shape = wp_keys.read_config(sd)
     wp_keys.check_keys(sd, shape)
-    core_sd = wp_keys.to_core(sd)
-    load_device = mm.get_torch_device() if load_device is None else load_device
-    offload_device = mm.unet_offload_device() if offload_device is None else offload_device
-
-    config = classes().config(shape.core_config())
-    supported = list(config.supported_inference_dtypes)
-    dtype = WEIGHT_DTYPES[weight_dtype]
-    if dtype is None:
-        dtype = mm.unet_dtype(
-            model_params=comfy.utils.calculate_parameters(core_sd),
-            supported_dtypes=supported,
-            weight_dtype=comfy.utils.weight_dtype(core_sd),
-        )
-    config.set_inference_dtype(dtype, mm.unet_manual_cast(dtype, load_device, supported))
-    model = config.get_model(core_sd, "")
-    dm = model.diffusion_model
-    dm.requires_grad_(False).eval()  # v0.27's BaseModel leaves this to the sampler's no_grad; v0.33 does it itself
-    missing, unexpected = dm.load_state_dict(core_sd, strict=False)
-    if missing or unexpected:  # the key list and the model disagree: a bug of the pack, said plainly
-        raise wp_keys.CheckpointError(
+    model, load_device, offload_device = load_strict(
+        classes().config(shape.core_config()),
+        wp_keys.to_core(sd),
+        WEIGHT_DTYPES[weight_dtype],
+        load_device,
+        offload_device,
+        lambda missing, unexpected: wp_keys.CheckpointError(
             f"the pack's WorldPlay model and its key list disagree (missing {missing[:5]}, unexpected {unexpected[:5]})"
-        )
+        ),
+    )
     logger.info(
         "jensen_kv: HY-WorldPlay loaded: %d double blocks, width %d, %d heads x %d, weights %s (compute %s)",
         shape.depth,
@@ -86,7 +60,7 @@ def worldplay_from_state_dict(
         model.get_dtype(),
         model.manual_cast_dtype or model.get_dtype(),
     )
-    return comfy.model_patcher.ModelPatcher(model, load_device=load_device, offload_device=offload_device)
+    return model_patcher(model, load_device, offload_device)
 
 
 def describe(model_patcher) -> str:
