@@ -301,16 +301,52 @@ class DiffusionModelFamily(ModelFamily):
     dm: object
     model_class: str
 
+    #: how :meth:`check_latent`'s errors word the latent, the node that makes one and the patches
+    #: (``("a Wan video latent", "make it with ...", "Wan patches 2x2")``: see :func:`check_even_latent`)
+    latent_help: ClassVar[tuple[str, str, str]]
+    #: whether :meth:`check_latent` checks the latent's channels (:attr:`latent_channels`)
+    checks_channels: ClassVar[bool] = True
+
     def read_model(self, model_patcher) -> None:
         """Set :attr:`dm` and :attr:`model_class` from ``model_patcher``."""
         self.dm = model_patcher.model.diffusion_model
         self.model_class = f"{type(model_patcher.model).__name__}/{type(self.dm).__name__}"
+
+    def check_latent(self, samples) -> None:
+        check_even_latent(samples, self.latent_channels if self.checks_channels else None, *self.latent_help)
 
     def weights_digest(self) -> str:
         return weights_digest(self.dm)
 
     def describe(self) -> str:
         return self.model_class
+
+
+class RoutedForwardFamily(DiffusionModelFamily):
+    """A family whose run replaces the diffusion model's forward (:attr:`forward_key`) by one object patch,
+    ``loop_forward(dm, route)``, with a ``route_type(run)`` the run's model calls share (``route.close()`` ends it)."""
+
+    forward_key: ClassVar[str]
+    loop_forward: ClassVar[type]
+    route_type: ClassVar[type]
+    #: what the sampler routes through its cache, for the refusal of another pack's patch (``HY-WorldPlay's forward``)
+    routes: ClassVar[str]
+    route = None
+
+    @classmethod
+    def is_loop_patch(cls, patch) -> bool:
+        return isinstance(patch, cls.loop_forward)
+
+    def install(self, work, run) -> None:
+        """Put the route on ``work`` (a clone made for one run); refuses to replace another pack's forward."""
+        check_patch_free(work, self.forward_key, self.loop_forward, self.sampler_node, self.routes)
+        self.route = self.route_type(run)
+        work.add_object_patch(self.forward_key, self.loop_forward(self.dm, self.route))
+
+    def remove(self, work) -> None:
+        restore_object_patch(work, self.forward_key)
+        if self.route is not None:
+            self.route.close()
 
 
 def check_even_latent(samples, channels: int | None, model: str, make_it: str, patches: str) -> None:

@@ -24,14 +24,11 @@ from ....jensen_core.geometry import LatentGeometry
 from ...options import Chunking
 from ..base import (
     AttentionShape,
-    DiffusionModelFamily,
     ModelPreset,
     PlannerFieldError,
     Probe,
-    check_even_latent,
-    check_patch_free,
+    RoutedForwardFamily,
     register,
-    restore_object_patch,
 )
 from .comfy_model import CALL_KEY, SAMPLER_NODE, LingBotCall, LingBotInputError, is_lingbot
 from .model.camera import camera_features
@@ -61,12 +58,13 @@ def _whole(fields, name: str, default: int) -> int:
         ) from None
 
 
-class LingBotFamily(DiffusionModelFamily):
+class LingBotFamily(RoutedForwardFamily):
     name = "LingBot-World"
     key = "lingbot"
     supported = SUPPORTED
     geometry = GEOMETRY
     latent_channels = GEOMETRY.latent_channels
+    latent_help = ("a LingBot-World latent", "make it with WanImageToVideo", "1 x 2 x 2 patches")
     presets = {
         "lingbot-world-1.3b": _preset("LingBot-World 2.0 1.3B (causal-fast)", "lingbot-world-1.3b"),
         "lingbot-world-14b": _preset("LingBot-World 2.0 14B (causal-fast)", "lingbot-world-14b"),
@@ -143,31 +141,8 @@ class LingBotFamily(DiffusionModelFamily):
         self.head_dim = int(self.dm.dim) // self.heads
         self.route: LingBotRoute | None = None
 
-    def check_latent(self, samples) -> None:
-        check_even_latent(
-            samples,
-            GEOMETRY.latent_channels,
-            "a LingBot-World latent",
-            "make it with WanImageToVideo",
-            "1 x 2 x 2 patches",
-        )
-
     def fingerprint(self) -> dict:
         return {**super().fingerprint(), "dim": int(self.dm.dim), "camera_in": int(self.dm.camera_in)}
-
-    @classmethod
-    def is_loop_patch(cls, patch) -> bool:
-        return isinstance(patch, LingBotLoopForward)
-
-    def install(self, work, run) -> None:
-        check_patch_free(work, FORWARD_KEY, LingBotLoopForward, SAMPLER_NODE, "LingBot-World's forward")
-        self.route = LingBotRoute(run)
-        work.add_object_patch(FORWARD_KEY, LingBotLoopForward(self.dm, self.route))
-
-    def remove(self, work) -> None:
-        restore_object_patch(work, FORWARD_KEY)
-        if self.route is not None:
-            self.route.close()
 
 
 class LingBotRoute:
@@ -217,5 +192,6 @@ class LingBotLoopForward:
 
 __all__ = ["FORWARD_KEY", "GEOMETRY", "SUPPORTED", "LingBotFamily", "LingBotLoopForward", "LingBotRoute"]
 
-
+LingBotFamily.forward_key, LingBotFamily.routes = FORWARD_KEY, "LingBot-World's forward"
+LingBotFamily.loop_forward, LingBotFamily.route_type = LingBotLoopForward, LingBotRoute
 register(LingBotFamily)

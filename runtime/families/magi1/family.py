@@ -32,7 +32,6 @@ from ..base import (
     DiffusionModelFamily,
     ModelPreset,
     Probe,
-    check_even_latent,
     check_patch_free,
     register,
     restore_object_patch,
@@ -75,6 +74,11 @@ class Magi1Family(DiffusionModelFamily):
     geometry = GEOMETRY
     presets = PRESETS
     latent_channels = GEOMETRY.latent_channels
+    latent_help = (
+        "a MAGI-1 video latent",
+        "MAGI-1 AR Sampler makes it from the video size",
+        "MAGI-1 patches 2x2",
+    )
     planner_fields = {
         "window_size": "MAGI-1 AR Sampler's chunks denoised together, 1 to 4, e.g. window_size=4",
         "kv_ranges": "MAGI-1 AR Sampler's key ranges, e.g. kv_ranges=5,4,3,2 (or all)",
@@ -131,15 +135,6 @@ class Magi1Family(DiffusionModelFamily):
         self.attention: Magi1CacheAttention | None = None
 
     # ------------------------------------------------------------------ latent geometry
-    def check_latent(self, samples) -> None:
-        check_even_latent(
-            samples,
-            GEOMETRY.latent_channels,
-            "a MAGI-1 video latent",
-            "MAGI-1 AR Sampler makes it from the video size",
-            "MAGI-1 patches 2x2",
-        )
-
     def fingerprint(self) -> dict:
         cfg = self.config
         return {

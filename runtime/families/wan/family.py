@@ -35,7 +35,6 @@ from ..base import (
     ModelPreset,
     Probe,
     UnusedSettingsError,
-    check_even_latent,
     register,
 )
 
@@ -109,6 +108,12 @@ class WanFamily(DiffusionModelFamily):
         ),
     }
     latent_channels = GEOMETRY.latent_channels
+    latent_help = (
+        "a Wan video latent",
+        "make it with EmptyHunyuanLatentVideo (or Wan's image-to-video nodes' latent output)",
+        "Wan patches 2x2",
+    )
+    checks_channels = False
     patch = GEOMETRY.patch
 
     @classmethod
@@ -169,15 +174,6 @@ class WanFamily(DiffusionModelFamily):
         self.keys = [SELF_ATTN_KEY.format(i) for i in range(self.num_layers)]
 
     # ------------------------------------------------------------------ latent geometry
-    def check_latent(self, samples) -> None:
-        check_even_latent(
-            samples,
-            None,
-            "a Wan video latent",
-            "make it with EmptyHunyuanLatentVideo (or Wan's image-to-video nodes' latent output)",
-            "Wan patches 2x2",
-        )
-
     def fingerprint(self) -> dict:
         return {
             **super().fingerprint(),

@@ -34,12 +34,10 @@ from ....jensen_core.geometry import LatentGeometry
 from ...options import Chunking
 from ..base import (
     AttentionShape,
-    DiffusionModelFamily,
     ModelPreset,
     Probe,
-    check_patch_free,
+    RoutedForwardFamily,
     register,
-    restore_object_patch,
 )
 from .comfy_model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
 from .model.attention import STREAMS, TextPrefix
@@ -75,7 +73,7 @@ def _hunyuan15_base(base) -> bool:
     return cls is not None and isinstance(base, cls)
 
 
-class WorldPlayFamily(DiffusionModelFamily):
+class WorldPlayFamily(RoutedForwardFamily):
     name = "HY-WorldPlay"
     key = "worldplay"
     supported = SUPPORTED
@@ -184,22 +182,6 @@ class WorldPlayFamily(DiffusionModelFamily):
             "streams": len(STREAMS),
             "hidden_size": int(self.dm.hidden_size),
         }
-
-    # ------------------------------------------------------------------ the route
-    @classmethod
-    def is_loop_patch(cls, patch) -> bool:
-        return isinstance(patch, WorldPlayLoopForward)
-
-    def install(self, work, run) -> None:
-        """Put the route on ``work`` (a clone made for one run); refuses to replace another pack's ``_forward``."""
-        check_patch_free(work, FORWARD_KEY, WorldPlayLoopForward, SAMPLER_NODE, "HY-WorldPlay's forward")
-        self.route = WorldPlayRoute(run)
-        work.add_object_patch(FORWARD_KEY, WorldPlayLoopForward(self.dm, self.route))
-
-    def remove(self, work) -> None:
-        restore_object_patch(work, FORWARD_KEY)
-        if self.route is not None:
-            self.route.close()
 
 
 class WorldPlayRoute:
@@ -323,5 +305,6 @@ __all__ = [
     "stream_layer",
 ]
 
-
+WorldPlayFamily.forward_key, WorldPlayFamily.routes = FORWARD_KEY, "HY-WorldPlay's forward"
+WorldPlayFamily.loop_forward, WorldPlayFamily.route_type = WorldPlayLoopForward, WorldPlayRoute
 register(WorldPlayFamily)
