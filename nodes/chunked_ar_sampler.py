@@ -7,7 +7,15 @@ from comfy_api.latest import io
 from ..runtime.chunk_loop import CONTEXT_NOISE_MODES, RECACHE_MODES, ChunkedARRequest, report_text, run
 from ..runtime.config import CHUNK_DEFAULTS
 from ..runtime.saved_run import SavedRun
-from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVCache, JensenKVReport, advanced, logger, output_connected
+from .common import (
+    CATEGORY,
+    Combo,
+    JensenKVCache,
+    JensenKVReport,
+    advanced,
+    output_connected,
+    sampled_output,
+)
 
 DESCRIPTION = (
     "Chunk-wise autoregressive sampling for Self-Forcing / CausVid / SkyReels-V2 DF (Wan 2.1 T2V; SkyReels-V2 DF as an "
@@ -296,13 +304,8 @@ def build_request(node_cls, model, positive, negative, latent, inputs: dict) -> 
 def sample_node(node_cls, model, positive, negative, latent, inputs: dict) -> io.NodeOutput:
     """Run the request of a sampler node's inputs; the LATENT, the report and the state to continue from."""
     result = run(build_request(node_cls, model, positive, negative, latent, inputs))
-    out = latent.copy()
-    out.pop("downscale_ratio_spacial", None)
-    out["samples"] = result.samples
-    text = report_text(result.report)
-    logger.info("jensen_kv: %s", text.replace("\n", " "))
     # the report is shown on the node by web/jensen_kv.js from the ui payload (no progress text: it would repeat it)
-    return io.NodeOutput(out, result.report, result.state, ui={UI_REPORT_KEY: [result.report], "text": [text]})
+    return sampled_output(latent, result, report_text(result.report), result.state)
 
 
 class JensenKVChunkedARSampler(io.ComfyNode):

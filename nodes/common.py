@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
+import os
 from pathlib import Path
 
 from comfy_api.latest import io
@@ -123,3 +124,45 @@ def without_bundled(names: list[str], kind: str = "diffusion_models") -> list[st
         if path is None or bundled not in Path(path).resolve().parents:
             kept.append(name)
     return kept
+
+
+def diffusion_model_files() -> list[str]:
+    """The files of ComfyUI's models/diffusion_models a loader node offers (the pack's bundled ones left out)."""
+    import folder_paths
+
+    return without_bundled(folder_paths.get_filename_list("diffusion_models"))
+
+
+def diffusion_model_path(name: str) -> str:
+    import folder_paths
+
+    return folder_paths.get_full_path_or_raise("diffusion_models", name)
+
+
+def model_file_fingerprint(unet_name: str, weight_dtype: str) -> str:
+    """A loader node's ``fingerprint_inputs``: the file's name, size and modification time, and the dtype."""
+    try:
+        st = os.stat(diffusion_model_path(unet_name))
+    except Exception:  # noqa: BLE001 - an unknown name is validate_inputs' to report
+        return f"{unet_name}|{weight_dtype}"
+    return f"{unet_name}|{weight_dtype}|{st.st_size}|{st.st_mtime_ns}"
+
+
+def check_model_file(unet_name, no_files: str, put_it_there: str):
+    """A loader node's ``validate_inputs`` of ``unet_name``: True, or what to do (``put_it_there`` where the list
+    is empty, ``no_files`` being its placeholder)."""
+    if unet_name == no_files:
+        return put_it_there
+    if unet_name is not None and unet_name not in diffusion_model_files():
+        return f"{unet_name!r} is not in ComfyUI's models/diffusion_models: put it there and press R"
+    return True
+
+
+def sampled_output(latent: dict, result, text: str, *more) -> io.NodeOutput:
+    """A sampler node's outputs: ``latent`` with ``result.samples`` as its samples, ``result.report`` (shown on the
+    node by web/jensen_kv.js from the ui payload, ``text`` logged) and ``more``."""
+    out = latent.copy()
+    out.pop("downscale_ratio_spacial", None)
+    out["samples"] = result.samples
+    logger.info("jensen_kv: %s", text.replace("\n", " "))
+    return io.NodeOutput(out, result.report, *more, ui={UI_REPORT_KEY: [result.report], "text": [text]})

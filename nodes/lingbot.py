@@ -12,24 +12,23 @@ from ..runtime.families.lingbot.model.camera import CameraError, CameraPath, pat
 from ..runtime.families.lingbot.model.schedule import DEFAULT_INDICES, DEFAULT_SHIFT, parse_indices
 from ..runtime.families.lingbot.model.window import DEFAULT_CHUNK, DEFAULT_LOCAL_ATTN, DEFAULT_SINK
 from ..runtime.families.lingbot.recipe import LingBotRequest, report_text, run
-from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVReport, advanced, logger, without_bundled
+from .common import (
+    CATEGORY,
+    Combo,
+    JensenKVReport,
+    advanced,
+    check_model_file,
+    diffusion_model_files,
+    diffusion_model_path,
+    logger,
+    model_file_fingerprint,
+    sampled_output,
+)
 
 NO_FILES = "(no file in models/diffusion_models)"
 INDICES_TEXT = ",".join(map(str, DEFAULT_INDICES))
 #: the camera path between LingBot-World Camera and LingBot-World AR Sampler
 LingBotCamera = io.Custom("LINGBOT_WORLD_CAMERA")
-
-
-def _model_files() -> list[str]:
-    import folder_paths
-
-    return without_bundled(folder_paths.get_filename_list("diffusion_models"))
-
-
-def _path(name: str) -> str:
-    import folder_paths
-
-    return folder_paths.get_full_path_or_raise("diffusion_models", name)
 
 
 class JensenKVLoadLingBot(io.ComfyNode):
@@ -46,7 +45,7 @@ class JensenKVLoadLingBot(io.ComfyNode):
             inputs=[
                 Combo(
                     "unet_name",
-                    options=_model_files() or [NO_FILES],
+                    options=diffusion_model_files() or [NO_FILES],
                     tooltip="The merged DiT of lingbot-world-v2-*-causal-fast (one .safetensors, official key names), "
                     "in models/diffusion_models.",
                 ),
@@ -63,23 +62,19 @@ class JensenKVLoadLingBot(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, unet_name, weight_dtype):
-        try:
-            st = os.stat(_path(unet_name))
-        except Exception:  # noqa: BLE001 - an unknown name is validate_inputs' to report
-            return f"{unet_name}|{weight_dtype}"
-        return f"{unet_name}|{weight_dtype}|{st.st_size}|{st.st_mtime_ns}"
+        return model_file_fingerprint(unet_name, weight_dtype)
 
     @classmethod
     def validate_inputs(cls, unet_name=None):
-        if unet_name == NO_FILES:
-            return "put LingBot-World's merged .safetensors into ComfyUI's models/diffusion_models and press R"
-        if unet_name is not None and unet_name not in _model_files():
-            return f"{unet_name!r} is not in ComfyUI's models/diffusion_models: put it there and press R"
-        return True
+        return check_model_file(
+            unet_name,
+            NO_FILES,
+            "put LingBot-World's merged .safetensors into ComfyUI's models/diffusion_models and press R",
+        )
 
     @classmethod
     def execute(cls, unet_name, weight_dtype="default") -> io.NodeOutput:
-        model = load_lingbot(_path(unet_name), weight_dtype)
+        model = load_lingbot(diffusion_model_path(unet_name), weight_dtype)
         text = f"{unet_name}: {describe(model)}"
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(model, ui=ui.PreviewText(text))
@@ -293,12 +288,7 @@ class JensenKVLingBotARSampler(io.ComfyNode):
             shift=float(shift),
         )
         result = run(request)
-        out = latent.copy()
-        out.pop("downscale_ratio_spacial", None)
-        out["samples"] = result.samples
-        text = report_text(result.report)
-        logger.info("jensen_kv: %s", text.replace("\n", " "))
-        return io.NodeOutput(out, result.report, ui={UI_REPORT_KEY: [result.report], "text": [text]})
+        return sampled_output(latent, result, report_text(result.report))
 
 
 #: the family's nodes, in the order ComfyUI lists them (nodes/__init__.py finds this file by the family's key)

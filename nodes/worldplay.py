@@ -3,8 +3,6 @@ HY-WorldPlay AR Sampler (the family's package: ``runtime/families/worldplay/``).
 
 from __future__ import annotations
 
-import os
-
 from comfy_api.latest import io, ui
 
 from ..runtime.families.worldplay.loader import WEIGHT_DTYPES, describe, load_worldplay
@@ -13,31 +11,22 @@ from ..runtime.families.worldplay.model.trajectory import CHUNK_LATENTS, Traject
 from ..runtime.families.worldplay.recipe import WorldPlayRequest, report_text, run
 from .common import (
     CATEGORY,
-    UI_REPORT_KEY,
     Combo,
     JensenKVReport,
     WorldPlayTrajectory,
     advanced,
+    check_model_file,
+    diffusion_model_files,
+    diffusion_model_path,
     logger,
-    without_bundled,
+    model_file_fingerprint,
+    sampled_output,
 )
 
 NO_FILES = "(no file in models/diffusion_models)"
 NEEDS = (
     "Load HY-WorldPlay needs ComfyUI's HunyuanVideo 1.5 (ComfyUI v0.27 or newer); this ComfyUI has none: update ComfyUI"
 )
-
-
-def _model_files() -> list[str]:
-    import folder_paths
-
-    return without_bundled(folder_paths.get_filename_list("diffusion_models"))
-
-
-def _path(name: str) -> str:
-    import folder_paths
-
-    return folder_paths.get_full_path_or_raise("diffusion_models", name)
 
 
 def has_hunyuan15() -> bool:
@@ -61,7 +50,7 @@ class JensenKVLoadWorldPlay(io.ComfyNode):
             inputs=[
                 Combo(
                     "unet_name",
-                    options=_model_files() or [NO_FILES],
+                    options=diffusion_model_files() or [NO_FILES],
                     tooltip="HY-WorldPlay's ar_distilled_action_model/model.safetensors, in models/diffusion_models.",
                 ),
                 Combo(
@@ -77,26 +66,22 @@ class JensenKVLoadWorldPlay(io.ComfyNode):
 
     @classmethod
     def fingerprint_inputs(cls, unet_name, weight_dtype):
-        try:
-            st = os.stat(_path(unet_name))
-        except Exception:  # noqa: BLE001 - an unknown name is validate_inputs' to report
-            return f"{unet_name}|{weight_dtype}"
-        return f"{unet_name}|{weight_dtype}|{st.st_size}|{st.st_mtime_ns}"
+        return model_file_fingerprint(unet_name, weight_dtype)
 
     @classmethod
     def validate_inputs(cls, unet_name=None):
         # only unet_name: ComfyUI attaches a failure to every input named here (and leaves their own checks out)
-        if unet_name == NO_FILES:
-            return "put HY-WorldPlay's model.safetensors into ComfyUI's models/diffusion_models and press R"
-        if unet_name is not None and unet_name not in _model_files():
-            return f"{unet_name!r} is not in ComfyUI's models/diffusion_models: put it there and press R"
-        return True
+        return check_model_file(
+            unet_name,
+            NO_FILES,
+            "put HY-WorldPlay's model.safetensors into ComfyUI's models/diffusion_models and press R",
+        )
 
     @classmethod
     def execute(cls, unet_name, weight_dtype="default") -> io.NodeOutput:
         if not has_hunyuan15():
             raise RuntimeError(NEEDS)
-        model = load_worldplay(_path(unet_name), weight_dtype)
+        model = load_worldplay(diffusion_model_path(unet_name), weight_dtype)
         text = f"{unet_name}: {describe(model)}"
         logger.info("jensen_kv: %s", text)
         return io.NodeOutput(model, ui=ui.PreviewText(text))
@@ -259,12 +244,7 @@ class JensenKVWorldPlayARSampler(io.ComfyNode):
     @classmethod
     def execute(cls, model, positive, latent, trajectory, seed, sampler, sigmas) -> io.NodeOutput:
         result = run(WorldPlayRequest.from_options(model, positive, latent, trajectory, seed, sampler, sigmas))
-        out = latent.copy()
-        out.pop("downscale_ratio_spacial", None)
-        out["samples"] = result.samples
-        text = report_text(result.report)
-        logger.info("jensen_kv: %s", text.replace("\n", " "))
-        return io.NodeOutput(out, result.report, ui={UI_REPORT_KEY: [result.report], "text": [text]})
+        return sampled_output(latent, result, report_text(result.report))
 
 
 #: the family's nodes, in the order ComfyUI lists them (nodes/__init__.py finds this file by the family's key)
