@@ -6,7 +6,7 @@ from comfy_api.latest import io, ui
 
 from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, get_config, parse_correction, set_config
 from ..runtime.core_ar import attach
-from .common import CATEGORY, Combo, logger, node_message
+from .common import CATEGORY, Combo, advanced, logger, node_message
 
 NOTHING_TO_CORRECT = (
     "Jensen Bias Correction: nothing to correct - no Quantize KV Cache with quantized keys upstream, so the "
@@ -48,6 +48,16 @@ class JensenKVBiasCorrection(io.ComfyNode):
                     step=0.05,
                     tooltip="Multiplier of the correction; 1.0 removes the bias in expectation, 0 disables it.",
                 ),
+                advanced(
+                    io.Boolean.Input(
+                        "guard",
+                        default=True,
+                        optional=True,
+                        tooltip="Keeps the correction from doing harm: where a head's attention sits on a few "
+                        "cached tokens, the correction is scaled down so it never overshoots. Leave on; off is "
+                        "the paper's unguarded formula.",
+                    )
+                ),
             ],
             outputs=[
                 io.Model.Output(
@@ -59,14 +69,16 @@ class JensenKVBiasCorrection(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, model, mode, strength) -> io.NodeOutput:
+    def execute(cls, model, mode, strength, guard=True) -> io.NodeOutput:
         correction = parse_correction(mode)
         config = get_config(model.model_options)
         if config is None or not config.keys_quantized:
             logger.warning("jensen_kv: %s", NOTHING_TO_CORRECT)
             node_message(cls, NOTHING_TO_CORRECT)
             return io.NodeOutput(model, ui=ui.PreviewText(NOTHING_TO_CORRECT))
-        config = config.with_correction(correction, strength)
+        if not isinstance(guard, bool):
+            raise ValueError(f"guard={guard!r} must be true or false (true keeps the correction from overshooting)")
+        config = config.with_correction(correction, strength, guard)
         m = model.clone()
         set_config(m, config)
         attach(m)

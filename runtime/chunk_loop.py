@@ -434,6 +434,7 @@ class _Job:
             window_chunks=ch.window_chunks,
             correction=config.effective_correction,
             strength=config.strength,
+            guard=config.guard,
             keys_quantized=config.keys_quantized,
             sink_chunks=ch.sink_chunks,
         )

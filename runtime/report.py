@@ -19,6 +19,7 @@ def build_report(
     *,
     correction: str,
     strength: float,
+    guard: bool = True,
     chunks: int,
     chunk_frames: int,
     window_chunks: int,
@@ -83,6 +84,7 @@ def build_report(
         "chunks_demoted": int(usage.chunks_demoted),
         "correction": correction,
         "strength": float(strength),
+        "guard": bool(guard),
         "layers": shape.layers,
         "heads": shape.heads,
         "kv_heads": shape.cached_heads,  # what the cache stores per layer (fewer than heads under grouped-query attention)
@@ -155,7 +157,12 @@ def report_text(report: dict) -> str:
     if report.get("state_file_bytes"):
         lines.append(f"KV cache output: {report['state_file_mib']:.2f} MiB as a file (Save KV Cache).")
     corr = report["correction"]
-    lines.append(f"Jensen correction: {corr}" + (f" x{report['strength']:g}." if corr != "off" else "."))
+    unguarded = corr != "off" and not report.get("guard", True)
+    lines.append(
+        f"Jensen correction: {corr}"
+        + (f" x{report['strength']:g}" if corr != "off" else "")
+        + (", unguarded." if unguarded else ".")
+    )
     secs = report["seconds_per_chunk"]
     if secs:
         lines.append(f"{sum(secs):.1f} s total, {sum(secs) / len(secs):.2f} s per chunk (last {secs[-1]:.2f} s).")

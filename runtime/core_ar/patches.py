@@ -160,6 +160,7 @@ def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreA
         window_chunks=window.window_chunks,
         correction=config.effective_correction,
         strength=config.strength,
+        guard=config.guard,
         keys_quantized=config.keys_quantized,
         sink_chunks=window.sink_chunks,
     )

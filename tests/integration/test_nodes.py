@@ -313,6 +313,19 @@ def test_jensen_sets_mode_and_strength_on_a_clone(nodes, tiny):
     assert q.model_options["transformer_options"]["jensen_kv"].correction == "off"
 
 
+def test_the_guard_is_on_unless_turned_off_and_old_workflows_get_it(nodes, tiny):
+    """A workflow saved before the guard existed has no such input: it loads with the guard on."""
+    q = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0).args[0]
+    inp = next(i for i in nodes.JensenKVBiasCorrection.define_schema().inputs if i.id == "guard")
+    assert inp.default is True and inp.optional
+    cfg = lambda out: out.args[0].model_options["transformer_options"]["jensen_kv"]  # noqa: E731
+    assert cfg(nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0)).guard is True
+    off = cfg(nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0, guard=False))
+    assert off.guard is False and "unguarded" in off.describe()
+    with pytest.raises(ValueError, match="guard='yes' must be true or false"):
+        nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0, guard="yes")
+
+
 def _sampler_inputs(tiny):
     import comfy.samplers
 
