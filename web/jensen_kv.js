@@ -642,6 +642,8 @@ function showReport(node, report) {
   if (prompts.length > 1) {
     lines.push("prompts: " + prompts.map((p) => `${p.label} @ chunk ${p.start_chunk}${p.recached_chunks ? ` (re-cached ${p.recached_chunks})` : ""}`).join(" · "));
   }
+  // MAGI-1: which variant ran, and what said so (the file's metadata, its path, or the loader's variant input)
+  if (report.variant_from) lines.push(`MAGI-1 ${report.distill ? "distill" : "base"} (from the ${report.variant_from})`);
   if (report.state_file_bytes) lines.push(`kv_cache output: ${bytesText(report.state_file_bytes)} as a file`);
   const content = el("div", { "data-jkv": "report-text", "data-cache-bytes": report.cache_bytes, "data-bf16-bytes": report.bf16_bytes }, lines.join("\n"));
   box.replaceChildren(content);

@@ -330,6 +330,9 @@ def test_the_node_samples_a_latent_and_reports(magi1, nodes):
     assert latent["samples"].shape == (1, 16, 12, 8, 8) and report["chunks"] == 2
     assert report["key_bits"] == 2 and report["correction"] == "taylor" and report["kv_heads"] == 2
     assert "query heads over 2 K/V heads" in out.ui["text"][0]
+    # which variant ran and what said so (the tiny file's magi1_config metadata)
+    assert report["distill"] is False and report["variant_from"] == "file metadata"
+    assert "MAGI-1 base (from the file metadata)" in out.ui["text"][0]
     assert "window_size 0 is outside 1 to 4" in node.validate_inputs(steps=16, window_size=0)  # no ZeroDivisionError
     assert "multiple of window_size" in node.validate_inputs(steps=10, window_size=4)
     assert "stages of kv_ranges" in node.validate_inputs(steps=6, window_size=2, kv_ranges="5,4,3,2")
