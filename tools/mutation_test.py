@@ -959,7 +959,7 @@ MUTANTS += [
 
 
 # ---------------------------------------------------------------------------------- the new families (issue 43)
-# MAGI-1, HY-WorldPlay and Raylight where their features cross (F mutants). Written before the matrix tests of
+# MAGI-1, HY-WorldPlay and Raylight where their features cross (G mutants). Written before the matrix tests of
 # issue 43; the baseline against the tests that existed then is in the module docstring.
 MAGI_W = "runtime/families/magi1/window.py"
 MAGI_R = "runtime/families/magi1/recipe.py"
@@ -973,7 +973,7 @@ RAY = "runtime/families/wan/raylight.py"
 
 MUTANTS += [
     M(
-        "F1",
+        "G1",
         MAGI_R,
         "            precision=self.config.precision,\n        )\n        return plan.quantized_bytes or 0",
         "            precision=self.config.with_specs(self.config.spec_k, self.config.spec_v).precision,\n"
@@ -982,7 +982,7 @@ MUTANTS += [
         "MAGI-1 x tiers: the planned bytes (memory request, report) ignore precision by age",
     ),
     M(
-        "F2",
+        "G2",
         MAGI_W,
         "    if kv_ranges and num_steps % len(kv_ranges):",
         "    if any(r < 0 for r in kv_ranges):\n        raise ValueError(f'kv_ranges {list(kv_ranges)}')\n"
@@ -991,7 +991,7 @@ MUTANTS += [
         "MAGI-1 kv_ranges: a key range of 0 chunks (a chunk that does not read itself) is accepted",
     ),
     M(
-        "F3",
+        "G3",
         MAGI_W,
         "    if not out or any(v < 1 for v in out):",
         "    if not out or any(v < 0 for v in out):",
@@ -999,7 +999,7 @@ MUTANTS += [
         "MAGI-1 kv_ranges text: '5,0' is parsed into a range of 0 chunks",
     ),
     M(
-        "F4",
+        "G4",
         MAGI_W,
         "            most = max(most, st.slice_point - s)",
         "            most = max(most, st.slice_point - s - 1)",
@@ -1007,7 +1007,7 @@ MUTANTS += [
         "MAGI-1 window 0: keeps one finished chunk fewer than the key ranges reach (off by one)",
     ),
     M(
-        "F5",
+        "G5",
         MAGI_W,
         "    return max(1, finished_reached(settings, chunks)) if settings.noise2clean_kvrange else 0",
         "    return finished_reached(settings, chunks) if settings.noise2clean_kvrange else 0",
@@ -1015,7 +1015,7 @@ MUTANTS += [
         "MAGI-1 window 0 with key ranges of 1 (nothing finished read): keeps every chunk, not one",
     ),
     M(
-        "F6",
+        "G6",
         MAGI_W,
         "    if window_size not in WINDOW_SIZES:",
         "    if not 1 <= window_size <= 5:",
@@ -1023,7 +1023,7 @@ MUTANTS += [
         "MAGI-1 window_size 5 is accepted (the reference and the planner know 1 to 4)",
     ),
     M(
-        "F7",
+        "G7",
         MAGI_W,
         "    if kv_ranges and num_steps % len(kv_ranges):",
         "    if kv_ranges and num_steps < len(kv_ranges):",
@@ -1031,7 +1031,7 @@ MUTANTS += [
         "MAGI-1: steps that do not split into the stages of kv_ranges pass the check (the pipeline fails later)",
     ),
     M(
-        "F8",
+        "G8",
         MAGI_R,
         "            sink_chunks=ch.sink_chunks,\n            shape=self.adapter.cache_shape()",
         "            sink_chunks=0,\n            shape=self.adapter.cache_shape()",
@@ -1039,7 +1039,7 @@ MUTANTS += [
         "MAGI-1 window + sink: the planned bytes forget the sink",
     ),
     M(
-        "F9",
+        "G9",
         MAGI_R,
         "self.config, self.window, adapter.num_layers, observer=r.hooks.observer, sink_chunks=r.chunking.sink_chunks",
         "self.config, self.window, adapter.num_layers, observer=r.hooks.observer",
@@ -1047,7 +1047,7 @@ MUTANTS += [
         "MAGI-1 window + sink: the run's caches keep no sink (the planner still counts it)",
     ),
     M(
-        "F10",
+        "G10",
         MAGI_R,
         "        if self.cfg_number not in (None, 1, 3):",
         "        if self.cfg_number not in (None, 1, 2, 3):",
@@ -1055,7 +1055,7 @@ MUTANTS += [
         "MAGI-1 cfg_number 2 is accepted (the reference runs 1 or 3 passes)",
     ),
     M(
-        "F11",
+        "G11",
         MAGI_R,
         "        if self.latent_height % 2 or self.latent_width % 2:",
         "        if self.latent_height % 2:",
@@ -1063,7 +1063,7 @@ MUTANTS += [
         "MAGI-1 an odd latent width passes the request (not whole 2 x 2 patches)",
     ),
     M(
-        "F12",
+        "G12",
         MAGI_R,
         "        if self.window and self.window < self.reached:",
         "        if self.window and self.window < self.reached - 1:",
@@ -1071,7 +1071,7 @@ MUTANTS += [
         "MAGI-1 a window one chunk short of what the key ranges reach gives no warning",
     ),
     M(
-        "F13",
+        "G13",
         MAGI_F,
         "            reads = sum(1 for c in held if start <= c < cached)",
         "            reads = sum(1 for c in held if start < c < cached)",
@@ -1079,7 +1079,7 @@ MUTANTS += [
         "MAGI-1 key ranges: a query reads one held chunk fewer than its range starts at",
     ),
     M(
-        "F14",
+        "G14",
         MAGI_F,
         "            first = max(start, cached) - cached  # the first chunk of this forward in range",
         "            first = max(start, cached + 1) - cached  # the first chunk of this forward in range",
@@ -1087,7 +1087,7 @@ MUTANTS += [
         "MAGI-1: the clean chunk riding in front is not read as context by the chunks behind it",
     ),
     M(
-        "F15",
+        "G15",
         MAGI_F,
         "        self.kv_heads = int(cfg.num_query_groups)",
         "        self.kv_heads = int(cfg.num_attention_heads)",
@@ -1095,7 +1095,7 @@ MUTANTS += [
         "MAGI-1 x GQA: the plan and report count the query heads, not the K/V heads",
     ),
     M(
-        "F16",
+        "G16",
         MAGI_P,
         "        r = clean_chunk_kvrange if s == num_steps else noise2clean_kvrange[s // per]",
         "        r = clean_chunk_kvrange if s == num_steps else noise2clean_kvrange[min(s // per + 1, len(noise2clean_kvrange) - 1)]",
@@ -1103,7 +1103,7 @@ MUTANTS += [
         "MAGI-1 pipeline: each quarter of a chunk's steps takes the next quarter's key range",
     ),
     M(
-        "F17",
+        "G17",
         MAGI_P,
         "        extra = cs > chunk_offset and sub == 0",
         "        extra = cs > chunk_offset and sub == per_stage - 1",
@@ -1111,7 +1111,7 @@ MUTANTS += [
         "MAGI-1 pipeline: the finished chunk rides in front on the stage's last forward, not its first",
     ),
     M(
-        "F18",
+        "G18",
         MAGI_CK,
         "        if name in files.where:",
         "        if name in files.where and files.where[name] == path:",
@@ -1119,7 +1119,7 @@ MUTANTS += [
         "MAGI-1 loader: a tensor in two shards is taken from the last one silently",
     ),
     M(
-        "F19",
+        "G19",
         WP_R,
         "        self.points = sphere_points(seed=int(r.sampling.seed))",
         "        self.points = sphere_points()",
@@ -1127,7 +1127,7 @@ MUTANTS += [
         "HY-WorldPlay: the context selection's view-overlap points ignore the run's seed (always seed 0)",
     ),
     M(
-        "F20",
+        "G20",
         WP_C,
         "    scored.sort(key=lambda item: item[1])  # stable: equal scores keep the older chunk first",
         "    scored.sort(key=lambda item: (item[1], -item[0]))  # stable: equal scores keep the older chunk first",
@@ -1135,7 +1135,7 @@ MUTANTS += [
         "HY-WorldPlay context x a revisited view: ties go to the newest chunk, not the oldest",
     ),
     M(
-        "F21",
+        "G21",
         WP_F,
         "        rule = Chunking(CHUNK_LATENTS, CONTEXT_CHUNKS, 0)",
         "        rule = Chunking(CHUNK_LATENTS, CONTEXT_CHUNKS + 1, 0)",
@@ -1143,7 +1143,7 @@ MUTANTS += [
         "HY-WorldPlay planner rule: plans 6 context chunks where the selection holds at most 5",
     ),
     M(
-        "F22",
+        "G22",
         WP_R,
         "        if frames is None or frames % CHUNK_LATENTS or frames < CHUNK_LATENTS:",
         "        if frames is None or frames % CHUNK_LATENTS:",
@@ -1151,7 +1151,7 @@ MUTANTS += [
         "HY-WorldPlay: a latent of 0 frames is accepted (a run that makes nothing)",
     ),
     M(
-        "F23",
+        "G23",
         WP_R,
         "        if frames > path.latents:",
         "        if frames > path.latents + CHUNK_LATENTS:",
@@ -1159,7 +1159,7 @@ MUTANTS += [
         "HY-WorldPlay: a video one chunk longer than its camera path passes the check",
     ),
     M(
-        "F24",
+        "G24",
         WP_R,
         "            precision=self.config.precision,\n        )\n        return plan.quantized_bytes or 0",
         "            precision=self.config.with_specs(self.config.spec_k, self.config.spec_v).precision,\n"
@@ -1168,7 +1168,7 @@ MUTANTS += [
         "HY-WorldPlay x tiers: the planned bytes ignore precision by age",
     ),
     M(
-        "F25",
+        "G25",
         WP_C,
         "        d2 = 1.0 - fov_overlap(w2c[q], w2c[start + 2], points)",
         "        d2 = 1.0 - fov_overlap(w2c[q], w2c[start + 3], points)",
@@ -1176,7 +1176,7 @@ MUTANTS += [
         "HY-WorldPlay context score: the candidate's second view is its last frame, not its third",
     ),
     M(
-        "F26",
+        "G26",
         RAY,
         "        return self.rank * self.local_heads",
         "        return self.rank",
@@ -1184,7 +1184,7 @@ MUTANTS += [
         "Raylight x several heads per rank: a rank's first global head is its rank (per-head seeds and signs wrong)",
     ),
     M(
-        "F27",
+        "G27",
         RAY,
         "    if shard.rank != 0:\n        adopt_layout(",
         "    if shard.rank != 0 and payload[0] is not None:\n        adopt_layout(",
@@ -1192,7 +1192,7 @@ MUTANTS += [
         "Raylight x Taylor layout: where rank 0 takes no layout, the other ranks keep their own choice",
     ),
     M(
-        "F28",
+        "G28",
         RAY,
         "        if not 0 < full <= s * shard.ranks < full + shard.ranks:",
         "        if not 0 < full <= s * shard.ranks:",
@@ -1200,7 +1200,7 @@ MUTANTS += [
         "Raylight: a shard padded by a whole rank's tokens or more is taken for the block",
     ),
     M(
-        "F29",
+        "G29",
         RAY,
         "    if heads % ranks:\n",
         "    if heads < ranks:\n",
@@ -1208,7 +1208,7 @@ MUTANTS += [
         "Raylight: heads that do not divide by the Ulysses degree are accepted (a rank holds a partial head set)",
     ),
     M(
-        "F30",
+        "G30",
         WP_C,
         "    if start <= memory_frames:\n        return list(range(start))",
         "    if start <= memory_frames + CHUNK_LATENTS:\n        return list(range(start))",
