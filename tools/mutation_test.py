@@ -85,7 +85,7 @@ T_MX_AR = "tests/integration/test_matrix_core_ar.py"
 T_MX_READ = "tests/test_matrix_readers.py"
 
 # the new families (issue 43): their areas' tests, and the matrix written for them
-T_MAGI = "tests/integration/test_magi1_cache.py tests/test_magi1_model.py tests/test_tiny_magi1.py"
+T_MAGI = "tests/integration/test_magi1_cache.py tests/test_magi1_model.py"
 T_WP = "tests/integration/test_worldplay_recipe.py tests/test_worldplay_context.py tests/test_worldplay_memory.py"
 T_RAY = "tests/integration/test_raylight_ulysses.py tests/test_planner_ranks.py"
 T_MX_MAGI = ""
