@@ -984,9 +984,8 @@ MUTANTS += [
     M(
         "G2",
         MAGI_W,
-        "    if kv_ranges and num_steps % len(kv_ranges):",
-        "    if any(r < 0 for r in kv_ranges):\n        raise ValueError(f'kv_ranges {list(kv_ranges)}')\n"
-        "    if kv_ranges and num_steps % len(kv_ranges):",
+        "isinstance(r, bool) or not isinstance(r, int) or r < 1]",
+        "isinstance(r, bool) or not isinstance(r, int) or r < 0]",
         f"{T_MAGI} {T_MX_MAGI}",
         "MAGI-1 kv_ranges: a key range of 0 chunks (a chunk that does not read itself) is accepted",
     ),
