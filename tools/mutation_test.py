@@ -1169,8 +1169,8 @@ MUTANTS += [
     M(
         "G25",
         WP_C,
-        "        d2 = 1.0 - fov_overlap(w2c[q], w2c[start + 2], points)",
-        "        d2 = 1.0 - fov_overlap(w2c[q], w2c[start + 3], points)",
+        "[w2c[f] for h in starts for f in (h, h + 2)]",
+        "[w2c[f] for h in starts for f in (h, h + 3)]",
         f"{T_WP} {T_MX_WP}",
         "HY-WorldPlay context score: the candidate's second view is its last frame, not its third",
     ),
