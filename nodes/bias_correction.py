@@ -38,7 +38,8 @@ class JensenKVBiasCorrection(io.ComfyNode):
                     "weight - free on every kernel (bf16 on AMX CPUs, GPU flash), nearly as good with "
                     "rotation hadamard, weaker without. exact: log(sinh α/α) per channel, slow, for "
                     "checks. per_channel: one shared bias per query over the whole window. off: no "
-                    "correction (the uncorrected A/B).",
+                    "correction (the uncorrected A/B). head_mean: one bias per query and head, the Taylor "
+                    "bias weighted by the query's attention over the cache.",
                 ),
                 io.Float.Input(
                     "strength",
