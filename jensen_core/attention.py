@@ -271,6 +271,8 @@ def _attend(
         return unrotate(out, vseed) if vseed is not None else out
     G = D // entries[0].k.spec.group_size if correction != "off" else 0
     streamed = not _FORCE_CONCAT and lse_supported(q.device, q.dtype, D)
+    if correction == "head_mean":  # its values carry G more channels
+        streamed = streamed and lse_supported(q.device, q.dtype, round_up(D + G, 8))
     layout = None
     if correction == "taylor" and streamed:
         layout = taylor_layout(q.device, q.dtype, D, G, (q.shape[1], q.shape[2], entries[0].tokens))
@@ -498,15 +500,22 @@ def _streamed(
         if correction in ("chunk_mean", "per_channel")
         else [None] * len(entries)
     )
-    weights = _taylor_weights(entries, D) if (layout is not None and not fused) or guard else [None] * len(entries)
+    head_mean = correction == "head_mean"
+    wanted = (layout is not None and not fused) or guard or head_mean
+    weights = _taylor_weights(entries, D) if wanted else [None] * len(entries)
     if guard:  # the guard's sampled queries, kept in the codes' space
         rows = guard_rows(q.shape[-2], q.device)
         qs, nu_s = qk[..., rows, :], nu[..., rows, :]
+        seen: list[tuple[Tensor, Tensor]] = []  # head_mean: the sampled scores and biases of every chunk
     qin = layout_query(layout, qk, nu, strength) if layout is not None else qk
-    if qin is not qk and not _LEGACY:
-        del qk
     kw = layout.width if layout is not None else D
     vw = layout.value_width(D) if layout is not None else D
+    if head_mean:  # W rides in the values' extra channels: the merge returns sum_i p_i W_i over the cache
+        kw = vw = round_up(D + weights[0].shape[-1], 8)
+        qin = q.new_zeros(*qk.shape[:-1], kw)
+        qin[..., :D] = qk
+    if qin is not qk and not _LEGACY:
+        del qk
     acc = lse = kb = vb = None
     bufs: dict[int, tuple[Tensor, Tensor]] = {}
     for e, w, off, runs in zip(entries, weights, offsets, runs_of):
@@ -527,7 +536,12 @@ def _streamed(
         kb, vb = bufs[t]
         _fill(kb[..., :D], e.k, kil is not None)
         _fill(vb[..., :D], e.v, vil is not None)
-        if guard:
+        if head_mean:
+            vb[..., D : D + w.shape[-1]] = w
+            if guard:
+                scores = (qs.to(torch.float32) @ kb[..., :D].to(torch.float32).transpose(-1, -2)) * scale
+                seen.append((scores, nu_s @ w.transpose(-1, -2)))
+        elif guard:
             factor = _guard(qs, nu_s, kb[..., :D], w, None if off is None else off[..., rows], strength)
             if off is not None:
                 off = off * factor.unsqueeze(-1)
@@ -546,10 +560,17 @@ def _streamed(
                 out_lse = out_lse - off
             if log_offset:  # a constant added to these keys' scores (Krea's attention bias)
                 out_lse = out_lse + log_offset
-            acc, lse = _merge(acc, lse, out, out_lse, D)
+            acc, lse = _merge(acc, lse, out, out_lse, vw if head_mean else D)
             del out
     bufs.clear()
     del qin, kb, vb
+    if head_mean:  # one bias per query and head: the attention-weighted Taylor bias, an offset of the cache's LSE
+        b = strength * (nu * acc[..., D : D + nu.shape[-1]]).sum(-1)
+        if guard:
+            scores, predicted = (torch.cat(t, dim=-1) for t in zip(*seen))
+            b = b * guard_scale(scores, predicted, b[..., rows].unsqueeze(-1)).unsqueeze(-1)
+        lse = lse - b
+        acc = acc[..., :D].contiguous()
     if guard:
         del qs, nu_s
     if _LEGACY:  # the current chunk rotated into the codes' space, everything un-rotated at the end
@@ -593,7 +614,11 @@ def _concatenated(
     for cached keys, [k, 0] for current keys), with W shared over each chunk's keys for the
     chunk-constant modes; q, k and v padded to one width so that the fused kernel runs. Key
     log-offsets (``pieces``) take one more channel: sqrt(d) in the query, the offset in the keys.
+    ``head_mean`` takes one channel too: -sqrt(d) b_m in the query, 1 in the cached keys, b_m from the query's
+    attention over the cached keys (materialised here, (M, cached keys) per head).
     """
+    if correction == "head_mean":
+        return _concatenated_head_mean(qr, kcr, vcr, entries, strength, pieces, guard)
     D = qr.shape[-1]
     O = 1 if pieces is not None else 0  # noqa: E741 - the offset channel
     Dp = D if G + O == 0 else round_up(D + G + O, 8)
@@ -642,6 +667,47 @@ def _concatenated(
             s += e.tokens
     out = F.scaled_dot_product_attention(qbuf, kbuf, vbuf, scale=1.0 / math.sqrt(D))
     return out[..., :D] if Dp > D else out
+
+
+def _concatenated_head_mean(
+    qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], strength: float, pieces: Pieces, guard: bool
+) -> Tensor:
+    """:func:`_concatenated` for ``head_mean``: one window buffer, the bias as one channel (and Krea's offsets as
+    another)."""
+    D = qr.shape[-1]
+    B, H, M = qr.shape[:3]
+    n_cached = sum(e.tokens for e in entries)
+    N = n_cached + kcr.shape[-2]
+    Dp = round_up(D + 2, 8)
+    kbuf = qr.new_zeros(B, H, N, Dp)
+    vbuf = qr.new_zeros(B, H, N, Dp)
+    s = 0
+    for e in entries:
+        _fill(kbuf[:, :, s : s + e.tokens, :D], e.k, False)
+        _fill(vbuf[:, :, s : s + e.tokens, :D], e.v, False)
+        s += e.tokens
+    kbuf[:, :, n_cached:, :D] = kcr
+    vbuf[:, :, n_cached:, :D] = vcr
+    kbuf[:, :, :n_cached, D] = 1.0
+    s = 0
+    for e, runs in zip(entries, pieces or [[] for _ in entries]):
+        for a, b, log_offset in runs:
+            kbuf[:, :, s + a : s + b, D + 1] = log_offset
+        s += e.tokens
+    w = torch.cat(_taylor_weights(entries, D), dim=-2)  # (B, H, cached keys, G)
+    nu = query_group_norms(qr, D // w.shape[-1])
+    scores = (qr.to(torch.float32) @ kbuf[:, :, :n_cached, :D].to(torch.float32).transpose(-1, -2)) / math.sqrt(D)
+    scores = scores + kbuf[:, :, :n_cached, D + 1].to(torch.float32).unsqueeze(-2)
+    b = strength * (nu * (torch.softmax(scores, -1) @ w)).sum(-1)  # (B, H, M)
+    if guard:
+        rows = guard_rows(M, qr.device)
+        predicted = nu[..., rows, :] @ w.transpose(-1, -2)
+        b = b * guard_scale(scores[..., rows, :], predicted, b[..., rows].unsqueeze(-1)).unsqueeze(-1)
+    qbuf = qr.new_zeros(B, H, M, Dp)
+    qbuf[..., :D] = qr
+    qbuf[..., D] = -math.sqrt(D) * b
+    qbuf[..., D + 1] = math.sqrt(D)
+    return F.scaled_dot_product_attention(qbuf, kbuf, vbuf, scale=1.0 / math.sqrt(D))[..., :D]
 
 
 def _exact_attention(

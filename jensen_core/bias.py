@@ -15,8 +15,9 @@ from torch import Tensor
 from .hadamard import rotate
 from .quant import StoredTensor
 
-#: "off" applies no correction (plain attention over the cached keys)
-MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
+#: "off" applies no correction (plain attention over the cached keys); new modes go at the end (saved workflows
+#: keep their values and indices)
+MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off", "head_mean")
 #: the name "off" had before it was shared with the UI; still read wherever a mode is read
 OLD_NAMES = {"none": "off"}
 #: Krea Realtime 14B's ``kv_cache_attention_bias`` (daydreamlive/scope ``krea_realtime_video/pipeline.py``
@@ -209,13 +210,15 @@ def guard_scales(
     lead = torch.broadcast_shapes(q.shape[:-2], k_quant.shape[:-2])
     if mode == "off" or strength == 0:
         return torch.ones(*lead, len(spans), dtype=torch.float32, device=q.device)
+    n_chunks = len(spans)
+    if mode == "head_mean":  # one offset over the whole cache: one factor, for every chunk
+        spans = [(0, k_quant.tokens)]
     qs = q[..., guard_rows(q.shape[-2], q.device), :].to(torch.float32)
     scores = (qs @ k_quant.dequantize(dtype=torch.float32).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     applied = strength * jensen_bias(qs, k_quant, mode, list(b - a for a, b in spans))
     predicted = applied / strength if mode == "exact" else jensen_bias(qs, k_quant, "taylor")
-    return torch.stack(
-        [guard_scale(scores[..., a:b], predicted[..., a:b], applied[..., a:b]) for a, b in spans], dim=-1
-    )
+    out = torch.stack([guard_scale(scores[..., a:b], predicted[..., a:b], applied[..., a:b]) for a, b in spans], dim=-1)
+    return out.expand(*out.shape[:-1], n_chunks) if mode == "head_mean" else out
 
 
 def query_groups(q_lead: Sequence[int], kv_lead: Sequence[int]) -> int:
@@ -254,7 +257,10 @@ def jensen_bias(
     modes: ``taylor`` (Eq. 15), ``chunk_mean`` (per query, the mean of the Taylor bias over each
     cached chunk's keys, shared by that chunk's keys: a constant offset of the chunk's log-sum-exp),
     ``exact`` (Eq. 12, numerically stable), ``per_channel`` (App. E: one shared ``b`` per query from
-    the token-averaged ``Delta^2`` of each group over all the keys, Taylor form), ``off`` (zeros).
+    the token-averaged ``Delta^2`` of each group over all the keys, Taylor form), ``off`` (zeros), ``head_mean``
+    (one bias per query and head over all the cached keys: the Taylor bias averaged with the query's attention
+    over the cached keys, uncorrected, ``sum_i p_i b_i``; it moves the whole cache's log-partition by what the
+    per-key bias moves it to first order, and needs the scores: ``k_quant`` is dequantized).
 
     ``chunk_tokens`` (``chunk_mean``): the tokens of each cached chunk concatenated in ``k_quant``
     (see :func:`chunk_spans`; by default a QVG tensor's segments, else one chunk).
@@ -289,7 +295,12 @@ def jensen_bias(
         return (nu @ w_mean.transpose(-1, -2)).expand(*lead, M, N)
     if mode == "chunk_mean":
         w = chunk_mean_weights(w, spans)
-    return nu @ w.transpose(-1, -2)
+    b = nu @ w.transpose(-1, -2)
+    if mode == "head_mean":  # rotation keeps the scores: the model's space on both sides
+        k_hat = k_quant.dequantize(dtype=torch.float32)
+        p = torch.softmax((q.to(torch.float32) @ k_hat.transpose(-1, -2)) / math.sqrt(d), dim=-1)
+        return (p * b).sum(-1, keepdim=True).expand(*lead, M, N)
+    return b
 
 
 def check_attention_bias(bias: float) -> float:

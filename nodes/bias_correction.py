@@ -38,7 +38,7 @@ class JensenKVBiasCorrection(io.ComfyNode):
                     "few extra attention channels. chunk_mean: one offset per cached chunk, free on every attention "
                     "kernel (bf16 CPUs, GPU flash); nearly as good with rotation hadamard, weaker without. exact: "
                     "slow, for checks. per_channel: one shared bias per query. off: no correction (for an A/B). "
-                    "The formulas are on this node's help page.",
+                    "head_mean: one bias per query and head. The formulas are on this node's help page.",
                 ),
                 io.Float.Input(
                     "strength",

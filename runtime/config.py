@@ -24,7 +24,7 @@ BITS_CHOICES = ("2", "3", "4", "8", "off")
 GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
 ROTATION_CHOICES = ("none", "hadamard")
 SCALE_FORMAT_CHOICES = ("fp8_e4m3", "bf16", "fp16", "fp32")
-CORRECTION_CHOICES = MODES  # ("taylor", "chunk_mean", "exact", "per_channel", "off"): the core's names
+CORRECTION_CHOICES = MODES  # ("taylor", "chunk_mean", "exact", "per_channel", "off", "head_mean"): the core's names
 METHOD_CHOICES = METHODS
 # (default, min, max) of QVG's k-means knobs, as QuantSpec validates them
 QVG_STAGES_RANGE = (QuantSpec.__dataclass_fields__["qvg_stages"].default, 1, QVG_MAX_STAGES)

@@ -275,7 +275,8 @@ class DiagnosticsObserver:
                 chunk_tokens=[en.tokens for en in entries],
                 guard=self.guard,
             )
-            self.acc[mode].add(stats, elements)
+            names = [f"layer {e.layer} head {h}" for h in (self.heads if not self._all_heads else range(q.shape[1]))]
+            self.acc[mode].add(stats, elements, names, batch=q.shape[0])
         self.chunks_seen.add(e.chunk)
 
     def free(self) -> None:
