@@ -304,6 +304,9 @@ def test_planner_follows_bits_group_size_and_window(ui):
     r = ui.wait_planner("el.querySelector('[data-jkv=warnings]').textContent.includes('does not divide')")
     assert "group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128" in r["warnings"]
     assert r["quant_bytes"] is None and "cannot run" in r["quant_text"]
+    # the top line shows no ratio for a group size that cannot run
+    assert "smaller than BF16" not in r["bits_text"] and "×" not in r["bits_text"], r["bits_text"]
+    assert "cannot run" in r["bits_text"]
     assert ui.page.locator("[data-jkv=warnings]").first.is_visible()
     ui.shot("04_warning_group_size_does_not_divide_head_dim")
 
