@@ -667,6 +667,14 @@ function showReport(node, report) {
   for (const q of quantNodes) if (q.graph === node.graph) schedule(q);
 }
 
+function nodeOfLocator(id) {
+  // a node locator id: "<node id>" on the root graph, "<subgraph id>:<node id>" inside a subgraph
+  const parts = String(id).split(":");
+  const local = Number(parts.pop());
+  const graph = parts.length ? app.graph?.subgraphs?.get?.(parts.join(":")) : app.graph;
+  return graph?.getNodeById?.(local) ?? null;
+}
+
 // ------------------------------------------------------------------------------------- registration
 app.registerExtension({
   name: "jensen_kv.ui",
@@ -711,6 +719,17 @@ app.registerExtension({
         if (report) showReport(this, report);
         return r;
       };
+    }
+  },
+  onNodeOutputsUpdated(outputs) {
+    // the front end hands back the outputs it keeps with each workflow (a tab switched back to, a job's workflow
+    // reopened from the queue): the report is one of them (the sampler's ui "jensen_kv_report"), so it comes back
+    // with the images instead of vanishing
+    for (const [id, out] of Object.entries(outputs ?? {})) {
+      const report = out?.[REPORT]?.[0];
+      if (!report) continue;
+      const node = nodeOfLocator(id);
+      if (node?.jensenKvReportBox && node.jensenKvReport !== report) showReport(node, report);
     }
   },
   setup() {

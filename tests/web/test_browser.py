@@ -603,6 +603,46 @@ def test_cpu_demo_planner_follows_the_bundled_model_and_agrees_with_the_run_to_t
     assert not our_errors(ui.errors), our_errors(ui.errors)
 
 
+REPORT_TEXT_JS = """() => app.graph.nodes.map((n) => n.jensenKvReportBox?.querySelector('[data-jkv=report-text]'))
+    .find(Boolean)?.textContent ?? null"""
+
+
+def test_the_report_survives_a_workflow_tab_switch(ui):
+    """Issue 41, item 6: run the CPU demo in its own tab, open another workflow in a second tab, switch back: the
+    sampler's report is shown again (the front end restores the outputs it keeps with the tab, the report among
+    them), not the empty "run the workflow" line."""
+    demo = json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text())
+    other = json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text())
+    ui.page.evaluate("async (wf) => { await app.loadGraphData(wf, true, true, 'jkv_report_demo'); }", demo)
+    ui.page.wait_for_timeout(500)
+    with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
+        ui.page.get_by_role("button", name="Run").first.click()
+    body = queued.value.json()
+    assert queued.value.status == 200 and not body.get("node_errors"), body
+    entry = ui.server.wait_for_prompt(body["prompt_id"], timeout=600)
+    assert entry["status"]["status_str"] == "success", (entry["status"], ui.server.log_tail())
+    ui.page.wait_for_function(f"() => !!({REPORT_TEXT_JS})()", timeout=60_000)
+    shown = ui.page.evaluate(REPORT_TEXT_JS)
+    assert shown.startswith("KV cache ") and "chunks" in shown, shown
+    ui.page.evaluate("async (wf) => { await app.loadGraphData(wf, true, true, 'jkv_report_other'); }", other)
+    ui.page.wait_for_timeout(500)
+    assert ui.page.evaluate(REPORT_TEXT_JS) is None  # the other tab has no report of its own
+    ui.page.get_by_text("jkv_report_demo").first.click()  # the demo's workflow tab
+    ui.page.wait_for_function(f"() => !!({REPORT_TEXT_JS})()", timeout=20_000)
+    assert ui.page.evaluate(REPORT_TEXT_JS) == shown
+    ui.shot("12_report_after_tab_switch")
+    # a cached rerun (the same prompt, every node cached) brings the report to a fresh copy of the workflow too
+    ui.page.evaluate("async (wf) => { await app.loadGraphData(wf, true, true, 'jkv_report_again'); }", demo)
+    ui.page.wait_for_timeout(500)
+    assert ui.page.evaluate(REPORT_TEXT_JS) is None
+    with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
+        ui.page.get_by_role("button", name="Run").first.click()
+    ui.server.wait_for_prompt(queued.value.json()["prompt_id"], timeout=600)
+    ui.page.wait_for_function(f"() => !!({REPORT_TEXT_JS})()", timeout=20_000)
+    assert ui.page.evaluate(REPORT_TEXT_JS) == shown
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
 def _node_id(wf: dict, node_type: str) -> int:
     return next(n["id"] for n in wf["nodes"] if n["type"] == node_type)
 
