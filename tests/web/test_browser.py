@@ -631,7 +631,15 @@ def test_the_report_survives_a_workflow_tab_switch(ui):
     ui.page.wait_for_function(f"() => !!({REPORT_TEXT_JS})()", timeout=20_000)
     assert ui.page.evaluate(REPORT_TEXT_JS) == shown
     ui.shot("12_report_after_tab_switch")
-    # a cached rerun (the same prompt, every node cached) brings the report to a fresh copy of the workflow too
+    # a cached rerun (the same prompt, every node cached) brings the report to a fresh copy of the workflow too,
+    # where ComfyUI resends a non-output node's ui (has_intermediate_output, v0.27+; v0.3.64's /object_info has no
+    # such field, and its cached rerun runs nothing upstream of the output node)
+    knows = "has_intermediate_output" in ui.object_info("KSampler")
+    for sampler in SAMPLERS:
+        assert ui.object_info(sampler).get("has_intermediate_output") is (True if knows else None), sampler
+    assert not our_errors(ui.errors), our_errors(ui.errors)
+    if not knows:
+        return
     ui.page.evaluate("async (wf) => { await app.loadGraphData(wf, true, true, 'jkv_report_again'); }", demo)
     ui.page.wait_for_timeout(500)
     assert ui.page.evaluate(REPORT_TEXT_JS) is None
