@@ -7,7 +7,17 @@ from comfy_api.latest import io
 from ..runtime.chunk_loop import CONTEXT_NOISE_MODES, RECACHE_MODES, ChunkedARRequest, report_text, run
 from ..runtime.config import CHUNK_DEFAULTS
 from ..runtime.saved_run import SavedRun
-from .common import CATEGORY, UI_REPORT_KEY, Combo, JensenKVCache, JensenKVReport, advanced, logger, output_connected
+from .common import (
+    CATEGORY,
+    UI_REPORT_KEY,
+    Combo,
+    JensenKVCache,
+    JensenKVReport,
+    advanced,
+    keeps_ui,
+    logger,
+    output_connected,
+)
 
 DESCRIPTION = (
     "Chunk-wise autoregressive sampling for Self-Forcing / CausVid / SkyReels-V2 DF (Wan 2.1 T2V; SkyReels-V2 DF as an "
@@ -342,6 +352,7 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             ],
             outputs=outputs(),
             hidden=hidden_inputs(),
+            **keeps_ui(),  # the report comes back on a cached rerun, as ComfyUI keeps images
         )
 
     @classmethod

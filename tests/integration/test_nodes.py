@@ -53,6 +53,11 @@ REPORT_KEYS = {
     "sink_bits",
     "recent_chunks_key_bits",
     "chunks_demoted",
+    # each chunk's latent frames (a shorter last or first one), what the run warned of
+    "chunk_lengths",
+    "warnings",
+    # the run's peak device memory (runtime/peak_memory.py; None on the CPU)
+    "peak_memory",
 }
 
 
@@ -361,7 +366,10 @@ def test_sampler_node_outputs_latent_report_and_ui(nodes, tiny):
     assert report["cache_mib"] == report["cache_bytes"] / 2**20
     assert out.ui["jensen_kv_report"] == [report]
     text = out.ui["text"][0]
-    assert "3 chunks of 2 latent frames" in text and "MiB" in text and "correction: taylor" in text
+    # 5 latent frames in chunks of 2: the last chunk has 1, and the words say so
+    assert report["chunk_lengths"] == [2, 2, 1] and report["warnings"] == []
+    assert "3 chunks: 2 of 2 latent frames, the last of 1," in text and "3 chunks of 2" not in text
+    assert "MiB" in text and "correction: taylor" in text and "Warning" not in text
     # the FP baseline: no patch nodes, full-precision cache in the model's dtype (fp32 here)
     base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[1]
     assert base["key_bits"] == "off" and base["correction"] == "off" and base["effective_bits"] == 32.0
@@ -474,3 +482,18 @@ def test_quantize_sets_age_tiers_and_names_bad_ones(nodes, tiny):
     inputs = {i.id: i for i in _schema(q).inputs}
     for name in ("recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"):
         assert inputs[name].optional and inputs[name].tooltip
+
+
+def test_a_window_past_the_video_is_said_in_the_log_and_the_report(nodes, tiny, caplog):
+    """window_chunks 8 on a 3-chunk video keeps every chunk, as 0 does: a warning, not silence; 2 slides, no word."""
+    inputs = {**_sampler_inputs(tiny), "window_chunks": 8}
+    with caplog.at_level(logging.WARNING, logger="jensen_kv"):
+        out = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs)
+    report = out.args[1]
+    assert len(report["warnings"]) == 1
+    warning = report["warnings"][0]
+    assert "window_chunks 8 is not fewer than this video's 3 chunks" in warning and "below 3" in warning
+    assert any(warning in r.getMessage() for r in caplog.records)
+    assert f"Warning: {warning}." in out.ui["text"][0]
+    slides = nodes.JensenKVChunkedARSampler.execute(tiny, **{**inputs, "window_chunks": 2}).args[1]
+    assert slides["warnings"] == []
