@@ -56,8 +56,10 @@ REPORT_KEYS = {
     # each chunk's latent frames (a shorter last or first one), what the run warned of
     "chunk_lengths",
     "warnings",
-    # the run's peak device memory (runtime/peak_memory.py; None on the CPU)
+    # the run's measured peak memory beside the cache (runtime/peak_memory.py)
     "peak_memory",
+    # whether the correction was guarded (on by default)
+    "guard",
 }
 
 
@@ -106,7 +108,7 @@ def test_schemas_follow_the_contract(nodes):
             ],
             ["MODEL"],
         ),
-        "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength"], ["MODEL"]),
+        "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength", "guard"], ["MODEL"]),
         "JensenKVChunkedARSampler": (
             "Chunked AR Video Sampler",
             [
@@ -180,7 +182,8 @@ def test_schemas_follow_the_contract(nodes):
     assert q["method"].optional  # an API-format prompt saved before QVG (no such keys) still validates
     j = {i.id: i for i in _schema(nodes.JensenKVBiasCorrection).inputs}
     assert (
-        j["mode"].options == ["taylor", "chunk_mean", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
+        j["mode"].options == ["taylor", "chunk_mean", "exact", "per_channel", "off", "head_mean"]
+        and j["mode"].default == "taylor"
     )
     assert (j["strength"].default, j["strength"].min, j["strength"].max, j["strength"].step) == (1.0, 0.0, 4.0, 0.05)
     c = {i.id: i for i in _schema(nodes.JensenKVChunkedARSampler).inputs}
