@@ -106,7 +106,7 @@ const bytesText = (bytes) => (bytes == null ? "–"
   : bytes < 2 ** 20 ? `${fmt(bytes / 2 ** 10, 1)} KiB`
     : bytes < 2 ** 30 ? `${fmt(bytes / 2 ** 20, 1)} MiB` : `${fmt(bytes / 2 ** 30, 2)} GiB`);
 const num = (x, d = 2) => (x == null ? "–" : Number(x).toLocaleString("en-US", { maximumFractionDigits: d }));
-const widgetValue = (node, name) => node.widgets?.find((w) => w.name === name)?.value;
+const widgetValue = (node, name) => node?.widgets?.find((w) => w.name === name)?.value;
 
 function injectStyle() {
   if (document.getElementById("jensen-kv-style")) return;
