@@ -90,8 +90,8 @@ T_MX_READ = "tests/test_matrix_readers.py"
 T_MAGI = "tests/integration/test_magi1_cache.py tests/test_magi1_model.py"
 T_WP = "tests/integration/test_worldplay_recipe.py tests/test_worldplay_context.py tests/test_worldplay_memory.py"
 T_RAY = "tests/integration/test_raylight_ulysses.py tests/test_planner_ranks.py"
-T_MX_MAGI = ""
-T_MX_WP = ""
+T_MX_MAGI = "tests/integration/test_matrix_magi1.py"
+T_MX_WP = "tests/integration/test_matrix_worldplay.py"
 T_MX_RAY = ""
 
 MUTANTS: list[Mutant] = []  # filled by the table at the end of this file
