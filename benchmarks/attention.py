@@ -21,6 +21,7 @@ unpacking, half-precision arithmetic, the current chunk rotated into the codes' 
 Targets:
   time(INT2 + Taylor) / time(INT2, no correction)      <= 1.10   (fp32 and bf16)
   time(INT2 + chunk_mean) / time(INT2, no correction)  <= 1.02   (the zero-cost correction)
+  time(guarded correction) / time(unguarded)           <= 1.05   (the guard: 32 sampled queries per chunk)
   time(INT2 cache + correction) / time(SDPA, unquantized same keys) <= 1.50
   peak extra memory of one attend / one layer's window (K+V, compute dtype) <= 1.0
   stored bytes / BF16 bytes == effective_bits / 16 within 1%
@@ -177,6 +178,9 @@ def _calls(dtype, device, heads, chunk_tokens, cached_chunks) -> dict:
             calls[f"INT2 {name}{label}"] = fn
             if mode != "chunk_mean":
                 calls[f"INT2 {name}{label} (before)"] = _legacy(fn)
+            if mode != "off":  # the guard (on in every run of the pack) against the unguarded correction
+                guarded = lambda c=c, mode=mode: c.attend(q, k_cur, v_cur, correction=mode, guard=True)  # noqa: E731
+                calls[f"INT2 {name}{label}, guarded"] = guarded
     return calls, caches
 
 
@@ -219,6 +223,10 @@ def run(
         base = f"INT2 {scheme}"
         out[f"taylor_vs_plain {scheme}"] = ratio(f"{base} + Taylor", base)
         out[f"chunk_mean_vs_plain {scheme}"] = ratio(f"{base} + chunk_mean", base)
+        out[f"guarded_vs_unguarded taylor {scheme}"] = ratio(f"{base} + Taylor, guarded", f"{base} + Taylor")
+        out[f"guarded_vs_unguarded chunk_mean {scheme}"] = ratio(
+            f"{base} + chunk_mean, guarded", f"{base} + chunk_mean"
+        )
         for suffix in ("", " (before)"):
             out[f"plain_vs_sdpa {scheme}{suffix}"] = ratio(f"{base}{suffix}", "SDPA, unquantized")
             out[f"taylor_vs_sdpa {scheme}{suffix}"] = ratio(f"{base} + Taylor{suffix}", "SDPA, unquantized")
@@ -314,6 +322,10 @@ def main(argv=None) -> int:
             ("INT2 + Taylor / INT2 (QuaRot)", r["taylor_vs_plain QuaRot"], 1.10),
             ("INT2 + chunk_mean / INT2 (RTN)", r["chunk_mean_vs_plain RTN"], 1.02),
             ("INT2 + chunk_mean / INT2 (QuaRot)", r["chunk_mean_vs_plain QuaRot"], 1.02),
+            ("guarded / unguarded Taylor (RTN)", r["guarded_vs_unguarded taylor RTN"], 1.05),
+            ("guarded / unguarded Taylor (QuaRot)", r["guarded_vs_unguarded taylor QuaRot"], 1.05),
+            ("guarded / unguarded chunk_mean (RTN)", r["guarded_vs_unguarded chunk_mean RTN"], 1.05),
+            ("guarded / unguarded chunk_mean (QuaRot)", r["guarded_vs_unguarded chunk_mean QuaRot"], 1.05),
             ("INT2 + Taylor / SDPA unquantized (RTN)", r["taylor_vs_sdpa RTN"], 1.50),
             ("INT2 + Taylor / SDPA unquantized (QuaRot)", r["taylor_vs_sdpa QuaRot"], 1.50),
             ("peak extra memory / window K+V (streamed)", r["mem"]["streamed"], 1.0),

@@ -58,7 +58,7 @@ import torch  # noqa: E402
 from jensen_core import QuantSpec, quantize  # noqa: E402
 from jensen_core.attention_shift import attention_shift  # noqa: E402
 from jensen_core.quant import cat_quantized  # noqa: E402
-from jensen_core.shift_summary import quantile  # noqa: E402
+from jensen_core.shift_summary import abs_tails, head_tails, quantile  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
 
 SCHEMES = {"none": "RTN", "hadamard": "QuaRot"}
@@ -78,6 +78,10 @@ COLUMNS = [
     "iqr_delta_ps",
     "mean_jsd",
     "output_mse",
+    "p95_abs_delta_ps",
+    "p99_abs_delta_ps",
+    "worst_head",
+    "worst_head_p99_abs_delta_ps",
     "wan_latent_psnr_db",
     "wan_latent_psnr_se_db",
     "wan_latent_mse",
@@ -195,7 +199,7 @@ def workload_part(settings: list[Setting], args) -> tuple[list[Row], dict[str, t
     bf16 = attention_shift(
         w.q, kc, vc, w.k_cur, w.v_cur, kc.to(torch.bfloat16), vc.to(torch.bfloat16), query_stride=args.query_stride
     )
-    rows.append(Row(None, {**_stats(bf16), "effective_bits": 16.0}))
+    rows.append(Row(None, {**_stats(bf16, h), "effective_bits": 16.0}))
     quantized: dict[QuantSpec, tuple] = {}
     for s in settings:
         if s.spec not in quantized:
@@ -207,16 +211,18 @@ def workload_part(settings: list[Setting], args) -> tuple[list[Row], dict[str, t
         kq, vq = quantized[s.spec]
         st = attention_shift(w.q, kc, vc, w.k_cur, w.v_cur, kq, vq, correction=s.mode, query_stride=args.query_stride)
         bits = (kq.nbytes + vq.nbytes) * 8 / (kq.numel + vq.numel)  # what is really stored (QVG: centroids and ids too)
-        rows.append(Row(s, {**_stats(st), "effective_bits": bits}))
+        rows.append(Row(s, {**_stats(st, h), "effective_bits": bits}))
         if s.group_size == 32 and s.method == "rtn":
             hists[s.label()] = st.delta_ps
     return rows, hists, desc
 
 
-def _stats(st) -> dict:
+def _stats(st, heads: int | None = None) -> dict:
+    """Median, quartiles and IQR of ΔP_S, mean JSD, output MSE; with ``heads`` (the call's query heads, batch 1)
+    the tails: the 95th / 99th percentiles of |ΔP_S| over all queries and the worst head by its 99th."""
     srt = st.delta_ps.sort().values
     q25, q75 = quantile(srt, 0.25), quantile(srt, 0.75)
-    return {
+    out = {
         "median_delta_ps": quantile(srt, 0.5),
         "q25_delta_ps": q25,
         "q75_delta_ps": q75,
@@ -224,6 +230,13 @@ def _stats(st) -> dict:
         "mean_jsd": st.mean_jsd,
         "output_mse": st.output_mse,
     }
+    if heads:
+        per = st.delta_ps.reshape(heads, -1)
+        worst = head_tails({f"head {i}": per[i] for i in range(heads)})["worst_head"]
+        out.update(abs_tails(st.delta_ps))
+        out["worst_head"] = worst["head"]
+        out["worst_head_p99_abs_delta_ps"] = worst["p99_abs_delta_ps"]
+    return out
 
 
 # ------------------------------------------------------------------------------------------ part 2
@@ -343,8 +356,9 @@ def _fmt(v, spec: str) -> str:
 
 
 def print_table(rows: list[Row], have_wan: bool) -> None:
-    head = f"{'setting':<34}{'eff.bits':>9}{'med dP_S':>10}{'IQR':>8}{'mean JSD':>10}{'out MSE':>10}" + (
-        f"{'PSNR dB':>9}{'Wan dP_S':>10}" if have_wan else ""
+    head = (
+        f"{'setting':<34}{'eff.bits':>9}{'med dP_S':>10}{'IQR':>8}{'p99|dP|':>8}{'worst':>8}{'mean JSD':>10}{'out MSE':>10}"
+        + (f"{'PSNR dB':>9}{'Wan dP_S':>10}" if have_wan else "")
     )
     print(head)
     print("-" * len(head))
@@ -353,6 +367,7 @@ def print_table(rows: list[Row], have_wan: bool) -> None:
         name = "BF16 cache (reference)" if r.setting is None else r.setting.label()
         line = (
             f"{name:<34}{v['effective_bits']:>9.4f}{v['median_delta_ps']:>+10.5f}{v['iqr_delta_ps']:>8.4f}"
+            f"{_fmt(v.get('p99_abs_delta_ps'), '8.4f'):>8}{_fmt(v.get('worst_head_p99_abs_delta_ps'), '8.4f'):>8}"
             f"{v['mean_jsd']:>10.2e}{v['output_mse']:>10.2e}"
         )
         if have_wan:

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import hadamard
-from .bias import _exact_bias, check_mode, query_group_norms, taylor_weights
+from .bias import _exact_bias, check_mode, guard_rows, guard_scale, query_group_norms, taylor_weights
 from .correction_layouts import Layout, layout_attend, layout_query, round_up, taylor_layout
 from .hadamard import rotate, unrotate
 from .packing import from_interleaved, to_interleaved
@@ -175,6 +175,7 @@ def cached_attention(
     *,
     k_ctx: Tensor | None = None,
     v_ctx: Tensor | None = None,
+    guard: bool = False,
 ) -> Tensor:
     """Attention of the current chunk's queries over the cached chunks, any context tokens and the current chunk.
 
@@ -217,6 +218,14 @@ def cached_attention(
     correction and layout in the same pass, with no bias matrix and no extra channel (a chunk split
     into runs takes one kernel call per run; the one-buffer path folds the offsets into one more
     channel); the current chunk and the context tokens never get one.
+
+    ``guard`` (the pack's runs turn it on: ``JensenKVConfig.guard``; off here, where the correction is the paper's
+    formula): per (batch, K/V head, cached chunk), the correction is scaled down where it would
+    shift the chunk's log-partition by more than :data:`jensen_core.bias.GUARD_TOLERANCE` times the bias the
+    noise is predicted to have caused there (:func:`jensen_core.bias.guard_scale`, from at most
+    :data:`jensen_core.bias.GUARD_QUERIES` sampled queries' scores, the step sizes and the query): one dominant
+    cached key, or noise past the second-order regime. Where the prediction agrees with the correction the
+    factor is exactly 1 and the result is that of ``guard=False``.
     """
     correction = check_mode(correction)
     entries = list(cache_entries)
@@ -226,10 +235,10 @@ def cached_attention(
     pieces = _offset_pieces(key_log_offsets, entries)
     groups = q.shape[1] // k_cur.shape[1]
     if groups == 1:
-        return _attend(q, k_cur, v_cur, entries, correction, strength, pieces, k_ctx, v_ctx)
+        return _attend(q, k_cur, v_cur, entries, correction, strength, pieces, k_ctx, v_ctx, bool(guard))
     B, Hq, M, D = q.shape
     folded = q.reshape(B, k_cur.shape[1], groups * M, D)  # query heads of a group = rows of its K/V head
-    out = _attend(folded, k_cur, v_cur, entries, correction, strength, pieces, k_ctx, v_ctx)
+    out = _attend(folded, k_cur, v_cur, entries, correction, strength, pieces, k_ctx, v_ctx, bool(guard))
     return out.reshape(B, Hq, M, D)
 
 
@@ -243,6 +252,7 @@ def _attend(
     pieces: Pieces,
     k_ctx: Tensor | None,
     v_ctx: Tensor | None,
+    guard: bool = False,
 ) -> Tensor:
     """:func:`cached_attention` once ``q`` has as many heads as the K/V (inputs checked)."""
     if not entries:
@@ -257,19 +267,23 @@ def _attend(
     if correction == "exact":
         k_cur, v_cur = _with_context(k_cur, v_cur, k_ctx, v_ctx)
         qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
-        out = _exact_attention(qr, kcr, vcr, entries, strength, pieces)
+        out = _exact_attention(qr, kcr, vcr, entries, strength, pieces, guard)
         return unrotate(out, vseed) if vseed is not None else out
     G = D // entries[0].k.spec.group_size if correction != "off" else 0
     streamed = not _FORCE_CONCAT and lse_supported(q.device, q.dtype, D)
+    if correction == "head_mean":  # its values carry G more channels
+        streamed = streamed and lse_supported(q.device, q.dtype, round_up(D + G, 8))
     layout = None
     if correction == "taylor" and streamed:
         layout = taylor_layout(q.device, q.dtype, D, G, (q.shape[1], q.shape[2], entries[0].tokens))
         streamed = layout is not None
     if streamed:
-        return _streamed(q, k_cur, v_cur, entries, correction, strength, layout, kseed, vseed, pieces, k_ctx, v_ctx)
+        return _streamed(
+            q, k_cur, v_cur, entries, correction, strength, layout, kseed, vseed, pieces, k_ctx, v_ctx, guard
+        )
     k_cur, v_cur = _with_context(k_cur, v_cur, k_ctx, v_ctx)
     qr, kcr, vcr = _rotated(q, k_cur, v_cur, kseed, vseed)
-    out = _concatenated(qr, kcr, vcr, entries, correction, strength, G, pieces)
+    out = _concatenated(qr, kcr, vcr, entries, correction, strength, G, pieces, guard)
     return unrotate(out, vseed) if vseed is not None else out
 
 
@@ -341,6 +355,18 @@ def _rotated(
     if kseed is not None:
         q, k_cur = rotate(q, kseed), rotate(k_cur, kseed)
     return q, k_cur, rotate(v_cur, vseed) if vseed is not None else v_cur
+
+
+def _guard(qs: Tensor, nu_s: Tensor, k_hat: Tensor, w: Tensor, applied: Tensor | None, strength: float) -> Tensor:
+    """The guard's factor ``(batch, heads)`` for one cached chunk (:func:`jensen_core.bias.guard_scale`).
+
+    ``qs`` / ``nu_s``: the sampled queries and their group norms, in the keys' space and channel order; ``k_hat``
+    the chunk's dequantized keys; ``w`` its Taylor weights (the prediction); ``applied`` ``(batch, heads, m)``:
+    a chunk-constant correction's bias per sampled query (None: Taylor's per-key bias times ``strength``).
+    """
+    scores = (qs.to(torch.float32) @ k_hat.to(torch.float32).transpose(-1, -2)) / math.sqrt(qs.shape[-1])
+    predicted = nu_s @ w.transpose(-1, -2)
+    return guard_scale(scores, predicted, strength * predicted if applied is None else applied.unsqueeze(-1))
 
 
 def _taylor_weights(entries: list[CacheEntry], D: int) -> list[Tensor]:
@@ -430,6 +456,7 @@ def _streamed(
     pieces: Pieces = None,
     k_ctx: Tensor | None = None,
     v_ctx: Tensor | None = None,
+    guard: bool = False,
 ) -> Tensor:
     """One kernel call per cached chunk, one for the context tokens (if any) and one for the current chunk, merged
     by log-sum-exp.
@@ -443,15 +470,22 @@ def _streamed(
     space directly (a rotation preserves its scores), so it costs no rotations. ``_LEGACY`` restores
     the first release's path (channel-order dequantization, the current chunk rotated) for
     side-by-side benchmarks.
+
+    ``guard``: each chunk's correction scaled by its factor (:func:`_guard`), from the sampled queries' scores
+    over the chunk's dequantized keys; the fused Triton kernel takes one strength, so a guarded Taylor
+    correction runs the padded layout there.
     """
     D = q.shape[-1]
     B, H = q.shape[:2]
+    guard = guard and correction != "off"
     scale = 1.0 / math.sqrt(D)
     k0 = entries[0].k
     fused = layout is not None and layout.kind == "triton"
     runs_of = pieces if pieces is not None else [[(0, e.tokens, 0.0)] for e in entries]
     # QVG keys, or a chunk split into runs of different offsets (Krea's spared first frame): a padded buffer instead
-    if fused and (any(unsupported_reason(e.k, e.v) for e in entries) or any(len(runs) > 1 for runs in runs_of)):
+    if fused and (
+        guard or any(unsupported_reason(e.k, e.v) for e in entries) or any(len(runs) > 1 for runs in runs_of)
+    ):
         layout, fused = Layout("pad", round_up(D + k0.head_dim // k0.spec.group_size, 8)), False
     # the fused kernel reads channel order
     kil, vil = (None, None) if fused else (_common_interleave(entries, "k"), _common_interleave(entries, "v"))
@@ -466,12 +500,22 @@ def _streamed(
         if correction in ("chunk_mean", "per_channel")
         else [None] * len(entries)
     )
-    weights = _taylor_weights(entries, D) if layout is not None and not fused else [None] * len(entries)
+    head_mean = correction == "head_mean"
+    wanted = (layout is not None and not fused) or guard or head_mean
+    weights = _taylor_weights(entries, D) if wanted else [None] * len(entries)
+    if guard:  # the guard's sampled queries, kept in the codes' space
+        rows = guard_rows(q.shape[-2], q.device)
+        qs, nu_s = qk[..., rows, :], nu[..., rows, :]
+        seen: list[tuple[Tensor, Tensor]] = []  # head_mean: the sampled scores and biases of every chunk
     qin = layout_query(layout, qk, nu, strength) if layout is not None else qk
-    if qin is not qk and not _LEGACY:
-        del qk
     kw = layout.width if layout is not None else D
     vw = layout.value_width(D) if layout is not None else D
+    if head_mean:  # W rides in the values' extra channels: the merge returns sum_i p_i W_i over the cache
+        kw = vw = round_up(D + weights[0].shape[-1], 8)
+        qin = q.new_zeros(*qk.shape[:-1], kw)
+        qin[..., :D] = qk
+    if qin is not qk and not _LEGACY:
+        del qk
     acc = lse = kb = vb = None
     bufs: dict[int, tuple[Tensor, Tensor]] = {}
     for e, w, off, runs in zip(entries, weights, offsets, runs_of):
@@ -492,6 +536,17 @@ def _streamed(
         kb, vb = bufs[t]
         _fill(kb[..., :D], e.k, kil is not None)
         _fill(vb[..., :D], e.v, vil is not None)
+        if head_mean:
+            vb[..., D : D + w.shape[-1]] = w
+            if guard:
+                scores = (qs.to(torch.float32) @ kb[..., :D].to(torch.float32).transpose(-1, -2)) * scale
+                seen.append((scores, nu_s @ w.transpose(-1, -2)))
+        elif guard:
+            factor = _guard(qs, nu_s, kb[..., :D], w, None if off is None else off[..., rows], strength)
+            if off is not None:
+                off = off * factor.unsqueeze(-1)
+            elif bool((factor < 1).any()):
+                w = w * factor[..., None, None]
         if layout is not None and layout.kind != "flex":
             kb[..., D : D + w.shape[-1]] = w
         for a, b, log_offset in runs:
@@ -505,10 +560,19 @@ def _streamed(
                 out_lse = out_lse - off
             if log_offset:  # a constant added to these keys' scores (Krea's attention bias)
                 out_lse = out_lse + log_offset
-            acc, lse = _merge(acc, lse, out, out_lse, D)
+            acc, lse = _merge(acc, lse, out, out_lse, vw if head_mean else D)
             del out
     bufs.clear()
     del qin, kb, vb
+    if head_mean:  # one bias per query and head: the attention-weighted Taylor bias, an offset of the cache's LSE
+        b = strength * (nu * acc[..., D : D + nu.shape[-1]]).sum(-1)
+        if guard:
+            scores, predicted = (torch.cat(t, dim=-1) for t in zip(*seen))
+            b = b * guard_scale(scores, predicted, b[..., rows].unsqueeze(-1)).unsqueeze(-1)
+        lse = lse - b
+        acc = acc[..., :D].contiguous()
+    if guard:
+        del qs, nu_s
     if _LEGACY:  # the current chunk rotated into the codes' space, everything un-rotated at the end
         for kx, vx in ((k_ctx, v_ctx), (k_cur, v_cur)):
             if kx is not None:
@@ -542,6 +606,7 @@ def _concatenated(
     strength: float,
     G: int,
     pieces: Pieces = None,
+    guard: bool = False,
 ) -> Tensor:
     """One SDPA call over a buffer holding the whole window (where no kernel reports its LSE).
 
@@ -549,7 +614,11 @@ def _concatenated(
     for cached keys, [k, 0] for current keys), with W shared over each chunk's keys for the
     chunk-constant modes; q, k and v padded to one width so that the fused kernel runs. Key
     log-offsets (``pieces``) take one more channel: sqrt(d) in the query, the offset in the keys.
+    ``head_mean`` takes one channel too: -sqrt(d) b_m in the query, 1 in the cached keys, b_m from the query's
+    attention over the cached keys (materialised here, (M, cached keys) per head).
     """
+    if correction == "head_mean":
+        return _concatenated_head_mean(qr, kcr, vcr, entries, strength, pieces, guard)
     D = qr.shape[-1]
     O = 1 if pieces is not None else 0  # noqa: E741 - the offset channel
     Dp = D if G + O == 0 else round_up(D + G + O, 8)
@@ -559,8 +628,12 @@ def _concatenated(
     qbuf = qr
     ws: list[Tensor | None] = [None] * len(entries)
     if G:
-        qbuf = layout_query(Layout("pad", Dp), qr, query_group_norms(qr, D // G), strength)
+        nu = query_group_norms(qr, D // G)
+        qbuf = layout_query(Layout("pad", Dp), qr, nu, strength)
         ws = _taylor_weights(entries, D) if correction == "taylor" else _constant_weights(entries, correction, D)
+        if guard:
+            rows = guard_rows(qr.shape[-2], qr.device)
+            qs, nu_s = qr[..., rows, :], nu[..., rows, :]
     elif O:
         qbuf = qr.new_zeros(B, H, qr.shape[-2], Dp)
         qbuf[..., :D] = qr
@@ -573,6 +646,10 @@ def _concatenated(
         t = e.tokens
         _fill(kbuf[:, :, s : s + t, :D], e.k, False)
         _fill(vbuf[:, :, s : s + t, :D], e.v, False)
+        if w is not None and guard:
+            wt = taylor_weights(e.k.step_sizes(), D)
+            applied = None if correction == "taylor" else strength * (nu_s @ w.transpose(-1, -2)).squeeze(-1)
+            w = w * _guard(qs, nu_s, kbuf[:, :, s : s + t, :D], wt, applied, strength)[..., None, None]
         if w is not None:
             kbuf[:, :, s : s + t, D : D + G] = w
         s += t
@@ -592,10 +669,59 @@ def _concatenated(
     return out[..., :D] if Dp > D else out
 
 
-def _exact_attention(
-    qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], strength: float, pieces: Pieces = None
+def _concatenated_head_mean(
+    qr: Tensor, kcr: Tensor, vcr: Tensor, entries: list[CacheEntry], strength: float, pieces: Pieces, guard: bool
 ) -> Tensor:
-    """Materialised attention with the exact bias (Eq. 12) and any key log-offsets, one (batch, head) at a time."""
+    """:func:`_concatenated` for ``head_mean``: one window buffer, the bias as one channel (and Krea's offsets as
+    another)."""
+    D = qr.shape[-1]
+    B, H, M = qr.shape[:3]
+    n_cached = sum(e.tokens for e in entries)
+    N = n_cached + kcr.shape[-2]
+    Dp = round_up(D + 2, 8)
+    kbuf = qr.new_zeros(B, H, N, Dp)
+    vbuf = qr.new_zeros(B, H, N, Dp)
+    s = 0
+    for e in entries:
+        _fill(kbuf[:, :, s : s + e.tokens, :D], e.k, False)
+        _fill(vbuf[:, :, s : s + e.tokens, :D], e.v, False)
+        s += e.tokens
+    kbuf[:, :, n_cached:, :D] = kcr
+    vbuf[:, :, n_cached:, :D] = vcr
+    kbuf[:, :, :n_cached, D] = 1.0
+    s = 0
+    for e, runs in zip(entries, pieces or [[] for _ in entries]):
+        for a, b, log_offset in runs:
+            kbuf[:, :, s + a : s + b, D + 1] = log_offset
+        s += e.tokens
+    w = torch.cat(_taylor_weights(entries, D), dim=-2)  # (B, H, cached keys, G)
+    nu = query_group_norms(qr, D // w.shape[-1])
+    scores = (qr.to(torch.float32) @ kbuf[:, :, :n_cached, :D].to(torch.float32).transpose(-1, -2)) / math.sqrt(D)
+    scores = scores + kbuf[:, :, :n_cached, D + 1].to(torch.float32).unsqueeze(-2)
+    b = strength * (nu * (torch.softmax(scores, -1) @ w)).sum(-1)  # (B, H, M)
+    if guard:
+        rows = guard_rows(M, qr.device)
+        predicted = nu[..., rows, :] @ w.transpose(-1, -2)
+        b = b * guard_scale(scores[..., rows, :], predicted, b[..., rows].unsqueeze(-1)).unsqueeze(-1)
+    qbuf = qr.new_zeros(B, H, M, Dp)
+    qbuf[..., :D] = qr
+    qbuf[..., D] = -math.sqrt(D) * b
+    qbuf[..., D + 1] = math.sqrt(D)
+    return F.scaled_dot_product_attention(qbuf, kbuf, vbuf, scale=1.0 / math.sqrt(D))[..., :D]
+
+
+def _exact_attention(
+    qr: Tensor,
+    kcr: Tensor,
+    vcr: Tensor,
+    entries: list[CacheEntry],
+    strength: float,
+    pieces: Pieces = None,
+    guard: bool = False,
+) -> Tensor:
+    """Materialised attention with the exact bias (Eq. 12) and any key log-offsets, one (batch, head) at a time.
+
+    ``guard``: each chunk's exact bias scaled by its guard factor, predicted from the exact bias itself."""
     B, H, M, D = qr.shape
     g = entries[0].k.spec.group_size
     dtype = qr.dtype
@@ -617,10 +743,20 @@ def _exact_attention(
         s0 += e.tokens
     out = torch.empty(B, H, M, D, dtype=dtype, device=qr.device)
     scale = 1.0 / math.sqrt(D)
+    rows = guard_rows(M, qr.device)
     for b in range(B):
         for h in range(H):
             qf = qr[b, h].float()
-            s_cached = (qf @ k_hat[b, h].T) * scale - strength * _exact_bias(qf, steps[b, h], D, g) + key_offsets
+            s_hat = (qf @ k_hat[b, h].T) * scale
+            bias = _exact_bias(qf, steps[b, h], D, g)
+            if guard and strength:
+                s0 = 0
+                for e in entries:
+                    span = slice(s0, s0 + e.tokens)
+                    sb = bias[rows, span]
+                    bias[:, span] *= guard_scale(s_hat[rows, span], sb, strength * sb)
+                    s0 += e.tokens
+            s_cached = s_hat - strength * bias + key_offsets
             s_cur = (qf @ kcr[b, h].float().T) * scale
             p = torch.softmax(torch.cat([s_cached, s_cur], dim=-1), dim=-1)
             out[b, h] = (p[:, :n_cached] @ v_hat[b, h] + p[:, n_cached:] @ vcr[b, h].float()).to(dtype)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .bias import check_mode, chunk_spans, jensen_bias
+from .bias import check_mode, chunk_spans, guard_scales, jensen_bias
 from .quant import StoredTensor
 
 
@@ -78,6 +78,7 @@ def attention_shift(
     strength: float = 1.0,
     query_stride: int = 1,
     chunk_tokens: Sequence[int] | None = None,
+    guard: bool = False,
 ) -> ShiftStats:
     """Compare attention over a quantized cache (optionally corrected) with the full-precision one.
 
@@ -92,12 +93,24 @@ def attention_shift(
     Grouped-query attention: ``q`` (..., H_q, M, d) over K/V of (..., H_kv, N, d), ``H_q = groups * H_kv``;
     query head ``h`` attends K/V head ``h // groups``. The per-query statistics come in the query's
     order (batch, query head, query) either way.
+
+    ``guard`` (as in :func:`jensen_core.attention.cached_attention`): each cached chunk's correction
+    scaled by its guard factor (:func:`jensen_core.bias.guard_scales`, from all of ``q``'s rows as attention
+    sees them, before ``query_stride``).
     """
     correction = check_mode(correction)
     if isinstance(k_quant, StoredTensor) and correction != "off":
         chunk_spans(k_quant, chunk_tokens)  # a chunk layout that does not fit the keys fails before any work
     if query_stride < 1:
         raise ValueError(f"query_stride={query_stride} must be at least 1")
+    factors = None
+    if guard and isinstance(k_quant, StoredTensor) and correction != "off" and strength != 0:
+        spans = chunk_spans(k_quant, chunk_tokens)
+        factors = guard_scales(q, k_quant, correction, strength, [b - a for a, b in spans])
+        factors = torch.cat(
+            [f.unsqueeze(-1).expand(*f.shape, b - a) for f, (a, b) in zip(factors.unbind(-1), spans)], -1
+        )
+        factors = factors.reshape(-1, 1, factors.shape[-1])  # (batch * K/V heads, 1, cached keys)
     q = q[..., ::query_stride, :]
     groups = _query_groups(q, k_cached)
     if groups > 1:  # the query heads of a group become rows of their K/V head (same order when flattened)
@@ -119,7 +132,8 @@ def attention_shift(
         p_ref = torch.softmax(torch.cat([(qi @ kc[i].T) * scale, s_cur], dim=-1), dim=-1)
         s_hat = (qi @ kh[i].T) * scale
         if kq is not None:
-            s_hat = s_hat - strength * jensen_bias(qi, kq[i], correction, chunk_tokens)
+            b = jensen_bias(qi, kq[i], correction, chunk_tokens)
+            s_hat = s_hat - strength * (b if factors is None else b * factors[i])
         p_hat = torch.softmax(torch.cat([s_hat, s_cur], dim=-1), dim=-1)
         dps.append(p_hat[:, :n_cached].sum(-1) - p_ref[:, :n_cached].sum(-1))
         mid = 0.5 * (p_ref + p_hat)

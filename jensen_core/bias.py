@@ -15,8 +15,9 @@ from torch import Tensor
 from .hadamard import rotate
 from .quant import StoredTensor
 
-#: "off" applies no correction (plain attention over the cached keys)
-MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off")
+#: "off" applies no correction (plain attention over the cached keys); new modes go at the end (saved workflows
+#: keep their values and indices)
+MODES = ("taylor", "chunk_mean", "exact", "per_channel", "off", "head_mean")
 #: the name "off" had before it was shared with the UI; still read wherever a mode is read
 OLD_NAMES = {"none": "off"}
 #: Krea Realtime 14B's ``kv_cache_attention_bias`` (daydreamlive/scope ``krea_realtime_video/pipeline.py``
@@ -26,6 +27,11 @@ KREA_ATTENTION_BIAS = 0.3
 ATTENTION_BIAS_RANGE = (0.01, 1.0)
 _TABLE_MAX_VALUES = 1024  # distinct step sizes up to which the exact bias uses a lookup table
 _QUERY_BLOCK = 256
+#: the guard's sample: at most this many of a call's query rows (evenly spaced) predict each chunk's bias
+GUARD_QUERIES = 32
+#: the guard scales a chunk's correction down once it shifts the chunk's log-partition by more than this times
+#: the predicted bias (so a guarded correction overshoots by at most a quarter of the bias it removes)
+GUARD_TOLERANCE = 1.25
 
 
 def check_mode(mode: str) -> str:
@@ -138,6 +144,83 @@ def _exact_bias(q: Tensor, step: Tensor, head_dim: int, group_size: int) -> Tens
     return out
 
 
+def guard_rows(m: int, device: torch.device | None = None) -> Tensor:
+    """The query rows the guard samples from ``m`` rows: all of them up to :data:`GUARD_QUERIES`, else that many
+    evenly spaced (the first and the last included)."""
+    if m <= GUARD_QUERIES:
+        return torch.arange(m, device=device)
+    return torch.linspace(0, m - 1, GUARD_QUERIES, device=device).round().long()
+
+
+def predicted_log_bias(scores: Tensor, bias: Tensor) -> Tensor:
+    """The expected shift of a cached chunk's log-partition that quantization noise causes, ``(...,)`` per query.
+
+    ``scores`` (..., T): the query's scores over the chunk's T keys; ``bias`` (..., T): each key's Jensen bias
+    ``b_i`` (half the variance of its score noise; Eq. 15, or Eq. 12's exact form). With ``p`` the softmax of
+    the scores over the chunk, ``E[log sum_i p_i e^(delta_i)]`` is, to second order, ``sum_i p_i (1 - p_i) b_i``:
+    the whole bias when the chunk's attention is spread over many keys, nothing when one key holds it (one key's
+    noise is zero-mean in the log). Out of that expansion's regime (noise variance ``2 b`` above ``2 log n``,
+    ``n = 1 / sum p^2`` the keys that count) a sum of ``n`` exponentials of noisy scores is led by its largest
+    term, and its log grows like ``sigma sqrt(2 log n) - log n`` instead of ``sigma^2 / 2`` (the random energy
+    model's free energy): the prediction is the smaller of the two. ``p`` comes from the quantized scores, which
+    noise makes more concentrated than the true ones: the prediction errs low (toward less correction).
+    """
+    s = scores.to(torch.float32)
+    b = bias.to(torch.float32)
+    p = torch.softmax(s, dim=-1)
+    second = (p * (1 - p) * b).sum(-1)
+    var = 2 * (p * b).sum(-1)  # the attention-weighted noise variance
+    log_n = -torch.log((p * p).sum(-1).clamp_min(1e-30))
+    rem = torch.where(var <= 2 * log_n, var / 2, torch.sqrt(2 * var * log_n) - log_n)
+    return torch.minimum(second, rem).clamp_min(0)
+
+
+def guard_scale(scores: Tensor, predicted: Tensor, applied: Tensor) -> Tensor:
+    """The guard's factor in [0, 1] for one cached chunk, per leading index (batch, head): ``(..., m, T) -> (...)``.
+
+    ``scores`` (..., m, T): the guard's sampled queries over the chunk's keys (quantized keys, no correction);
+    ``predicted`` (..., m, T): the per-key bias that predicts the noise's effect (Taylor, or exact in ``exact``
+    mode); ``applied`` (..., m, T or 1): what the correction subtracts (its mode's bias times strength). The
+    correction shifts the chunk's log-partition by ``C = -log sum_i p_i e^(-applied_i)``; noise shifted it by
+    about ``beta`` (:func:`predicted_log_bias`). Over the sampled queries, where ``sum C`` exceeds
+    :data:`GUARD_TOLERANCE` times ``sum beta`` the correction is scaled to that bound, so a guarded correction
+    never moves the chunk's mass further past the truth than no correction leaves it (an overshoot past ``2 beta``
+    would); elsewhere the factor is exactly 1.
+    """
+    s = scores.to(torch.float32)
+    c = torch.logsumexp(s, -1) - torch.logsumexp(s - applied.to(torch.float32), -1)
+    shift = c.sum(-1)
+    allowed = GUARD_TOLERANCE * predicted_log_bias(s, predicted).sum(-1)
+    return torch.where(shift > allowed, allowed / shift.clamp_min(1e-30), torch.ones_like(shift)).clamp(0, 1)
+
+
+def guard_scales(
+    q: Tensor, k_quant: StoredTensor, mode: str = "taylor", strength: float = 1.0, chunk_tokens=None
+) -> Tensor:
+    """The guard's factor per cached chunk, ``(..., chunks)`` (the materialised reference of the fast path's).
+
+    ``q`` (..., M, d) the call's queries (all of them: the guard samples :func:`guard_rows`), ``k_quant`` the
+    cached chunks concatenated (``chunk_tokens`` as in :func:`jensen_bias`). Factors are 1 for ``off``.
+    """
+    mode = check_mode(mode)
+    groups = query_groups(q.shape[:-2], tuple(k_quant.shape[:-2]))
+    if groups > 1:  # the query heads of a group are rows of their K/V head, as attention folds them
+        q = q.reshape(*q.shape[:-3], q.shape[-3] // groups, groups * q.shape[-2], q.shape[-1])
+    spans = chunk_spans(k_quant, chunk_tokens)
+    lead = torch.broadcast_shapes(q.shape[:-2], k_quant.shape[:-2])
+    if mode == "off" or strength == 0:
+        return torch.ones(*lead, len(spans), dtype=torch.float32, device=q.device)
+    n_chunks = len(spans)
+    if mode == "head_mean":  # one offset over the whole cache: one factor, for every chunk
+        spans = [(0, k_quant.tokens)]
+    qs = q[..., guard_rows(q.shape[-2], q.device), :].to(torch.float32)
+    scores = (qs @ k_quant.dequantize(dtype=torch.float32).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    applied = strength * jensen_bias(qs, k_quant, mode, list(b - a for a, b in spans))
+    predicted = applied / strength if mode == "exact" else jensen_bias(qs, k_quant, "taylor")
+    out = torch.stack([guard_scale(scores[..., a:b], predicted[..., a:b], applied[..., a:b]) for a, b in spans], dim=-1)
+    return out.expand(*out.shape[:-1], n_chunks) if mode == "head_mean" else out
+
+
 def query_groups(q_lead: Sequence[int], kv_lead: Sequence[int]) -> int:
     """Query heads per K/V head: 1 when the leading dimensions (batch, heads) broadcast, else ``H_q / H_kv``.
 
@@ -174,7 +257,10 @@ def jensen_bias(
     modes: ``taylor`` (Eq. 15), ``chunk_mean`` (per query, the mean of the Taylor bias over each
     cached chunk's keys, shared by that chunk's keys: a constant offset of the chunk's log-sum-exp),
     ``exact`` (Eq. 12, numerically stable), ``per_channel`` (App. E: one shared ``b`` per query from
-    the token-averaged ``Delta^2`` of each group over all the keys, Taylor form), ``off`` (zeros).
+    the token-averaged ``Delta^2`` of each group over all the keys, Taylor form), ``off`` (zeros), ``head_mean``
+    (one bias per query and head over all the cached keys: the Taylor bias averaged with the query's attention
+    over the cached keys, uncorrected, ``sum_i p_i b_i``; it moves the whole cache's log-partition by what the
+    per-key bias moves it to first order, and needs the scores: ``k_quant`` is dequantized).
 
     ``chunk_tokens`` (``chunk_mean``): the tokens of each cached chunk concatenated in ``k_quant``
     (see :func:`chunk_spans`; by default a QVG tensor's segments, else one chunk).
@@ -209,7 +295,12 @@ def jensen_bias(
         return (nu @ w_mean.transpose(-1, -2)).expand(*lead, M, N)
     if mode == "chunk_mean":
         w = chunk_mean_weights(w, spans)
-    return nu @ w.transpose(-1, -2)
+    b = nu @ w.transpose(-1, -2)
+    if mode == "head_mean":  # rotation keeps the scores: the model's space on both sides
+        k_hat = k_quant.dequantize(dtype=torch.float32)
+        p = torch.softmax((q.to(torch.float32) @ k_hat.transpose(-1, -2)) / math.sqrt(d), dim=-1)
+        return (p * b).sum(-1, keepdim=True).expand(*lead, M, N)
+    return b
 
 
 def check_attention_bias(bias: float) -> float:

@@ -294,6 +294,7 @@ class ChunkCache:
         k_ctx: Tensor | None = None,
         v_ctx: Tensor | None = None,
         last_chunks: int | None = None,
+        guard: bool = False,
     ) -> Tensor:
         """Attention of the current chunk over the cached chunks and itself (see :func:`cached_attention`).
 
@@ -301,7 +302,8 @@ class ChunkCache:
         ``k_ctx``/``v_ctx``: context tokens attended in full precision, never stored nor corrected.
         ``last_chunks``: attend only the newest ``last_chunks`` held chunks (None: all of them; 0: none), for
         query groups that see a shorter key range than the cache holds (MAGI-1's per-chunk key range: one call
-        per group); ``key_log_offsets`` then has one item per attended chunk.
+        per group); ``key_log_offsets`` then has one item per attended chunk. ``guard``: the correction's guard
+        (see :func:`cached_attention`).
         """
         if self._layout is not None and q.device != self._layout[4]:
             raise ValueError(
@@ -325,6 +327,7 @@ class ChunkCache:
             key_log_offsets=key_log_offsets,
             k_ctx=k_ctx,
             v_ctx=v_ctx,
+            guard=guard,
         )
 
     # ----------------------------------------------------------------- persistence

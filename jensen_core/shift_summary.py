@@ -8,6 +8,8 @@ paper's Fig. 4 plots), the sums behind the mean JSD and the element-weighted out
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
@@ -24,12 +26,30 @@ class ShiftAccumulator:
         self._sq_err = 0.0
         self._elements = 0
         self.calls = 0
+        self._heads: dict[str, list[Tensor]] = {}  # per head label, its ΔP_S samples (tails per head)
 
-    def add(self, stats: ShiftStats, output_elements: int) -> None:
-        """Add one call; ``output_elements`` is how many attention-output values its MSE averaged."""
+    def add(
+        self, stats: ShiftStats, output_elements: int, head_labels: Sequence[str] | None = None, batch: int = 1
+    ) -> None:
+        """Add one call; ``output_elements`` is how many attention-output values its MSE averaged.
+
+        ``head_labels``: one name per query head of the call (e.g. "layer 3 head 5"); the ΔP_S samples come in
+        (``batch``, head, query) order, as :func:`attention_shift` returns them, and are kept per head for the tails.
+        """
         if output_elements < 0:
             raise ValueError(f"output_elements={output_elements} must be non-negative")
-        self._delta_ps.append(stats.delta_ps.detach().to("cpu", torch.float32).reshape(-1))
+        d = stats.delta_ps.detach().to("cpu", torch.float32).reshape(-1)
+        if head_labels is not None:
+            labels = list(head_labels)
+            if not labels or batch < 1 or d.numel() % (batch * len(labels)):
+                raise ValueError(
+                    f"{d.numel()} ΔP_S samples do not split over batch {batch} x {len(labels)} head labels; give "
+                    "one label per query head of the call and its batch size"
+                )
+            per = d.reshape(batch, len(labels), -1)
+            for i, name in enumerate(labels):
+                self._heads.setdefault(name, []).append(per[:, i].reshape(-1))
+        self._delta_ps.append(d)
         self._jsd_sum += float(stats.jsd.detach().to(torch.float64).sum())
         self._jsd_count += stats.jsd.numel()
         self._sq_err += float(stats.output_mse) * output_elements
@@ -60,7 +80,7 @@ class ShiftAccumulator:
                 "mean_jsd",
                 "output_mse",
             )
-            return {**dict.fromkeys(keys), "samples": 0, "calls": self.calls}
+            return {**dict.fromkeys(keys), "samples": 0, "calls": self.calls, **self.tails()}
         s = d.sort().values
         q25, q75 = quantile(s, 0.25), quantile(s, 0.75)
         return {
@@ -73,7 +93,33 @@ class ShiftAccumulator:
             "output_mse": self._sq_err / max(self._elements, 1),
             "samples": int(d.numel()),
             "calls": self.calls,
+            **self.tails(),
         }
+
+    def tails(self) -> dict:
+        """The tails of |ΔP_S|: its 95th and 99th percentiles over every sample, per head (where the calls named
+        their heads) and the worst head (the largest 99th percentile). JSON-ready; ``None`` where no sample."""
+        d = self.delta_ps()
+        if d.numel() == 0:
+            return {"p95_abs_delta_ps": None, "p99_abs_delta_ps": None, "per_head": {}, "worst_head": None}
+        return {**abs_tails(d), **head_tails({k: torch.cat(v) for k, v in self._heads.items()})}
+
+
+def abs_tails(delta_ps: Tensor) -> dict:
+    """``{"p95_abs_delta_ps", "p99_abs_delta_ps"}`` of ``|delta_ps|``."""
+    s = delta_ps.detach().to("cpu", torch.float32).reshape(-1).abs().sort().values
+    return {"p95_abs_delta_ps": quantile(s, 0.95), "p99_abs_delta_ps": quantile(s, 0.99)}
+
+
+def head_tails(per_head: dict[str, Tensor]) -> dict:
+    """Per head, the median ΔP_S and the 95th / 99th percentiles of |ΔP_S|; the worst head by its 99th."""
+    heads = {}
+    for name, t in per_head.items():
+        if t.numel():
+            s = t.detach().to("cpu", torch.float32).reshape(-1).sort().values
+            heads[name] = {"median_delta_ps": quantile(s, 0.5), **abs_tails(s), "samples": int(s.numel())}
+    worst = max(heads, key=lambda k: heads[k]["p99_abs_delta_ps"], default=None)
+    return {"per_head": heads, "worst_head": None if worst is None else {"head": worst, **heads[worst]}}
 
 
 def common_histogram(samples: dict[str, Tensor], bins: int = 60, tail: float = 0.005) -> dict:

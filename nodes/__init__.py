@@ -28,6 +28,7 @@ from .ar_schedule import JensenKVARSchedule
 from .bias_correction import JensenKVBiasCorrection
 from .chunked_ar_ksampler import JensenKVChunkedARKSampler
 from .chunked_ar_sampler import JensenKVChunkedARSampler
+from .compare_panels import JensenKVComparePanels
 from .kv_cache_diagnostics import JensenKVDiagnostics
 from .kv_cache_diagnostics_plot import JensenKVDiagnosticsPlot
 from .kv_cache_report import JensenKVCacheReport
@@ -54,8 +55,8 @@ AR_NODES: list[type[io.ComfyNode]] = [
     JensenKVSaveKVCache,
     JensenKVLoadKVCache,
 ]
-#: the bundled tiny AR model: its prompts and its latent -> RGB map
-DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDecode]
+#: the bundled tiny AR model: its prompts and its latent -> RGB map; labelled panels of an A/B with their PSNR
+DEMO_NODES: list[type[io.ComfyNode]] = [JensenKVTinyARPrompt, JensenKVTinyARDecode, JensenKVComparePanels]
 #: attention diagnostics: KV Cache Diagnostics on the MODEL path, its plot on the sampler's report
 DIAGNOSTICS_NODES: list[type[io.ComfyNode]] = [JensenKVDiagnostics, JensenKVDiagnosticsPlot]
 #: ComfyUI's own AR sampler (v0.27+): the cache window there and the run's report

@@ -6,7 +6,7 @@ from comfy_api.latest import io, ui
 
 from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, get_config, parse_correction, set_config
 from ..runtime.core_ar import attach
-from .common import CATEGORY, Combo, logger, node_message
+from .common import CATEGORY, Combo, advanced, logger, node_message
 
 NOTHING_TO_CORRECT = (
     "Jensen Bias Correction: nothing to correct - no Quantize KV Cache with quantized keys upstream, so the "
@@ -23,22 +23,22 @@ class JensenKVBiasCorrection(io.ComfyNode):
             display_name="Jensen Bias Correction",
             category=CATEGORY,
             description=(
-                "Quantized cached keys steal attention (Jensen's inequality inflates exp of noisy scores). "
-                "This subtracts the expected inflation from cached-key scores only. Needs Quantize KV Cache upstream."
+                "Keeps a low-bit KV cache from stealing attention: rounded keys make the past frames look more "
+                "relevant than they are (Jensen's inequality inflates exp of noisy scores), so the video drifts. This "
+                "subtracts the expected inflation from the scores of cached keys only. Needs Quantize KV Cache "
+                "upstream."
             ),
             inputs=[
-                io.Model.Input("model", tooltip="The MODEL from Quantize KV Cache."),
+                io.Model.Input("model", tooltip="The MODEL from Quantize KV Cache (key_bits 2-8)."),
                 Combo(
                     "mode",
                     options=list(CORRECTION_CHOICES),
                     default="taylor",
-                    tooltip="taylor: (1/24d)·sum Δ²‖q_group‖² per cached score, the paper's correction "
-                    "(recommended; a few extra attention channels). chunk_mean: the same bias averaged "
-                    "over each cached chunk's keys, applied as an offset of the chunk's attention "
-                    "weight - free on every kernel (bf16 on AMX CPUs, GPU flash), nearly as good with "
-                    "rotation hadamard, weaker without. exact: log(sinh α/α) per channel, slow, for "
-                    "checks. per_channel: one shared bias per query over the whole window. off: no "
-                    "correction (the uncorrected A/B).",
+                    tooltip="Which correction keeps past frames from stealing attention. taylor (recommended): the paper's, per cached score, a "
+                    "few extra attention channels. chunk_mean: one offset per cached chunk, free on every attention "
+                    "kernel (bf16 CPUs, GPU flash); nearly as good with rotation hadamard, weaker without. exact: "
+                    "slow, for checks. per_channel: one shared bias per query. off: no correction (for an A/B). "
+                    "head_mean: one bias per query and head. The formulas are on this node's help page.",
                 ),
                 io.Float.Input(
                     "strength",
@@ -46,7 +46,17 @@ class JensenKVBiasCorrection(io.ComfyNode):
                     min=0.0,
                     max=STRENGTH_MAX,
                     step=0.05,
-                    tooltip="Multiplier of the correction; 1.0 removes the bias in expectation, 0 disables it.",
+                    tooltip="How much of the correction to apply: 1.0 removes the bias on average, 0 turns it off.",
+                ),
+                advanced(
+                    io.Boolean.Input(
+                        "guard",
+                        default=True,
+                        optional=True,
+                        tooltip="Keeps the correction from doing harm: where a head's attention sits on a few "
+                        "cached tokens, the correction is scaled down so it never overshoots. Leave on; off is "
+                        "the paper's unguarded formula.",
+                    )
                 ),
             ],
             outputs=[
@@ -59,14 +69,16 @@ class JensenKVBiasCorrection(io.ComfyNode):
         )
 
     @classmethod
-    def execute(cls, model, mode, strength) -> io.NodeOutput:
+    def execute(cls, model, mode, strength, guard=True) -> io.NodeOutput:
         correction = parse_correction(mode)
         config = get_config(model.model_options)
         if config is None or not config.keys_quantized:
             logger.warning("jensen_kv: %s", NOTHING_TO_CORRECT)
             node_message(cls, NOTHING_TO_CORRECT)
             return io.NodeOutput(model, ui=ui.PreviewText(NOTHING_TO_CORRECT))
-        config = config.with_correction(correction, strength)
+        if not isinstance(guard, bool):
+            raise ValueError(f"guard={guard!r} must be true or false (true keeps the correction from overshooting)")
+        config = config.with_correction(correction, strength, guard)
         m = model.clone()
         set_config(m, config)
         attach(m)

@@ -15,7 +15,7 @@ from .chunked_ar_sampler import (
     outputs,
     sample_node,
 )
-from .common import CATEGORY, Combo, advanced
+from .common import CATEGORY, Combo, advanced, keeps_ui
 
 #: Which settings of this node reproduce which reference (checked in tests/integration/test_nodes.py).
 STEPS_TOOLTIP = (
@@ -89,6 +89,7 @@ class JensenKVChunkedARKSampler(io.ComfyNode):
             ],
             outputs=outputs(),
             hidden=hidden_inputs(),
+            **keeps_ui(),  # the report comes back on a cached rerun, as ComfyUI keeps images
         )
 
     @classmethod

@@ -13,6 +13,7 @@ from .common import (
     JensenKVCache,
     JensenKVReport,
     advanced,
+    keeps_ui,
     output_connected,
     sampled_output,
 )
@@ -32,18 +33,21 @@ def common_head_inputs() -> list:
     return [
         io.Model.Input(
             "model",
-            tooltip="A Wan 2.1 text-to-video MODEL, optionally through Quantize KV Cache and Jensen Bias Correction.",
+            tooltip="The video model (Wan 2.1 T2V); through Quantize KV Cache and Jensen Bias Correction for a "
+            "smaller memory of past frames.",
         ),
         io.Conditioning.Input(
             "positive",
-            tooltip="Text conditioning (one entry) for the whole video, or a schedule of "
-            "prompts by chunk from Prompt Schedule.",
+            tooltip="What the video shows: text conditioning for the whole video, or prompts by chunk from Prompt "
+            "Schedule.",
         ),
-        io.Conditioning.Input("negative", tooltip="Negative conditioning (one entry); unused when cfg is 1."),
+        io.Conditioning.Input(
+            "negative", tooltip="What the video should avoid (negative conditioning); unused when cfg is 1."
+        ),
         io.Latent.Input(
             "latent",
-            tooltip="A Wan video latent (batch, 16, frames, height, width), e.g. from "
-            "EmptyHunyuanLatentVideo; its frames are generated chunk by chunk.",
+            tooltip="The empty video to fill, which sets its size and length (e.g. EmptyHunyuanLatentVideo); it is "
+            "generated chunk by chunk.",
         ),
         io.Int.Input(
             "seed",
@@ -51,8 +55,8 @@ def common_head_inputs() -> list:
             min=0,
             max=0xFFFFFFFFFFFFFFFF,
             control_after_generate=True,
-            tooltip="Noise seed. Every chunk gets its own noise (initial and per-step), derived from the seed "
-            "and the chunk's index, so a continued run matches one long run.",
+            tooltip="Picks the video's random noise: the same seed gives the same video. Every chunk gets its own "
+            "noise from the seed and its index, so a continued run matches one long run.",
         ),
     ]
 
@@ -65,8 +69,8 @@ def cfg_input() -> io.Float.Input:
         max=100.0,
         step=0.1,
         round=0.01,
-        tooltip="Classifier-free guidance; 1 runs the cond branch only (distilled few-step "
-        "models), >1 keeps a second cache for the uncond branch.",
+        tooltip="How strictly the video follows the prompt. 1 for distilled few-step models (Self-Forcing, "
+        "CausVid): fastest. Above 1 each step runs twice and both branches are cached (twice the cache).",
     )
 
 
@@ -77,14 +81,16 @@ def common_tail_inputs() -> list:
             default=CHUNK_DEFAULTS["chunk_frames"],
             min=1,
             max=1024,
-            tooltip="Latent frames per chunk (3 for Self-Forcing / CausVid; a latent frame is 4 video frames).",
+            tooltip="How many latent frames are made at once (a latent frame is 4 video frames): use the model's "
+            "own, 3 for Self-Forcing / CausVid.",
         ),
         io.Int.Input(
             "window_chunks",
             default=CHUNK_DEFAULTS["window_chunks"],
             min=0,
             max=4096,
-            tooltip="How many finished chunks stay in the KV cache (sliding window); 0 keeps them all.",
+            tooltip="How many finished chunks the model remembers: fewer is less memory and faster, but it forgets "
+            "sooner. 0 remembers them all (a sliding window otherwise).",
         ),
         advanced(
             io.Float.Input(
@@ -93,10 +99,9 @@ def common_tail_inputs() -> list:
                 min=0.0,
                 max=1.0,
                 step=0.01,
-                tooltip="Noise level of the pass that writes a finished chunk to the cache, in sigma "
-                "(Wan flow matching: sigma = t / 1000; SkyReels-V2's addnoise_condition is in t, "
-                "so addnoise_condition 20 is 0.02 here). 0 = clean context, as Self-Forcing and "
-                "CausVid do; above 0, context_noise_mode says what it does.",
+                tooltip="Lets the remembered frames be slightly noisy, for models trained that way; 0 = clean, as "
+                "Self-Forcing and CausVid. In sigma (Wan flow matching: sigma = t / 1000; SkyReels-V2's "
+                "addnoise_condition 20 is 0.02 here); context_noise_mode says what it does.",
             )
         ),
         io.Int.Input(
@@ -105,37 +110,37 @@ def common_tail_inputs() -> list:
             min=0,
             max=4096,
             optional=True,
-            tooltip="Attention sink: the first N chunks stay in the cache for the whole video, outside the "
-            "window (Self-Forcing's sink_size = N x chunk_frames frames). Only matters with a window.",
+            tooltip="Frames the model never forgets: the first N chunks stay remembered for the whole video, "
+            "outside the window, which keeps a long video's look steady. Only matters with a window.",
         ),
         io.Latent.Input(
             "prefix",
             optional=True,
-            tooltip="Extend a clip: a Wan LATENT (VAE-encoded frames, or an earlier run's output) written "
-            "into the cache as the first chunks; generation continues after it.",
+            tooltip="A clip to continue: a video LATENT (VAE-encoded frames, or an earlier run's output) that "
+            "becomes the first chunks; generation continues after it.",
         ),
         advanced(
             io.Boolean.Input(
                 "include_prefix",
                 default=True,
                 optional=True,
-                tooltip="Put the prefix frames in front of the output LATENT (off: only the new frames).",
+                tooltip="Put the prefix frames in front of the output video (off: only the new frames).",
             )
         ),
         JensenKVCache.Input(
             "kv_cache",
             optional=True,
-            tooltip="Continue a saved run (Load KV Cache, or another sampler's kv_cache output): same "
-            "model, Quantize KV Cache, chunk length, window, sink and video size.",
+            tooltip="Continue a saved run (Load KV Cache, or another sampler's kv_cache output): same model, "
+            "Quantize KV Cache, chunk length, window, sink and video size.",
         ),
         advanced(
             io.Boolean.Input(
                 "recache_on_switch",
                 default=True,
                 optional=True,
-                tooltip="When the prompt schedule switches prompts, rewrite the cached chunks under the "
-                "new prompt (recache_mode says how: LongLive's by default), since every layer after the first sees "
-                "the prompt. Off keeps the entries written under the old prompt.",
+                tooltip="When the prompt schedule switches prompts, re-remember the past frames under the new "
+                "prompt so the switch takes hold (recache_mode says how). Off keeps what was remembered "
+                "under the old prompt.",
             )
         ),
         *krea_inputs(),
@@ -145,12 +150,12 @@ def common_tail_inputs() -> list:
                 options=list(RECACHE_MODES),
                 default="longlive",
                 optional=True,
-                tooltip="How recache_on_switch rewrites the cache. longlive (default): NVlabs/LongLive's re-cache - "
-                "the sink keeps the old prompt's K/V, the window plus the chunk about to be evicted are recomputed in "
-                "one forward without the block mask (within the first (sink + window + 1) chunks the sink is "
-                "recomputed too, as in LongLive). causal: the pack's own, not LongLive's - every retained chunk, the "
-                "sink included, one chunk per forward, each attending to the ones before it. See "
-                "docs/long-videos.md.",
+                tooltip="How recache_on_switch redoes the memory. longlive (default): NVlabs/LongLive's re-cache - "
+                "the sink keeps the old prompt's K/V, the window plus the chunk about to be evicted are "
+                "recomputed in one forward without the block mask (within the first (sink + window + 1) "
+                "chunks the sink is recomputed too, as in LongLive). causal: the pack's own, not "
+                "LongLive's - every retained chunk, the sink included, one chunk per forward, each "
+                "attending to the ones before it. See docs/long-videos.md.",
             )
         ),
         advanced(
@@ -159,10 +164,10 @@ def common_tail_inputs() -> list:
                 options=list(CONTEXT_NOISE_MODES),
                 default="relabel",
                 optional=True,
-                tooltip="What context_noise does to the cache write. relabel (Self-Forcing, CausVid, LongLive): "
-                "the model sees the clean chunk with its timestep set to context_noise x 1000. skyreels "
-                "(SkyReels-V2 DF's addnoise_condition): the cached chunks are noised to that level, with fresh "
-                "noise at every denoising step. No effect at context_noise 0.",
+                tooltip="What context_noise does to the remembered frames. relabel (Self-Forcing, CausVid, "
+                "LongLive): the model sees the clean chunk with its timestep set to context_noise x 1000. "
+                "skyreels (SkyReels-V2 DF's addnoise_condition): the cached chunks are noised to that "
+                "level, with fresh noise at every denoising step. No effect at context_noise 0.",
             )
         ),
     ]
@@ -175,10 +180,11 @@ def first_chunk_inputs() -> list:
         io.Sigmas.Input(
             "first_chunk_sigmas",
             optional=True,
-            tooltip="Optional: the schedule of the video's first chunk (the first one after a prefix), e.g. AR Video "
-            "Schedule causal_forcing_framewise_4step for Causal Forcing++ 2-step / 1-step, whose first frame takes 4 "
-            "steps. Unconnected: the schedule sigmas carry (AR Video Schedule's causal_forcing_framewise_2step / "
-            "_1step carry the 4 steps), else sigmas. A continued kv_cache run uses sigmas.",
+            tooltip="Optional: other steps for the video's first chunk, e.g. AR Video Schedule "
+            "causal_forcing_framewise_4step for Causal Forcing++ 2-step / 1-step, whose first frame takes "
+            "4 steps. Unconnected: the schedule sigmas carry (AR Video Schedule's "
+            "causal_forcing_framewise_2step / _1step carry the 4 steps), else sigmas. A continued kv_cache "
+            "run uses sigmas.",
         ),
         first_chunk_frames_input(),
     ]
@@ -192,9 +198,10 @@ def first_chunk_frames_input() -> io.Int.Input:
             min=0,
             max=1024,
             optional=True,
-            tooltip="Latent frames of the video's first chunk (a prefix's first chunk when extending a clip); 0 = "
-            "chunk_frames. 1 is Self-Forcing's / Causal Forcing's independent_first_frame (blocks of 1, k, k, ...); "
-            "at most chunk_frames. A continued kv_cache run already has its first chunk.",
+            tooltip="Length of the video's first chunk in latent frames (a prefix's first chunk when extending a "
+            "clip); 0 = chunk_frames. 1 for models trained with an independent first frame (Self-Forcing's "
+            "/ Causal Forcing's blocks of 1, k, k, ...); at most chunk_frames. A continued kv_cache run "
+            "already has its first chunk.",
         )
     )
 
@@ -202,30 +209,35 @@ def first_chunk_frames_input() -> io.Int.Input:
 def krea_inputs() -> list:
     """Krea Realtime 14B's cache settings (docs/checkpoints.md#krea-realtime-14b)."""
     return [
-        io.Int.Input(
-            "recompute_frames",
-            default=0,
-            min=0,
-            max=64,
-            optional=True,
-            tooltip="Krea's kv_cache_num_frames (Krea: 3): before each chunk, rebuild the cache from the last N "
-            "latent frames at t=0 instead of caching each chunk. 0 = off. Needs window and sink 0.",
+        advanced(
+            io.Int.Input(
+                "recompute_frames",
+                default=0,
+                min=0,
+                max=64,
+                optional=True,
+                tooltip="Krea Realtime only (Krea: 3): before each chunk, rebuild the memory from the last N "
+                "latent frames instead of keeping every chunk. 0 = off. Needs window and sink 0.",
+            )
         ),
-        io.Float.Input(
-            "kv_cache_attention_bias",
-            default=1.0,
-            min=0.01,
-            max=1.0,
-            step=0.01,
-            optional=True,
-            tooltip="Krea's attention bias (Krea: 0.3): adds log(bias) to the scores of every cached key but "
-            "the first cached frame's, so past frames weigh less. 1.0 = off.",
+        advanced(
+            io.Float.Input(
+                "kv_cache_attention_bias",
+                default=1.0,
+                min=0.01,
+                max=1.0,
+                step=0.01,
+                optional=True,
+                tooltip="Krea Realtime only (Krea: 0.3): past frames weigh less, so each chunk follows its own "
+                "prompt more. 1.0 = off. Adds log(bias) to the scores of every cached key but the first "
+                "cached frame's.",
+            )
         ),
         io.Vae.Input(
             "vae",
             optional=True,
-            tooltip="With recompute_frames: re-encode the first context frame from decoded pixels, as Krea "
-            "does. Without it the latent frame is used as it is.",
+            tooltip="With recompute_frames: re-encode the first remembered frame from pixels, as Krea does. "
+            "Without it the latent frame is used as it is.",
         ),
     ]
 
@@ -319,7 +331,11 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             inputs=[
                 *common_head_inputs(),
                 cfg_input(),
-                io.Sampler.Input("sampler", tooltip="Any ComfyUI sampler (KSamplerSelect, ...); used for every chunk."),
+                io.Sampler.Input(
+                    "sampler",
+                    tooltip="The steps of one chunk's denoising (AR Video Schedule for the few-step models, or "
+                    "BasicScheduler); the same for every chunk.",
+                ),
                 io.Sigmas.Input(
                     "sigmas",
                     tooltip="The noise schedule of one chunk (BasicScheduler, or a few-step "
@@ -330,6 +346,7 @@ class JensenKVChunkedARSampler(io.ComfyNode):
             ],
             outputs=outputs(),
             hidden=hidden_inputs(),
+            **keeps_ui(),  # the report comes back on a cached rerun, as ComfyUI keeps images
         )
 
     @classmethod

@@ -56,6 +56,13 @@ def advanced(inp: io.Input) -> io.Input:
     return inp
 
 
+def keeps_ui() -> dict:
+    """``io.Schema`` keywords that make ComfyUI keep a node's ui output (its report) like an output node's: resent
+    on a cached rerun and restored with the workflow (``has_intermediate_output``, v0.27+); nothing on a ComfyUI
+    whose schema lacks the field (v0.3.64), where the report shows after a run that executes the node."""
+    return {"has_intermediate_output": True} if "has_intermediate_output" in io.Schema.__dataclass_fields__ else {}
+
+
 def node_message(node_cls, text: str) -> None:
     """Show ``text`` on the running node in the UI (no-op outside a server)."""
     node_id = getattr(getattr(node_cls, "hidden", None), "unique_id", None)

@@ -63,7 +63,8 @@ class JensenKVLoadMagi1(io.ComfyNode):
                     "variant",
                     options=list(VARIANTS),
                     default="auto",
-                    tooltip="base (64 steps, cfg 3) or distill (fewer steps, cfg 1); auto reads the file's metadata or 'distill' in its path.",
+                    tooltip="base (64 steps, cfg 3) or distill (fewer steps, cfg 1): they run different pipelines. auto "
+                    "reads the file's metadata, else 'base' or 'distill' in its path, and refuses when neither says.",
                 ),
             ],
             outputs=[io.Model.Output(tooltip="The MAGI-1 DiT; sample it with MAGI-1's chunk sampler.")],

@@ -82,49 +82,52 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             display_name="Quantize KV Cache",
             category=CATEGORY,
             description=(
-                "Store the KV cache in 2-8 bits (group-wise RTN, bit-packed; or QVG: k-means smoothing per chunk, then "
-                "RTN of the residual), in the Chunked AR Video Sampler or in ComfyUI's own SamplerARVideo (v0.27+). "
-                "Returns a copy of the model; the input model is unchanged."
+                "Shrinks the video model's memory of past frames (the KV cache): stored in 2-8 bits, about 6x smaller "
+                "at 2 bits. Works in the Chunked AR Video Sampler and in ComfyUI's own SamplerARVideo (v0.27+). "
+                "Returns a copy of the model; the input model is unchanged. How: group-wise RTN, bit-packed; or QVG "
+                "(k-means smoothing per chunk, then RTN of the residual)."
             ),
             inputs=[
                 io.Model.Input(
                     "model",
-                    tooltip="A Wan 2.1 T2V model (Self-Forcing, CausVid, SkyReels-V2) or a causal-AR one for SamplerARVideo.",
+                    tooltip="The video model whose memory of past frames (its KV cache) to shrink: Wan 2.1 T2V (Self-Forcing, "
+                    "CausVid, SkyReels-V2), or a causal-AR one for SamplerARVideo.",
                 ),
                 Combo(
                     "key_bits",
                     options=list(BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["key_bits"],
-                    tooltip="Bits per cached key element; 'off' keeps keys in the model's precision. "
-                    "Low bits inflate attention on cached keys; add Jensen Bias Correction.",
+                    tooltip="Stores the keys of past frames in this many bits: 2 = about 6x less memory than BF16, 4 = about "
+                    "3.4x; off = full precision. At 2-3 bits add Jensen Bias Correction after this node.",
                 ),
                 Combo(
                     "value_bits",
                     options=list(BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["value_bits"],
-                    tooltip="Bits per cached value element; 'off' keeps values in the model's precision.",
+                    tooltip="Stores the values of past frames in this many bits: 2 = about 6x less memory than BF16, 4 = about "
+                    "3.4x; off = full precision. Low-bit values do not steal attention as low-bit keys do.",
                 ),
                 Combo(
                     "group_size",
                     options=list(GROUP_SIZE_CHOICES),
                     default=QUANTIZE_DEFAULTS["group_size"],
-                    tooltip="Channels sharing one scale and zero-point; must divide the head dim (128 for Wan). "
-                    "Smaller = more accurate, more metadata (INT2 at 32: 2.75 bits/element).",
+                    tooltip="How many numbers share one scale: smaller is more accurate but stores more (32: 2 bits cost 2.75). "
+                    "Must divide the model's head size (128 for Wan).",
                 ),
                 Combo(
                     "rotation",
                     options=list(ROTATION_CHOICES),
                     default=QUANTIZE_DEFAULTS["rotation"],
-                    tooltip="Randomized Hadamard rotation before quantization (QuaRot): spreads outlier "
-                    "channels, usually better at 2-3 bits. Needs a power-of-two head dim.",
+                    tooltip="hadamard mixes the channels before rounding, so a few large ones do not spoil the rest: usually "
+                    "better at 2-3 bits (QuaRot). Needs a power-of-two head size.",
                 ),
                 advanced(
                     Combo(
                         "scale_format",
                         options=list(SCALE_FORMAT_CHOICES),
                         default=QUANTIZE_DEFAULTS["scale_format"],
-                        tooltip="Storage format of each group's step size (fp8_e4m3 = 8 bits, as in the paper; "
-                        "falls back to bf16 for a tensor whose steps exceed 448).",
+                        tooltip="How each group's scale is stored: fp8_e4m3 (8 bits, as in the paper) or bf16 (a little more "
+                        "memory). fp8 falls back to bf16 for a tensor whose steps exceed 448.",
                     )
                 ),
                 advanced(
@@ -133,8 +136,8 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                         default=0,
                         min=0,
                         max=2**31 - 1,
-                        tooltip="Seed of the random signs of the Hadamard rotation (ignored with rotation 'none'); "
-                        "with method 'qvg' also the seed of k-means' initial centroids.",
+                        tooltip="Changes the rotation's random signs (and QVG's first centroids); change it only to check that a "
+                        "result is not luck. Ignored with rotation none.",
                     )
                 ),
                 # added after the original inputs, and optional: prompts saved before them (UI or API
@@ -144,10 +147,10 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     options=list(METHOD_CHOICES),
                     default=QUANTIZE_DEFAULTS["method"],
                     optional=True,
-                    tooltip="rtn: group-wise round-to-nearest of each token. qvg (QuantVideoGen): per chunk and "
-                    "head, k-means over the chunk's tokens; each token stores its centroid's id and only "
-                    "the small residual is quantized with the settings above. The Jensen correction "
-                    "then uses the residual's step sizes. Costs BF16 centroids per chunk (see the planner).",
+                    tooltip="rtn rounds every number on its own (fast). qvg (QuantVideoGen) first groups similar tokens of a "
+                    "chunk and rounds only what differs from the group: sharper at 2 bits, slower, a little more "
+                    "memory (see the planner). Per chunk and head: k-means, then RTN of the residual; Jensen uses "
+                    "the residual's steps.",
                 ),
                 advanced(
                     io.Int.Input(
@@ -156,8 +159,8 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                         default=QVG_STAGES_RANGE[0],
                         min=QVG_STAGES_RANGE[1],
                         max=QVG_STAGES_RANGE[2],
-                        tooltip="QVG only: k-means stages S (progressive residual quantization); each stage "
-                        "clusters what the previous ones left and stores K more centroids and one id per token.",
+                        tooltip="QVG only: rounds of grouping; more is sharper and stores more (1 is usual). Each stage "
+                        "clusters what the previous ones left (progressive residual k-means).",
                     )
                 ),
                 advanced(
@@ -167,11 +170,10 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                         default=QVG_CENTROIDS_RANGE[0],
                         min=QVG_CENTROIDS_RANGE[1],
                         max=QVG_CENTROIDS_RANGE[2],
-                        tooltip="QVG only: centroids K per stage, chunk and head. Each costs head_dim BF16 values "
-                        "per chunk: 16*K/tokens-per-chunk bits per element. 0 = auto: QVG's own centroid budget "
-                        "(256 per 12,150-token chunk, 0.34 bits/element) scaled to the chunk, K = 256*T/(12150*S): "
-                        "picks 98 on Wan 480p chunks of 3 latent frames (4,680 tokens), 32 on one-frame chunks "
-                        "(1,560), 4 on the tiny demo model's (192). The planner and the run report show the K used.",
+                        tooltip="QVG only: groups per chunk and head; more is sharper and stores more. 0 = auto, picked "
+                        "from the chunk's size: 98 on Wan 480p chunks of 3 latent frames, 32 on one-frame chunks, 4 on "
+                        "the tiny demo model's; the planner and the report show the number used. Cost: 16*K / "
+                        "tokens-per-chunk bits per element; auto is K = 256*T/(12150*S), QVG's own budget.",
                     )
                 ),
                 advanced(
@@ -181,8 +183,8 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                         default=QVG_ITERS_RANGE[0],
                         min=QVG_ITERS_RANGE[1],
                         max=QVG_ITERS_RANGE[2],
-                        tooltip="QVG only: at most this many k-means iterations per stage (QVG's scripts use 2; "
-                        "stops early when fewer than 0.01% of the tokens change cluster).",
+                        tooltip="QVG only: how long to search for the groups (k-means iterations per stage; QVG's scripts use "
+                        "2). Stops early when fewer than 0.01% of the tokens change group.",
                     )
                 ),
                 # precision by age (optional, after the others: older prompts run with every chunk at one precision)
@@ -191,10 +193,9 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     options=list(TIER_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["recent_chunks_bits"],
                     optional=True,
-                    tooltip="Precision by age: keep the newest recent_chunks cached chunks at 3, 4 or 8 bits; older "
-                    "chunks are requantized to key_bits / value_bits when they age out (they carry less of the "
-                    "attention). 'off' keeps every chunk at the bits above. The planner shows the average bits. "
-                    "recent_chunks_key_bits can set the keys apart (e.g. values only).",
+                    tooltip="Keeps the newest chunks sharper: stored at 3, 4 or 8 bits, they drop to key_bits / "
+                    "value_bits as they age (older frames carry less of the attention). off = every chunk at the "
+                    "bits above. The planner shows the average; recent_chunks_key_bits can leave the keys out.",
                 ),
                 io.Int.Input(
                     "recent_chunks",
@@ -202,26 +203,25 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     default=RECENT_CHUNKS_RANGE[0],
                     min=RECENT_CHUNKS_RANGE[1],
                     max=RECENT_CHUNKS_RANGE[2],
-                    tooltip="With recent_chunks_bits on: how many of the newest cached chunks keep those bits "
-                    "(ignored when it is off).",
+                    tooltip="How many of the newest chunks stay sharper with recent_chunks_bits (ignored when it is "
+                    "off).",
                 ),
                 Combo(
                     "sink_bits",
                     options=list(TIER_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["sink_bits"],
                     optional=True,
-                    tooltip="Precision by age: keep the attention-sink chunks (the sampler's sink_chunks) at 3, 4 or "
-                    "8 bits for good. 'off' stores them like any other chunk. No effect without a sink.",
+                    tooltip="Keeps the chunks the sampler never forgets (its sink_chunks) at 3, 4 or 8 bits for good. off "
+                    "stores them like any other chunk. No effect without a sink.",
                 ),
                 Combo(
                     "recent_chunks_key_bits",
                     options=list(RECENT_KEY_BITS_CHOICES),
                     default=QUANTIZE_DEFAULTS["recent_chunks_key_bits"],
                     optional=True,
-                    tooltip="With recent_chunks_bits on: the newest chunks' keys. 'same' keeps them at "
-                    "recent_chunks_bits; 'off' leaves them at key_bits, so only the values are tiered (on the "
-                    "tiny model the values carry most of the gain for fewer bits: docs/tiers.md); or pick their "
-                    "bits. Ignored when recent_chunks_bits is off.",
+                    tooltip="Which bits the newest chunks' keys get with recent_chunks_bits: same = those bits; off "
+                    "= key_bits, so only the values are sharper (on the tiny model the values carry most of the "
+                    "gain for fewer bits: docs/tiers.md); or their own bits.",
                 ),
             ],
             outputs=[

@@ -335,7 +335,8 @@ def spec_summary(params: Mapping[str, str]) -> dict:
         "key": k,
         "value": v,
         "effective_bits": eb,
-        "compression": 16.0 / eb,
+        # no ratio for a setting that cannot run (the planner's top line shows none)
+        "compression": None if errors else 16.0 / eb,
         "head_dim": head_dim,
         "errors": errors,
     }

@@ -207,6 +207,10 @@ def run(request: ChunkedARRequest) -> ChunkedARResult:
     """
     setup = _Setup.prepare(request)
     job = _Job(request, setup)
+    notice = window_notice(request.chunking.window_chunks, setup.first_chunk + setup.plan.chunks)
+    if notice is not None:
+        logger.warning("jensen_kv: %s", notice)
+        job.warnings.append(notice)
     with job.session.patched(install=lambda: job.recipe.install(job), remove=lambda: job.recipe.remove(job)):
         setup.recipe.prefill(job)
         for c, (f0, f1) in enumerate(setup.plan.bounds()):
@@ -214,6 +218,16 @@ def run(request: ChunkedARRequest) -> ChunkedARResult:
         if request.continuation.keep_state:
             job.keep_state()
     return job.result()
+
+
+def window_notice(window_chunks: int, video_chunks: int) -> str | None:
+    """What a window that never drops a chunk (as many chunks as the video has, or more) means, else None."""
+    if not window_chunks or window_chunks < video_chunks:
+        return None
+    return (
+        f"window_chunks {window_chunks} is not fewer than this video's {video_chunks} chunks, so no chunk ever leaves "
+        f"the cache (the same as window_chunks 0); for a sliding window set it below {video_chunks}"
+    )
 
 
 @dataclass
@@ -390,6 +404,7 @@ class _Job:
 
         self.request, self.setup = r, setup
         self.recipe = setup.recipe
+        self.warnings: list[str] = []  # shown in the report (and logged when they arise)
         model = r.model
         self.chunk_steps = [r.sampling.sigmas_of(c, r.resumed).numel() - 1 for c in range(setup.plan.chunks)]
         self.steps = max(self.chunk_steps)
@@ -434,6 +449,7 @@ class _Job:
             window_chunks=ch.window_chunks,
             correction=config.effective_correction,
             strength=config.strength,
+            guard=config.guard,
             keys_quantized=config.keys_quantized,
             sink_chunks=ch.sink_chunks,
         )
@@ -564,6 +580,8 @@ class _Job:
             resumed=r.resumed,
         )
         report.update(self.recipe.report())
+        report["chunk_lengths"] = [f1 - f0 for f0, f1 in s.plan.bounds()]
+        report["warnings"] = [*report.get("warnings", []), *self.warnings]
         if self.diagnostics is not None:
             report["diagnostics"] = self.diagnostics.summary()
         return report

@@ -24,7 +24,7 @@ BITS_CHOICES = ("2", "3", "4", "8", "off")
 GROUP_SIZE_CHOICES = ("8", "16", "32", "64", "128", "256")
 ROTATION_CHOICES = ("none", "hadamard")
 SCALE_FORMAT_CHOICES = ("fp8_e4m3", "bf16", "fp16", "fp32")
-CORRECTION_CHOICES = MODES  # ("taylor", "chunk_mean", "exact", "per_channel", "off"): the core's names
+CORRECTION_CHOICES = MODES  # ("taylor", "chunk_mean", "exact", "per_channel", "off", "head_mean"): the core's names
 METHOD_CHOICES = METHODS
 # (default, min, max) of QVG's k-means knobs, as QuantSpec validates them
 QVG_STAGES_RANGE = (QuantSpec.__dataclass_fields__["qvg_stages"].default, 1, QVG_MAX_STAGES)
@@ -155,7 +155,9 @@ class JensenKVConfig:
 
     ``spec_k`` / ``spec_v``: how cached keys / values are quantized (``None`` keeps that side in the
     model's own precision). ``correction``: a ``jensen_core`` mode ("taylor", "chunk_mean", "exact",
-    "per_channel" or "off") applied to the scores of cached keys, scaled by ``strength``. ``tiers``:
+    "per_channel" or "off") applied to the scores of cached keys, scaled by ``strength``; ``guard`` (on by
+    default) scales it down per (layer, head, chunk) where it would overshoot the bias the noise is predicted to
+    have caused (:func:`jensen_core.bias.guard_scale`). ``tiers``:
     precision by age (:class:`jensen_core.tiers.AgeTiers`), None for every chunk at the specs' bits.
     """
 
@@ -164,6 +166,7 @@ class JensenKVConfig:
     correction: str = "off"
     strength: float = 1.0
     tiers: AgeTiers | None = None
+    guard: bool = True
 
     def __post_init__(self) -> None:
         for name in ("spec_k", "spec_v"):
@@ -176,6 +179,8 @@ class JensenKVConfig:
             object.__setattr__(self, "correction", check_mode(self.correction))
         except ValueError:
             raise ValueError(f"correction={self.correction!r} is not supported; use one of {MODES}") from None
+        if not isinstance(self.guard, bool):
+            raise ValueError(f"guard={self.guard!r} must be True or False (True: the correction never overshoots)")
         s = self.strength
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) or not 0 <= s <= STRENGTH_MAX:
             raise ValueError(
@@ -202,8 +207,8 @@ class JensenKVConfig:
             return "off"
         return self.correction
 
-    def with_correction(self, correction: str, strength: float) -> JensenKVConfig:
-        return replace(self, correction=correction, strength=float(strength))
+    def with_correction(self, correction: str, strength: float, guard: bool = True) -> JensenKVConfig:
+        return replace(self, correction=correction, strength=float(strength), guard=bool(guard))
 
     def with_specs(
         self, spec_k: QuantSpec | None, spec_v: QuantSpec | None, tiers: AgeTiers | None = None
@@ -235,7 +240,11 @@ class JensenKVConfig:
         if self.tiers is not None:
             parts.append(f"age tiers: {self.tiers.describe()}")
         corr = self.effective_correction
-        parts.append(f"correction {corr}" + (f" x{self.strength:g}" if corr != "off" else ""))
+        parts.append(
+            f"correction {corr}"
+            + (f" x{self.strength:g}" if corr != "off" else "")
+            + (", unguarded" if corr != "off" and not self.guard else "")
+        )
         return "; ".join(parts)
 
 

@@ -19,6 +19,7 @@ def build_report(
     *,
     correction: str,
     strength: float,
+    guard: bool = True,
     chunks: int,
     chunk_frames: int,
     window_chunks: int,
@@ -83,6 +84,7 @@ def build_report(
         "chunks_demoted": int(usage.chunks_demoted),
         "correction": correction,
         "strength": float(strength),
+        "guard": bool(guard),
         "layers": shape.layers,
         "heads": shape.heads,
         "kv_heads": shape.cached_heads,  # what the cache stores per layer (fewer than heads under grouped-query attention)
@@ -95,6 +97,29 @@ def build_report(
         "state_file_mib": None if state_file_bytes is None else state_file_bytes / MIB,
         "peak_memory": peak_memory,
     }
+
+
+def chunk_words(lengths: list[int] | None, chunk_frames: int) -> str:
+    """How long the chunks were, in words that stay true when the first or last one is shorter: " of 5 latent
+    frames", or ": 4 of 5 latent frames, the last of 4" (``lengths`` None: every chunk ``chunk_frames`` long)."""
+
+    def frames(n: int) -> str:
+        return f"{n} latent frame{'s' if n != 1 else ''}"
+
+    if not lengths or all(n == chunk_frames for n in lengths):
+        return f" of {frames(chunk_frames)}"
+    if len(lengths) == 1:
+        return f" of {frames(lengths[0])}"
+    first, middle, last = lengths[0], lengths[1:-1], lengths[-1]
+    parts = []
+    if first != chunk_frames:
+        parts.append(f"the first of {frames(first)}")
+    full = len(middle) + (first == chunk_frames) + (last == chunk_frames)
+    if full:
+        parts.append(f"{full} of {frames(chunk_frames)}")
+    if last != chunk_frames:
+        parts.append(f"the last of {last}")
+    return ": " + ", ".join(parts)
 
 
 def report_text(report: dict) -> str:
@@ -115,7 +140,7 @@ def report_text(report: dict) -> str:
     start = report.get("first_chunk", 0)
     made = f"chunks {start}-{start + report['chunks'] - 1}" if start else f"{report['chunks']} chunks"
     lines = [
-        f"{made} of {report['chunk_frames']} latent frames, cache window {window}, "
+        f"{made}{chunk_words(report.get('chunk_lengths'), report['chunk_frames'])}, cache window {window}, "
         f"{report['cfg_branches']} CFG branch(es), {report['layers']} layers x {report['heads']} heads x {report['head_dim']}.",
     ]
     if report.get("prefix_chunks"):
@@ -152,10 +177,16 @@ def report_text(report: dict) -> str:
     peak = peak_text(report.get("peak_memory"))
     if peak:
         lines.append(peak)
+    lines += [f"Warning: {w}." for w in report.get("warnings") or []]
     if report.get("state_file_bytes"):
         lines.append(f"KV cache output: {report['state_file_mib']:.2f} MiB as a file (Save KV Cache).")
     corr = report["correction"]
-    lines.append(f"Jensen correction: {corr}" + (f" x{report['strength']:g}." if corr != "off" else "."))
+    unguarded = corr != "off" and not report.get("guard", True)
+    lines.append(
+        f"Jensen correction: {corr}"
+        + (f" x{report['strength']:g}" if corr != "off" else "")
+        + (", unguarded." if unguarded else ".")
+    )
     secs = report["seconds_per_chunk"]
     if secs:
         lines.append(f"{sum(secs):.1f} s total, {sum(secs) / len(secs):.2f} s per chunk (last {secs[-1]:.2f} s).")

@@ -82,6 +82,7 @@ class RunCaches:
         self._sink_chunks = int(sink_chunks)
         self._correction = config.effective_correction
         self._strength = float(config.strength)
+        self._guard = bool(config.guard)
         self._observer = observer
         self._wants = getattr(observer, "wants", None)
         self._attention_bias = float(attention_bias)
@@ -480,7 +481,9 @@ class RunCaches:
         if (cache is None or cache.num_chunks == 0) and not ctx and qb.shape[1] == kb.shape[1]:
             return F.scaled_dot_product_attention(qb, kb, vb)
         if cache is None or cache.num_chunks == 0:  # grouped-query heads or context tokens, nothing cached
-            return cached_attention(qb, kb, vb, [], correction=self._correction, strength=self._strength, **ctx)
+            return cached_attention(
+                qb, kb, vb, [], correction=self._correction, strength=self._strength, guard=self._guard, **ctx
+            )
         return cache.attend(
             qb,
             kb,
@@ -489,6 +492,7 @@ class RunCaches:
             strength=self._strength,
             key_log_offsets=self._offsets(cache, last_chunks),
             last_chunks=last_chunks,
+            guard=self._guard,
             **ctx,
         )
 

@@ -80,6 +80,7 @@ def base_report(caches: RunCaches, config: JensenKVConfig, shape, **facts) -> di
         config.precision,
         correction=config.effective_correction,
         strength=config.strength,
+        guard=config.guard,
         **facts,
     )
 

@@ -24,6 +24,7 @@ MODE_NAMES = {
     "chunk_mean": "chunk mean",
     "exact": "exact",
     "per_channel": "per-channel",
+    "head_mean": "head mean",
 }
 
 
@@ -58,6 +59,19 @@ def diagnostics_text(diag: dict) -> str:
             f"{_num(s['q75_delta_ps'], '+.5f')}), mean JSD {_num(s['mean_jsd'], '.3e')}, "
             f"output MSE {_num(s['output_mse'], '.3e')}"
         )
+    for mode in diag["modes"]:
+        s = diag["stats"][mode]
+        worst = s.get("worst_head")
+        if s.get("p99_abs_delta_ps") is not None:
+            lines.append(
+                f"  tails of |dP_S|: p95 {_num(s['p95_abs_delta_ps'], '.5f')}, p99 {_num(s['p99_abs_delta_ps'], '.5f')}"
+                + (
+                    f"; worst head {worst['head']} (p95 {worst['p95_abs_delta_ps']:.5f}, p99 "
+                    f"{worst['p99_abs_delta_ps']:.5f}, median dP_S {worst['median_delta_ps']:+.5f})"
+                    if worst
+                    else ""
+                )
+            )
     if len(diag["modes"]) == 2:
         a, b = (diag["stats"][m] for m in diag["modes"])
         if a["median_delta_ps"] and b["median_delta_ps"] is not None:

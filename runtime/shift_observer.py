@@ -175,6 +175,7 @@ class DiagnosticsObserver:
         strength: float,
         keys_quantized: bool,
         sink_chunks: int = 0,
+        guard: bool = True,
     ):
         self.request = request
         self.layers = resolve_selection(request.layers, num_layers, "layers")
@@ -184,6 +185,7 @@ class DiagnosticsObserver:
         self._all_heads = len(self.heads) == heads
         self.retention = Retention(window_chunks or None, int(sink_chunks))  # the cache's rule, for the shadow
         self.strength = float(strength)
+        self.guard = bool(guard)  # the run's guard: the corrected statistics are those of the run's attention
         correction = check_mode(correction)
         self.applied = correction  # the mode the run applied ("off": none)
         self.keys_quantized = keys_quantized
@@ -271,8 +273,10 @@ class DiagnosticsObserver:
                 strength=self.strength if mode != "off" else 1.0,
                 query_stride=stride,
                 chunk_tokens=[en.tokens for en in entries],
+                guard=self.guard,
             )
-            self.acc[mode].add(stats, elements)
+            names = [f"layer {e.layer} head {h}" for h in (self.heads if not self._all_heads else range(q.shape[1]))]
+            self.acc[mode].add(stats, elements, names, batch=q.shape[0])
         self.chunks_seen.add(e.chunk)
 
     def free(self) -> None:
@@ -293,6 +297,7 @@ class DiagnosticsObserver:
             "applied": self.applied,
             "what_if": bool(self.what_if),
             "strength": self.strength,
+            "guard": self.guard,
             "keys_quantized": bool(self.keys_quantized),
             "cache": self.cache_text,
             "request": self.request.describe(),
@@ -348,6 +353,7 @@ def make_diagnostics(
     strength: float,
     keys_quantized: bool,
     sink_chunks: int = 0,
+    guard: bool = True,
 ) -> DiagnosticsObserver | None:
     """The run's observer when KV Cache Diagnostics is on the MODEL, else None (and no cost at all)."""
     request = get_request(model_options)
@@ -363,6 +369,7 @@ def make_diagnostics(
         strength=strength,
         keys_quantized=keys_quantized,
         sink_chunks=sink_chunks,
+        guard=guard,
     )
     logger.info(
         "jensen_kv: attention diagnostics on layers %s, heads %s, steps %s (every %d-th query)",

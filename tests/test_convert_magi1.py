@@ -194,3 +194,22 @@ def test_wan_options_do_not_mix_with_magi1(tmp_path, capsys):
     assert "does not apply to MAGI-1" in capsys.readouterr().err
     assert run(src, tmp_path / "o.safetensors", "--variant", "distill") == 2
     assert "apply to --magi1" in capsys.readouterr().err
+
+
+def test_auto_reads_the_variant_from_metadata_or_path_and_never_guesses(tmp_path, capsys):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    save_file(tiny_sd(), str(plain / "magi.safetensors"))  # no metadata, no variant in its names
+    with pytest.raises(ck.VariantUnknownError, match="Set variant to base or distill"):
+        ck.inspect_dit(plain / "magi.safetensors")
+    chosen = ck.inspect_dit(plain / "magi.safetensors", "distill")
+    assert chosen.config.distill and chosen.variant_from == "variant input"
+    base = shard(tmp_path / "4.5B_base" / "inference_weight", tiny_sd())
+    info = ck.inspect_dit(base)
+    assert not info.config.distill and info.variant_from == "path name"
+    assert ck.variant_in_path(tmp_path / "database" / "m.safetensors") is None  # a word with 'base' inside: no
+    # the converter refuses too, naming its own flag, rather than writing a guess into the metadata
+    assert run(plain / "magi.safetensors", tmp_path / "o.safetensors", "--magi1") == 2
+    assert "--variant base or --variant distill" in capsys.readouterr().err
+    assert run(plain / "magi.safetensors", tmp_path / "o.safetensors", "--magi1", "--variant", "base") == 0
+    assert ck.inspect_dit(tmp_path / "o.safetensors").variant_from == "file metadata"

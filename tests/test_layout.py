@@ -155,7 +155,9 @@ def test_web_holds_static_files_only():
     """ComfyUI serves WEB_DIRECTORY whole: a .py there (server code, a secret) could be downloaded."""
     served = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "web").rglob("*") if p.is_file())
     assert served and not [p for p in served if p.endswith((".py", ".pyc"))], served
-    assert all(p.endswith((".js", ".css", ".svg", ".png", ".json")) for p in served), served
+    # .md: the node help pages the front end reads (web/docs/<node id>.md)
+    assert all(p.endswith((".js", ".css", ".svg", ".png", ".json", ".md")) for p in served), served
+    assert all(p.startswith("web/docs/") for p in served if p.endswith(".md")), served
 
 
 def test_only_core_ar_imports_core_ar():

@@ -17,8 +17,8 @@ jk = load_pack_module("jensen_core")
 HQ, HKV, D, T = 4, 2, 32, 6
 
 
-def make(spec=None, window=0):
-    cfg = config_mod.JensenKVConfig(spec_k=spec, spec_v=spec, correction="taylor" if spec else "off")
+def make(spec=None, window=0, guard=True):
+    cfg = config_mod.JensenKVConfig(spec_k=spec, spec_v=spec, correction="taylor" if spec else "off", guard=guard)
     return run_caches.RunCaches(cfg, window, num_layers=1)
 
 
@@ -60,12 +60,14 @@ def test_context_tokens_are_attended_in_full_precision_and_never_stored(cached):
     assert run.caches[(0, 0)].entries[-1].tokens == T
 
 
-def test_the_correction_touches_cached_keys_only_never_context_or_current():
+@pytest.mark.parametrize("guard", [False, True])
+def test_the_correction_touches_cached_keys_only_never_context_or_current(guard):
     """INT2 cache + Taylor: the bias (Eq. 15, per K/V head's steps and the query's group norms) on cached keys,
-    none on context or current tokens."""
+    none on context or current tokens; with the run's guard (the config's default), times each K/V head's guard
+    factor (6 keys a chunk: the guard acts)."""
     gen = torch.Generator().manual_seed(1)
     spec = jk.QuantSpec(bits=2, group_size=32)
-    run = make(spec)
+    run = make(spec, guard=guard)
     k0, v0 = write(run, 0, gen)
     run.denoise(1, 1)
     q = torch.randn(1, HQ, T, D, generator=gen)
@@ -80,6 +82,10 @@ def test_the_correction_touches_cached_keys_only_never_context_or_current():
     nu = q.double().reshape(1, HQ, T, D // g, g).pow(2).sum(-1)  # (1, H_q, M, G)
     w = steps.repeat_interleave(groups, dim=1).pow(2) / (24 * D)  # (1, H_q, T, G)
     bias_cached = nu @ w.transpose(-1, -2)
+    if guard:
+        factors = load_pack_module("jensen_core.bias").guard_scales(q, entry.k, "taylor")  # (1, H_kv, 1 chunk)
+        assert float(factors.max()) < 0.9
+        bias_cached = bias_cached * factors.double().repeat_interleave(groups, dim=1).unsqueeze(-1)
     bias = torch.cat([bias_cached, torch.zeros(1, HQ, T, 3 + T, dtype=torch.float64)], dim=-1)
     keys = torch.cat([kq.to(k.dtype), kc, k], dim=2)
     values = torch.cat([vq.to(v.dtype), vc, v], dim=2)

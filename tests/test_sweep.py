@@ -30,6 +30,10 @@ COLUMNS = [
     "iqr_delta_ps",
     "mean_jsd",
     "output_mse",
+    "p95_abs_delta_ps",
+    "p99_abs_delta_ps",
+    "worst_head",
+    "worst_head_p99_abs_delta_ps",
     "wan_latent_psnr_db",
     "wan_latent_psnr_se_db",
     "wan_latent_mse",
@@ -87,6 +91,13 @@ def test_quick_sweep_writes_csv_and_plots(tmp_path):
     assert abs(med(2, "taylor")) < 0.5 * med(2, "off")
     assert med(2, "taylor", "mean_jsd") < med(2, "off", "mean_jsd")
     assert med(2, "taylor", "output_mse") < med(2, "off", "output_mse")
+    # the tails: |ΔP_S|'s 95th and 99th percentiles bound its median from above (half the queries lie on the
+    # median's side), and the worst head's 99th percentile is at least the pooled one (a pooled quantile cannot
+    # exceed every head's); the worst head is one of the workload's heads
+    for key, row in by.items():
+        p95, p99, worst = (float(row[c]) for c in ("p95_abs_delta_ps", "p99_abs_delta_ps", "worst_head_p99_abs_delta_ps"))
+        assert abs(med(*key)) <= p95 <= p99 <= worst * (1 + 1e-6), (key, p95, p99, worst)
+        assert row["worst_head"].startswith("head "), row["worst_head"]
     if have_wan:
         psnr = {k: float(r["wan_latent_psnr_db"]) for k, r in by.items()}
         assert all(math.isfinite(p) for p in psnr.values())

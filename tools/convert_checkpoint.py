@@ -1066,7 +1066,8 @@ def _parser() -> argparse.ArgumentParser:
         "--variant",
         choices=("auto", "base", "distill"),
         default="auto",
-        help="--magi1: base or distill (auto: 'distill' in the folder's name, as Sand AI names them, else base)",
+        help="--magi1: base or distill (auto: the file's metadata, --config, or 'distill' / 'base' in the folder's "
+        "name, as Sand AI names them; refused when none says)",
     )
     p.add_argument(
         "--special-tokens",
@@ -1302,7 +1303,12 @@ def convert_magi1(args, src: Path, out: Path) -> int:
     ck = m.checkpoint
     try:
         if args.magi1:
-            info = ck.inspect_dit(src, args.variant)
+            try:
+                info = ck.inspect_dit(src, args.variant)
+            except ck.VariantUnknownError as e:
+                if not args.config:
+                    raise ConversionError(f"{e} (--variant base or --variant distill)") from None
+                info = ck.inspect_dit(src, "base")  # --config says which (below)
             config = info.config
             if args.config:
                 try:

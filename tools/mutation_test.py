@@ -13,6 +13,8 @@ file is put back. A mutant is *killed* when those tests fail, *survives* when th
 mutant, the same tests run on the unmutated copy and must pass; a mutant whose text is not found,
 or whose edit does not compile, is an error of this script (stale after a refactor), not a kill.
 
+The new families' mutants (G1-G30, issue 43): baseline kill rate 12/30 with the areas' tests (see the G table).
+
 Not run in CI: about 12 minutes on 2 idle cores for the 63 mutants before the X table (5 to 30 s each), and
 about 25 minutes for the 27 X mutants where features cross (the combination matrix's tests, ~10 minutes of
 baseline). Tests that need ComfyUI find it as the suite does (``COMFYUI_PATH``, a ComfyUI above the
@@ -83,6 +85,14 @@ T_MX_CORE = "tests/test_matrix_core.py"
 T_MX_PACK = "tests/integration/test_matrix_pack.py"
 T_MX_AR = "tests/integration/test_matrix_core_ar.py"
 T_MX_READ = "tests/test_matrix_readers.py"
+
+# the new families (issue 43): their areas' tests, and the matrix written for them
+T_MAGI = "tests/integration/test_magi1_cache.py tests/test_magi1_model.py"
+T_WP = "tests/integration/test_worldplay_recipe.py tests/test_worldplay_context.py tests/test_worldplay_memory.py"
+T_RAY = "tests/integration/test_raylight_ulysses.py tests/test_planner_ranks.py"
+T_MX_MAGI = "tests/integration/test_matrix_magi1.py"
+T_MX_WP = "tests/integration/test_matrix_worldplay.py"
+T_MX_RAY = ""
 
 MUTANTS: list[Mutant] = []  # filled by the table at the end of this file
 
@@ -946,6 +956,272 @@ MUTANTS += [
         "per = tokens // n",
         f"{T_READ} {T_MX_READ}",
         "saved run reader: chunks of different tokens per frame in one cache are accepted",
+    ),
+]
+
+
+# ---------------------------------------------------------------------------------- the new families (issue 43)
+# MAGI-1, HY-WorldPlay and Raylight where their features cross (G mutants). Written before the matrix tests of
+# issue 43; the baseline against the tests that existed then is in the module docstring.
+#
+# Baseline (2026-12-05, 2 busy cores, 60 min; the areas' tests only: T_MAGI, T_WP, T_RAY, before the matrix files):
+#     python tools/mutation_test.py --only G1 G2 ... G30 --min-kill 0
+# kill rate 12/30 = 40 %. Survivors: G1 G2 G3 G5 G6 G7 G8 G10 G11 G12 (MAGI-1 plan / schedule checks), G18 (loader),
+# G19 G22 G24 G25 (HY-WorldPlay seeding, 0 frames, tiers in the plan, context score), G26 G27 G28 (Raylight: several
+# heads per rank, rank 0's layout, padding). G2 is the shipped bug this branch fixes (check_schedule took a key range
+# of 0 chunks from a request), so the G2 anchor is the new check.
+MAGI_W = "runtime/families/magi1/window.py"
+MAGI_R = "runtime/families/magi1/recipe.py"
+MAGI_F = "runtime/families/magi1/family.py"
+MAGI_P = "runtime/families/magi1/model/pipeline.py"
+MAGI_CK = "runtime/families/magi1/model/checkpoint.py"
+WP_F = "runtime/families/worldplay/family.py"
+WP_R = "runtime/families/worldplay/recipe.py"
+WP_C = "runtime/families/worldplay/model/context.py"
+RAY = "runtime/families/wan/raylight.py"
+
+MUTANTS += [
+    M(
+        "G1",
+        MAGI_R,
+        "            precision=self.config.precision,\n        )\n        return plan.quantized_bytes or 0",
+        "            precision=self.config.with_specs(self.config.spec_k, self.config.spec_v).precision,\n"
+        "        )\n        return plan.quantized_bytes or 0",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 x tiers: the planned bytes (memory request, report) ignore precision by age",
+    ),
+    M(
+        "G2",
+        MAGI_W,
+        "isinstance(r, bool) or not isinstance(r, int) or r < 1]",
+        "isinstance(r, bool) or not isinstance(r, int) or r < 0]",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 kv_ranges: a key range of 0 chunks (a chunk that does not read itself) is accepted",
+    ),
+    M(
+        "G3",
+        MAGI_W,
+        "    if not out or any(v < 1 for v in out):",
+        "    if not out or any(v < 0 for v in out):",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 kv_ranges text: '5,0' is parsed into a range of 0 chunks",
+    ),
+    M(
+        "G4",
+        MAGI_W,
+        "            most = max(most, st.slice_point - s)",
+        "            most = max(most, st.slice_point - s - 1)",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 window 0: keeps one finished chunk fewer than the key ranges reach (off by one)",
+    ),
+    M(
+        "G5",
+        MAGI_W,
+        "    return max(1, finished_reached(settings, chunks)) if settings.noise2clean_kvrange else 0",
+        "    return finished_reached(settings, chunks) if settings.noise2clean_kvrange else 0",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 window 0 with key ranges of 1 (nothing finished read): keeps every chunk, not one",
+    ),
+    M(
+        "G6",
+        MAGI_W,
+        "    if window_size not in WINDOW_SIZES:",
+        "    if not 1 <= window_size <= 5:",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 window_size 5 is accepted (the reference and the planner know 1 to 4)",
+    ),
+    M(
+        "G7",
+        MAGI_W,
+        "    if kv_ranges and num_steps % len(kv_ranges):",
+        "    if kv_ranges and num_steps < len(kv_ranges):",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1: steps that do not split into the stages of kv_ranges pass the check (the pipeline fails later)",
+    ),
+    M(
+        "G8",
+        MAGI_R,
+        "            sink_chunks=ch.sink_chunks,\n            shape=self.adapter.cache_shape()",
+        "            sink_chunks=0,\n            shape=self.adapter.cache_shape()",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 window + sink: the planned bytes forget the sink",
+    ),
+    M(
+        "G9",
+        MAGI_R,
+        "self.config, self.window, adapter.num_layers, observer=r.hooks.observer, sink_chunks=r.chunking.sink_chunks",
+        "self.config, self.window, adapter.num_layers, observer=r.hooks.observer",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 window + sink: the run's caches keep no sink (the planner still counts it)",
+    ),
+    M(
+        "G10",
+        MAGI_R,
+        "        if self.cfg_number not in (None, 1, 3):",
+        "        if self.cfg_number not in (None, 1, 2, 3):",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 cfg_number 2 is accepted (the reference runs 1 or 3 passes)",
+    ),
+    M(
+        "G11",
+        MAGI_R,
+        "        if self.latent_height % 2 or self.latent_width % 2:",
+        "        if self.latent_height % 2:",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 an odd latent width passes the request (not whole 2 x 2 patches)",
+    ),
+    M(
+        "G12",
+        MAGI_R,
+        "        if self.window and self.window < self.reached:",
+        "        if self.window and self.window < self.reached - 1:",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 a window one chunk short of what the key ranges reach gives no warning",
+    ),
+    M(
+        "G13",
+        MAGI_F,
+        "            reads = sum(1 for c in held if start <= c < cached)",
+        "            reads = sum(1 for c in held if start < c < cached)",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 key ranges: a query reads one held chunk fewer than its range starts at",
+    ),
+    M(
+        "G14",
+        MAGI_F,
+        "            first = max(start, cached) - cached  # the first chunk of this forward in range",
+        "            first = max(start, cached + 1) - cached  # the first chunk of this forward in range",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1: the clean chunk riding in front is not read as context by the chunks behind it",
+    ),
+    M(
+        "G15",
+        MAGI_F,
+        "        self.kv_heads = int(cfg.num_query_groups)",
+        "        self.kv_heads = int(cfg.num_attention_heads)",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 x GQA: the plan and report count the query heads, not the K/V heads",
+    ),
+    M(
+        "G16",
+        MAGI_P,
+        "        r = clean_chunk_kvrange if s == num_steps else noise2clean_kvrange[s // per]",
+        "        r = clean_chunk_kvrange if s == num_steps else noise2clean_kvrange[min(s // per + 1, len(noise2clean_kvrange) - 1)]",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 pipeline: each quarter of a chunk's steps takes the next quarter's key range",
+    ),
+    M(
+        "G17",
+        MAGI_P,
+        "        extra = cs > chunk_offset and sub == 0",
+        "        extra = cs > chunk_offset and sub == per_stage - 1",
+        f"{T_MAGI} {T_MX_MAGI}",
+        "MAGI-1 pipeline: the finished chunk rides in front on the stage's last forward, not its first",
+    ),
+    M(
+        "G18",
+        MAGI_CK,
+        "        if name in files.where:",
+        "        if name in files.where and files.where[name] == path:",
+        "tests/test_convert_magi1.py tests/integration/test_magi1_comfyui.py",
+        "MAGI-1 loader: a tensor in two shards is taken from the last one silently",
+    ),
+    M(
+        "G19",
+        WP_R,
+        "        self.points = sphere_points(seed=int(r.sampling.seed))",
+        "        self.points = sphere_points()",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay: the context selection's view-overlap points ignore the run's seed (always seed 0)",
+    ),
+    M(
+        "G20",
+        WP_C,
+        "    scored.sort(key=lambda item: item[1])  # stable: equal scores keep the older chunk first",
+        "    scored.sort(key=lambda item: (item[1], -item[0]))  # stable: equal scores keep the older chunk first",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay context x a revisited view: ties go to the newest chunk, not the oldest",
+    ),
+    M(
+        "G21",
+        WP_F,
+        "        rule = Chunking(CHUNK_LATENTS, CONTEXT_CHUNKS, 0)",
+        "        rule = Chunking(CHUNK_LATENTS, CONTEXT_CHUNKS + 1, 0)",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay planner rule: plans 6 context chunks where the selection holds at most 5",
+    ),
+    M(
+        "G22",
+        WP_R,
+        "        if frames is None or frames % CHUNK_LATENTS or frames < CHUNK_LATENTS:",
+        "        if frames is None or frames % CHUNK_LATENTS:",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay: a latent of 0 frames is accepted (a run that makes nothing)",
+    ),
+    M(
+        "G23",
+        WP_R,
+        "        if frames > path.latents:",
+        "        if frames > path.latents + CHUNK_LATENTS:",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay: a video one chunk longer than its camera path passes the check",
+    ),
+    M(
+        "G24",
+        WP_R,
+        "            precision=self.config.precision,\n        )\n        return plan.quantized_bytes or 0",
+        "            precision=self.config.with_specs(self.config.spec_k, self.config.spec_v).precision,\n"
+        "        )\n        return plan.quantized_bytes or 0",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay x tiers: the planned bytes ignore precision by age",
+    ),
+    M(
+        "G25",
+        WP_C,
+        "[w2c[f] for h in starts for f in (h, h + 2)]",
+        "[w2c[f] for h in starts for f in (h, h + 3)]",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay context score: the candidate's second view is its last frame, not its third",
+    ),
+    M(
+        "G26",
+        RAY,
+        "        return self.rank * self.local_heads",
+        "        return self.rank",
+        f"{T_RAY} {T_MX_RAY}",
+        "Raylight x several heads per rank: a rank's first global head is its rank (per-head seeds and signs wrong)",
+    ),
+    M(
+        "G27",
+        RAY,
+        "    if shard.rank != 0:\n        adopt_layout(",
+        "    if shard.rank != 0 and payload[0] is not None:\n        adopt_layout(",
+        f"{T_RAY} {T_MX_RAY}",
+        "Raylight x Taylor layout: where rank 0 takes no layout, the other ranks keep their own choice",
+    ),
+    M(
+        "G28",
+        RAY,
+        "        if not 0 < full <= s * shard.ranks < full + shard.ranks:",
+        "        if not 0 < full <= s * shard.ranks:",
+        f"{T_RAY} {T_MX_RAY}",
+        "Raylight: a shard padded by a whole rank's tokens or more is taken for the block",
+    ),
+    M(
+        "G29",
+        RAY,
+        "    if heads % ranks:\n",
+        "    if heads < ranks:\n",
+        f"{T_RAY} {T_MX_RAY}",
+        "Raylight: heads that do not divide by the Ulysses degree are accepted (a rank holds a partial head set)",
+    ),
+    M(
+        "G30",
+        WP_C,
+        "    if start <= memory_frames:\n        return list(range(start))",
+        "    if start <= memory_frames + CHUNK_LATENTS:\n        return list(range(start))",
+        f"{T_WP} {T_MX_WP}",
+        "HY-WorldPlay context: chunk 6 takes all 24 earlier frames (more than the 20 the memory holds)",
     ),
 ]
 

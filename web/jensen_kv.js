@@ -106,7 +106,7 @@ const bytesText = (bytes) => (bytes == null ? "–"
   : bytes < 2 ** 20 ? `${fmt(bytes / 2 ** 10, 1)} KiB`
     : bytes < 2 ** 30 ? `${fmt(bytes / 2 ** 20, 1)} MiB` : `${fmt(bytes / 2 ** 30, 2)} GiB`);
 const num = (x, d = 2) => (x == null ? "–" : Number(x).toLocaleString("en-US", { maximumFractionDigits: d }));
-const widgetValue = (node, name) => node.widgets?.find((w) => w.name === name)?.value;
+const widgetValue = (node, name) => node?.widgets?.find((w) => w.name === name)?.value;
 
 function injectStyle() {
   if (document.getElementById("jensen-kv-style")) return;
@@ -485,13 +485,17 @@ function render(node, options, state, req) {
     const qvgK = (s) => (s.centroids == null ? (s.auto_centroids ? " K auto" : "") : ` K=${s.centroids}${s.auto_centroids ? " (auto)" : ""}`);
     const qvg = (s) => (s.method === "qvg" ? ` QVG${qvgK(s)}${s.exact ? "" : "+"}` : "");
     const side = (s) => (s.quantized ? `${num(s.effective_bits, 3)} bits${qvg(s)}` : "BF16");
-    ui.bits.textContent = plan?.tiers
-      ? `K ${side(spec.key)} · V ${side(spec.value)}, tiers ${plan.tiers} → ${num(plan.effective_bits, 3)} bits on average, `
-        + `${num(plan.compression, 2)}× smaller than BF16`
-      : `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
+    // a setting that cannot run (the server sends no compression, or the plan says so) gets no ratio
+    const impossible = spec.compression == null || (plan != null && !plan.runnable);
+    ui.bits.textContent = impossible
+      ? `K ${side(spec.key)} · V ${side(spec.value)} → cannot run: see the warning below`
+      : plan?.tiers
+        ? `K ${side(spec.key)} · V ${side(spec.value)}, tiers ${plan.tiers} → ${num(plan.effective_bits, 3)} bits on average, `
+          + `${num(plan.compression, 2)}× smaller than BF16`
+        : `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
     ui.bits.title = [BITS_TITLE, ...new Set([spec.key.note, spec.value.note].filter(Boolean))].join("\n");
     ui.bits.dataset.effectiveBits = spec.effective_bits;
-    ui.bits.dataset.compression = spec.compression;
+    ui.bits.dataset.compression = spec.compression ?? "";
   } else {
     ui.bits.textContent = "–";
   }
@@ -616,6 +620,15 @@ function attachReport(node) {
   node.jensenKvReportBox = box;
 }
 
+function chunkNote(report) {
+  // a first or last chunk shorter than chunk_frames, as the server's report lists them (chunk_lengths)
+  const lens = report.chunk_lengths ?? [];
+  const notes = [];
+  if (lens.length > 1 && lens[0] !== report.chunk_frames) notes.push(`the first of ${lens[0]}`);
+  if (lens.length > 1 && lens[lens.length - 1] !== report.chunk_frames) notes.push(`the last of ${lens[lens.length - 1]}`);
+  return notes.length ? ` (${notes.join(", ")})` : "";
+}
+
 function showReport(node, report) {
   node.jensenKvReport = report;
   const box = node.jensenKvReportBox;
@@ -633,7 +646,7 @@ function showReport(node, report) {
   const lines = [
     `KV cache ${bytesText(report.cache_bytes)} (BF16 ${bytesText(report.bf16_bytes)}) · ${num(report.effective_bits, 3)} bits`,
     `${quant}${corr}`,
-    `${report.chunks} chunks × ${report.chunk_frames} latent frames, window ${report.window_chunks || "all"}${report.sink_chunks ? ` + sink ${report.sink_chunks}` : ""} · ${report.layers} layers × ${report.heads} heads${report.kv_heads != null && report.kv_heads < report.heads ? ` (${report.kv_heads} K/V)` : ""} × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
+    `${report.chunks} chunks × ${report.chunk_frames} latent frames${chunkNote(report)}, window ${report.window_chunks || "all"}${report.sink_chunks ? ` + sink ${report.sink_chunks}` : ""} · ${report.layers} layers × ${report.heads} heads${report.kv_heads != null && report.kv_heads < report.heads ? ` (${report.kv_heads} K/V)` : ""} × ${report.head_dim}, ${report.cfg_branches} cfg branch${report.cfg_branches > 1 ? "es" : ""}`,
   ];
   // the pack's sampler times each chunk; on core's sampler (KV Cache Report) core runs the loop
   if (spc.length) lines.push(`s/chunk: ${spc.map((s) => fmt(s, 2)).join(" ")} (total ${fmt(total, 2)} s)`);
@@ -642,6 +655,9 @@ function showReport(node, report) {
   if (prompts.length > 1) {
     lines.push("prompts: " + prompts.map((p) => `${p.label} @ chunk ${p.start_chunk}${p.recached_chunks ? ` (re-cached ${p.recached_chunks})` : ""}`).join(" · "));
   }
+  // MAGI-1: which variant ran, and what said so (the file's metadata, its path, or the loader's variant input)
+  if (report.variant_from) lines.push(`MAGI-1 ${report.distill ? "distill" : "base"} (from the ${report.variant_from})`);
+  for (const w of report.warnings ?? []) lines.push(`⚠ ${w}`);
   if (report.state_file_bytes) lines.push(`kv_cache output: ${bytesText(report.state_file_bytes)} as a file`);
   const content = el("div", { "data-jkv": "report-text", "data-cache-bytes": report.cache_bytes, "data-bf16-bytes": report.bf16_bytes }, lines.join("\n"));
   box.replaceChildren(content);
@@ -649,6 +665,14 @@ function showReport(node, report) {
   requestAnimationFrame(() => fitNode(node)); // again once the browser has laid the text out
   // let planners that feed this sampler show the measured bytes next to their projection
   for (const q of quantNodes) if (q.graph === node.graph) schedule(q);
+}
+
+function nodeOfLocator(id) {
+  // a node locator id: "<node id>" on the root graph, "<subgraph id>:<node id>" inside a subgraph
+  const parts = String(id).split(":");
+  const local = Number(parts.pop());
+  const graph = parts.length ? app.graph?.subgraphs?.get?.(parts.join(":")) : app.graph;
+  return graph?.getNodeById?.(local) ?? null;
 }
 
 // ------------------------------------------------------------------------------------- registration
@@ -695,6 +719,17 @@ app.registerExtension({
         if (report) showReport(this, report);
         return r;
       };
+    }
+  },
+  onNodeOutputsUpdated(outputs) {
+    // the front end hands back the outputs it keeps with each workflow (a tab switched back to, a job's workflow
+    // reopened from the queue): the report is one of them (the sampler's ui "jensen_kv_report"), so it comes back
+    // with the images instead of vanishing
+    for (const [id, out] of Object.entries(outputs ?? {})) {
+      const report = out?.[REPORT]?.[0];
+      if (!report) continue;
+      const node = nodeOfLocator(id);
+      if (node?.jensenKvReportBox && node.jensenKvReport !== report) showReport(node, report);
     }
   },
   setup() {

@@ -59,6 +59,15 @@ def last_report(model_patcher) -> dict | None:
     return _REPORTS.get(model_patcher)
 
 
+def sampler_label(sampler) -> str:
+    """The sampler as a ComfyUI user names it: "the sampler 'euler'" (KSampler's sampler_name, not k-diffusion's
+    ``sample_euler``), or "this sampler" when it has no such name (another pack's sampler object)."""
+    name = getattr(getattr(sampler, "sampler_function", None), "__name__", "")
+    if name.startswith("sample_") and name != "sample_":
+        return f"the sampler {name.removeprefix('sample_')!r}"
+    return "this sampler"
+
+
 def _is_ar_video(sampler) -> bool:
     fn = getattr(sampler, "sampler_function", None)
     return getattr(fn, "__name__", None) == "sample_ar_video"
@@ -97,12 +106,12 @@ def _sampler_sample_wrapper(
     patcher = guider.model_patcher
     if not carries_settings(model_options) or is_pack_loop(patcher):
         return executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
-    fn = getattr(getattr(sampler, "sampler_function", None), "__name__", type(sampler).__name__)
+    fn = sampler_label(sampler)
     if not _is_ar_video(sampler):
         raise UnusedSettingsError(
-            f"this MODEL carries Jensen KV cache settings, but the sampler {fn!r} is not one the pack serves (a plain "
-            "sampler denoises the whole video at once and has no KV cache; another pack's AR sampler keeps its own): "
-            f"the settings would do nothing. {USE_INSTEAD}"
+            f"this MODEL carries Jensen KV cache settings (Quantize KV Cache, Jensen Bias Correction), but {fn} "
+            "denoises the whole video at once and keeps no KV cache (KSampler and its samplers do; another pack's AR "
+            f"sampler keeps its own cache): the settings would do nothing. {USE_INSTEAD}"
         )
     family = core_ar_family(patcher)
     if family is None:
@@ -120,7 +129,7 @@ def _sampler_sample_wrapper(
         out = executor(guider, sigmas, extra_args, callback, noise, latent_image, denoise_mask, disable_pbar)
         if not session.layers or session.calls == 0:
             raise UnusedSettingsError(
-                f"the sampler {fn!r} never asked the model for its KV caches: it bypasses core's init_kv_caches, so the "
+                f"{fn} never asked the model for its KV caches: it bypasses core's init_kv_caches, so the "
                 f"Jensen KV settings took no effect. {USE_INSTEAD}"
             )
         ok = True
@@ -160,6 +169,7 @@ def start_session(patcher, model_options: dict, sigmas, noise, sampler) -> CoreA
         window_chunks=window.window_chunks,
         correction=config.effective_correction,
         strength=config.strength,
+        guard=config.guard,
         keys_quantized=config.keys_quantized,
         sink_chunks=window.sink_chunks,
     )

@@ -161,10 +161,13 @@ def test_plain_sampler_on_a_model_with_pack_settings_is_refused(nodes, core_ar, 
     for model in (tiny, causal):
         m = quantized(nodes, model, "2", mode="taylor")
         lat = torch.zeros(1, 16, 3, 8, 8)
-        with pytest.raises(core_ar.UnusedSettingsError, match="Chunked AR Video Sampler.*SamplerARVideo"):
+        with pytest.raises(core_ar.UnusedSettingsError, match="Chunked AR Video Sampler.*SamplerARVideo") as err:
             comfy.sample.sample(
                 m, torch.zeros_like(lat), 2, 1.0, "euler", "simple", pos, pos, lat, seed=0, disable_pbar=True
             )
+        # named as the user picked it (KSampler's sampler_name), not as k-diffusion's internal sample_euler
+        assert "the sampler 'euler' denoises the whole video" in str(err.value)
+        assert "sample_" not in str(err.value)
 
 
 def test_sampler_ar_video_on_a_bidirectional_wan_is_refused(nodes, core_ar, tiny):

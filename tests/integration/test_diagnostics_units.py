@@ -248,13 +248,14 @@ def test_observer_gives_chunk_mean_each_cached_chunk_its_own_mean():
         kq,
         vq,
     )
-    ref = diagnostics.attention_shift(*args, correction="chunk_mean", chunk_tokens=[48, 48, 48])
+    # the observer measures the run's attention, guarded as runs are by default (the scaled keys are where it acts)
+    ref = diagnostics.attention_shift(*args, correction="chunk_mean", chunk_tokens=[48, 48, 48], guard=obs.guard)
     last = obs.acc["chunk_mean"].delta_ps()[-ref.delta_ps.numel() :]  # the call that read all three chunks
     torch.testing.assert_close(last, ref.delta_ps)
     window_mean = diagnostics.attention_shift(*args, correction="per_channel")
     assert (last - window_mean.delta_ps).abs().max() > 1e-3
     # and the run's own attention, through the fast path, matches the diagnostics' materialised one
-    out = cache.attend(scaled.q, scaled.k_cur, scaled.v_cur, correction="chunk_mean")
+    out = cache.attend(scaled.q, scaled.k_cur, scaled.v_cur, correction="chunk_mean", guard=obs.guard)
     full = core.ChunkCache(None, None)
     for k, v in zip(scaled.k_cached, scaled.v_cached):
         full.append(k, v)

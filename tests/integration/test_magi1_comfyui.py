@@ -105,7 +105,7 @@ def test_loader_reads_a_sharded_folder_and_lists_it(load_node, model_dir):
     assert not [c for c in files.choices() if c.startswith(name) and c != name]  # its shards are not listed
     patcher = load_node.execute(name, "default", "auto").args[0]
     dm = patcher.model.diffusion_model
-    assert dm.config.distill  # from the folder's name, as Sand AI names it
+    assert dm.config.distill and dm.variant_from == "path name"  # from the folder's name, as Sand AI names it
     assert torch.equal(dm.state_dict()["rope.bands"], sd["rope.bands"])
 
 
@@ -299,3 +299,22 @@ def test_a_converted_folder_loads_through_the_node(load_node, model_dir, tmp_pat
     assert dm.config.distill and dm.videodit_blocks.layers[1].mlp.linear_fc2.weight.dtype == torch.bfloat16
     got = dm.state_dict()
     assert all(torch.equal(got[k].float(), sd[k].to(got[k].dtype).float()) for k in sd)
+
+
+def test_auto_refuses_to_guess_a_variant_nothing_names_and_the_loader_says_what_it_loaded(load_node, model_dir, caplog):
+    """No metadata, no 'base' or 'distill' in the path: variant auto names the fix instead of running base; a chosen
+    variant loads, and the log says which and what said so."""
+    write_file(model_dir / "diffusion_models" / "magi-unnamed.safetensors", tiny_dit_weights())
+    with pytest.raises(ValueError, match="Set variant to base or distill") as err:
+        load_node.execute("magi-unnamed.safetensors", "default", "auto")
+    assert str(err.value).startswith("Load MAGI-1 Model: ") and "magi-unnamed.safetensors" in str(err.value)
+    with caplog.at_level(logging.INFO, logger="jensen_kv"):
+        dm = load_node.execute("magi-unnamed.safetensors", "default", "distill").args[0].model.diffusion_model
+    assert dm.config.distill and dm.variant_from == "variant input"
+    assert any("distill from variant input" in r.getMessage() for r in caplog.records)
+    write_file(model_dir / "diffusion_models" / "magi-meta.safetensors", tiny_dit_weights(), distill=False)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="jensen_kv"):
+        dm = load_node.execute("magi-meta.safetensors", "default", "auto").args[0].model.diffusion_model
+    assert not dm.config.distill and dm.variant_from == "file metadata"
+    assert any("base from file metadata" in r.getMessage() for r in caplog.records)

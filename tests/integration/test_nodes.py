@@ -53,6 +53,13 @@ REPORT_KEYS = {
     "sink_bits",
     "recent_chunks_key_bits",
     "chunks_demoted",
+    # each chunk's latent frames (a shorter last or first one), what the run warned of
+    "chunk_lengths",
+    "warnings",
+    # the run's measured peak memory beside the cache (runtime/peak_memory.py)
+    "peak_memory",
+    # whether the correction was guarded (on by default)
+    "guard",
 }
 
 
@@ -101,7 +108,7 @@ def test_schemas_follow_the_contract(nodes):
             ],
             ["MODEL"],
         ),
-        "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength"], ["MODEL"]),
+        "JensenKVBiasCorrection": ("Jensen Bias Correction", ["model", "mode", "strength", "guard"], ["MODEL"]),
         "JensenKVChunkedARSampler": (
             "Chunked AR Video Sampler",
             [
@@ -175,7 +182,8 @@ def test_schemas_follow_the_contract(nodes):
     assert q["method"].optional  # an API-format prompt saved before QVG (no such keys) still validates
     j = {i.id: i for i in _schema(nodes.JensenKVBiasCorrection).inputs}
     assert (
-        j["mode"].options == ["taylor", "chunk_mean", "exact", "per_channel", "off"] and j["mode"].default == "taylor"
+        j["mode"].options == ["taylor", "chunk_mean", "exact", "per_channel", "off", "head_mean"]
+        and j["mode"].default == "taylor"
     )
     assert (j["strength"].default, j["strength"].min, j["strength"].max, j["strength"].step) == (1.0, 0.0, 4.0, 0.05)
     c = {i.id: i for i in _schema(nodes.JensenKVChunkedARSampler).inputs}
@@ -313,6 +321,19 @@ def test_jensen_sets_mode_and_strength_on_a_clone(nodes, tiny):
     assert q.model_options["transformer_options"]["jensen_kv"].correction == "off"
 
 
+def test_the_guard_is_on_unless_turned_off_and_old_workflows_get_it(nodes, tiny):
+    """A workflow saved before the guard existed has no such input: it loads with the guard on."""
+    q = nodes.JensenKVQuantizeKVCache.execute(tiny, "2", "2", "16", "none", "fp8_e4m3", 0).args[0]
+    inp = next(i for i in nodes.JensenKVBiasCorrection.define_schema().inputs if i.id == "guard")
+    assert inp.default is True and inp.optional
+    cfg = lambda out: out.args[0].model_options["transformer_options"]["jensen_kv"]  # noqa: E731
+    assert cfg(nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0)).guard is True
+    off = cfg(nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0, guard=False))
+    assert off.guard is False and "unguarded" in off.describe()
+    with pytest.raises(ValueError, match="guard='yes' must be true or false"):
+        nodes.JensenKVBiasCorrection.execute(q, "taylor", 1.0, guard="yes")
+
+
 def _sampler_inputs(tiny):
     import comfy.samplers
 
@@ -348,7 +369,10 @@ def test_sampler_node_outputs_latent_report_and_ui(nodes, tiny):
     assert report["cache_mib"] == report["cache_bytes"] / 2**20
     assert out.ui["jensen_kv_report"] == [report]
     text = out.ui["text"][0]
-    assert "3 chunks of 2 latent frames" in text and "MiB" in text and "correction: taylor" in text
+    # 5 latent frames in chunks of 2: the last chunk has 1, and the words say so
+    assert report["chunk_lengths"] == [2, 2, 1] and report["warnings"] == []
+    assert "3 chunks: 2 of 2 latent frames, the last of 1," in text and "3 chunks of 2" not in text
+    assert "MiB" in text and "correction: taylor" in text and "Warning" not in text
     # the FP baseline: no patch nodes, full-precision cache in the model's dtype (fp32 here)
     base = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs).args[1]
     assert base["key_bits"] == "off" and base["correction"] == "off" and base["effective_bits"] == 32.0
@@ -461,3 +485,18 @@ def test_quantize_sets_age_tiers_and_names_bad_ones(nodes, tiny):
     inputs = {i.id: i for i in _schema(q).inputs}
     for name in ("recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"):
         assert inputs[name].optional and inputs[name].tooltip
+
+
+def test_a_window_past_the_video_is_said_in_the_log_and_the_report(nodes, tiny, caplog):
+    """window_chunks 8 on a 3-chunk video keeps every chunk, as 0 does: a warning, not silence; 2 slides, no word."""
+    inputs = {**_sampler_inputs(tiny), "window_chunks": 8}
+    with caplog.at_level(logging.WARNING, logger="jensen_kv"):
+        out = nodes.JensenKVChunkedARSampler.execute(tiny, **inputs)
+    report = out.args[1]
+    assert len(report["warnings"]) == 1
+    warning = report["warnings"][0]
+    assert "window_chunks 8 is not fewer than this video's 3 chunks" in warning and "below 3" in warning
+    assert any(warning in r.getMessage() for r in caplog.records)
+    assert f"Warning: {warning}." in out.ui["text"][0]
+    slides = nodes.JensenKVChunkedARSampler.execute(tiny, **{**inputs, "window_chunks": 2}).args[1]
+    assert slides["warnings"] == []

@@ -137,7 +137,10 @@ def test_head_sharded_qvg_equals_the_one_process_pack(runs):
     """QVG seeds its initial centroids per global head (ChunkCache(head_offset=...)): rank 1's head draws head 1's."""
     one = _ok(runs["one"]["qvg"], "qvg in one process")
     for i, r in enumerate(runs["ranks"]):
-        torch.testing.assert_close(_ok(r["qvg"], f"qvg on rank {i}")["out"], one["out"], atol=TOL, rtol=0)
+        # the guard (on by default) acts on QVG's chunks here: its factor comes from a float32 matmul of sampled
+        # queries over the chunk's keys, summed in another order when a process holds 1 head instead of 2, so the
+        # ranks agree with one process to float32 rounding through that factor (measured 1.3e-5; 5e-6 unguarded)
+        torch.testing.assert_close(_ok(r["qvg"], f"qvg on rank {i}")["out"], one["out"], atol=5e-5, rtol=0)
         assert 2 * r["qvg"]["report"]["cache_bytes"] == one["report"]["cache_bytes"]
 
 

@@ -244,3 +244,22 @@ def test_interrupt_stops_a_long_run_and_the_next_prompt_runs(server):
     assert probe["outputs"]["2"]["text"] == ["unpatched"]
     entry = run(server, workflow(seed=6, prefix="jensen_kv/after_interrupt"))
     assert entry["outputs"]["9"]["jensen_kv_report"][0]["chunks"] == 2
+
+
+def test_the_help_pages_are_served_where_the_front_end_asks_and_the_sampler_hides_its_expert_knobs(server):
+    """The node library's help: ``/extensions/<pack>/docs/<node id>.md`` (web/docs/); and the sampler's rarely
+    changed inputs reach the front end as advanced ones."""
+    import urllib.request
+
+    for node_id, title in (
+        ("JensenKVQuantizeKVCache", "Quantize KV Cache"),
+        ("JensenKVBiasCorrection", "Jensen Bias Correction"),
+        ("JensenKVChunkedARSampler", "Chunked AR Video Sampler"),
+    ):
+        url = f"{server.url}/extensions/{support_comfyui.PACK_DIRNAME}/docs/{node_id}.md"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.status == 200 and r.read().decode("utf-8").startswith(f"# {title}\n")
+    s = server.get("/object_info/JensenKVChunkedARSampler")["JensenKVChunkedARSampler"]["input"]
+    specs = {**s["required"], **s["optional"]}
+    assert specs["recompute_frames"][1]["advanced"] is True and specs["kv_cache_attention_bias"][1]["advanced"]
+    assert not specs["window_chunks"][1].get("advanced") and not specs["sink_chunks"][1].get("advanced")

@@ -99,6 +99,39 @@ def test_prompt_and_decode_nodes(nodes, model):
         nodes.JensenKVTinyARDecode.execute({"samples": latent}, 8, "vae")
 
 
+def test_compare_panels_labels_each_panel_with_its_psnr_against_the_first(nodes):
+    """Issue 41, item 5: the demo's picture says which panel is which and how far each is from full precision."""
+    import importlib
+
+    mod = importlib.import_module(nodes.JensenKVComparePanels.__module__)
+    g = torch.Generator().manual_seed(0)
+    a = torch.rand(4, 32, 40, 3, generator=g)
+    b = (a + 0.1 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    c = (a + 0.01 * torch.randn(a.shape, generator=g)).clamp(0, 1)
+    out = nodes.JensenKVComparePanels.execute(a, b, "full precision", "INT2", "INT2 + Jensen", image_c=c)
+    img = out.args[0]
+    h = mod.LABEL_HEIGHT
+    assert img.shape == (4, h + 32, 3 * 40 + 2 * mod.SPACING, 3)
+    # the panels sit under the strip, in order, unchanged
+    for i, x in enumerate((a, b, c)):
+        x0 = i * (40 + mod.SPACING)
+        assert torch.equal(img[:, h:, x0 : x0 + 40], x)
+    # each panel's strip carries text (dark pixels), the gaps stay white
+    strip = img[0, :h]
+    for i in range(3):
+        x0 = i * (40 + mod.SPACING)
+        assert float(strip[:, x0 : x0 + 40].min()) < 0.5
+    pb, pc = mod.psnr(a, b), mod.psnr(a, c)
+    assert pb < pc and abs(pb - 10 * torch.log10(1 / (b.double() - a.double()).square().mean()).item()) < 1e-9
+    text = out.ui.as_dict()["text"][0]
+    assert text == f"PSNR against full precision: INT2 {pb:.1f} dB, INT2 + Jensen {pc:.1f} dB", text
+    two = nodes.JensenKVComparePanels.execute(a, a, "A", "B", "C").args[0]
+    assert two.shape == (4, h + 32, 2 * 40 + mod.SPACING, 3)
+    assert "identical" in nodes.JensenKVComparePanels.execute(a, a, "A", "B", "C").ui.as_dict()["text"][0]
+    with pytest.raises(ValueError, match="image 2 is .* same length and size"):
+        nodes.JensenKVComparePanels.execute(a, a[:2], "A", "B", "C")
+
+
 def test_decode_without_the_decoder_file_says_how_to_go_on(nodes, monkeypatch, tmp_path):
     import importlib
 
@@ -166,7 +199,8 @@ def test_bundled_model_loads_and_the_cpu_demo_workflow_runs_in_a_minute(comfy_se
     from PIL import Image
 
     im = Image.open(webps[0])
-    assert im.n_frames == 24 and im.size == (3 * 128 + 2 * 4, 128)
+    # three labelled panels (Compare Panels: a 30-pixel label strip over them)
+    assert im.n_frames == 24 and im.size == (3 * 128 + 2 * 4, 128 + 30)
     reports = [o["jensen_kv_report"][0] for o in entry["outputs"].values() if "jensen_kv_report" in o]
     assert sorted(str(r["key_bits"]) for r in reports) == ["2", "2", "off"]
     # a hang guard, not a speed test (the machines are shared: ~40 s quiet, 140 s measured under load);

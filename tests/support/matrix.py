@@ -208,11 +208,118 @@ def render(path: str) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------ the new families (issue 43)
+@dataclass(frozen=True)
+class FamilyTable:
+    """One family's matrix: rows (its recipes / settings) x columns (the options it accepts). Cells run unless
+    ``refused`` (a regex of the error, which names the option) or ``absent`` (why it does not exist) say otherwise;
+    ``checks`` says what a running cell is checked against (never the pack's own output of the same run)."""
+
+    key: str
+    path: str
+    rows: dict[str, str]
+    columns: dict[str, str]
+    checks: dict[str, str]
+    refused: dict[tuple[str, str], str]
+    absent: dict[tuple[str, str], str]
+    test: str
+
+    def cell(self, row: str, column: str) -> Cell:
+        for key in ((row, column), ("*", column), (row, "*")):
+            if key in self.absent:
+                return Cell(self.key, row, column, "absent", self.absent[key])
+        if (row, column) in self.refused or ("*", column) in self.refused:
+            return Cell(
+                self.key, row, column, "refused", self.refused.get((row, column), self.refused.get(("*", column)))
+            )
+        return Cell(self.key, row, column, "runs", self.checks[column])
+
+    def cells(self, column: str | None = None, status: str | None = None) -> list[Cell]:
+        out = [self.cell(r, c) for r in self.rows for c in self.columns if column is None or c == column]
+        return [c for c in out if status is None or c.status == status]
+
+    def render(self) -> str:
+        short = {"runs": "runs", "refused": "refused", "absent": "-"}
+        lines = [f"### {self.path}", "", f"Tests: `{self.test}`.", "", "Rows:", ""]
+        lines += [f"- **{r}**: {what}" for r, what in self.rows.items()]
+        lines += ["", "Columns and the check of a running cell:", ""]
+        lines += [f"- **{c}**: {what}. Check: {self.checks[c]}" for c, what in self.columns.items()]
+        lines += ["", "| row | " + " | ".join(self.columns) + " |", "|" + "---|" * (len(self.columns) + 1)]
+        for r in self.rows:
+            lines.append(f"| {r} | " + " | ".join(short[self.cell(r, c).status] for c in self.columns) + " |")
+        lines += ["", "Refused and absent cells:", ""]
+        groups: dict[tuple[str, str, str], list[str]] = {}
+        for c in self.cells():
+            if c.status != "runs":
+                groups.setdefault((c.column, c.status, c.detail), []).append(c.recipe)
+        for (column, status, detail), rows in groups.items():
+            who = "every row" if len(rows) == len(self.rows) else ", ".join(rows)
+            lines.append(f"- {column} ({who}): {status}: `{detail}`")
+        return "\n".join(lines)
+
+
+#: what every running MAGI-1 / HY-WorldPlay cell checks besides its column's own check
+PLAN_EQUALS_MEASURED = (
+    "the planner's bytes counted by hand (held chunks by the retention rule written in the test, each at its "
+    "bits) == the report's planned_bytes == ComfyUI's memory request (load_models_gpu's memory_required, "
+    "recorded) == the report's measured cache_bytes"
+)
+
+MAGI1 = FamilyTable(
+    key="magi1",
+    path="the MAGI-1 AR Sampler (runtime.families.magi1.recipe.run), tiny MAGI-1, 5 chunks of 1 latent frame",
+    rows={
+        "distill_w1": "distilled, window_size 1, 8 steps, cfg_number 1",
+        "distill_w2": "distilled, window_size 2, 8 steps, cfg_number 1",
+        "distill_w3": "distilled, window_size 3, 12 steps (the shortcut grid), cfg_number 1",
+        "distill_w4": "distilled, window_size 4, 8 steps, cfg_number 1",
+        "base_w2": "base, window_size 2, 8 steps, cfg_number 3 (text, context and unconditional passes)",
+    },
+    columns={
+        "fp": "full precision, window 0 (what the key ranges 5,4,3,2 reach)",
+        "kv_ranges": "full precision, kv_ranges 3,1 (2 stages), window 0",
+        "window_sink": "full precision, kv_ranges all, window 2 + sink 1",
+        "prompts": "full precision, a prompt schedule switching at chunk 2",
+        "rtn": "INT2 keys and values, RTN without rotation, Taylor correction at strength 1",
+        "quarot": "INT2, Hadamard rotation (QuaRot), chunk_mean correction at strength 0.5",
+        "qvg": "QVG on both sides, explicit K (16 centroids), exact correction",
+        "qvg_auto": "QVG on both sides, auto K, per_channel correction",
+        "tiers": "tiers per side: keys 2/8/8, values 2/4/8 (old / newest / sink), kv_ranges all, window 2 + sink 1",
+        "odd_size": "a 7 x 8 latent (odd height)",
+    },
+    checks={
+        "fp": "the samples == the pure sampler with the reference's whole-video float32 buffer (1e-5); "
+        + PLAN_EQUALS_MEASURED,
+        "kv_ranges": "the samples == the pure sampler with those ranges and the whole buffer (1e-5): the window the "
+        "ranges reach evicts nothing read; " + PLAN_EQUALS_MEASURED,
+        "window_sink": "the samples == the pure sampler over a float32 attention that keeps the sink and the last 2 "
+        "finished chunks (the rule written in the test); " + PLAN_EQUALS_MEASURED,
+        "prompts": "the samples == the pure sampler with each chunk's caption from its prompt; " + PLAN_EQUALS_MEASURED,
+        "rtn": "every held chunk == its raw K/V (the writing forward's) quantized at its bits, bit for bit; "
+        + PLAN_EQUALS_MEASURED,
+        "quarot": "as rtn (Hadamard codes); the report's correction and strength are the ones asked",
+        "qvg": "every held chunk's reconstruction within its residual's Delta/2 of its raw K/V; "
+        + PLAN_EQUALS_MEASURED,
+        "qvg_auto": "as qvg, at the auto K",
+        "tiers": "each held chunk's bits per side == its position's by hand; never-demoted chunks == raw K/V "
+        "quantized at their bits, bit for bit, demoted ones within both forms' Delta/2; " + PLAN_EQUALS_MEASURED,
+        "odd_size": "refused",
+    },
+    refused={("*", "odd_size"): r"latent height 7 and width 8 must be even \(MAGI-1 patches 2x2\)"},
+    absent={},
+    test="tests/integration/test_matrix_magi1.py (the refusals of the sampler: one test each, there too)",
+)
+
+
+FAMILIES: dict[str, FamilyTable] = {t.key: t for t in (MAGI1,)}
+
+
 def render_all() -> str:
     rows = ["## Rows (recipes)", ""] + [f"- **{r.name}**: {r.what}" for r in RECIPES.values()]
     cols = ["", "## Columns (options) and the check of a running cell", ""]
     cols += [f"- **{c}**: {what}. Check: {CHECKS[c]}" for c, what in COLUMNS.items()]
-    return "\n".join(rows + cols + ["", render("pack"), "", render("core")])
+    fams = ["", "## The new families (issue 43)", ""] + [f.render() + "\n" for f in FAMILIES.values()]
+    return "\n".join(rows + cols + ["", render("pack"), "", render("core")] + fams)
 
 
 if __name__ == "__main__":

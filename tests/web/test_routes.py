@@ -61,6 +61,11 @@ def test_spec_head_dim_check_names_the_fix():
     out = routes.spec_summary({"group_size": "256", "head_dim": "128", "value_bits": "off"})
     assert out["errors"] == ["key cache: group_size 256 does not divide head_dim 128; use 8, 16, 32, 64 or 128"]
     assert routes.spec_summary({"group_size": "32", "head_dim": "128"})["errors"] == []
+    # a setting that cannot run has no compression ratio to show (the planner's top line names none)
+    assert out["compression"] is None
+    assert routes.spec_summary({"group_size": "32", "head_dim": "128"})["compression"] == pytest.approx(16 / 2.75)
+    plan = routes.plan_summary({"group_size": "256", "preset": "wan2.1-1.3b"})
+    assert not plan["runnable"] and plan["spec"]["compression"] is None and plan["bytes_ratio"] is None
 
 
 def test_spec_qvg_is_exact_with_head_dim_and_chunk_tokens_and_says_what_it_leaves_out():

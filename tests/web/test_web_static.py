@@ -53,3 +53,22 @@ def test_javascript_parses_as_an_es_module():
         pytest.skip("Node.js not installed (the browser test loads the extension anyway)")
     r = subprocess.run([node, "--experimental-default-type=module", "--check", str(JS)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+HELP_PAGES = {
+    "JensenKVQuantizeKVCache": "Quantize KV Cache",
+    "JensenKVBiasCorrection": "Jensen Bias Correction",
+    "JensenKVChunkedARSampler": "Chunked AR Video Sampler",
+}
+
+
+def test_the_three_main_nodes_have_a_help_page_where_the_front_end_looks():
+    """ComfyUI's front end (1.2x+, ComfyUI 0.33) asks ``/extensions/<pack>/docs/<node id>/<locale>.md``, then
+    ``/extensions/<pack>/docs/<node id>.md``: ``web/docs/<node id>.md`` (served from WEB_DIRECTORY)."""
+    for node_id, title in HELP_PAGES.items():
+        page = PACK_ROOT / "web" / "docs" / f"{node_id}.md"
+        text = page.read_text(encoding="utf-8")
+        assert text.startswith(f"# {title}\n"), page
+        assert len(text) > 600
+    jensen = (PACK_ROOT / "web" / "docs" / "JensenKVBiasCorrection.md").read_text(encoding="utf-8")
+    assert "sinh" in jensen and "24" in jensen  # the maths the tooltip left out lives here

@@ -457,6 +457,25 @@ def test_tiny_cpu_demo_runs_three_caches_of_the_bundled_model():
     assert len(g.of_type("JensenKVTinyARDecode")) == 3 and g.of_type("SaveAnimatedWEBP")
     # each arm drawn by the bundled tiny decoder at Wan's stride (128x128 frames), not the blocky preview colours
     assert [d["widgets_values"] for d in g.of_type("JensenKVTinyARDecode")] == [[8, "tiny decoder"]] * 3
+    # issue 41, item 5: the saved picture is labelled panels with a number each (Compare Panels), in the order
+    # full precision / INT2 / INT2 + Jensen, and the Note promises nothing the tiny model may not show
+    (compare,) = g.of_type("JensenKVComparePanels")
+    assert compare["widgets_values"] == ["full precision", "INT2", "INT2 + Jensen"]
+    fed = {i["name"]: g.nodes[g.links[i["link"]][1]] for i in compare["inputs"] if i.get("link") is not None}
+    assert set(fed) == {"image_a", "image_b", "image_c"}
+    arms = {
+        k: tuple(t for t in g.model_chain(g.upstream(n, "samples")) if t.startswith("JensenKV")) for k, n in fed.items()
+    }
+    assert arms == {
+        "image_a": (),
+        "image_b": ("JensenKVQuantizeKVCache",),
+        "image_c": ("JensenKVBiasCorrection", "JensenKVQuantizeKVCache"),
+    }
+    (save,) = g.of_type("SaveAnimatedWEBP")
+    assert g.upstream(save, "images") is compare and not g.of_type("ImageStitch")
+    (note,) = [n for n in g.wf["nodes"] if n["type"] == "Note"]
+    text = note["widgets_values"][0]
+    assert "steal attention" not in text and "PSNR against full precision" in text and "look alike" in text
 
 
 def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():

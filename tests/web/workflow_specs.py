@@ -288,11 +288,14 @@ synthetic latent videos: coloured balls that bounce and occlude over a panning t
 download). It knows six prompts (Tiny AR Prompt) and needs no text encoder and no VAE (Tiny AR
 Decode draws the frames with the bundled tiny decoder). 128x128 pixels (16x16 latents), 24 latent frames = 8 chunks
 of 3, cache window 3 chunks (its training window), 8 euler steps with shift 3, seed 42.
-  left   - full-precision cache (no patch nodes);
-  middle - INT2 cache (group 32, QuaRot): quantized keys steal attention;
-  right  - INT2 + Jensen bias correction.
-Saved side by side as an animated WEBP (jensen_kv/tiny_ab_*.webp). It runs in under a minute on 2
-CPU cores. A proxy with learned attention - not a substitute for Wan."""
+  left   - full precision: the cache as the model keeps it (no patch nodes);
+  middle - INT2: the cache in 2 bits (group 32, QuaRot), about 6x smaller;
+  right  - INT2 + Jensen: the same cache with the Jensen bias correction.
+Compare Panels labels each panel and writes its PSNR against full precision above it (higher
+is closer). On this tiny model the three panels can look alike: then read the numbers over
+them (Compare Panels also shows them as text). Saved as an animated WEBP
+(jensen_kv/tiny_ab_*.webp). It runs in under a minute on 2 CPU cores. A proxy with learned
+attention - not a substitute for Wan."""
 
 PROMPT = (
     "A red fox trotting through fresh snow in a birch forest at golden hour, soft light, "
@@ -823,7 +826,6 @@ TINY_SAMPLER = {
 
 
 def _tiny_cpu_demo() -> dict:
-    stitch = {"direction": "right", "match_image_size": True, "spacing_width": 4, "spacing_color": "white"}
     nodes = [
         _note(NOTE_TINY, size=(520, 560)),
         _n("unet", "UNETLoader", 1, {"unet_name": TINY_AR, "weight_dtype": "default"}, size=[340, 90]),
@@ -853,8 +855,15 @@ def _tiny_cpu_demo() -> dict:
         _n("jensen", "JensenKVBiasCorrection", 3, JENSEN_TAYLOR, below="s_int2"),
         _n("s_jensen", "JensenKVChunkedARSampler", 4, TINY_SAMPLER, title="C: INT2 + Jensen", align="jensen"),
         _n("d_jensen", "JensenKVTinyARDecode", 5, {"scale": 8, "decoder": "tiny decoder"}, align="s_jensen"),
-        _n("stitch1", "ImageStitch", 6, stitch, title="A | B", align="s_int2"),
-        _n("stitch2", "ImageStitch", 6, stitch, title="A | B | C"),
+        _n(
+            "compare",
+            "JensenKVComparePanels",
+            6,
+            {"label_a": "full precision", "label_b": "INT2", "label_c": "INT2 + Jensen"},
+            title="A | B | C, labelled, PSNR against A",
+            align="s_int2",
+            size=[300, 170],
+        ),
         _n(
             "save",
             "SaveAnimatedWEBP",
@@ -884,11 +893,10 @@ def _tiny_cpu_demo() -> dict:
             (s, "LATENT", d, "samples"),
         ]
     links += [
-        ("d_fp", "IMAGE", "stitch1", "image1"),
-        ("d_int2", "IMAGE", "stitch1", "image2"),
-        ("stitch1", "IMAGE", "stitch2", "image1"),
-        ("d_jensen", "IMAGE", "stitch2", "image2"),
-        ("stitch2", "IMAGE", "save", "images"),
+        ("d_fp", "IMAGE", "compare", "image_a"),
+        ("d_int2", "IMAGE", "compare", "image_b"),
+        ("d_jensen", "IMAGE", "compare", "image_c"),
+        ("compare", "IMAGE", "save", "images"),
     ]
     groups = [
         {"title": "A: full-precision cache (no patch nodes)", "members": ["s_fp", "d_fp"], "color": "#3f789e"},

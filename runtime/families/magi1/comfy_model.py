@@ -150,11 +150,14 @@ def load_magi1(path: str | os.PathLike, weight_dtype: str = "default", variant: 
     model = model.to(offload_device)
     model.load_model_weights(sd, "")
     model.diffusion_model.special_tokens = special
+    # which variant, and what said so (file metadata, path name, the node's variant): the sampler's report names it
+    model.diffusion_model.variant_from = ckpt.variant_from
     logger.info(
-        "jensen_kv: loaded MAGI-1 (%d layers, hidden %d, %s, weights %s, compute %s) from %s",
+        "jensen_kv: loaded MAGI-1 (%d layers, hidden %d, %s from %s, weights %s, compute %s) from %s",
         ckpt.config.num_layers,
         ckpt.config.hidden_size,
         "distill" if ckpt.config.distill else "base",
+        ckpt.variant_from,
         dtype,
         model.diffusion_model.compute_dtype,
         path,

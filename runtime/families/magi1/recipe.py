@@ -395,6 +395,8 @@ class Magi1Recipe:
                 "noise2clean_kvrange": list(s.noise2clean_kvrange),
                 "cfg_number": s.cfg_number,
                 "distill": s.distill,
+                # what said base or distill: "file metadata", "path name" or "variant input" (Load MAGI-1 Model)
+                "variant_from": getattr(self.adapter.dm, "variant_from", None),
                 "finished_chunks_read": self.reached,
                 # the reference's buffer: every chunk of the video, K and V, every layer, in BF16
                 "reference_buffer_bytes": r.chunks * chunk_tokens * a.num_layers * 2 * a.kv_heads * a.head_dim * 2,
@@ -411,7 +413,9 @@ def report_text(report: dict) -> str:
         pack_text(report).replace(
             f"{report['heads']} heads x", f"{report['heads']} query heads over {report['kv_heads']} K/V heads x"
         ),
-        f"MAGI-1: {report['num_steps']} steps, {report['window_size']} chunk(s) in flight, key ranges {ranges}, "
+        f"MAGI-1 {'distill' if report['distill'] else 'base'}"
+        + (f" (from the {report['variant_from']})" if report.get("variant_from") else "")
+        + f": {report['num_steps']} steps, {report['window_size']} chunk(s) in flight, key ranges {ranges}, "
         f"{report['cfg_number']} pass(es) per step; each query read at most {report['finished_chunks_read']} finished "
         f"chunk(s). The reference's whole-video buffer: {report['reference_buffer_bytes'] / MIB:.2f} MiB in BF16.",
     ]

@@ -36,7 +36,16 @@ def parse_kv_ranges(text: str) -> tuple[int, ...]:
 
 def check_schedule(num_steps: int, window_size: int, kv_ranges: tuple[int, ...]) -> None:
     """ValueError naming the fix when the MAGI-1 AR Sampler cannot run ``num_steps`` steps per chunk at
-    ``window_size`` chunks in flight with these key ranges (one per stage of a chunk's steps)."""
+    ``window_size`` chunks in flight with these key ranges (one per stage of a chunk's steps: each a whole number
+    of chunks >= 1, since a chunk's range holds the chunk itself)."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps={num_steps!r} must be a whole number >= 1")
+    bad = [r for r in kv_ranges if isinstance(r, bool) or not isinstance(r, int) or r < 1]
+    if bad:
+        raise ValueError(
+            f"kv_ranges {list(kv_ranges)}: a key range of {bad[0]!r} chunks; each is a whole number of chunks >= 1 "
+            "(the chunk itself and the earlier chunks it reads): use e.g. the reference's 5,4,3,2, or 'all'"
+        )
     if window_size not in WINDOW_SIZES:
         raise ValueError(f"window_size={window_size!r}: MAGI-1 keeps 1 to 4 chunks in flight")
     if num_steps % window_size:
@@ -117,6 +126,8 @@ def _auto_window(fields, latent_frames: int, chunk_frames: int) -> tuple[int, st
         check_schedule(steps, window_size, ranges)
     except ValueError as exc:  # window_size out of range, or steps that do not divide by it or by the stages
         name, value = ("window_size", window_size) if window_size not in WINDOW_SIZES else ("steps", steps)
+        if any(r < 1 for r in ranges):
+            name, value = "kv_ranges", text
         raise PlannerFieldError(name, value, "is not one the MAGI-1 AR Sampler runs", str(exc)) from None
     settings = MagiSettings(
         num_steps=steps, window_size=window_size, chunk_width=chunk_frames, noise2clean_kvrange=ranges

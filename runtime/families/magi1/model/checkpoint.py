@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -261,11 +262,27 @@ def check_not_quantized(files: Files) -> None:
         )
 
 
+class VariantUnknownError(CheckpointError):
+    """``variant`` auto, and neither the file's metadata nor its path says base or distill."""
+
+
+def variant_in_path(path: str | os.PathLike) -> str | None:
+    """``distill`` or ``base`` when one of the path's last three names says so, as Sand AI names them
+    (``4.5B_distill/inference_weight.distill``, ``4.5B_base/inference_weight``); else None."""
+    parts = [part.lower() for part in Path(path).resolve().parts[-3:]]
+    if any("distill" in part for part in parts):
+        return "distill"
+    if any(re.search(r"(?<![a-z])base(?![a-z])", part) for part in parts):
+        return "base"
+    return None
+
+
 def inspect_dit(path: str | os.PathLike, variant: str = "auto") -> DitCheckpoint:
     """Check a MAGI-1 DiT checkpoint from its headers: what it is, that it is complete, that this pack runs it.
 
-    ``variant``: ``base`` / ``distill``, or ``auto`` (the file's ``magi1_config`` metadata, else ``distill`` in
-    a folder or file name of the path, as Sand AI names them: ``4.5B_distill``, ``inference_weight.distill``)."""
+    ``variant``: ``base`` / ``distill``, or ``auto``: the file's ``magi1_config`` metadata, else ``distill`` or
+    ``base`` in a folder or file name of the path (:func:`variant_in_path`), else :class:`VariantUnknownError`
+    (never a guess: the two variants run different pipelines). ``variant_from`` says which of these decided."""
     if variant not in ("auto", "base", "distill"):
         raise CheckpointError(f"variant {variant!r}: use auto, base or distill")
     files = locate(path)
@@ -281,18 +298,20 @@ def inspect_dit(path: str | os.PathLike, variant: str = "auto") -> DitCheckpoint
     try:
         if meta:
             config = MagiConfig.from_json(meta)
-            source = "file metadata"
+            said = "distill" in json.loads(meta)
         else:
-            config = config_from_shapes(shapes)
-            source = "default (base)"
-            if any("distill" in part.lower() for part in Path(path).resolve().parts[-3:]):
-                config = MagiConfig(**{**config.__dict__, "distill": True})
-                source = "path name"
+            config, said = config_from_shapes(shapes), False
     except ConfigError as e:
         raise NotMagiError(f"{path}: {e}") from None
     if variant != "auto":
         config = MagiConfig(**{**config.__dict__, "distill": variant == "distill"})
-        source = "chosen"
+        source = "variant input"
+    elif said:
+        source = "file metadata"
+    else:
+        named = variant_in_path(path)
+        source = None if named is None else "path name"  # None: refused below, once the tensors are checked
+        config = MagiConfig(**{**config.__dict__, "distill": named == "distill"})
     expected = expected_shapes(config)
     missing = sorted(set(expected) - set(shapes))
     if missing:
@@ -305,6 +324,12 @@ def inspect_dit(path: str | os.PathLike, variant: str = "auto") -> DitCheckpoint
         raise CheckpointError(
             f"{path}: {len(unexpected)} tensors no MAGI-1 DiT has, e.g. {unexpected[:4]} (a variant this pack "
             "does not know)"
+        )
+    if source is None:
+        raise VariantUnknownError(
+            f"{path}: nothing says whether this MAGI-1 is base or distill (no {META_CONFIG} metadata with "
+            "'distill', no 'base' or 'distill' in its folder or file name), and the two run different "
+            "pipelines (base: 3 passes per step, no step embedding). Set variant to base or distill"
         )
     special = sorted(k for k in files.where if k.startswith(SPECIAL_PREFIX))
     return DitCheckpoint(files, config, special, source)
