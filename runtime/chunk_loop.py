@@ -49,6 +49,7 @@ from .options import (
     OptionGroups,
     RecipeOptions,
     Sampling,
+    check_one_entry,
     grouped,
 )
 from .prompt_schedule import PromptSchedule
@@ -358,13 +359,12 @@ def _check_model(r: ChunkedARRequest) -> tuple[ModelFamily, JensenKVConfig, Prom
             "the window on the Chunked AR Video Sampler's own inputs (or make both the same)"
         )
     schedule = PromptSchedule.from_conditioning(r.positive, "positive")
-    negative = r.negative
-    if not isinstance(negative, list) or len(negative) != 1:
-        raise ValueError(
-            f"negative conditioning has {len(negative) if isinstance(negative, list) else type(negative).__name__} "
-            "entries; the Chunked AR sampler keeps one KV cache per CFG branch and needs exactly one: merge them with "
-            "ConditioningConcat or ConditioningAverage"
-        )
+    check_one_entry(
+        r.negative,
+        "negative",
+        "the Chunked AR sampler keeps one KV cache per CFG branch and needs exactly one: merge them with "
+        "ConditioningConcat or ConditioningAverage",
+    )
     return adapter, config, schedule
 
 

@@ -49,6 +49,22 @@ def _whole(name: str, value, what: str) -> None:
         raise ValueError(f"{name}={value!r} must be {what}")
 
 
+def refuse_set(why: str, *settings: tuple[str, bool]) -> None:
+    """One ValueError for the settings a loop fixes itself: ``settings`` are ``(what, is_set)`` pairs (``what`` names
+    the value, e.g. ``"cfg=3.0"``); the message names every one that is set, then ``why`` (the reason and the fix)."""
+    clash = [what for what, bad in settings if bad]
+    if clash:
+        raise ValueError(f"{', '.join(clash)}: {why}")
+
+
+def check_one_entry(conditioning, what: str, why: str) -> None:
+    """ValueError unless ``conditioning`` (a CONDITIONING list) has exactly one entry; ``what`` names it (positive,
+    negative), ``why`` says why the loop takes one and how to merge several."""
+    if not isinstance(conditioning, list) or len(conditioning) != 1:
+        n = len(conditioning) if isinstance(conditioning, list) else type(conditioning).__name__
+        raise ValueError(f"{what} conditioning has {n} entries; {why}")
+
+
 @dataclass(frozen=True, eq=False)
 class Sampling:
     """How every chunk is denoised: ``seed`` (each chunk derives its own noise streams from it), ``cfg``, the
@@ -85,6 +101,11 @@ class Sampling:
             object.__setattr__(self, "first_chunk_from", source)
         if not isinstance(self.cfg, (int, float)) or not math.isfinite(self.cfg) or self.cfg < 0:
             raise ValueError(f"cfg={self.cfg} must be a non-negative number")
+
+    def require_cfg_one(self, why: str) -> None:
+        """ValueError unless ``cfg`` is 1, for a loop that samples without guidance (``why``: whose rule it is)."""
+        if not math.isclose(float(self.cfg), 1.0):
+            raise ValueError(f"cfg={self.cfg}: {why}; use cfg 1")
 
     def require_schedule(self) -> None:
         """ValueError unless ``sigmas`` is a schedule (a loop that samples each chunk with ComfyUI's sampler)."""
@@ -160,6 +181,16 @@ class Continuation:
             raise ValueError(
                 "give either a KV cache to continue from or a prefix clip to extend, not both: a saved cache "
                 "already holds the frames before it"
+            )
+
+    def refuse(self, *, prefix: str | None = None, state: str | None = None) -> None:
+        """For a loop that extends no clip (``prefix``: why, and what it starts from) or hands no KV cache on
+        (``state``: why): ValueError naming what was connected and how to go on."""
+        if prefix is not None and self.prefix is not None:
+            raise ValueError(f"a prefix clip: {prefix}; leave prefix unconnected")
+        if state is not None and (self.keep_state or self.resume is not None):
+            raise ValueError(
+                f"saving or continuing a KV cache: {state}; leave the kv_cache input and output unconnected"
             )
 
 

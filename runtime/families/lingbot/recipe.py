@@ -25,7 +25,6 @@ prompt schedule, a SAMPLER or SIGMAS (the schedule is the reference's).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,17 @@ import torch
 
 from ....jensen_core.planner import plan_cache
 from ...config import JensenKVConfig, get_config, get_window
-from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped
+from ...options import (
+    SHARED_GROUPS,
+    Chunking,
+    Continuation,
+    Hooks,
+    OptionGroups,
+    Sampling,
+    check_one_entry,
+    grouped,
+    refuse_set,
+)
 from ...report import report_text as _base_report_text
 from ...run_caches import RunCaches
 from ...saved_run import RetainedChunk
@@ -156,48 +165,35 @@ class LingBotRecipe:
                 f"camera must come from LingBot-World Camera, got {type(r.options.camera).__name__}: connect that "
                 "node's camera output"
             )
-        clash = [
-            f"{n}={v!r}"
-            for n, v, bad in (
-                ("window_chunks", r.chunking.window_chunks, r.chunking.window_chunks != 0),
-                ("sink_chunks", r.chunking.sink_chunks, r.chunking.sink_chunks != 0),
-                ("first_chunk_frames", r.chunking.first_chunk_frames, r.chunking.first_chunk_frames != 0),
-            )
-            if bad
-        ]
-        if clash:
-            raise ValueError(
-                f"{', '.join(clash)}: LingBot-World's window and sink are the reference's, in latent frames: give "
-                "local_attn_size and sink_size (18 and 6) and leave the window and sink in chunks at 0"
-            )
-        if not math.isclose(float(r.sampling.cfg), 1.0):
-            raise ValueError(
-                f"cfg={r.sampling.cfg}: LingBot-World's causal-fast model is distilled to sample without guidance "
-                f"(the reference runs no CFG), and {SAMPLER_NODE} keeps one cache branch; use cfg 1"
-            )
-        if r.sampling.sampler is not None or r.sampling.sigmas is not None:
-            raise ValueError(
-                f"a SAMPLER or SIGMAS: {SAMPLER_NODE} runs the reference's DMD schedule (shift, timestep_indices); "
-                "leave them unconnected"
-            )
-        if r.continuation.prefix is not None:
-            raise ValueError(
-                f"a prefix clip: {SAMPLER_NODE} starts from the image of its conditioning (WanImageToVideo), not from "
-                "a clip to extend; leave prefix unconnected"
-            )
-        if r.continuation.keep_state or r.continuation.resume is not None:
-            raise ValueError(
-                "saving or continuing a KV cache: LingBot-World's camera features are normalised over the whole path, "
-                "so a continued run would not be the same video; there is no cache to hand on: leave the kv_cache "
-                "input and output unconnected"
-            )
+        ch = r.chunking
+        refuse_set(
+            "LingBot-World's window and sink are the reference's, in latent frames: give local_attn_size and "
+            "sink_size (18 and 6) and leave the window and sink in chunks at 0",
+            (f"window_chunks={ch.window_chunks!r}", ch.window_chunks != 0),
+            (f"sink_chunks={ch.sink_chunks!r}", ch.sink_chunks != 0),
+            (f"first_chunk_frames={ch.first_chunk_frames!r}", ch.first_chunk_frames != 0),
+        )
+        r.sampling.require_cfg_one(
+            "LingBot-World's causal-fast model is distilled to sample without guidance (the reference runs no CFG), "
+            f"and {SAMPLER_NODE} keeps one cache branch"
+        )
+        refuse_set(
+            f"{SAMPLER_NODE} runs the reference's DMD schedule (shift, timestep_indices); leave them unconnected",
+            ("a SAMPLER", r.sampling.sampler is not None),
+            ("SIGMAS", r.sampling.sigmas is not None),
+        )
+        r.continuation.refuse(
+            prefix=f"{SAMPLER_NODE} starts from the image of its conditioning (WanImageToVideo), not from a clip to extend",
+            state="LingBot-World's camera features are normalised over the whole path, so a continued run would not be "
+            "the same video; there is no cache to hand on",
+        )
         positive = r.positive
-        if not isinstance(positive, list) or len(positive) != 1:
-            raise ValueError(
-                f"positive conditioning has {len(positive) if isinstance(positive, list) else type(positive).__name__} "
-                "entries; LingBot-World takes one prompt per video: give one entry (merge several with "
-                "ConditioningConcat); prompt schedules are not supported"
-            )
+        check_one_entry(
+            positive,
+            "positive",
+            "LingBot-World takes one prompt per video: give one entry (merge several with ConditioningConcat); prompt "
+            "schedules are not supported",
+        )
         if positive[0][1].get("concat_latent_image") is None:
             raise ValueError(
                 "the conditioning has no image condition: LingBot-World is image-to-video; pass the prompt through "

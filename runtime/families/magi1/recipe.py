@@ -37,7 +37,7 @@ import torch
 
 from ....jensen_core.planner import plan_cache
 from ...config import JensenKVConfig, get_config, get_window
-from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped
+from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped, refuse_set
 from ...prompt_schedule import PromptSchedule
 from ...report import MIB
 from ...report import report_text as pack_text
@@ -228,21 +228,14 @@ class Magi1Recipe:
                 "unconnected"
             )
         sa = request.sampling
-        clash = [
-            what
-            for what, bad in (
-                ("a SAMPLER", sa.sampler is not None),
-                ("SIGMAS", sa.sigmas is not None or sa.first_chunk_sigmas is not None),
-                (f"cfg={sa.cfg}", not math.isclose(float(sa.cfg), 1.0)),
-                (f"first_chunk_frames={request.chunking.first_chunk_frames}", request.chunking.first_chunk_frames != 0),
-            )
-            if bad
-        ]
-        if clash:
-            raise ValueError(
-                f"{', '.join(clash)}: MAGI-1 AR Sampler runs the reference's own schedule (sd3, num_steps per chunk, "
-                "equal chunks) and its passes per step are cfg_number (1 or 3): leave these unset"
-            )
+        refuse_set(
+            "MAGI-1 AR Sampler runs the reference's own schedule (sd3, num_steps per chunk, equal chunks) and its "
+            "passes per step are cfg_number (1 or 3): leave these unset",
+            ("a SAMPLER", sa.sampler is not None),
+            ("SIGMAS", sa.sigmas is not None or sa.first_chunk_sigmas is not None),
+            (f"cfg={sa.cfg}", not math.isclose(float(sa.cfg), 1.0)),
+            (f"first_chunk_frames={request.chunking.first_chunk_frames}", request.chunking.first_chunk_frames != 0),
+        )
         options = request.model.model_options
         if get_diagnostics(options) is not None:
             raise ValueError(

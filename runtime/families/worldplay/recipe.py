@@ -32,7 +32,6 @@ forward with the reference's full-precision memory (``runtime.families.worldplay
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +41,17 @@ import torch
 from ....jensen_core.planner import plan_cache
 from ...config import JensenKVConfig, get_config, get_window
 from ...noise import NOISE_STREAM, SAMPLER_STREAM, chunk_seed
-from ...options import SHARED_GROUPS, Chunking, Continuation, Hooks, OptionGroups, Sampling, grouped
+from ...options import (
+    SHARED_GROUPS,
+    Chunking,
+    Continuation,
+    Hooks,
+    OptionGroups,
+    Sampling,
+    check_one_entry,
+    grouped,
+    refuse_set,
+)
 from ...report import MIB
 from ...report import report_text as _base_report_text
 from ...run_caches import RunCaches
@@ -194,49 +203,36 @@ class WorldPlayRecipe:
     @staticmethod
     def _check_settings(r: WorldPlayRequest) -> None:
         """The settings the reference's loop fixes (window, sink, cfg, chunk, prefix, saved caches, one prompt)."""
-        clash = [
-            what
-            for what, bad in (
-                (f"window_chunks={r.chunking.window_chunks}", r.chunking.window_chunks != 0),
-                (f"sink_chunks={r.chunking.sink_chunks}", r.chunking.sink_chunks != 0),
-            )
-            if bad
-        ]
-        if clash:
+        ch = r.chunking
+        refuse_set(
+            f"HY-WorldPlay rebuilds its cache before every chunk from up to {MEMORY_FRAMES} context frames it chooses "
+            "by view overlap (chunk 0, the best-overlapping older chunk, the last 3), so a window or an attention sink "
+            "does not apply: set both to 0",
+            (f"window_chunks={ch.window_chunks}", ch.window_chunks != 0),
+            (f"sink_chunks={ch.sink_chunks}", ch.sink_chunks != 0),
+        )
+        r.sampling.require_cfg_one(
+            f"HY-WorldPlay's AR distilled model samples at cfg 1 (the reference's few-step run), and {SAMPLER_NODE} "
+            "keeps one cache branch"
+        )
+        if ch.chunk_frames != CHUNK_LATENTS or ch.first_chunk_frames:
             raise ValueError(
-                f"{', '.join(clash)}: HY-WorldPlay rebuilds its cache before every chunk from up to {MEMORY_FRAMES} "
-                "context frames it chooses by view overlap (chunk 0, the best-overlapping older chunk, the last 3), so "
-                "a window or an attention sink does not apply: set both to 0"
-            )
-        if not math.isclose(float(r.sampling.cfg), 1.0):
-            raise ValueError(
-                f"cfg={r.sampling.cfg}: HY-WorldPlay's AR distilled model samples at cfg 1 (the reference's few-step "
-                "run), and "
-                f"{SAMPLER_NODE} keeps one cache branch; use cfg 1"
-            )
-        if r.chunking.chunk_frames != CHUNK_LATENTS or r.chunking.first_chunk_frames:
-            raise ValueError(
-                f"chunk_frames={r.chunking.chunk_frames}, first_chunk_frames={r.chunking.first_chunk_frames}: "
+                f"chunk_frames={ch.chunk_frames}, first_chunk_frames={ch.first_chunk_frames}: "
                 f"HY-WorldPlay generates every chunk as {CHUNK_LATENTS} latent frames (the reference's "
                 "chunk_latent_frames): leave both unset"
             )
-        if r.continuation.prefix is not None:
-            raise ValueError(
-                f"a prefix clip: {SAMPLER_NODE} starts from the image of its conditioning "
-                "(HunyuanVideo15ImageToVideo), not from a clip to extend; leave prefix unconnected"
-            )
-        if r.continuation.keep_state or r.continuation.resume is not None:
-            raise ValueError(
-                "saving or continuing a KV cache: HY-WorldPlay re-encodes its context from the video's latents before "
-                "every chunk, so there is no cache to hand on; leave the kv_cache input and output unconnected"
-            )
-        positive = r.positive
-        if not isinstance(positive, list) or len(positive) != 1:
-            raise ValueError(
-                f"positive conditioning has {len(positive) if isinstance(positive, list) else type(positive).__name__} "
-                "entries; HY-WorldPlay computes one text prefix per video from one prompt: give one entry (merge "
-                "several with ConditioningConcat); prompt schedules are not supported"
-            )
+        r.continuation.refuse(
+            prefix=f"{SAMPLER_NODE} starts from the image of its conditioning (HunyuanVideo15ImageToVideo), not from a "
+            "clip to extend",
+            state="HY-WorldPlay re-encodes its context from the video's latents before every chunk, so there is no "
+            "cache to hand on",
+        )
+        check_one_entry(
+            r.positive,
+            "positive",
+            "HY-WorldPlay computes one text prefix per video from one prompt: give one entry (merge several with "
+            "ConditioningConcat); prompt schedules are not supported",
+        )
 
     # ------------------------------------------------------------------ set-up
     def __init__(self, r: WorldPlayRequest):
