@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
 from ..runtime.config import CHUNK_DEFAULTS
-from ..runtime.core_ar import CacheWindow, attach, set_window
-from .common import CATEGORY, logger
+from ..runtime.core_ar import CacheWindow, set_window
+from .common import CATEGORY, patched_model
 
 
 class JensenKVARCacheWindow(io.ComfyNode):
@@ -48,9 +48,4 @@ class JensenKVARCacheWindow(io.ComfyNode):
     @classmethod
     def execute(cls, model, window_chunks, sink_chunks) -> io.NodeOutput:
         window = CacheWindow(int(window_chunks), int(sink_chunks))
-        m = model.clone()
-        set_window(m, window)
-        attach(m)
-        text = f"KV cache on core's AR sampler: {window.describe()}"
-        logger.info("jensen_kv: %s", text)
-        return io.NodeOutput(m, ui=ui.PreviewText(text))
+        return patched_model(model, window, set_window, f"KV cache on core's AR sampler: {window.describe()}")

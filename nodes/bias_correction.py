@@ -5,8 +5,7 @@ from __future__ import annotations
 from comfy_api.latest import io, ui
 
 from ..runtime.config import CORRECTION_CHOICES, STRENGTH_MAX, get_config, parse_correction, set_config
-from ..runtime.core_ar import attach
-from .common import CATEGORY, Combo, advanced, logger, node_message
+from .common import CATEGORY, Combo, advanced, logger, node_message, patched_model
 
 NOTHING_TO_CORRECT = (
     "Jensen Bias Correction: nothing to correct - no Quantize KV Cache with quantized keys upstream, so the "
@@ -79,9 +78,4 @@ class JensenKVBiasCorrection(io.ComfyNode):
         if not isinstance(guard, bool):
             raise ValueError(f"guard={guard!r} must be true or false (true keeps the correction from overshooting)")
         config = config.with_correction(correction, strength, guard)
-        m = model.clone()
-        set_config(m, config)
-        attach(m)
-        text = f"KV cache: {config.describe()}"
-        logger.info("jensen_kv: %s", text)
-        return io.NodeOutput(m, ui=ui.PreviewText(text))
+        return patched_model(model, config, set_config, f"KV cache: {config.describe()}")

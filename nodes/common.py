@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from comfy_api.latest import io
+from comfy_api.latest import io, ui
 
 logger = logging.getLogger("jensen_kv")
 
@@ -46,6 +46,21 @@ def output_connected(node_cls, output_index: int) -> bool:
             ):
                 return True
     return False
+
+
+def patched_model(model, setting, put, text: str | None = None) -> io.NodeOutput:
+    """A MODEL-patching node's output: a clone of ``model`` carrying ``setting`` (``put(clone, setting)``), the pack's
+    attention attached (core's AR path reads it there); ``text`` (what the clone now does) is logged and shown on the
+    node. The input model is never changed."""
+    from ..runtime.core_ar import attach
+
+    m = model.clone()
+    put(m, setting)
+    attach(m)
+    if text is None:
+        return io.NodeOutput(m)
+    logger.info("jensen_kv: %s", text)
+    return io.NodeOutput(m, ui=ui.PreviewText(text))
 
 
 def advanced(inp: io.Input) -> io.Input:

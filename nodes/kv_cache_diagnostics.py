@@ -9,12 +9,11 @@ diagnostics and pays nothing. KV Cache Diagnostics Plot (``kv_cache_diagnostics_
 
 from __future__ import annotations
 
-from comfy_api.latest import io, ui
+from comfy_api.latest import io
 
-from ..runtime.core_ar import attach
 from ..runtime.families import attention_shape
 from ..runtime.shift_observer import SELECTION_HELP, DiagnosticsRequest, resolve_selection, set_request
-from .common import CATEGORY, logger
+from .common import CATEGORY, patched_model
 
 
 class JensenKVDiagnostics(io.ComfyNode):
@@ -74,9 +73,4 @@ class JensenKVDiagnostics(io.ComfyNode):
         if shape is not None:  # check the indices now rather than after a long run
             resolve_selection(request.layers, shape.layers, "layers")
             resolve_selection(request.heads, shape.heads, "heads")
-        m = model.clone()
-        set_request(m, request)
-        attach(m)
-        text = f"Attention diagnostics: {request.describe()}"
-        logger.info("jensen_kv: %s", text)
-        return io.NodeOutput(m, ui=ui.PreviewText(text))
+        return patched_model(model, request, set_request, f"Attention diagnostics: {request.describe()}")

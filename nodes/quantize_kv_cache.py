@@ -25,9 +25,8 @@ from ..runtime.config import (
     parse_tiers,
     set_config,
 )
-from ..runtime.core_ar import attach
 from ..runtime.families import attention_shape
-from .common import CATEGORY, Combo, advanced, logger
+from .common import CATEGORY, Combo, advanced, logger, patched_model
 
 
 def build_config(
@@ -267,8 +266,5 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             sink_bits,
             recent_chunks_key_bits,
         )
-        m = model.clone()
-        set_config(m, config)
-        attach(m)
         logger.info("jensen_kv: KV cache %s", config.describe())
-        return io.NodeOutput(m)
+        return patched_model(model, config, set_config)

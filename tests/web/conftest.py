@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from workflow_specs import CORE_WORKFLOW_NAMES, WORLDPLAY_WORKFLOW_NAMES
+from workflow_specs import CORE_WORKFLOW_NAMES, WORLDPLAY_WORKFLOW_NAMES, write_placeholder_files
 
 
 def _workflow_item_in(item, names) -> bool:
@@ -36,3 +36,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.core_ar)
         if is_worldplay_workflow_item(item):
             item.add_marker(pytest.mark.hunyuan15)
+
+
+@pytest.fixture(scope="module")
+def server(comfy_server):
+    """The session's shared server (one torch thread: support.shared_server.SHARED_SERVER_ENV) with the loaders' file
+    names and the I2V start image in its folders, and its ``/object_info``: the workflow tests' server."""
+    write_placeholder_files(comfy_server.base_dir)
+    comfy_server.object_info = comfy_server.get("/object_info")
+    return comfy_server

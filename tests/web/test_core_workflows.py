@@ -27,7 +27,6 @@ from workflow_specs import (
     SELF_FORCING_CAUSAL,
     START_IMAGE,
     TINY_AR,
-    write_placeholder_files,
 )
 
 pytestmark = pytest.mark.core_ar
@@ -167,15 +166,6 @@ def test_tiny_core_demo_mirrors_the_chunked_ar_demo_with_three_caches():
 
 
 # ------------------------------------------------------------------------------------------- live v0.27
-@pytest.fixture(scope="module")
-def server(comfy_server):
-    """The session's shared server (one torch thread: support.shared_server.SHARED_SERVER_ENV) with the loaders' file
-    names and the I2V start image in its folders, for this module."""
-    write_placeholder_files(comfy_server.base_dir)
-    comfy_server.object_info = comfy_server.get("/object_info")
-    return comfy_server
-
-
 @pytest.mark.comfyui
 @pytest.mark.server
 @pytest.mark.parametrize("path", CORE_FILES, ids=lambda p: p.stem)

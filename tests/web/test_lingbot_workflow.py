@@ -14,36 +14,21 @@ The family is built on Wan 2.1's classes, which every supported ComfyUI has: the
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from safetensors.torch import load_file, save_file
-from support.comfyui import PACK_ROOT
+from family_workflows import WORKFLOW_DIR, add_arms, int2_jensen_sampler, only, run_arms, shipped
+from safetensors.torch import save_file
 from support.workflow_api import int2_jensen
-from test_workflows import Graph, validate
+from test_workflows import validate
 from workflow_specs import LINGBOT_PATH, LINGBOT_UNET, LINGBOT_WORKFLOWS, START_IMAGE, TEXT_ENCODER, VAE
 
-WORKFLOW_DIR = PACK_ROOT / "workflows"
 NAME = LINGBOT_WORKFLOWS[0]["name"]
 TINY_FILE = "jensen_kv_tiny_lingbot.safetensors"
 
 
-def graph() -> Graph:
-    return Graph(json.loads((WORKFLOW_DIR / f"{NAME}.json").read_text()))
-
-
-def only(g: Graph, node_type: str) -> dict:
-    (node,) = g.of_type(node_type)
-    return node
-
-
 def test_the_lingbot_workflow_is_shipped_and_wires_int2_jensen_into_its_sampler():
-    g = graph()
-    sampler = only(g, "JensenKVLingBotARSampler")
-    assert g.model_chain(sampler) == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache", "JensenKVLoadLingBot"]
-    assert only(g, "JensenKVLoadLingBot")["widgets_values"] == [LINGBOT_UNET, "default"]
-    assert only(g, "JensenKVQuantizeKVCache")["widgets_values"][:4] == ["2", "2", "32", "hadamard"]
-    assert only(g, "JensenKVBiasCorrection")["widgets_values"] == ["taylor", 1]
+    g = shipped(NAME)
+    sampler = int2_jensen_sampler(g, "JensenKVLingBotARSampler", "JensenKVLoadLingBot", LINGBOT_UNET)
     assert sampler["widgets_values"] == [42, "fixed", 18, 6, 4, "0,250,500,750", 10]
     i2v = g.upstream(sampler, "positive")
     assert i2v["type"] == "WanImageToVideo" and g.upstream(sampler, "latent")["id"] == i2v["id"]
@@ -66,15 +51,6 @@ def test_the_lingbot_workflow_is_shipped_and_wires_int2_jensen_into_its_sampler(
         "0.69 GB",
     ):
         assert fact in note, fact
-
-
-@pytest.fixture(scope="module")
-def server(comfy_server):
-    from workflow_specs import write_placeholder_files
-
-    write_placeholder_files(comfy_server.base_dir)
-    comfy_server.object_info = comfy_server.get("/object_info")
-    return comfy_server
 
 
 @pytest.mark.comfyui
@@ -111,27 +87,9 @@ def _tiny_prompt(arms: dict[str, str]) -> dict:
             },
         },
     }
-    for node_id, (model, prefix) in zip(("12", "13"), arms.items()):
-        prompt[node_id] = {
-            "class_type": "JensenKVLingBotARSampler",
-            "inputs": {
-                "model": [model, 0],
-                "positive": ["9", 0],
-                "latent": ["9", 2],
-                "camera": ["8", 0],
-                "seed": 3,
-                "local_attn_size": 10,
-                "sink_size": 2,
-                "chunk_frames": 4,
-                "timestep_indices": "0,250,500,750",
-                "shift": 10.0,
-            },
-        }
-        prompt[str(int(node_id) + 10)] = {
-            "class_type": "SaveLatent",
-            "inputs": {"samples": [node_id, 0], "filename_prefix": f"jensen_kv/{prefix}"},
-        }
-    return prompt
+    inputs = {"positive": ["9", 0], "latent": ["9", 2], "camera": ["8", 0], "seed": 3, "local_attn_size": 10}
+    inputs |= {"sink_size": 2, "chunk_frames": 4, "timestep_indices": "0,250,500,750", "shift": 10.0}
+    return add_arms(prompt, "JensenKVLingBotARSampler", inputs, arms)
 
 
 @pytest.mark.comfyui
@@ -147,23 +105,9 @@ def test_a_tiny_lingbot_runs_from_a_workflow_with_image_prompt_and_camera_throug
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"num_heads": str(TINY.num_heads), "text_len": str(TINY.text_len)}
     save_file(tiny_state_dict(TINY), str(folder / TINY_FILE), metadata=meta)
-    prompt = _tiny_prompt({"3": "lingbot_tiny_int2_jensen", "1": "lingbot_tiny_full"})
-    t0 = time.monotonic()
-    entry = server.run_prompt(prompt, timeout=600)
-    reports = {k: o["jensen_kv_report"][0] for k, o in entry["outputs"].items() if "jensen_kv_report" in o}
-    int2, full = reports["12"], reports["13"]
-    assert (int2["key_bits"], int2["value_bits"], int2["correction"]) == (2, 2, "taylor")
-    assert (full["key_bits"], full["correction"]) == ("off", "off")
+    arms = {"3": "lingbot_tiny_int2_jensen", "1": "lingbot_tiny_full"}
+    int2, full = run_arms(server, _tiny_prompt(arms), arms, "LingBot-World AR Sampler", 3, (1, 16, 12, 8, 8))
     for rep in (int2, full):
-        assert rep["sampler"] == "LingBot-World AR Sampler" and rep["chunks"] == 3
-        assert rep["cache_bytes"] == rep["planned_bytes"] > 0
         assert (rep["cache_entry_frames"], rep["sink_chunks"], rep["window_chunks"]) == (2, 1, 2)
         assert rep["timesteps"] == [999, 967, 908, 768]
     assert int2["cache_bytes"] * 3 < full["cache_bytes"]
-    out = server.base_dir / "output" / "jensen_kv"
-    (a,) = out.glob("lingbot_tiny_int2_jensen_*.latent")
-    (b,) = out.glob("lingbot_tiny_full_*.latent")
-    la, lb = load_file(str(a))["latent_tensor"], load_file(str(b))["latent_tensor"]
-    assert la.shape == lb.shape == (1, 16, 12, 8, 8)
-    assert float((la - lb).abs().max()) > 1e-4
-    print(f"\ntiny LingBot-World workflow, INT2 + Jensen and full precision: {time.monotonic() - t0:.1f} s")

@@ -18,13 +18,12 @@ run; against v0.3.64, which has no HunyuanVideo 1.5 and on which the workflow ca
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from safetensors.torch import load_file, save_file
-from support.comfyui import PACK_ROOT
+from family_workflows import WORKFLOW_DIR, add_arms, int2_jensen_sampler, only, run_arms, shipped
+from safetensors.torch import save_file
 from support.workflow_api import int2_jensen
-from test_workflows import Graph, validate
+from test_workflows import validate
 from workflow_specs import (
     HY15_BYT5,
     HY15_QWEN,
@@ -34,33 +33,18 @@ from workflow_specs import (
     WORLDPLAY_POSE,
     WORLDPLAY_UNET,
     WORLDPLAY_WORKFLOWS,
-    write_placeholder_files,
 )
 
 pytestmark = pytest.mark.hunyuan15
 
-WORKFLOW_DIR = PACK_ROOT / "workflows"
 NAME = WORLDPLAY_WORKFLOWS[0]["name"]
 TINY_FILE = "jensen_kv_tiny_worldplay.safetensors"
 
 
-def graph() -> Graph:
-    return Graph(json.loads((WORKFLOW_DIR / f"{NAME}.json").read_text()))
-
-
-def only(g: Graph, node_type: str) -> dict:
-    (node,) = g.of_type(node_type)
-    return node
-
-
 # ------------------------------------------------------------------------------------------------ offline
 def test_the_worldplay_workflow_is_shipped_and_wires_int2_jensen_into_its_sampler():
-    g = graph()
-    sampler = only(g, "JensenKVWorldPlayARSampler")
-    assert g.model_chain(sampler) == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache", "JensenKVLoadWorldPlay"]
-    assert only(g, "JensenKVLoadWorldPlay")["widgets_values"] == [WORLDPLAY_UNET, "default"]
-    assert only(g, "JensenKVQuantizeKVCache")["widgets_values"][:4] == ["2", "2", "32", "hadamard"]
-    assert only(g, "JensenKVBiasCorrection")["widgets_values"] == ["taylor", 1]
+    g = shipped(NAME)
+    sampler = int2_jensen_sampler(g, "JensenKVWorldPlayARSampler", "JensenKVLoadWorldPlay", WORLDPLAY_UNET)
     assert sampler["widgets_values"] == [42, "fixed"]
     assert g.upstream(sampler, "sampler")["widgets_values"] == ["euler"]
     sched = g.upstream(sampler, "sigmas")
@@ -98,13 +82,6 @@ def test_the_worldplay_workflow_is_shipped_and_wires_int2_jensen_into_its_sample
 
 
 # ------------------------------------------------------------------------------------------------ live server
-@pytest.fixture(scope="module")
-def server(comfy_server):
-    write_placeholder_files(comfy_server.base_dir)
-    comfy_server.object_info = comfy_server.get("/object_info")
-    return comfy_server
-
-
 @pytest.mark.comfyui
 @pytest.mark.server
 def test_the_worldplay_workflow_is_valid_against_live_object_info(server):
@@ -145,24 +122,8 @@ def _tiny_prompt(arms: dict[str, str]) -> dict:
             "inputs": {"preset": "worldplay_4step", "steps": 30, "shift": 8.0, "manual": ""},
         },
     }
-    for node_id, (model, prefix) in zip(("12", "13"), arms.items()):
-        prompt[node_id] = {
-            "class_type": "JensenKVWorldPlayARSampler",
-            "inputs": {
-                "model": [model, 0],
-                "positive": ["9", 0],
-                "latent": ["9", 2],
-                "trajectory": ["8", 0],
-                "seed": 3,
-                "sampler": ["10", 0],
-                "sigmas": ["11", 0],
-            },
-        }
-        prompt[str(int(node_id) + 10)] = {
-            "class_type": "SaveLatent",
-            "inputs": {"samples": [node_id, 0], "filename_prefix": f"jensen_kv/{prefix}"},
-        }
-    return prompt
+    inputs = {"positive": ["9", 0], "latent": ["9", 2], "trajectory": ["8", 0], "seed": 3}
+    return add_arms(prompt, "JensenKVWorldPlayARSampler", inputs | {"sampler": ["10", 0], "sigmas": ["11", 0]}, arms)
 
 
 @pytest.mark.comfyui
@@ -177,23 +138,9 @@ def test_a_tiny_worldplay_runs_from_a_workflow_with_image_prompt_and_path_throug
     folder = server.base_dir / "models" / "diffusion_models"
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tiny_state_dict(TINY), str(folder / TINY_FILE))
-    prompt = _tiny_prompt({"3": "worldplay_tiny_int2_jensen", "1": "worldplay_tiny_full"})
-    t0 = time.monotonic()
-    entry = server.run_prompt(prompt, timeout=600)
-    reports = {k: o["jensen_kv_report"][0] for k, o in entry["outputs"].items() if "jensen_kv_report" in o}
-    int2, full = reports["12"], reports["13"]
-    assert (int2["key_bits"], int2["value_bits"], int2["correction"]) == (2, 2, "taylor")
-    assert (full["key_bits"], full["correction"]) == ("off", "off")
+    arms = {"3": "worldplay_tiny_int2_jensen", "1": "worldplay_tiny_full"}
+    int2, full = run_arms(server, _tiny_prompt(arms), arms, "HY-WorldPlay AR Sampler", 2, (1, 32, 8, 4, 6))
     for rep in (int2, full):
-        assert rep["sampler"] == "HY-WorldPlay AR Sampler" and rep["chunks"] == 2
-        assert rep["cache_bytes"] == rep["planned_bytes"] > 0
         assert rep["context_frames"] == [[], [0, 1, 2, 3]] and rep["streams"] == 2
         assert rep["text_prefix_tokens"] == 3 + 7  # ByT5 + LLM (no SigLIP features in this prompt)
     assert int2["cache_bytes"] * 5 < full["cache_bytes"]
-    out = server.base_dir / "output" / "jensen_kv"
-    (a,) = out.glob("worldplay_tiny_int2_jensen_*.latent")
-    (b,) = out.glob("worldplay_tiny_full_*.latent")
-    la, lb = load_file(str(a))["latent_tensor"], load_file(str(b))["latent_tensor"]
-    assert la.shape == lb.shape == (1, 32, 8, 4, 6)
-    assert float((la - lb).abs().max()) > 1e-4
-    print(f"\ntiny HY-WorldPlay workflow, INT2 + Jensen and full precision: {time.monotonic() - t0:.1f} s")
