@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from support.pack import load_pack_module
 
 peak_memory = load_pack_module("runtime.peak_memory")
