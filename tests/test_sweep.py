@@ -73,7 +73,9 @@ def test_quick_sweep_writes_csv_and_plots(tmp_path):
     # median's side), and the worst head's 99th percentile is at least the pooled one (a pooled quantile cannot
     # exceed every head's); the worst head is one of the workload's heads
     for key, row in by.items():
-        p95, p99, worst = (float(row[c]) for c in ("p95_abs_delta_ps", "p99_abs_delta_ps", "worst_head_p99_abs_delta_ps"))
+        p95, p99, worst = (
+            float(row[c]) for c in ("p95_abs_delta_ps", "p99_abs_delta_ps", "worst_head_p99_abs_delta_ps")
+        )
         assert abs(med(*key)) <= p95 <= p99 <= worst * (1 + 1e-6), (key, p95, p99, worst)
         assert row["worst_head"].startswith("head "), row["worst_head"]
     if have_wan:
