@@ -102,6 +102,15 @@ def video_latent(frames: int, height: int = 8, width: int = 8, batch: int = 1) -
     return {"samples": torch.zeros(batch, 16, frames, height, width)}
 
 
+def run(loop, model, positive, negative, frames: int, sampler, sigmas, *, seed: int = 0, cfg: float = 1.0, **options):
+    """A Chunked AR run (``loop``: the pack's ``runtime.chunk_loop``) over an empty latent of ``frames`` latent
+    frames (:func:`video_latent`), the tests' usual seed 0 and cfg 1; ``options`` as ``run_chunked_ar`` takes them
+    (``chunk_frames=...``, ``window_chunks=...``)."""
+    return loop.run_chunked_ar(
+        model, positive, negative, video_latent(frames), seed=seed, cfg=cfg, sampler=sampler, sigmas=sigmas, **options
+    )
+
+
 def build_vae(seed: int = 0, dim: int = 16):
     """ComfyUI's ``VAE`` around a Wan 2.1 VAE (``comfy.ldm.wan.vae.WanVAE``, 16 latent channels, 8x spatial and 4x
     temporal compression) of width ``dim`` (the released one's is 96; v0.3.64's VAE loader builds width 96 whatever

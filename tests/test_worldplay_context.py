@@ -4,12 +4,11 @@ and ``calculate_fov_overlap_similarity`` with its points drawn after ``torch.man
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from support.stored import stored_json
 
 from runtime.families.worldplay.model.context import (
     CONTEXT_TIMESTEP,
@@ -21,8 +20,7 @@ from runtime.families.worldplay.model.context import (
 )
 from runtime.families.worldplay.model.trajectory import trajectory_from_json
 
-DATA = Path(__file__).parent / "data" / "worldplay"
-REF = json.loads((DATA / "context.json").read_text())
+REF = stored_json("worldplay", "context.json")
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,9 @@ condition cut to a call's frames (runtime/families/worldplay/model/condition.py)
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
+from support.stored import stored_json
 
 from runtime.families.worldplay.model.condition import call_frames, pad_frames, select_frames
 from runtime.families.worldplay.model.keys import (
@@ -24,8 +22,7 @@ from runtime.families.worldplay.model.keys import (
     worldplay_only_keys,
 )
 
-DATA = Path(__file__).parent / "data" / "worldplay"
-REF = json.loads((DATA / "official_keys.json").read_text())
+REF = stored_json("worldplay", "official_keys.json")
 
 
 def meta_sd(shapes):

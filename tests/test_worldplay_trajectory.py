@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from support.stored import stored_json
 
 from runtime.families.worldplay.model.trajectory import (
     Trajectory,
@@ -22,8 +22,7 @@ from runtime.families.worldplay.model.trajectory import (
     trajectory_from_json,
 )
 
-DATA = Path(__file__).parent / "data" / "worldplay"
-REF = json.loads((DATA / "trajectories.json").read_text())
+REF = stored_json("worldplay", "trajectories.json")
 
 
 @pytest.mark.parametrize("pose", [p for p in REF if not p.startswith("json:")])

@@ -50,6 +50,24 @@ def jk(pack):
 
 
 @pytest.fixture(scope="session")
+def magi1(pack):
+    """MAGI-1's recipe (its request, run and report), as the family's node file imports it."""
+    return support_comfyui.pack_module("runtime.families.magi1.recipe")
+
+
+@pytest.fixture(scope="session")
+def window(pack):
+    """MAGI-1 AR Sampler's schedule rules (key ranges, steps, window sizes)."""
+    return support_comfyui.pack_module("runtime.families.magi1.window")
+
+
+@pytest.fixture(scope="session")
+def worldplay(pack):
+    """HY-WorldPlay's recipe (its request and run), as the family's node file imports it."""
+    return support_comfyui.pack_module("runtime.families.worldplay.recipe")
+
+
+@pytest.fixture(scope="session")
 def loop(pack):
     import importlib
 

@@ -50,18 +50,8 @@ def run_pack(loop, model, euler, cfg=2.0):
 
     sigmas = comfy.samplers.calculate_sigmas(model.get_model_object("model_sampling"), "simple", 2)
     pos, neg = wan_tiny.conditioning(1, COND_TOKENS, 32), wan_tiny.conditioning(2, COND_TOKENS, 32)
-    return loop.run_chunked_ar(
-        model,
-        pos,
-        neg,
-        wan_tiny.video_latent(5),
-        seed=7,
-        cfg=cfg,
-        sampler=euler,
-        sigmas=sigmas,
-        chunk_frames=2,
-        window_chunks=0,
-        progress=False,
+    return wan_tiny.run(
+        loop, model, pos, neg, 5, euler, sigmas, seed=7, cfg=cfg, chunk_frames=2, window_chunks=0, progress=False
     )
 
 

@@ -205,29 +205,18 @@ def test_pack_sampler_refuses_a_conflicting_ar_cache_window(nodes, loop, tiny, e
     m = nodes.JensenKVARCacheWindow.execute(quantized(nodes, tiny, "2"), 2, 1).args[0]
     pos = wan_tiny.conditioning(1, 16, 32)
     with pytest.raises(ValueError, match="AR Cache Window .*window 2 chunk.*sink 1.*window_chunks=0"):
-        loop.run_chunked_ar(
-            m,
-            pos,
-            pos,
-            wan_tiny.video_latent(4),
-            seed=0,
-            cfg=1.0,
-            sampler=euler,
-            sigmas=torch.tensor([1.0, 0.5, 0.0]),
-            chunk_frames=2,
-            window_chunks=0,
-            progress=False,
+        wan_tiny.run(
+            loop, m, pos, pos, 4, euler, torch.tensor([1.0, 0.5, 0.0]), chunk_frames=2, window_chunks=0, progress=False
         )
     # the same window on both is fine
-    out = loop.run_chunked_ar(
+    out = wan_tiny.run(
+        loop,
         m,
         pos,
         pos,
-        wan_tiny.video_latent(4),
-        seed=0,
-        cfg=1.0,
-        sampler=euler,
-        sigmas=torch.tensor([1.0, 0.5, 0.0]),
+        4,
+        euler,
+        torch.tensor([1.0, 0.5, 0.0]),
         chunk_frames=1,
         window_chunks=2,
         sink_chunks=1,

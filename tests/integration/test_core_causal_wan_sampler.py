@@ -80,15 +80,16 @@ def conds():
 
 def run_pack(loop, model, sampler, sig, *, cfg, window=0, seed=7):
     pos, neg = conds()
-    return loop.run_chunked_ar(
+    return wan_tiny.run(
+        loop,
         model,
         pos,
         neg,
-        wan_tiny.video_latent(FRAMES),
+        FRAMES,
+        sampler,
+        sig,
         seed=seed,
         cfg=cfg,
-        sampler=sampler,
-        sigmas=sig,
         chunk_frames=CHUNK,
         window_chunks=window,
         progress=False,

@@ -19,7 +19,7 @@ import pytest
 import torch
 from support import comfyui as support_comfyui
 from support import wan_tiny
-from support.workflow_api import chunked_sampler, int2_jensen
+from support.workflow_api import chunked_sampler, wan_t2v_head
 
 pytestmark = [
     pytest.mark.comfyui,
@@ -266,14 +266,11 @@ def server(comfy_server):
 
 def diagnostics_workflow(prefix: str) -> dict:
     return {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        **int2_jensen(["1", 0]),
+        **wan_t2v_head(UNET),
         "11": {
             "class_type": "JensenKVDiagnostics",
             "inputs": {"model": ["3", 0], "layers": "all", "heads": "all", "steps": "all", "query_stride": 1},
         },
-        "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
-        "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
         "6": {
             "class_type": "EmptyHunyuanLatentVideo",
             "inputs": {"width": 64, "height": 64, "length": 21, "batch_size": 1},

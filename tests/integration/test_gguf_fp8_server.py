@@ -21,6 +21,7 @@ import uuid
 import pytest
 from support import comfyui as support_comfyui
 from support import gguf_wan, wan_tiny
+from support.workflow_api import int2_jensen
 
 pytestmark = [
     pytest.mark.comfyui,
@@ -69,22 +70,7 @@ def prompt(prefix: str) -> dict:
     }
     for name, loader in LOADERS.items():
         p[f"{name}_load"] = loader
-        p[f"{name}_quant"] = {
-            "class_type": "JensenKVQuantizeKVCache",
-            "inputs": {
-                "model": [f"{name}_load", 0],
-                "key_bits": "2",
-                "value_bits": "2",
-                "group_size": "32",
-                "rotation": "hadamard",
-                "scale_format": "fp8_e4m3",
-                "rotation_seed": 0,
-            },
-        }
-        p[f"{name}_jensen"] = {
-            "class_type": "JensenKVBiasCorrection",
-            "inputs": {"model": [f"{name}_quant", 0], "mode": "taylor", "strength": 1.0},
-        }
+        p.update(int2_jensen([f"{name}_load", 0], quant=f"{name}_quant", jensen=f"{name}_jensen"))
         p[f"{name}_sample"] = {
             "class_type": "JensenKVChunkedARSamplerSimple",
             "inputs": {

@@ -228,15 +228,16 @@ def test_bias_without_recompute_spares_the_first_cached_frame_and_cfg_branches(l
     m = tiny.clone()
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_recorder", rec)
     sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", STEPS)
-    loop.run_chunked_ar(
+    wan_tiny.run(
+        loop,
         m,
         wan_tiny.conditioning(1, COND_TOKENS, 32),
         wan_tiny.conditioning(2, COND_TOKENS, 32),
-        wan_tiny.video_latent(6),
+        6,
+        euler,
+        sigmas,
         seed=3,
         cfg=3.0,
-        sampler=euler,
-        sigmas=sigmas,
         chunk_frames=2,
         attention_bias=0.4,
         progress=False,

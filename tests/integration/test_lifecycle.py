@@ -218,17 +218,7 @@ def test_progress_counts_chunks_times_steps(loop, tiny, euler):
 
     with record_progress() as progress:
         pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
-        loop.run_chunked_ar(
-            tiny,
-            pos,
-            neg,
-            wan_tiny.video_latent(FRAMES),
-            seed=0,
-            cfg=1.0,
-            sampler=euler,
-            sigmas=_sigmas(tiny),
-            chunk_frames=CHUNK,
-        )
+        wan_tiny.run(loop, tiny, pos, neg, FRAMES, euler, _sigmas(tiny), chunk_frames=CHUNK)
     chunks = FRAMES // CHUNK
     assert [(v, t) for v, t, _ in progress.sent] == [(i, chunks * STEPS) for i in range(1, chunks * STEPS + 1)]
     progress.assert_shown_follows_sent()
@@ -255,17 +245,7 @@ def _other_wan(kind):
 def test_other_wan_variants_are_rejected_by_name(loop, comfy, tiny, euler, kind, match):
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     with pytest.raises(ValueError, match=r"supports Wan 2\.1 text-to-video.*Self-Forcing.*" + match):
-        loop.run_chunked_ar(
-            _other_wan(kind),
-            pos,
-            neg,
-            wan_tiny.video_latent(4),
-            seed=0,
-            cfg=1.0,
-            sampler=euler,
-            sigmas=_sigmas(tiny),
-            chunk_frames=2,
-        )
+        wan_tiny.run(loop, _other_wan(kind), pos, neg, 4, euler, _sigmas(tiny), chunk_frames=2)
 
 
 def test_non_wan_models_are_rejected_by_name(loop, tiny, euler):
@@ -276,17 +256,7 @@ def test_non_wan_models_are_rejected_by_name(loop, tiny, euler):
         match=r"supports Wan 2\.1 text-to-video.*\(node: Chunked AR Video Sampler\).*HY-WorldPlay.*MAGI-1.*"
         r"This MODEL \(Linear\) is not one",
     ):
-        loop.run_chunked_ar(
-            not_wan,
-            pos,
-            neg,
-            wan_tiny.video_latent(4),
-            seed=0,
-            cfg=1.0,
-            sampler=euler,
-            sigmas=_sigmas(tiny),
-            chunk_frames=2,
-        )
+        wan_tiny.run(loop, not_wan, pos, neg, 4, euler, _sigmas(tiny), chunk_frames=2)
 
 
 @pytest.mark.parametrize(

@@ -34,18 +34,6 @@ SCALE = 0.18215
 
 
 @pytest.fixture(scope="module")
-def magi1(pack):
-    """MAGI-1's recipe (its request, run and report), as the family's node file imports it."""
-    return pack_module("runtime.families.magi1.recipe")
-
-
-@pytest.fixture(scope="module")
-def window(pack):
-    """MAGI-1 AR Sampler's schedule rules (key ranges, steps, window sizes)."""
-    return pack_module("runtime.families.magi1.window")
-
-
-@pytest.fixture(scope="module")
 def expected():
     return load_file(str(DATA))
 

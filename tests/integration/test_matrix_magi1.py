@@ -20,16 +20,6 @@ from jensen_testing.families import MAGI1_QK_GAIN
 
 
 @pytest.fixture(scope="module")
-def magi1(pack):
-    return pack_module("runtime.families.magi1.recipe")
-
-
-@pytest.fixture(scope="module")
-def window(pack):
-    return pack_module("runtime.families.magi1.window")
-
-
-@pytest.fixture(scope="module")
 def model(pack):
     return magi1_tiny.build_patcher(qk_gain=MAGI1_QK_GAIN)
 

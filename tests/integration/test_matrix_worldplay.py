@@ -13,16 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.comfyui import pack_module
 
 from jensen_testing import worldplay_tiny as wt
 
 pytestmark = pytest.mark.hunyuan15
-
-
-@pytest.fixture(scope="module")
-def worldplay(pack):
-    return pack_module("runtime.families.worldplay.recipe")
 
 
 @pytest.fixture(scope="module")

@@ -32,15 +32,15 @@ def _chunk_correlations(loop, model, seed, frames=8, chunk=2):
     import comfy.samplers
 
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
-    res = loop.run_chunked_ar(
+    res = wan_tiny.run(
+        loop,
         model,
         pos,
         neg,
-        wan_tiny.video_latent(frames),
+        frames,
+        comfy.samplers.sampler_object("lcm"),
+        torch.tensor(SF_SIGMAS),
         seed=seed,
-        cfg=1.0,
-        sampler=comfy.samplers.sampler_object("lcm"),
-        sigmas=torch.tensor(SF_SIGMAS),
         chunk_frames=chunk,
         progress=False,
     )
@@ -91,15 +91,15 @@ def test_window_with_sink_matches_block_causal_forward(loop, tiny, euler, window
     m.add_wrapper_with_key(comfy.patcher_extension.WrappersMP.DIFFUSION_MODEL, "test_recorder", rec)
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
     sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", 2)
-    res = loop.run_chunked_ar(
+    res = wan_tiny.run(
+        loop,
         m,
         pos,
         neg,
-        wan_tiny.video_latent(10),
+        10,
+        euler,
+        sigmas,
         seed=3,
-        cfg=1.0,
-        sampler=euler,
-        sigmas=sigmas,
         chunk_frames=2,
         window_chunks=window,
         sink_chunks=sink,
@@ -151,19 +151,7 @@ def test_strength_scales_the_correction_inside_a_run(loop, nodes, tiny, euler):
     import comfy.samplers
 
     sigmas = comfy.samplers.calculate_sigmas(tiny.get_model_object("model_sampling"), "simple", 2)
-    loop.run_chunked_ar(
-        m,
-        pos,
-        neg,
-        wan_tiny.video_latent(4),
-        seed=1,
-        cfg=1.0,
-        sampler=euler,
-        sigmas=sigmas,
-        chunk_frames=2,
-        observer=Grab(),
-        progress=False,
-    )
+    wan_tiny.run(loop, m, pos, neg, 4, euler, sigmas, seed=1, chunk_frames=2, observer=Grab(), progress=False)
     ((e, entries),) = events
     assert e.strength == 0.5
     (entry,) = entries
@@ -255,18 +243,7 @@ def test_patched_attention_takes_the_kv_cache_keyword_of_causal_blocks(pack, com
 def _run_two_frames(loop, euler, model):
     """The Chunked AR loop on ``model``: one two-frame chunk of a four-frame latent, one Euler step."""
     pos, neg = wan_tiny.conditioning(1, 13, 32), wan_tiny.conditioning(2, 13, 32)
-    return loop.run_chunked_ar(
-        model,
-        pos,
-        neg,
-        wan_tiny.video_latent(4),
-        seed=0,
-        cfg=1.0,
-        sampler=euler,
-        sigmas=torch.tensor([1.0, 0.0]),
-        chunk_frames=2,
-        progress=False,
-    )
+    return wan_tiny.run(loop, model, pos, neg, 4, euler, torch.tensor([1.0, 0.0]), chunk_frames=2, progress=False)
 
 
 def test_subclass_without_what_the_patch_uses_is_refused_with_the_finding(loop, comfy, euler):

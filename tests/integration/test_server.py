@@ -13,7 +13,7 @@ import uuid
 import pytest
 from support import comfyui as support_comfyui
 from support import wan_tiny
-from support.workflow_api import int2_jensen
+from support.workflow_api import wan_t2v_head
 
 pytestmark = [
     pytest.mark.comfyui,
@@ -43,10 +43,7 @@ def workflow(
 ) -> dict:
     """An API-format prompt: UNETLoader -> Quantize -> Jensen -> Chunked AR sampler -> SaveLatent."""
     p = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        **int2_jensen(["1", 0], group_size=group),
-        "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
-        "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
+        **wan_t2v_head(UNET, group_size=group),
         "6": {
             "class_type": "EmptyHunyuanLatentVideo",
             "inputs": {"width": 32, "height": 32, "length": frames, "batch_size": 1},

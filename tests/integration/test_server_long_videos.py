@@ -14,7 +14,7 @@ import uuid
 import pytest
 from support import comfyui as support_comfyui
 from support import wan_tiny
-from support.workflow_api import chunked_sampler, int2_jensen
+from support.workflow_api import chunked_sampler, wan_t2v_head
 
 pytestmark = [pytest.mark.comfyui, pytest.mark.server]
 
@@ -31,10 +31,7 @@ def server(comfy_server):
 
 def _graph(*, frames, prefix, kv_in=None, save_kv=None, chunk=2, schedule=False, preset="self_forcing_4step"):
     p = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": UNET, "weight_dtype": "default"}},
-        **int2_jensen(["1", 0]),
-        "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
-        "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
+        **wan_t2v_head(UNET),
         "6": {
             "class_type": "EmptyHunyuanLatentVideo",
             "inputs": {"width": 32, "height": 32, "length": (frames - 1) * 4 + 1, "batch_size": 1},

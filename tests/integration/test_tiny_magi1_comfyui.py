@@ -17,12 +17,6 @@ SCALE = 0.18215  # the MAGI-1 LATENT is the DiT's latent / 0.18215
 
 
 @pytest.fixture(scope="module")
-def magi1(pack):
-    """MAGI-1's recipe (its request, run and report), as the family's node file imports it."""
-    return importlib.import_module(f"{support_comfyui.PACK_MODULE}.runtime.families.magi1.recipe")
-
-
-@pytest.fixture(scope="module")
 def patcher(magi1):
     if not mt.MODEL_PATH.is_file():
         pytest.fail(f"{mt.MODEL_PATH} is missing (it is committed; python tools/train_tiny_magi1.py makes it)")

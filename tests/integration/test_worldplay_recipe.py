@@ -34,12 +34,6 @@ SEVEN = 28  # latent frames: 7 chunks, the last one's context chosen by view ove
 
 
 @pytest.fixture(scope="module")
-def worldplay(pack):
-    """HY-WorldPlay's recipe (its request and run), as the family's node file imports it."""
-    return pack_module("runtime.families.worldplay.recipe")
-
-
-@pytest.fixture(scope="module")
 def model(pack):
     return wt.build_patcher(0)
 

@@ -74,6 +74,17 @@ def int2_jensen(model: list, quant: str = "2", jensen: str = "3", **quant_widget
     }
 
 
+def wan_t2v_head(unet: str, **quant_widgets) -> dict:
+    """The first nodes of the server tests' tiny Wan prompts: ``1`` UNETLoader of ``unet``, ``2``/``3`` INT2 +
+    Jensen on it (:func:`int2_jensen`), ``4``/``5`` the test conditionings (positive, negative: 16 tokens of 4096)."""
+    return {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": unet, "weight_dtype": "default"}},
+        **int2_jensen(["1", 0], **quant_widgets),
+        "4": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 1, "tokens": 16, "width": 4096}},
+        "5": {"class_type": "JensenKVTestConditioning", "inputs": {"seed": 2, "tokens": 16, "width": 4096}},
+    }
+
+
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
 
