@@ -59,6 +59,21 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+def _reference_forward(dm, model_mod, ref_inputs, trajectory):
+    """One forward of the diffusion model ``dm`` on the reference's inputs (noise and image condition, per-frame
+    timesteps, both text streams, SigLIP features, the trajectory), through ComfyUI's model call."""
+    call = model_mod.WorldPlayCall(timesteps=ref_inputs["t_frames"][None])
+    return dm(
+        torch.cat([ref_inputs["noise"], ref_inputs["cond"]], dim=1),
+        ref_inputs["t_frames"][:1],
+        ref_inputs["text"],
+        txt_byt5=ref_inputs["byt5"],
+        clip_fea=ref_inputs["vision"],
+        transformer_options={model_mod.CALL_KEY: call},
+        worldplay_trajectory=trajectory,
+    )
+
+
 # ----------------------------------------------------------------------------------------------------- the loader
 def test_the_real_key_list_loads_with_nothing_missing_or_left_over(wp, tmp_path):
     """A file with the released checkpoint's 1,905 key names (54 double blocks, ByT5, SigLIP) at a tiny width,
@@ -108,19 +123,9 @@ def test_fp8_weights_load_and_run_close_to_full_precision(wp, tiny_model, ref_in
     upcast = loader.worldplay_from_state_dict(stored, load_device=CPU, offload_device=CPU).model.diffusion_model
     w = upcast.double_blocks[0].txt_attn.qkv.weight
     assert w.dtype == torch.float32 and torch.equal(w, w.to(torch.float8_e4m3fn).float())
-    x = torch.cat([ref_inputs["noise"], ref_inputs["cond"]], dim=1)
 
     def run(dm):
-        call = model_mod.WorldPlayCall(timesteps=ref_inputs["t_frames"][None])
-        return dm(
-            x,
-            ref_inputs["t_frames"][:1],
-            ref_inputs["text"],
-            txt_byt5=ref_inputs["byt5"],
-            clip_fea=ref_inputs["vision"],
-            transformer_options={model_mod.CALL_KEY: call},
-            worldplay_trajectory=trajectory,
-        )
+        return _reference_forward(dm, model_mod, ref_inputs, trajectory)
 
     full, q8, q8_file = run(tiny_model), run(dm8), run(from_file)
     assert torch.isfinite(q8).all()
@@ -176,17 +181,7 @@ def test_block_causal_forward_matches_the_reference(wp, tiny_model, ref_inputs, 
     """Through ComfyUI's model call (the default WorldPlay forward: text prefix at t = 0, block-causal over chunks of
     4, both streams): the reference's forward_bi with its torch_causal mask, per-frame timesteps and actions."""
     model_mod, _ = wp
-    x = torch.cat([ref_inputs["noise"], ref_inputs["cond"]], dim=1)
-    call = model_mod.WorldPlayCall(timesteps=ref_inputs["t_frames"][None])
-    out = tiny_model(
-        x,
-        ref_inputs["t_frames"][:1],
-        ref_inputs["text"],
-        txt_byt5=ref_inputs["byt5"],
-        clip_fea=ref_inputs["vision"],
-        transformer_options={model_mod.CALL_KEY: call},
-        worldplay_trajectory=trajectory,
-    )
+    out = _reference_forward(tiny_model, model_mod, ref_inputs, trajectory)
     assert out.shape == ref_inputs["out_block_causal"].shape
     assert_within_rounding(out, ref_inputs["out_block_causal"], reference_bound(), "forward_bi")  # 3e-7 on an AMX Xeon
 

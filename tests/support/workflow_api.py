@@ -88,21 +88,33 @@ def wan_t2v_head(unet: str, **quant_widgets) -> dict:
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 
 
-def _widget_names(info: dict) -> list[tuple[str, bool]]:
-    """(input name, followed by an extra front-end value: control_after_generate or an upload button)."""
+def widget_specs(info: dict):
+    """The widgets of a node (its ``/object_info`` entry ``info``) in the front end's order: ``(name, kind, options)``
+    for each input that is a widget (a widget type, not ``forceInput``)."""
     order = [*info["input_order"].get("required", []), *info["input_order"].get("optional", [])]
     specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
-    out = []
     for name in order:
         spec = specs[name]
         kind = "COMBO" if isinstance(spec[0], list) else spec[0]
         opts = spec[1] if len(spec) > 1 else {}
-        if kind not in WIDGET_TYPES or opts.get("forceInput"):
-            continue
-        control = bool(opts.get("control_after_generate")) or (kind == "INT" and name in ("seed", "noise_seed"))
-        upload = any(opts.get(k) for k in ("image_upload", "video_upload", "audio_upload"))  # an upload button value
-        out.append((name, control or upload))
-    return out
+        if kind in WIDGET_TYPES and not opts.get("forceInput"):
+            yield name, kind, opts
+
+
+def has_control(name: str, kind: str, opts: dict) -> bool:
+    """Whether the front end puts a control_after_generate value after this widget's."""
+    return bool(opts.get("control_after_generate")) or (kind == "INT" and name in ("seed", "noise_seed"))
+
+
+UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload")
+
+
+def _widget_names(info: dict) -> list[tuple[str, bool]]:
+    """(input name, followed by an extra front-end value: control_after_generate or an upload button)."""
+    return [
+        (name, has_control(name, kind, opts) or any(opts.get(k) for k in UPLOAD_FLAGS))
+        for name, kind, opts in widget_specs(info)
+    ]
 
 
 def frontend_defaults(node: dict, info: dict) -> dict:

@@ -13,7 +13,14 @@ from pathlib import Path
 
 import pytest
 from support.comfyui import PACK_ROOT
-from support.workflow_api import frontend_defaults, sampler_widgets
+from support.workflow_api import (
+    UPLOAD_FLAGS,
+    WIDGET_TYPES,
+    frontend_defaults,
+    has_control,
+    sampler_widgets,
+    widget_specs,
+)
 from workflow_specs import (
     BUNDLED_MODELS,
     MAGI1_SAMPLER,
@@ -29,12 +36,10 @@ from workflow_specs import (
 WORKFLOW_DIR = PACK_ROOT / "workflows"
 FILES = sorted(WORKFLOW_DIR.glob("*.json"))
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}  # virtual nodes of the front end
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 #: input types whose widgets depend on another widget's value (0.33's Save Video ``format``)
 DYNAMIC_WIDGET_TYPES = ("COMFY_DYNAMICCOMBO_V3",)
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 SAMPLERS = {"JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple"}
-UPLOAD_FLAGS = ("image_upload", "video_upload", "audio_upload")
 
 
 def load(path: Path) -> dict:
@@ -81,26 +86,19 @@ def widget_values(node: dict, info: dict) -> dict:
     Widgets after the file's last value (an input the node gained after the file was saved, e.g. v0.27's
     CreateVideo bit_depth) get their default, as the front end gives them; only optional inputs with a
     default may be missing (``support.workflow_api.frontend_defaults``)."""
-    order = [*info["input_order"].get("required", []), *info["input_order"].get("optional", [])]
-    specs = {**info["input"].get("required", {}), **info["input"].get("optional", {})}
     values = list(node.get("widgets_values") or [])
     try:
         filled = frontend_defaults(node, info)
     except ValueError as exc:
         raise AssertionError(str(exc)) from None
     out, i = {}, 0
-    for name in order:
-        spec = specs[name]
-        kind = "COMBO" if isinstance(spec[0], list) else spec[0]
-        opts = spec[1] if len(spec) > 1 else {}
-        if kind not in WIDGET_TYPES or opts.get("forceInput"):
-            continue
+    for name, kind, opts in widget_specs(info):
         if name in filled:
             out[name] = filled[name]
             continue
         out[name] = values[i]
         i += 1
-        if opts.get("control_after_generate") or (kind == "INT" and name in ("seed", "noise_seed")):
+        if has_control(name, kind, opts):
             out[f"{name}:control_after_generate"] = values[i]
             i += 1
         if any(opts.get(k) for k in UPLOAD_FLAGS):  # the front end's upload button serializes a value too
