@@ -28,7 +28,9 @@ extension's ``on_load``; importing this module registers nothing).
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import sys
 from collections.abc import Mapping
 
@@ -53,6 +55,7 @@ from ..runtime.config import (
     parse_tiers,
 )
 from ..runtime.families import FAMILIES, ModelPreset, PlannerFieldError, family_named, planner_presets
+from ..runtime.model_loading import HeaderError, read_shapes
 from ..runtime.options import Chunking
 
 logger = logging.getLogger("jensen_kv")
@@ -144,7 +147,11 @@ PLAN_PARAMS = (
     "layers",
     "heads",
     "kv_heads",
+    "model_file",
+    "model_folder",
 )
+#: the ComfyUI model folders a loader's file may be read from for the plan (``model_file``, ``model_folder``)
+MODEL_FOLDERS = ("diffusion_models", "unet", "checkpoints")
 #: inputs of a family's own sampler the plan takes (MAGI-1 AR Sampler's window_size, kv_ranges, steps)
 FAMILY_PLAN_PARAMS = tuple(dict.fromkeys(name for f in FAMILIES for name in f.planner_fields))
 
@@ -399,6 +406,57 @@ def _resolve_model(params: Mapping[str, str]):
     return match, family, layers, heads, head_dim, kv_heads
 
 
+def _file_path(folder: str, name: str) -> str | None:
+    """The full path of ``name`` in ComfyUI's model folder ``folder`` (None: not found, or no ComfyUI here)."""
+    try:
+        import folder_paths
+    except ImportError:
+        return None
+    try:
+        return folder_paths.get_full_path(folder, name)
+    except Exception:  # noqa: BLE001 - a folder ComfyUI does not know: not found
+        return None
+
+
+@functools.lru_cache(maxsize=32)
+def _header_of(path: str, mtime_ns: int, size: int) -> tuple[dict, dict]:
+    return read_shapes(path)
+
+
+def model_of_file(params: Mapping[str, str], resolve=None):
+    """``(family, preset name, ModelPreset, note)`` of the query's ``model_file`` (a file name in ComfyUI's
+    ``model_folder``, default ``diffusion_models``), read from its safetensors header alone: the family that
+    recognises its tensors and the dimensions its loader would build. None (with a note saying why) where the
+    file is not found, not a safetensors file, or no family's; the plan then takes the preset."""
+    name = str(params.get("model_file") or "").strip()
+    if not name:
+        return None
+    folder = str(params.get("model_folder") or "diffusion_models")
+    if folder not in MODEL_FOLDERS:
+        raise ParamError(
+            "model_folder", folder, "is not a model folder the planner reads", "use " + ", ".join(MODEL_FOLDERS)
+        )
+    path = (resolve or _file_path)(folder, name)
+    if path is None:
+        return None, None, None, f"{name} is not in models/{folder}: the plan takes the preset chosen"
+    try:
+        st = os.stat(path)
+        shapes, meta = _header_of(str(path), st.st_mtime_ns, st.st_size)
+    except (OSError, HeaderError) as exc:
+        return None, None, None, f"{name}: {exc}; the plan takes the preset chosen"
+    for family in sorted(FAMILIES, key=lambda f: -f.order):  # the specific families before Wan 2.1's
+        found = family.preset_from_shapes(shapes, meta)
+        if found is not None:
+            key = next((n for n, (f, q) in MODEL_PRESETS.items() if f is family and q is found), CUSTOM_PRESET)
+            return family, key, found, None
+    return (
+        None,
+        None,
+        None,
+        f"{name} is no model the pack's families run (read from its header): the plan takes the preset chosen",
+    )
+
+
 def _recipe_shape(preset: str, family) -> ModelPreset | None:
     """The preset whose streams and rebuilt context the plan takes: the named one, or for ``preset=custom`` the
     family's first (every preset of a family shares its attention streams and recipe)."""
@@ -417,7 +475,14 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     _check_known(params, PLAN_PARAMS + FAMILY_PLAN_PARAMS)
     spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
     tiers = _tiers(params, spec_k, spec_v)
-    preset, family, layers, heads, head_dim, kv_heads = _resolve_model(params)
+    file_family, file_preset, file_shape, file_note = model_of_file(params) or (None, None, None, None)
+    if file_family is not None:  # the loader's file: the model the run will really have
+        family, preset, shape = file_family, file_preset, file_shape
+        layers, heads, head_dim = shape.dims
+        kv_heads = shape.kv_heads or heads
+    else:
+        preset, family, layers, heads, head_dim, kv_heads = _resolve_model(params)
+        shape = _recipe_shape(preset, family)
     for name in FAMILY_PLAN_PARAMS:
         if name in params and name not in family.planner_fields:
             owner = next(f for f in FAMILIES if name in f.planner_fields)
@@ -438,7 +503,6 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     ranks = _int(params, "ranks", DEFAULTS["ranks"])
 
     latent_frames, latent_h, latent_w = geometry.latent_shape(width, height, frames)
-    shape = _recipe_shape(preset, family)
     streams = shape.streams if shape is not None else 1
     # the family's planner rule (HY-WorldPlay's rebuilt context, MAGI-1's chunk and what its window 0 keeps); a chunk
     # not given starts from the one the preset's sampler fixes
@@ -449,7 +513,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     except PlannerFieldError as exc:
         raise ParamError(exc.param, exc.value, exc.problem, exc.fix) from None
     chunk_frames, window, sink = chunking.chunk_frames, chunking.window_chunks, chunking.sink_chunks
-    notes = list(rule_notes)
+    notes = list(rule_notes) + ([file_note] if file_note else [])
     step = geometry.vae_space_stride * max(geometry.patch[1], geometry.patch[2])  # pixels per whole patch (Wan: 16)
     short = family.name.split()[0]  # "Wan"
     if width % step or height % step:
@@ -515,6 +579,9 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         bytes_ratio=(d["bf16_bytes"] / quant_bytes) if runnable and quant_bytes else None,
         model={
             "preset": preset,
+            "label": shape.label if shape is not None else None,
+            # where the dimensions come from: the loader's file (its header) or the preset / the numbers typed
+            "source": f"{params['model_file']}'s header" if file_family is not None else None,
             "family": family.key,
             "layers": layers,
             "heads": heads,

@@ -6,7 +6,11 @@ A family keeps its own key list, config and error type; this module imports no f
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import NamedTuple
 
 from torch import Tensor
 
@@ -20,6 +24,60 @@ def strip_prefix(sd: Mapping[str, Tensor]) -> dict[str, Tensor]:
         if sd and all(k.startswith(prefix) for k in sd):
             return {k[len(prefix) :]: v for k, v in sd.items()}
     return dict(sd)
+
+
+#: the largest safetensors header read (a header is JSON of names, shapes and offsets: 100 MiB is far above any model's)
+MAX_HEADER = 100 * 2**20
+
+
+class HeaderError(ValueError):
+    """A file whose safetensors header cannot be read (not a safetensors file, truncated, not JSON)."""
+
+
+def read_shapes(path: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """``(shapes, metadata)`` of a safetensors file from its header alone (no tensor is read): every tensor's shape
+    by name, with a full checkpoint's prefix stripped (:func:`strip_prefix`), and the header's ``__metadata__``.
+    HeaderError naming the file and what is wrong with it."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+            if n < 2 or 8 + n > size or n > MAX_HEADER:
+                raise HeaderError(f"{path.name} is not a safetensors file (header length {n}, file size {size})")
+            header = json.loads(f.read(n).decode("utf-8"))
+    except OSError as e:
+        raise HeaderError(f"{path.name} cannot be read ({type(e).__name__}: {e})") from None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise HeaderError(f"{path.name} is not a safetensors file (its header: {e})") from None
+    if not isinstance(header, dict):
+        raise HeaderError(f"{path.name} is not a safetensors file (its header is not a JSON object)")
+    meta = header.pop("__metadata__", None) or {}
+    try:
+        shapes = {str(k): tuple(int(x) for x in v["shape"]) for k, v in header.items()}
+    except (TypeError, KeyError, ValueError):
+        raise HeaderError(f"{path.name} is not a safetensors file (an entry without a shape)") from None
+    return strip_prefix(shapes), {str(k): str(v) for k, v in meta.items()}
+
+
+class Shaped(NamedTuple):
+    """A tensor's shape where a reader of a state dict asks ``sd[name].shape`` (a header has no tensors)."""
+
+    shape: tuple[int, ...]
+
+
+def shaped(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Shaped]:
+    """``shapes`` as a state dict of :class:`Shaped` entries, for the families' readers of a state dict's shapes."""
+    return {k: Shaped(tuple(v)) for k, v in shapes.items()}
+
+
+def count_blocks(shapes: Mapping[str, object], pattern: str) -> int:
+    """How many consecutive blocks ``pattern.format(i)`` names are in ``shapes``, from 0."""
+    n = 0
+    while pattern.format(n) in shapes:
+        n += 1
+    return n
 
 
 def check_weight_dtype(weight_dtype: str, weight_dtypes: Mapping) -> None:

@@ -226,6 +226,14 @@ function upstreamLoader(node) {
   return null;
 }
 
+function loaderFile(fields, loader) {
+  // the plan reads the dimensions of the loader's file from its header (routes/ui.py model_of_file): one
+  // safetensors file in models/diffusion_models (a MAGI-1 shard folder or a GGUF file keeps the preset)
+  const file = widgetValue(loader, "unet_name") ?? widgetValue(loader, "model_name");
+  if (file != null && String(file).toLowerCase().endsWith(".safetensors")) fields.model_file = String(file);
+  return file;
+}
+
 function presetOfFile(options, fileName) {
   // the preset whose model files the loader names (the bundled tiny AR model), else none
   const file = String(fileName ?? "").split(/[\\/]/).pop();
@@ -262,7 +270,7 @@ function fromWorkflow(node) {
     const cfg = widgetValue(guider ?? sampler, "cfg");
     found.cfg_branches = cfg != null && Number(cfg) > 1 ? 2 : 1;
     const loader = upstreamLoader(node);  // core's sampler takes the MODEL through its guider: start at this node
-    const [name, p] = presetOfFile(options, widgetValue(loader, "unet_name") ?? widgetValue(loader, "model_name"));
+    const [name, p] = presetOfFile(options, loaderFile(fields, loader));
     if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim });
     for (let slot = 0; slot < (sampler.outputs?.length ?? 0); slot++) {
       const r = (sampler.getOutputNodes(slot) ?? []).find((m) => m.type === "JensenKVCacheReport");
@@ -274,7 +282,7 @@ function fromWorkflow(node) {
     // sampler's widgets, those it fixes, and its own fields the plan takes
     const loader = upstreamLoader(sampler);
     const current = node.properties?.[STATE_KEY]?.preset;
-    const file = widgetValue(loader, "model_name") ?? widgetValue(loader, "unet_name");
+    const file = loaderFile(fields, loader);
     const [name, p] = familyPreset(options, family.family, file, current);
     if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim, chunk_frames: p.chunk_frames });
     if (p?.context_frames) Object.assign(found, { window_chunks: p.context_frames / p.chunk_frames, sink_chunks: 0 });
@@ -291,7 +299,7 @@ function fromWorkflow(node) {
   } else {
     // the plain Wan sampler: the preset of the loader's file where one names it (the bundled tiny model)
     const loader = upstreamLoader(sampler);
-    const [name, p] = presetOfFile(options, widgetValue(loader, "unet_name") ?? widgetValue(loader, "model_name"));
+    const [name, p] = presetOfFile(options, loaderFile(fields, loader));
     if (p) Object.assign(found, { preset: name, layers: p.layers, heads: p.heads, head_dim: p.head_dim });
     for (const name of ["chunk_frames", "window_chunks", "sink_chunks"]) {
       const v = widgetValue(sampler, name);
@@ -513,13 +521,16 @@ function render(node, options, state, req) {
   }
   const shownPreset = plan?.model?.preset ?? state.preset;
   if (document.activeElement !== ui.preset) ui.preset.value = shownPreset;
+  const fromFile = plan?.model?.source ? plan.model : null;  // the loader's file, read from its header
   for (const [name, input] of Object.entries(ui.inputs)) {
     const range = options.ranges?.[name];
     if (range) { input.min = range.min; input.max = range.max; }
-    const followed = state.follow && req.found[name] != null;
+    const ofFile = fromFile != null && ["layers", "heads", "head_dim"].includes(name);
+    const followed = ofFile || (state.follow && req.found[name] != null);
     input.disabled = followed;
-    input.title = FIELD_INFO[name][1] + (followed ? " (from the workflow; untick 'follow' to edit)" : "");
-    if (document.activeElement !== input) input.value = req.values[name] ?? "";
+    input.title = FIELD_INFO[name][1] + (ofFile ? ` (read from ${fromFile.source})`
+      : followed ? " (from the workflow; untick 'follow' to edit)" : "");
+    if (document.activeElement !== input) input.value = (ofFile ? fromFile[name] : req.values[name]) ?? "";
   }
   ui.follow.checked = !!state.follow;
   if (ui.details.open !== !!state.open) ui.details.open = !!state.open;
@@ -532,6 +543,11 @@ function render(node, options, state, req) {
     row("latent", `${plan.latent_frames} frames × ${v.latent_height}×${v.latent_width} → ${num(plan.tokens_per_latent_frame, 0)} tokens/frame`);
     row("chunks", `${plan.chunks} of ${plan.chunk_frames}; peak ${plan.cached_chunks_peak} cached (${num(plan.cached_tokens_peak, 0)} tokens)`);
     const m = plan.model ?? {};
+    if (m.source) {
+      // the dimensions of the model the loader reads, not a preset's
+      row("model", `${m.label}: ${m.layers} layers × ${m.heads} heads × ${m.head_dim}, read from ${m.source}`,
+        { "data-jkv": "model-file", "data-layers": m.layers, "data-heads": m.heads, "data-head-dim": m.head_dim });
+    }
     if ((m.streams ?? 1) > 1 || m.context_frames) {
       // a model whose blocks keep several K/V streams, or whose recipe rebuilds a context before every chunk
       row("model", `${m.layers} blocks × ${m.streams} attention streams = ${m.cache_layers} cached layers`

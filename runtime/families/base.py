@@ -229,6 +229,31 @@ class ModelFamily(ABC):
         """Inspect ``model_patcher`` without changing it."""
 
     @classmethod
+    def preset_from_shapes(
+        cls, shapes: Mapping[str, tuple[int, ...]], metadata: Mapping[str, str]
+    ) -> ModelPreset | None:
+        """The model a checkpoint's tensor shapes describe (``shapes``: a safetensors header's, prefix stripped;
+        ``metadata``: its ``__metadata__``), as this family's loader would build it: a :class:`ModelPreset` with the
+        file's blocks, heads and head_dim (and the family's streams and chunk), or None when the file is not one of
+        this family's. The planner reads it from the loader's file, before anything is loaded."""
+        return None
+
+    @classmethod
+    def preset_like(
+        cls, label: str, layers: int, heads: int, head_dim: int, kv_heads: int | None = None
+    ) -> ModelPreset:
+        """A preset of these dimensions: the family's preset that has them (its name and label), else one labelled
+        ``label`` with the family's streams, chunk and context (those of its first preset)."""
+        for p in cls.presets.values():
+            if p.dims == (layers, heads, head_dim) and (p.kv_heads or p.heads) == (kv_heads or heads):
+                return p
+        first = next(iter(cls.presets.values()), None)
+        extra = {} if first is None else {
+            "streams": first.streams, "chunk_frames": first.chunk_frames, "context_frames": first.context_frames
+        }  # fmt: skip
+        return ModelPreset(label, layers, heads, head_dim, kv_heads=kv_heads, **extra)
+
+    @classmethod
     @abstractmethod
     def attention_shape(cls, model_patcher) -> AttentionShape | None:
         """Layers, heads and head_dim of a model this family applies to (supported or not), without changing

@@ -607,3 +607,87 @@ def test_the_lingbot_presets_plan_the_reference_window_as_2_frame_entries():
     assert wider["bf16_bytes"] * 14 == bf16["bf16_bytes"] * 22
     with pytest.raises(routes.ParamError, match="local_attn_size"):
         routes.plan_summary({**base, "local_attn_size": "9"})
+
+
+# ----------------------------------------------------------------------------- the loader's file (issue 41, item 1)
+def _header_file(path, shapes: dict, metadata: dict | None = None):
+    """A safetensors file of ``shapes`` (zeros of float16: only the header matters) at ``path``."""
+    from safetensors.torch import save_file
+
+    save_file({k: torch.zeros(v, dtype=torch.float16) for k, v in shapes.items()}, str(path), metadata=metadata)
+    return path
+
+
+def _wan_shapes(layers: int, dim: int, in_dim: int = 16) -> dict:
+    shapes = {"head.modulation": (1, 2, dim), "patch_embedding.weight": (dim, in_dim, 1, 2, 2)}
+    shapes |= {f"blocks.{i}.self_attn.q.weight": (dim, dim) for i in range(layers)}
+    return shapes
+
+
+def _plan_file(tmp_path, name: str, **params):
+    def resolve(folder, file):
+        assert folder == params.get("model_folder", "diffusion_models")
+        return str(tmp_path / file) if (tmp_path / file).is_file() else None
+
+    return routes.model_of_file({"model_file": name, **params}, resolve=resolve)
+
+
+def test_the_plan_takes_the_dimensions_of_the_loaders_file_from_its_header(tmp_path, monkeypatch):
+    """A Wan file of 3 blocks of width 384 (not a preset): 3 layers x 3 heads x 128, as ComfyUI's detection builds
+    it (dim // 128 heads); the bundled tiny file is the tiny preset; both read from the header alone."""
+    _header_file(tmp_path / "odd_wan.safetensors", _wan_shapes(3, 384))
+    family, preset, shape, note = _plan_file(tmp_path, "odd_wan.safetensors")
+    assert (family.key, preset, shape.dims, note) == ("wan", routes.CUSTOM_PRESET, (3, 3, 128), None)
+    monkeypatch.setattr(routes, "_file_path", lambda folder, name: str(tmp_path / name))
+    plan = routes.plan_summary({"preset": "wan2.1-14b", "layers": "40", "model_file": "odd_wan.safetensors"})
+    m = plan["model"]
+    assert (m["layers"], m["heads"], m["head_dim"], m["source"]) == (3, 3, 128, "odd_wan.safetensors's header")
+    by_hand = routes.plan_summary(
+        {"preset": routes.CUSTOM_PRESET, "family": "wan", "layers": "3", "heads": "3", "head_dim": "128"}
+    )
+    assert plan["bf16_bytes"] == by_hand["bf16_bytes"] and plan["quantized_bytes"] == by_hand["quantized_bytes"]
+    from pathlib import Path
+
+    tiny = Path(routes.__file__).resolve().parents[1] / "models" / "tiny_ar" / "jensen-kv-tiny-ar-v2.safetensors"
+    monkeypatch.setattr(routes, "_file_path", lambda folder, name: str(tiny))
+    m = routes.plan_summary({"preset": "wan2.1-1.3b", "model_file": tiny.name})["model"]
+    assert (m["preset"], m["label"], m["layers"], m["heads"]) == ("tiny-ar", "tiny AR (bundled demo)", 4, 2)
+
+
+def test_each_familys_file_is_recognised_by_that_family_only(tmp_path):
+    """LingBot-World (Wan's blocks plus camera layers, 36 input channels), HY-WorldPlay, MAGI-1 and Wan files: each
+    header names one family and its released dimensions."""
+    lb_keys = load_pack_module("runtime.families.lingbot.model.keys")
+    wp_keys = load_pack_module("runtime.families.worldplay.model.keys")
+    cases = {
+        "lingbot-1.3b": (lb_keys.official_shapes(lb_keys.RELEASED["lingbot-world-1.3b"]), "lingbot", (30, 12, 128), 1),
+        "worldplay": (wp_keys.official_shapes(wp_keys.RELEASED), "worldplay", (54, 16, 128), 2),
+        "wan-1.3b": (_wan_shapes(30, 1536), "wan", (30, 12, 128), 1),
+        "wan-i2v": (_wan_shapes(2, 256, in_dim=36), None, None, None),
+    }
+    for name, (shapes, family, dims, streams) in cases.items():
+        found = [(f.key, p) for f in routes.FAMILIES if (p := f.preset_from_shapes(shapes, {})) is not None]
+        if family is None:
+            assert found == [], name  # a Wan image-to-video file: no family of the pack runs it
+            continue
+        assert [k for k, _ in found] == [family], name
+        assert found[0][1].dims == dims and found[0][1].streams == streams, name
+    from pathlib import Path
+
+    magi = Path(routes.__file__).resolve().parents[1] / "models" / "tiny_magi1" / "jensen-kv-tiny-magi1.safetensors"
+    family, _, shape, _ = routes.model_of_file({"model_file": magi.name}, resolve=lambda folder, name: str(magi))
+    assert family.key == "magi1" and shape.dims == (4, 4, 64) and shape.kv_heads == 2 and shape.chunk_frames == 6
+
+
+def test_a_file_the_planner_cannot_read_is_said_and_the_preset_stays(tmp_path):
+    (tmp_path / "notes.safetensors").write_bytes(b"not a model at all")
+    _header_file(tmp_path / "vae.safetensors", {"decoder.conv_in.weight": (4, 4, 3, 3)})
+    for name, words in (
+        ("missing.safetensors", "is not in models/diffusion_models"),
+        ("notes.safetensors", "is not a safetensors file"),
+        ("vae.safetensors", "no model the pack's families run"),
+    ):
+        family, preset, shape, note = _plan_file(tmp_path, name)
+        assert family is None and words in note and "the plan takes the preset chosen" in note, note
+    with pytest.raises(routes.ParamError, match="model_folder='loras'.*diffusion_models"):
+        _plan_file(tmp_path, "x.safetensors", model_folder="loras")

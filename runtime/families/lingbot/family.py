@@ -21,6 +21,7 @@ What the family knows (the loop lives in :mod:`.recipe`):
 from __future__ import annotations
 
 from ....jensen_core.geometry import LatentGeometry
+from ...model_loading import shaped
 from ...options import Chunking
 from ..base import (
     AttentionShape,
@@ -31,6 +32,7 @@ from ..base import (
     register,
 )
 from .comfy_model import CALL_KEY, SAMPLER_NODE, LingBotCall, LingBotInputError, is_lingbot
+from .model import keys as lb_keys
 from .model.camera import camera_features
 from .model.keys import CAMERA_BLOCK, RELEASED
 from .model.window import DEFAULT_CHUNK, DEFAULT_LOCAL_ATTN, DEFAULT_SINK, cache_rule
@@ -125,6 +127,18 @@ class LingBotFamily(RoutedForwardFamily):
             if missing:
                 return Probe(True, f"has a block ({i}) without {missing}")
         return Probe(True)
+
+    @classmethod
+    def preset_from_shapes(cls, shapes, metadata):
+        if not lb_keys.is_lingbot(shapes):
+            return None
+        try:  # the heads as the loader takes them: the file's num_heads metadata, else dim // 128
+            s = lb_keys.read_shape(shaped(shapes), metadata.get("num_heads") or None)
+        except (lb_keys.CheckpointError, ValueError):
+            return None
+        return cls.preset_like(
+            f"LingBot-World ({s.num_layers} blocks, width {s.dim})", s.num_layers, s.num_heads, s.dim // s.num_heads
+        )
 
     @classmethod
     def attention_shape(cls, model_patcher) -> AttentionShape | None:

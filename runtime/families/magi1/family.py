@@ -37,7 +37,9 @@ from ..base import (
     restore_object_patch,
 )
 from .comfy_model import CHUNK_FRAMES, ComfyMagiDiT
+from .model import checkpoint as ck
 from .model.attention import ChunkPlan
+from .model.config import ConfigError, MagiConfig, config_from_shapes
 from .model.dit import MagiDiT
 from .window import plan_chunks
 
@@ -93,6 +95,24 @@ class Magi1Family(DiffusionModelFamily):
         """The MAGI-1 AR Sampler's chunk (its preset's 6 latent frames) and window 0: as many finished chunks as its
         key ranges reach (every chunk with kv_ranges 'all'), from its window_size, kv_ranges and steps."""
         return plan_chunks(asked, latent_frames, fields, preset)
+
+    @classmethod
+    def preset_from_shapes(cls, shapes, metadata):
+        if ck.PROBE_KEY not in shapes:
+            return None
+        try:  # as the loader reads it: the file's magi1_config metadata, else the architecture its shapes describe
+            meta = metadata.get(ck.META_CONFIG)
+            weights = {k: v for k, v in shapes.items() if not k.startswith(ck.SPECIAL_PREFIX)}
+            cfg = MagiConfig.from_json(meta) if meta else config_from_shapes(weights)
+        except (ConfigError, ValueError):
+            return None
+        return cls.preset_like(
+            f"MAGI-1 ({cfg.num_layers} blocks, width {cfg.hidden_size})",
+            cfg.num_layers,
+            cfg.num_attention_heads,
+            cfg.kv_channels,
+            kv_heads=cfg.num_query_groups,
+        )
 
     @classmethod
     def probe(cls, model_patcher) -> Probe:

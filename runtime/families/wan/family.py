@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
+from ...model_loading import count_blocks
 from ..base import (
     AttentionShape,
     DiffusionModelFamily,
@@ -87,6 +88,10 @@ def _probe_attention(dm) -> str | None:
     if "t_start" not in params:
         return "has a rope_encode() without t_start (the RoPE frame offset needs it)"
     return None
+
+
+#: Wan 2.1's head_dim: ComfyUI's model detection makes dim // 128 heads of a Wan 2.1 checkpoint
+WAN_HEAD_DIM = 128
 
 
 class WanFamily(DiffusionModelFamily):
@@ -156,6 +161,20 @@ class WanFamily(DiffusionModelFamily):
         if problem is not None:
             return Probe(True, f"{problem}; probed {type(dm).__name__}")
         return Probe(True)
+
+    @classmethod
+    def preset_from_shapes(cls, shapes, metadata):
+        pe = shapes.get("patch_embedding.weight")
+        if "head.modulation" not in shapes or pe is None or len(pe) != 5:
+            return None
+        if pe[1] != 16 or tuple(pe[2:]) != cls.patch:  # image-to-video, control or Fun variants: not this family's
+            return None
+        dim = shapes["head.modulation"][-1]
+        layers, heads = count_blocks(shapes, "blocks.{}.self_attn.q.weight"), dim // WAN_HEAD_DIM
+        if not layers or heads < 1:
+            return None
+        # the heads as ComfyUI's model detection makes them for Wan 2.1 (num_heads = dim // 128)
+        return cls.preset_like(f"Wan 2.1 ({layers} blocks, width {dim})", layers, heads, dim // heads)
 
     @classmethod
     def attention_shape(cls, model_patcher) -> AttentionShape | None:

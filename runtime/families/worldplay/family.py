@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from ....jensen_core.geometry import LatentGeometry
+from ...model_loading import shaped
 from ...options import Chunking
 from ..base import (
     AttentionShape,
@@ -40,6 +41,7 @@ from ..base import (
     register,
 )
 from .comfy_model import CALL_KEY, WorldPlayCall, WorldPlayInputError, is_worldplay
+from .model import keys as wp_keys
 from .model.attention import STREAMS, TextPrefix
 from .model.context import MEMORY_FRAMES
 from .model.trajectory import CHUNK_LATENTS
@@ -142,6 +144,16 @@ class WorldPlayFamily(RoutedForwardFamily):
                 f"per token row, {GEOMETRY.latent_channels} channels)",
             )
         return Probe(True)
+
+    @classmethod
+    def preset_from_shapes(cls, shapes, metadata):
+        if not any(k.startswith("double_blocks.") for k in shapes):
+            return None
+        try:
+            s = wp_keys.read_config(shaped(shapes))
+        except (wp_keys.CheckpointError, ValueError):
+            return None
+        return cls.preset_like(f"HY-WorldPlay ({s.depth} blocks, width {s.hidden_size})", s.depth, s.heads, s.head_dim)
 
     @classmethod
     def attention_shape(cls, model_patcher) -> AttentionShape | None:
