@@ -576,7 +576,8 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
 def test_cpu_demo_planner_follows_the_bundled_model_and_agrees_with_the_run_to_the_byte(ui):
     """Issue 41, item 1: the shipped CPU demo opens its planner on the bundled model (tiny AR, 4 x 2 x 128), not on
     Wan 1.3B; after a run the measured bytes equal the plan's, and when they differ the planner says why."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text()))
+    demo = json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text())
+    ui.load(demo)
     assert not ui.missing_nodes_dialog_shown()
     ui.focus(QUANT)
     planned = ui.wait_planner(
@@ -585,6 +586,13 @@ def test_cpu_demo_planner_follows_the_bundled_model_and_agrees_with_the_run_to_t
     el = ui.panel()
     dims = [el.query_selector(f"[data-jkv=in-{n}]").input_value() for n in ("layers", "heads", "head_dim")]
     assert dims == ["4", "2", "128"], dims
+    # the dimensions are the loader's file's, read from its header (not the preset a file name points at)
+    loader_file = next(n for n in demo["nodes"] if n["type"] == "UNETLoader")["widgets_values"][0]
+    row = ui.wait_planner("el.querySelector('[data-jkv=model-file]')?.textContent")
+    shown = el.query_selector("[data-jkv=model-file]")
+    assert [shown.get_attribute(f"data-{k}") for k in ("layers", "heads", "head-dim")] == ["4", "2", "128"], row
+    assert f"read from {loader_file}'s header" in shown.text_content(), shown.text_content()
+    assert el.query_selector("[data-jkv=in-layers]").is_disabled()
     with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
         ui.page.get_by_role("button", name="Run").first.click()
     body = queued.value.json()
