@@ -579,9 +579,8 @@ def plan_summary(params: Mapping[str, str]) -> dict:
         bytes_ratio=(d["bf16_bytes"] / quant_bytes) if runnable and quant_bytes else None,
         model={
             "preset": preset,
-            "label": shape.label if shape is not None else None,
-            # where the dimensions come from: the loader's file (its header) or the preset / the numbers typed
-            "source": f"{params['model_file']}'s header" if file_family is not None else None,
+            # the loader's file, read from its header: the model's label and where its dimensions come from
+            **({"label": shape.label, "source": f"{params['model_file']}'s header"} if file_family is not None else {}),
             "family": family.key,
             "layers": layers,
             "heads": heads,
