@@ -438,12 +438,12 @@ def model_of_file(params: Mapping[str, str], resolve=None):
         )
     path = (resolve or _file_path)(folder, name)
     if path is None:
-        return None, None, None, f"{name} is not in models/{folder}: the plan takes the preset chosen"
+        return None, None, None, f"{name} is not in models/{folder}"
     try:
         st = os.stat(path)
         shapes, meta = _header_of(str(path), st.st_mtime_ns, st.st_size)
     except (OSError, HeaderError) as exc:
-        return None, None, None, f"{name}: {exc}; the plan takes the preset chosen"
+        return None, None, None, str(exc)
     for family in sorted(FAMILIES, key=lambda f: -f.order):  # the specific families before Wan 2.1's
         found = family.preset_from_shapes(shapes, meta)
         if found is not None:
@@ -453,7 +453,7 @@ def model_of_file(params: Mapping[str, str], resolve=None):
         None,
         None,
         None,
-        f"{name} is no model the pack's families run (read from its header): the plan takes the preset chosen",
+        f"{name} is no model the pack's families run (read from its header)",
     )
 
 
@@ -513,7 +513,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     except PlannerFieldError as exc:
         raise ParamError(exc.param, exc.value, exc.problem, exc.fix) from None
     chunk_frames, window, sink = chunking.chunk_frames, chunking.window_chunks, chunking.sink_chunks
-    notes = list(rule_notes) + ([file_note] if file_note else [])
+    notes = list(rule_notes)
     step = geometry.vae_space_stride * max(geometry.patch[1], geometry.patch[2])  # pixels per whole patch (Wan: 16)
     short = family.name.split()[0]  # "Wan"
     if width % step or height % step:
@@ -581,6 +581,8 @@ def plan_summary(params: Mapping[str, str]) -> dict:
             "preset": preset,
             # the loader's file, read from its header: the model's label and where its dimensions come from
             **({"label": shape.label, "source": f"{params['model_file']}'s header"} if file_family is not None else {}),
+            # a loader's file the planner could not read (missing, a GGUF, another model): why; the preset stays
+            **({"file_note": file_note} if file_note else {}),
             "family": family.key,
             "layers": layers,
             "heads": heads,

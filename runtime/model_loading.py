@@ -44,11 +44,13 @@ def read_shapes(path: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str,
         with open(path, "rb") as f:
             raw = f.read(8)
             n = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
-            if n < 2 or 8 + n > size or n > MAX_HEADER:
-                raise HeaderError(f"{path.name} is not a safetensors file (header length {n}, file size {size})")
-            header = json.loads(f.read(n).decode("utf-8"))
+            text = f.read(n) if 2 <= n <= min(MAX_HEADER, size - 8) else None
     except OSError as e:
         raise HeaderError(f"{path.name} cannot be read ({type(e).__name__}: {e})") from None
+    if text is None:
+        raise HeaderError(f"{path.name} is not a safetensors file (header length {n}, file size {size})")
+    try:
+        header = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise HeaderError(f"{path.name} is not a safetensors file (its header: {e})") from None
     if not isinstance(header, dict):

@@ -548,6 +548,10 @@ function render(node, options, state, req) {
       row("model", `${m.label}: ${m.layers} layers × ${m.heads} heads × ${m.head_dim}, read from ${m.source}`,
         { "data-jkv": "model-file", "data-layers": m.layers, "data-heads": m.heads, "data-head-dim": m.head_dim });
     }
+    if (m.file_note) {
+      // the loader's file could not be read (not downloaded yet, a GGUF, another model): the preset stands in
+      row("model", `the preset's dimensions (${m.file_note})`, { "data-jkv": "model-file-note" });
+    }
     if ((m.streams ?? 1) > 1 || m.context_frames) {
       // a model whose blocks keep several K/V streams, or whose recipe rebuilds a context before every chunk
       row("model", `${m.layers} blocks × ${m.streams} attention streams = ${m.cache_layers} cached layers`

@@ -507,13 +507,14 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
     ui.load(wf)  # ... and load it like a user's file
     assert not ui.missing_nodes_dialog_shown()
 
-    # the planner, told the tiny model's dimensions by typing them (2 layers, 1 head of 128)
+    # the planner reads the tiny model's dimensions (2 layers, 1 head of 128: no preset has them) from the loader's
+    # file's header, and locks them (issue 41, item 1)
     ui.focus(QUANT)
     el = ui.panel()
+    ui.wait_planner("el.querySelector('[data-jkv=model-file]')?.dataset.layers === '2'")
     for name, value in (("layers", "2"), ("heads", "1"), ("head_dim", "128")):
         box = el.query_selector(f"[data-jkv=in-{name}]")
-        box.fill(value)
-        box.press("Tab")
+        assert box.input_value() == value and box.is_disabled(), (name, box.input_value())
     planned = ui.wait_planner(
         "el.querySelector('[data-jkv=preset]').value === 'custom'"
         " && el.querySelector('[data-jkv=in-cfg_branches]').value === '2'"

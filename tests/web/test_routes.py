@@ -683,11 +683,16 @@ def test_a_file_the_planner_cannot_read_is_said_and_the_preset_stays(tmp_path):
     (tmp_path / "notes.safetensors").write_bytes(b"not a model at all")
     _header_file(tmp_path / "vae.safetensors", {"decoder.conv_in.weight": (4, 4, 3, 3)})
     for name, words in (
-        ("missing.safetensors", "is not in models/diffusion_models"),
+        ("missing.safetensors", "missing.safetensors is not in models/diffusion_models"),
         ("notes.safetensors", "is not a safetensors file"),
         ("vae.safetensors", "no model the pack's families run"),
     ):
         family, preset, shape, note = _plan_file(tmp_path, name)
-        assert family is None and words in note and "the plan takes the preset chosen" in note, note
+        assert family is None and words in note, note
+    # in a plan: the preset stays, and the model says why the file was not read (no warning: a placeholder or a
+    # GGUF is not a problem of the run)
+    plan = routes.plan_summary({"preset": "wan2.1-1.3b", "model_file": "notes.safetensors"})
+    assert plan["model"]["preset"] == "wan2.1-1.3b" and plan["model"]["layers"] == 30 and plan["warnings"] == []
+    assert "not a safetensors file" in plan["model"]["file_note"] or "is not in models" in plan["model"]["file_note"]
     with pytest.raises(routes.ParamError, match="model_folder='loras'.*diffusion_models"):
         _plan_file(tmp_path, "x.safetensors", model_folder="loras")
