@@ -1,4 +1,4 @@
-"""Build workflows/*.json with the real front end (run by hand after changing workflow_specs.py).
+"""Build example_workflows/*.json with the real front end (run by hand after changing workflow_specs.py).
 
     COMFYUI_PATH=/opt/comfyui/v0.3.64 .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py
 
@@ -66,7 +66,7 @@ def write_workflow(path: Path, data: dict) -> None:
 
 
 def models_only() -> int:
-    for path in sorted((PACK_ROOT / "workflows").glob("*.json")):
+    for path in sorted((PACK_ROOT / "example_workflows").glob("*.json")):
         write_workflow(path, json.loads(path.read_text()))
         print(f"wrote the model entries of {path.relative_to(PACK_ROOT)}")
     return 0
@@ -124,7 +124,7 @@ def main() -> int:
         return 2
     from playwright.sync_api import sync_playwright
 
-    out_dir = PACK_ROOT / "workflows"
+    out_dir = PACK_ROOT / "example_workflows"
     out_dir.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         base = make_base_dir(Path(tmp))

@@ -28,7 +28,7 @@ from jensen_testing.planning import plan_by_fields
 pytestmark = [pytest.mark.comfyui, pytest.mark.server, pytest.mark.browser, pytest.mark.slow]
 
 ARTIFACTS = PACK_ROOT / "artifacts" / "browser"
-WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOW_DIR = PACK_ROOT / "example_workflows"
 WORKFLOWS = sorted(WORKFLOW_DIR.glob("*.json"))
 QUANT = "JensenKVQuantizeKVCache"
 SAMPLERS = ("JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple")
@@ -278,7 +278,7 @@ def _plan_bytes(**kw):
 
 
 def test_planner_follows_bits_group_size_and_window(ui):
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
     r = ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
@@ -350,7 +350,7 @@ def test_planner_follows_bits_group_size_and_window(ui):
 
 def test_planner_ranks_field_gives_one_gpus_bytes_and_all_gpus(ui):
     """ranks (Raylight's Ulysses degree): the rows are one GPU's heads' share; a row gives all GPUs together."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
     ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
@@ -374,7 +374,7 @@ def test_planner_ranks_field_gives_one_gpus_bytes_and_all_gpus(ui):
 
 def test_planner_shows_the_k_qvg_auto_picks_for_the_chosen_chunks(ui):
     """method qvg with K auto (0, the default): the bits line names the K picked for the run's chunks, exactly."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
     ui.set_widget(QUANT, "group_size", "64")
@@ -393,7 +393,7 @@ def test_planner_shows_the_k_qvg_auto_picks_for_the_chosen_chunks(ui):
 
 
 def test_planner_counts_both_cfg_branches_for_skyreels(ui):
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_skyreels_v2_df_cfg_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "07 SkyReels-V2 DF with cfg 6.json").read_text()))
     ui.focus(QUANT)
     r = ui.wait_planner(
         "el.querySelector('[data-jkv=in-cfg_branches]')?.value === '2'"
@@ -422,7 +422,7 @@ def test_planner_follows_hy_worldplay_with_both_streams_and_the_20_frame_context
     """The HY-WorldPlay workflow: connected to HY-WorldPlay AR Sampler the planner takes the HY-WorldPlay preset, the
     video's 832x480x125 from HunyuanVideo15ImageToVideo, and shows the 2 streams and the 20-frame context: 27.6 GB in
     BF16, 4.74 GB at INT2 g32 (benchmarks/worldplay_memory.py)."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_worldplay_i2v_480p_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "12 HY-WorldPlay image to video.json").read_text()))
     ui.focus(QUANT)
     r = ui.wait_planner(
         "el.querySelector('[data-jkv=streams]')?.dataset.streams === '2'"
@@ -447,7 +447,7 @@ def test_planner_follows_magi1_ar_sampler_and_its_window(ui):
 
     routes = load_pack_module("routes.ui")
     per_chunk = 6 * 45 * 45 * 34 * 2 * 8 * 128 * 2  # tokens of a chunk x layers x K and V x K/V heads x dim x BF16
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_magi1_4p5b_distill_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "10 MAGI-1 4.5B distill text to video.json").read_text()))
     ui.focus(QUANT)
     for window_size, held in ((4, 1), (1, 3)):
         ui.set_widget("JensenKVMagi1ARSampler", "window_size", window_size)
@@ -469,7 +469,7 @@ def test_planner_counts_age_tiers_to_the_byte(ui):
     """Precision by age on the node: the panel shows the tiers' bytes and average bits, as jensen_core plans them."""
     from jensen_core.tiers import AgeTiers
 
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
     ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
@@ -576,7 +576,7 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
 def test_cpu_demo_planner_follows_the_bundled_model_and_agrees_with_the_run_to_the_byte(ui):
     """Issue 41, item 1: the shipped CPU demo opens its planner on the bundled model (tiny AR, 4 x 2 x 128), not on
     Wan 1.3B; after a run the measured bytes equal the plan's, and when they differ the planner says why."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "01 Tiny AR demo - runs on a CPU, no download.json").read_text()))
     assert not ui.missing_nodes_dialog_shown()
     ui.focus(QUANT)
     planned = ui.wait_planner(
@@ -611,11 +611,11 @@ def test_the_report_survives_a_workflow_tab_switch(ui):
     """Issue 41, item 6: run the CPU demo in its own tab, open another workflow in a second tab, switch back: the
     sampler's report is shown again (the front end restores the outputs it keeps with the tab, the report among
     them), not the empty "run the workflow" line."""
-    demo = json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text())
+    demo = json.loads((WORKFLOW_DIR / "01 Tiny AR demo - runs on a CPU, no download.json").read_text())
     for node in demo["nodes"]:  # a seed of its own: the first run executes (another test may have run seed 42)
         if node["type"] in SAMPLERS:
             node["widgets_values"][0] = 4141
-    other = json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text())
+    other = json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text())
     ui.page.evaluate("async (wf) => { await app.loadGraphData(wf, true, true, 'jkv_report_demo'); }", demo)
     ui.page.wait_for_timeout(500)
     with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:

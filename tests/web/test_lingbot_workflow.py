@@ -23,7 +23,7 @@ from support.workflow_api import int2_jensen
 from test_workflows import Graph, validate
 from workflow_specs import LINGBOT_PATH, LINGBOT_UNET, LINGBOT_WORKFLOWS, START_IMAGE, TEXT_ENCODER, VAE
 
-WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOW_DIR = PACK_ROOT / "example_workflows"
 NAME = LINGBOT_WORKFLOWS[0]["name"]
 TINY_FILE = "jensen_kv_tiny_lingbot.safetensors"
 

@@ -39,7 +39,7 @@ from workflow_specs import (
 
 pytestmark = pytest.mark.hunyuan15
 
-WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOW_DIR = PACK_ROOT / "example_workflows"
 NAME = WORLDPLAY_WORKFLOWS[0]["name"]
 TINY_FILE = "jensen_kv_tiny_worldplay.safetensors"
 
