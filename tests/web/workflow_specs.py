@@ -280,7 +280,7 @@ SkyReels-V2's video-extension mode (its prefix_video, with addnoise_condition 0)
 {_COMMON_FILES}
 {_SKYREELS_FILE}"""
 
-NOTE_TINY = """Try it on any CPU: the pack's tiny trained AR model, one seed through three caches
+NOTE_TINY = """Tiny AR demo - runs on a CPU, no download: the pack's tiny trained AR model, one seed through three caches
 
 jensen-kv-tiny-ar is a 6M-parameter Wan 2.1 model (2 heads x 128, 4 blocks) trained by this pack on
 synthetic latent videos: coloured balls that bounce and occlude over a panning texture
@@ -1268,7 +1268,7 @@ sink 1).
 {_COMMON_FILES}
 {_CAUSAL_FORCING_FRAMEWISE_FILE}"""
 
-NOTE_CORE_TINY = """Try ComfyUI's own AR sampler on any CPU: the pack's tiny trained AR model, one seed through three caches
+NOTE_CORE_TINY = """Tiny AR on ComfyUI's own AR sampler - runs on a CPU, no download: the pack's tiny trained AR model, one seed through three caches
 
 The tiny CPU demo again, sampled by ComfyUI's own AR sampler (SamplerCustomAdvanced + SamplerARVideo)
 instead of the pack's Chunked AR Video Sampler. jensen-kv-tiny-ar is a 6M-parameter Wan 2.1 model
