@@ -119,9 +119,10 @@ def draw_card(info: dict) -> Image.Image:
     d = ImageDraw.Draw(img)
     pad, width = 24, SIZE - 48
     white, soft = (255, 255, 255), (220, 226, 240)
-    d.text((pad, 16), info["number"], font=font(64, bold=True), fill=white)
-    d.text((SIZE - pad, 30), "jensen-kv", font=font(20, bold=True), fill=soft, anchor="ra")
-    y = 100
+    # the top left stays plain: 1.45 and 1.49 lay a "Node graph" badge over it (the title under the card has the
+    # number)
+    d.text((SIZE - pad, 24), f"jensen-kv  {info['number']}", font=font(20, bold=True), fill=soft, anchor="ra")
+    y = 78
     f = font(30, bold=True)
     for line in _wrap(d, info["title"], f, width, 3):
         d.text((pad, y), line, font=f, fill=white)
@@ -143,7 +144,7 @@ def draw_card(info: dict) -> Image.Image:
         d.rectangle((0, SIZE - 40, SIZE, SIZE), fill=(46, 160, 67))
         d.text((SIZE // 2, SIZE - 20), CPU_DEMO, font=font(20, bold=True), fill=white, anchor="mm")
     elif info["newer"]:
-        d.text((SIZE - pad, 58), "ComfyUI v0.27+", font=font(17, bold=True), fill=(255, 214, 102), anchor="ra")
+        d.text((SIZE - pad, 50), "ComfyUI v0.27+", font=font(17, bold=True), fill=(255, 214, 102), anchor="ra")
     return img
 
 

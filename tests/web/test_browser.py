@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -655,6 +656,133 @@ def test_the_report_survives_a_workflow_tab_switch(ui):
     ui.page.wait_for_function(f"() => !!({REPORT_TEXT_JS})()", timeout=20_000)
     assert ui.page.evaluate(REPORT_TEXT_JS) == shown
     assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
+def _template_module(ui) -> str:
+    """This pack's key in ``/api/workflow_templates`` (its folder under custom_nodes)."""
+    listed = ui.server.get("/api/workflow_templates")
+    return next(k for k in listed if k.endswith("comfyui-jensen-kv"))
+
+
+#: the sort the template browser keeps (1.45+, ComfyUI v0.27 and 0.33; 1.27 has none and keeps the server's order)
+SORT_SETTING = "Comfy.Templates.SortBy"
+#: whether a card shows its picture (the front end loads it when the card scrolls into view, through a blob URL)
+CARD_PICTURE_SHOWN_JS = """(n) => { const img = document.querySelector(`[data-testid="template-workflow-${n}"] img`);
+    return !!img && img.complete && img.naturalWidth > 0; }"""
+
+
+def _template_cards(page, names: list[str]) -> dict[str, str]:
+    """The cards of ``names`` the template browser shows, in its order, with their text; each card is scrolled into
+    view and waited for until its picture shows (1.27 renders the cards near the view only, 1.45 and 1.49 load the
+    pictures of those in view)."""
+    seen: dict[str, str] = {}
+    idle = 0
+    while idle < 4 and len(seen) < len(names):
+        cards = page.eval_on_selector_all(
+            "[data-testid^='template-workflow-']",
+            "(els) => els.map((e) => [e.dataset.testid.slice('template-workflow-'.length), e.innerText])",
+        )
+        new = [(n, text) for n, text in cards if n in names and n not in seen]
+        for name, text in new:
+            seen[name] = text
+            page.locator(f'[data-testid="template-workflow-{name}"]').scroll_into_view_if_needed()
+            page.wait_for_function(f"() => ({CARD_PICTURE_SHOWN_JS})({json.dumps(name)})", timeout=15_000)
+        idle = 0 if new else idle + 1
+        if cards:
+            last = page.locator(f'[data-testid="template-workflow-{cards[-1][0]}"]')
+            last.scroll_into_view_if_needed()
+            last.hover()
+            page.mouse.wheel(0, 400)
+        page.wait_for_timeout(300)
+    return seen
+
+
+def test_template_browser_shows_each_workflow_titled_with_its_thumbnail_and_no_404(ui):
+    """Issue 41 item 4, as a user meets it: ComfyUI's template browser lists example_workflows/ under the pack,
+    each card titled with its file name and showing ``<name>.jpg`` (the URL the front end builds:
+    ``/api/workflow_templates/<pack>/<name>.jpg``), the two CPU demos first where the browser sorts (1.45+: its
+    Alphabetical sort compares the titles numerically; 1.27 shows the server's order, which is the file system's),
+    the first card loads its workflow, every template's JSON the page fetches is the file the other tests check,
+    and no request for the pack's templates fails: no 404 in the console."""
+    module, page = _template_module(ui), ui.page
+    names = sorted(p.stem for p in WORKFLOWS)
+    assert [n for n in names if n.endswith("runs on a CPU, no download")] == names[:2]
+    failed: list[str] = []
+    console: list[str] = []
+    served: list[str] = []  # paths of the pack's templates the page fetched
+
+    def on_response(r):
+        if r.status >= 400:
+            failed.append(f"{r.status} {r.url}")
+        elif "/workflow_templates/" in r.url:
+            served.append(urllib.parse.unquote(urllib.parse.urlparse(r.url).path))
+
+    on_failed = lambda r: failed.append(f"failed {r.url}: {r.failure}")  # noqa: E731
+    on_console = lambda m: console.append(f"{m.text} @ {m.location.get('url')}") if m.type == "error" else None  # noqa: E731
+    page.on("response", on_response)
+    page.on("requestfailed", on_failed)
+    page.on("console", on_console)
+    sortable = page.evaluate(f"() => app.extensionManager.setting.get('{SORT_SETTING}') !== undefined")
+    try:
+        if sortable:
+            page.evaluate(
+                f"async () => {{ await app.extensionManager.setting.set('{SORT_SETTING}', 'alphabetical'); }}"
+            )
+        page.evaluate("async () => { await app.extensionManager.command.execute('Comfy.BrowseTemplates'); }")
+        nav = page.get_by_text(module, exact=True).first
+        if not nav.is_visible():  # 1.45 / 1.49: the pack is an item of the collapsed "Extensions" group
+            nav.wait_for(state="attached", timeout=30_000)
+            if not nav.is_visible():
+                page.get_by_text("Extensions", exact=True).first.click()
+        nav.click()
+        first = page.locator(f'[data-testid="template-workflow-{names[0]}"]')
+        first.wait_for(timeout=30_000)
+        shown = _template_cards(page, names)  # name -> the card's text, in the order shown
+        assert sorted(shown) == names, {"missing": set(names) - set(shown), "shown": list(shown)}
+        if sortable:
+            assert list(shown) == names, list(shown)
+        for name, text in shown.items():  # the title on each card is its file name
+            assert name in " ".join(text.split()), (name, text)
+        pictures = {f"/api/workflow_templates/{module}/{n}.jpg" for n in names}
+        assert pictures <= set(served), sorted(pictures - set(served))  # the URL the front end builds
+        first.scroll_into_view_if_needed()
+        page.wait_for_function(f"() => ({CARD_PICTURE_SHOWN_JS})({json.dumps(names[0])})", timeout=15_000)
+        page.wait_for_timeout(1000)  # the pictures fade in
+        ui.shot("06_template_browser")
+        first.click()  # the front end fetches the template and loads it
+        wf = json.loads((WORKFLOW_DIR / f"{names[0]}.json").read_text())
+        page.wait_for_function(f"() => app.graph.nodes.length === {len(wf['nodes'])}", timeout=30_000)
+        page.wait_for_timeout(500)
+        assert not ui.missing_nodes_dialog_shown()
+        assert page.evaluate("() => app.graph.nodes.map((n) => n.type)") == [n["type"] for n in wf["nodes"]]
+        ui.shot("06_template_browser_loaded_the_cpu_demo")
+        fetched = page.evaluate(
+            """async ([module, names]) => { const { api } = await import('/scripts/api.js'); const out = {};
+                 for (const n of names) {
+                   const base = api.apiURL(`/workflow_templates/${module}/${n}`);
+                   const j = await fetch(`${base}.json`), p = await fetch(`${base}.jpg`);
+                   out[n] = [j.status, j.ok ? await j.json() : null, p.status, p.headers.get('content-type')];
+                 } return out; }""",
+            [module, names],
+        )
+        for name in names:
+            status, body, picture, kind = fetched[name]
+            assert (status, picture, kind) == (200, 200, "image/jpeg"), (name, fetched[name][0], picture, kind)
+            assert body == json.loads((WORKFLOW_DIR / f"{name}.json").read_text()), name
+    finally:
+        page.remove_listener("response", on_response)
+        page.remove_listener("requestfailed", on_failed)
+        page.remove_listener("console", on_console)
+        if sortable:
+            page.evaluate(f"async () => {{ await app.extensionManager.setting.set('{SORT_SETTING}', 'default'); }}")
+        page.keyboard.press("Escape")
+        page.evaluate("async () => { app.graph.clear(); }")
+    ours = [f for f in failed if "/workflow_templates" in f]
+    assert not ours, ours
+    assert not [c for c in console if "workflow_templates" in c or "404" in c], console
+    others = [f for f in failed if f not in ours]
+    if others:
+        print("\nfailed requests of the front end itself (not the pack's):", others)
 
 
 def _node_id(wf: dict, node_type: str) -> int:
