@@ -4,7 +4,9 @@
 
 Starts a throwaway ComfyUI server with the pack (and placeholder model files, so the loaders list
 the names), opens the UI in headless Chromium, builds each spec with LiteGraph and writes what
-``app.graph.serialize()`` returns - the same JSON as the UI's Save.
+``app.graph.serialize()`` returns - the same JSON as the UI's Save. A spec's ``name`` is the file name, which
+ComfyUI's template browser shows as the title; after a build, ``python tools/make_thumbnails.py`` draws the
+template browser's pictures again (``tests/test_example_workflows.py`` checks that each workflow has one).
 
 It builds with the oldest ComfyUI the pack supports (``requires-comfyui`` in pyproject.toml) and that
 version's front end (``.ci/run`` makes the environment above), so the files load on every supported
