@@ -2,7 +2,7 @@
 
     python benchmarks/tiny_demo_frames.py     # writes docs/results/tiny_ar_demo_frames.png (~1 min on 2 cores)
 
-The same settings as ``workflows/jensen_kv_tiny_ar_cpu_demo.json``: the bundled tiny AR model (the
+The same settings as ``example_workflows/01 Tiny AR demo - runs on a CPU, no download.json``: the bundled tiny AR model (the
 workflow's, ``--model`` for another) with shift 3, prompt "three balls bouncing fast over a cool
 texture", seed 42, 24 latent frames in chunks of 3, cache window 3, 8 euler steps; rows:
 full-precision cache, INT2 (g32, QuaRot), INT2 + Jensen. Every 3rd latent frame is shown at 128x128,

@@ -16,7 +16,7 @@ from support.workflow_api import sampler_widgets
 
 from jensen_core.bias import KREA_ATTENTION_BIAS
 
-WF = Path(__file__).resolve().parents[1] / "workflows" / "jensen_kv_krea_realtime_14b_t2v_int2_jensen.json"
+WF = Path(__file__).resolve().parents[1] / "example_workflows" / "09 Krea Realtime 14B text to video.json"
 
 
 def _graph():

@@ -186,7 +186,11 @@ def test_bundled_model_loads_and_the_cpu_demo_workflow_runs_in_a_minute(comfy_se
     server = comfy_server
     out = server.base_dir / "output" / "jensen_kv"
     before = set(out.glob("tiny_ab_*.webp"))
-    wf = json.loads((support_comfyui.PACK_ROOT / "workflows" / "jensen_kv_tiny_ar_cpu_demo.json").read_text())
+    wf = json.loads(
+        (
+            support_comfyui.PACK_ROOT / "example_workflows" / "01 Tiny AR demo - runs on a CPU, no download.json"
+        ).read_text()
+    )
     unets = server.get("/object_info/UNETLoader")["UNETLoader"]["input"]["required"]["unet_name"][0]
     assert TINY_AR in unets  # the pack registered its bundled model folder
     info = server.get("/object_info")

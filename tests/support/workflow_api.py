@@ -1,4 +1,4 @@
-"""Turn a UI-format workflow (workflows/*.json) into the API prompt the front end would queue.
+"""Turn a UI-format workflow (example_workflows/*.json) into the API prompt the front end would queue.
 
 What the front end does on Queue: every node except front-end-only ones (Note, Reroute, ...) and
 muted/bypassed ones becomes ``{"class_type", "inputs"}``; widget values are mapped to input names in

@@ -1,10 +1,12 @@
-"""Build workflows/*.json with the real front end (run by hand after changing workflow_specs.py).
+"""Build example_workflows/*.json with the real front end (run by hand after changing workflow_specs.py).
 
     COMFYUI_PATH=/opt/comfyui/v0.3.64 .ci/venvs/comfyui-oldest/bin/python tests/web/build_workflows.py
 
 Starts a throwaway ComfyUI server with the pack (and placeholder model files, so the loaders list
 the names), opens the UI in headless Chromium, builds each spec with LiteGraph and writes what
-``app.graph.serialize()`` returns - the same JSON as the UI's Save.
+``app.graph.serialize()`` returns - the same JSON as the UI's Save. A spec's ``name`` is the file name, which
+ComfyUI's template browser shows as the title; after a build, ``python tools/make_thumbnails.py`` draws the
+template browser's pictures again (``tests/test_example_workflows.py`` checks that each workflow has one).
 
 It builds with the oldest ComfyUI the pack supports (``requires-comfyui`` in pyproject.toml) and that
 version's front end (``.ci/run`` makes the environment above), so the files load on every supported
@@ -66,7 +68,7 @@ def write_workflow(path: Path, data: dict) -> None:
 
 
 def models_only() -> int:
-    for path in sorted((PACK_ROOT / "workflows").glob("*.json")):
+    for path in sorted((PACK_ROOT / "example_workflows").glob("*.json")):
         write_workflow(path, json.loads(path.read_text()))
         print(f"wrote the model entries of {path.relative_to(PACK_ROOT)}")
     return 0
@@ -124,7 +126,7 @@ def main() -> int:
         return 2
     from playwright.sync_api import sync_playwright
 
-    out_dir = PACK_ROOT / "workflows"
+    out_dir = PACK_ROOT / "example_workflows"
     out_dir.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         base = make_base_dir(Path(tmp))

@@ -1,4 +1,4 @@
-"""tests/web: the per-file tests over workflows/*.json (test_workflows.py, test_browser.py) take the ``core_ar``
+"""tests/web: the per-file tests over example_workflows/*.json (test_workflows.py, test_browser.py) take the ``core_ar``
 marker for the workflows on ComfyUI's own AR sampler (``workflow_specs.CORE_WORKFLOWS``: SamplerARVideo,
 EmptyARVideoLatent and ARVideoI2V exist from ComfyUI v0.27 on), and the ``hunyuan15`` marker for the HY-WorldPlay
 workflows (``workflow_specs.WORLDPLAY_WORKFLOWS``: HunyuanVideo15ImageToVideo and DualCLIPLoader's

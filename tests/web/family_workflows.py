@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from support.comfyui import PACK_ROOT
 from test_workflows import Graph
 
-WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOW_DIR = PACK_ROOT / "example_workflows"
 
 
 def shipped(name: str) -> Graph:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from jensen_testing.planning import plan_by_fields
 pytestmark = [pytest.mark.comfyui, pytest.mark.server, pytest.mark.browser, pytest.mark.slow]
 
 ARTIFACTS = PACK_ROOT / "artifacts" / "browser"
-WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOW_DIR = PACK_ROOT / "example_workflows"
 WORKFLOWS = sorted(WORKFLOW_DIR.glob("*.json"))
 QUANT = "JensenKVQuantizeKVCache"
 SAMPLERS = ("JensenKVChunkedARSampler", "JensenKVChunkedARSamplerSimple")
@@ -278,7 +279,7 @@ def _plan_bytes(**kw):
 
 
 def test_planner_follows_bits_group_size_and_window(ui):
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
     r = ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
@@ -350,7 +351,7 @@ def test_planner_follows_bits_group_size_and_window(ui):
 
 def test_planner_ranks_field_gives_one_gpus_bytes_and_all_gpus(ui):
     """ranks (Raylight's Ulysses degree): the rows are one GPU's heads' share; a row gives all GPUs together."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
     ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
@@ -374,7 +375,7 @@ def test_planner_ranks_field_gives_one_gpus_bytes_and_all_gpus(ui):
 
 def test_planner_shows_the_k_qvg_auto_picks_for_the_chosen_chunks(ui):
     """method qvg with K auto (0, the default): the bits line names the K picked for the run's chunks, exactly."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
     ui.set_widget(QUANT, "group_size", "64")
@@ -393,7 +394,7 @@ def test_planner_shows_the_k_qvg_auto_picks_for_the_chosen_chunks(ui):
 
 
 def test_planner_counts_both_cfg_branches_for_skyreels(ui):
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_skyreels_v2_df_cfg_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "07 SkyReels-V2 DF with cfg 6.json").read_text()))
     ui.focus(QUANT)
     r = ui.wait_planner(
         "el.querySelector('[data-jkv=in-cfg_branches]')?.value === '2'"
@@ -422,7 +423,7 @@ def test_planner_follows_hy_worldplay_with_both_streams_and_the_20_frame_context
     """The HY-WorldPlay workflow: connected to HY-WorldPlay AR Sampler the planner takes the HY-WorldPlay preset, the
     video's 832x480x125 from HunyuanVideo15ImageToVideo, and shows the 2 streams and the 20-frame context: 27.6 GB in
     BF16, 4.74 GB at INT2 g32 (benchmarks/worldplay_memory.py)."""
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_worldplay_i2v_480p_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "12 HY-WorldPlay image to video.json").read_text()))
     ui.focus(QUANT)
     r = ui.wait_planner(
         "el.querySelector('[data-jkv=streams]')?.dataset.streams === '2'"
@@ -447,7 +448,7 @@ def test_planner_follows_magi1_ar_sampler_and_its_window(ui):
 
     routes = load_pack_module("routes.ui")
     per_chunk = 6 * 45 * 45 * 34 * 2 * 8 * 128 * 2  # tokens of a chunk x layers x K and V x K/V heads x dim x BF16
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_magi1_4p5b_distill_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "10 MAGI-1 4.5B distill text to video.json").read_text()))
     ui.focus(QUANT)
     for window_size, held in ((4, 1), (1, 3)):
         ui.set_widget("JensenKVMagi1ARSampler", "window_size", window_size)
@@ -469,7 +470,7 @@ def test_planner_counts_age_tiers_to_the_byte(ui):
     """Precision by age on the node: the panel shows the tiers' bytes and average bits, as jensen_core plans them."""
     from jensen_core.tiers import AgeTiers
 
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text()))
     ui.focus(QUANT)
     wan13 = dict(width=832, height=480, frames=81, chunk_frames=3, window_chunks=0, layers=30, heads=12, head_dim=128)
     ui.wait_planner("el.querySelector('[data-jkv=quant]')?.dataset.bytes")
@@ -577,7 +578,7 @@ def test_queue_tiny_model_and_report_matches_planner(ui):
 def test_cpu_demo_planner_follows_the_bundled_model_and_agrees_with_the_run_to_the_byte(ui):
     """Issue 41, item 1: the shipped CPU demo opens its planner on the bundled model (tiny AR, 4 x 2 x 128), not on
     Wan 1.3B; after a run the measured bytes equal the plan's, and when they differ the planner says why."""
-    demo = json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text())
+    demo = json.loads((WORKFLOW_DIR / "01 Tiny AR demo - runs on a CPU, no download.json").read_text())
     ui.load(demo)
     assert not ui.missing_nodes_dialog_shown()
     ui.focus(QUANT)
@@ -620,11 +621,11 @@ def test_the_report_survives_a_workflow_tab_switch(ui):
     """Issue 41, item 6: run the CPU demo in its own tab, open another workflow in a second tab, switch back: the
     sampler's report is shown again (the front end restores the outputs it keeps with the tab, the report among
     them), not the empty "run the workflow" line."""
-    demo = json.loads((WORKFLOW_DIR / "jensen_kv_tiny_ar_cpu_demo.json").read_text())
+    demo = json.loads((WORKFLOW_DIR / "01 Tiny AR demo - runs on a CPU, no download.json").read_text())
     for node in demo["nodes"]:  # a seed of its own: the first run executes (another test may have run seed 42)
         if node["type"] in SAMPLERS:
             node["widgets_values"][0] = 4141
-    other = json.loads((WORKFLOW_DIR / "jensen_kv_self_forcing_t2v_int2_jensen.json").read_text())
+    other = json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text())
     ui.page.evaluate("async (wf) => { await app.loadGraphData(wf, true, true, 'jkv_report_demo'); }", demo)
     ui.page.wait_for_timeout(500)
     with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
@@ -664,6 +665,135 @@ def test_the_report_survives_a_workflow_tab_switch(ui):
     ui.page.wait_for_function(f"() => !!({REPORT_TEXT_JS})()", timeout=20_000)
     assert ui.page.evaluate(REPORT_TEXT_JS) == shown
     assert not our_errors(ui.errors), our_errors(ui.errors)
+
+
+def _template_module(ui) -> str:
+    """This pack's key in ``/api/workflow_templates`` (its folder under custom_nodes)."""
+    listed = ui.server.get("/api/workflow_templates")
+    return next(k for k in listed if k.endswith("comfyui-jensen-kv"))
+
+
+#: the sort the template browser keeps (1.45+, ComfyUI v0.27 and 0.33; 1.27 has none and keeps the server's order)
+SORT_SETTING = "Comfy.Templates.SortBy"
+#: whether a card shows its picture (the front end loads it when the card scrolls into view, through a blob URL)
+CARD_PICTURE_SHOWN_JS = """(n) => { const img = document.querySelector(`[data-testid="template-workflow-${n}"] img`);
+    return !!img && img.complete && img.naturalWidth > 0; }"""
+
+
+def _template_cards(page, names: list[str]) -> dict[str, str]:
+    """The cards of ``names`` the template browser shows, in its order, with their text; each card is scrolled into
+    view and waited for until its picture shows (1.27 renders the cards near the view only, 1.45 and 1.49 load the
+    pictures of those in view)."""
+    seen: dict[str, str] = {}
+    idle = 0
+    while idle < 4 and len(seen) < len(names):
+        cards = page.eval_on_selector_all(
+            "[data-testid^='template-workflow-']",
+            "(els) => els.map((e) => [e.dataset.testid.slice('template-workflow-'.length), e.innerText])",
+        )
+        new = [(n, text) for n, text in cards if n in names and n not in seen]
+        for name, text in new:
+            seen[name] = text
+            page.locator(f'[data-testid="template-workflow-{name}"]').scroll_into_view_if_needed()
+            page.wait_for_function(f"() => ({CARD_PICTURE_SHOWN_JS})({json.dumps(name)})", timeout=15_000)
+        idle = 0 if new else idle + 1
+        if cards:
+            last = page.locator(f'[data-testid="template-workflow-{cards[-1][0]}"]')
+            last.scroll_into_view_if_needed()
+            last.hover()
+            page.mouse.wheel(0, 400)
+        page.wait_for_timeout(300)
+    return seen
+
+
+def test_template_browser_shows_each_workflow_titled_with_its_thumbnail_and_no_404(ui):
+    """Issue 41 item 4, as a user meets it: ComfyUI's template browser lists example_workflows/ under the pack,
+    each card titled with its file name and showing ``<name>.jpg`` (the URL the front end builds:
+    ``/api/workflow_templates/<pack>/<name>.jpg``), the two CPU demos first where the browser sorts (1.45+: its
+    Alphabetical sort compares the titles numerically; 1.27 shows the server's order, which is the file system's),
+    the first card loads its workflow, every template's JSON the page fetches is the file the other tests check,
+    and no request for the pack's templates fails: no 404 in the console."""
+    module, page = _template_module(ui), ui.page
+    names = sorted(p.stem for p in WORKFLOWS)
+    assert [n for n in names if n.endswith("runs on a CPU, no download")] == names[:2]
+    failed: list[str] = []
+    console: list[str] = []
+    served: list[str] = []  # paths of the pack's templates the page fetched
+
+    def on_response(r):
+        if r.status >= 400:
+            failed.append(f"{r.status} {r.url}")
+        elif "/workflow_templates/" in r.url:
+            served.append(urllib.parse.unquote(urllib.parse.urlparse(r.url).path))
+
+    on_failed = lambda r: failed.append(f"failed {r.url}: {r.failure}")  # noqa: E731
+    on_console = lambda m: console.append(f"{m.text} @ {m.location.get('url')}") if m.type == "error" else None  # noqa: E731
+    page.on("response", on_response)
+    page.on("requestfailed", on_failed)
+    page.on("console", on_console)
+    sortable = page.evaluate(f"() => app.extensionManager.setting.get('{SORT_SETTING}') !== undefined")
+    try:
+        if sortable:
+            page.evaluate(
+                f"async () => {{ await app.extensionManager.setting.set('{SORT_SETTING}', 'alphabetical'); }}"
+            )
+        page.evaluate("async () => { await app.extensionManager.command.execute('Comfy.BrowseTemplates'); }")
+        nav = page.get_by_text(module, exact=True).first
+        if not nav.is_visible():  # 1.45 / 1.49: the pack is an item of the collapsed "Extensions" group
+            nav.wait_for(state="attached", timeout=30_000)
+            if not nav.is_visible():
+                page.get_by_text("Extensions", exact=True).first.click()
+        nav.click()
+        first = page.locator(f'[data-testid="template-workflow-{names[0]}"]')
+        first.wait_for(timeout=30_000)
+        shown = _template_cards(page, names)  # name -> the card's text, in the order shown
+        assert sorted(shown) == names, {"missing": set(names) - set(shown), "shown": list(shown)}
+        if sortable:
+            assert list(shown) == names, list(shown)
+        for name, text in shown.items():  # the title on each card is its file name
+            assert name in " ".join(text.split()), (name, text)
+        missing = [f for f in failed if "/workflow_templates" in f]  # a missing picture: a 404 here
+        assert not missing, missing
+        pictures = {f"/api/workflow_templates/{module}/{n}.jpg" for n in names}
+        assert pictures <= set(served), sorted(pictures - set(served))  # the URL the front end builds
+        first.scroll_into_view_if_needed()
+        page.wait_for_function(f"() => ({CARD_PICTURE_SHOWN_JS})({json.dumps(names[0])})", timeout=15_000)
+        page.wait_for_timeout(1000)  # the pictures fade in
+        ui.shot("06_template_browser")
+        first.click()  # the front end fetches the template and loads it
+        wf = json.loads((WORKFLOW_DIR / f"{names[0]}.json").read_text())
+        page.wait_for_function(f"() => app.graph.nodes.length === {len(wf['nodes'])}", timeout=30_000)
+        page.wait_for_timeout(500)
+        assert not ui.missing_nodes_dialog_shown()
+        assert page.evaluate("() => app.graph.nodes.map((n) => n.type)") == [n["type"] for n in wf["nodes"]]
+        ui.shot("06_template_browser_loaded_the_cpu_demo")
+        fetched = page.evaluate(
+            """async ([module, names]) => { const { api } = await import('/scripts/api.js'); const out = {};
+                 for (const n of names) {
+                   const base = api.apiURL(`/workflow_templates/${module}/${n}`);
+                   const j = await fetch(`${base}.json`), p = await fetch(`${base}.jpg`);
+                   out[n] = [j.status, j.ok ? await j.json() : null, p.status, p.headers.get('content-type')];
+                 } return out; }""",
+            [module, names],
+        )
+        for name in names:
+            status, body, picture, kind = fetched[name]
+            assert (status, picture, kind) == (200, 200, "image/jpeg"), (name, fetched[name][0], picture, kind)
+            assert body == json.loads((WORKFLOW_DIR / f"{name}.json").read_text()), name
+    finally:
+        page.remove_listener("response", on_response)
+        page.remove_listener("requestfailed", on_failed)
+        page.remove_listener("console", on_console)
+        if sortable:
+            page.evaluate(f"async () => {{ await app.extensionManager.setting.set('{SORT_SETTING}', 'default'); }}")
+        page.keyboard.press("Escape")
+        page.evaluate("async () => { app.graph.clear(); }")
+    ours = [f for f in failed if "/workflow_templates" in f]
+    assert not ours, ours
+    assert not [c for c in console if "workflow_templates" in c or "404" in c], console
+    others = [f for f in failed if f not in ours]
+    if others:
+        print("\nfailed requests of the front end itself (not the pack's):", others)
 
 
 def _node_id(wf: dict, node_type: str) -> int:

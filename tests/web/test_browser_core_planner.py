@@ -20,7 +20,7 @@ WAN13 = dict(width=832, height=480, frames=81, layers=30, heads=12, head_dim=128
 
 
 def test_planner_follows_sampler_ar_video_ar_cache_window_and_the_guider(ui):
-    ui.load(json.loads((WORKFLOW_DIR / "jensen_kv_core_ar_chunkwise_t2v_int2_jensen.json").read_text()))
+    ui.load(json.loads((WORKFLOW_DIR / "13 Core AR sampler, chunk-wise.json").read_text()))
     ui.focus(QUANT)
     int2 = dict(key_bits="2", value_bits="2", group_size=32)
     expect = _plan_bytes(**int2, **WAN13, chunk_frames=3, window_chunks=0)

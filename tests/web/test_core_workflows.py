@@ -31,7 +31,7 @@ from workflow_specs import (
 
 pytestmark = pytest.mark.core_ar
 
-WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOW_DIR = PACK_ROOT / "example_workflows"
 ARTIFACTS = PACK_ROOT / "artifacts" / "browser"  # screenshots of the loaded workflows
 CORE_FILES = [WORKFLOW_DIR / f"{spec['name']}.json" for spec in CORE_WORKFLOWS]
 CORE_NODES = ("SamplerARVideo", "EmptyARVideoLatent", "ARVideoI2V")
@@ -70,9 +70,9 @@ def test_every_core_workflow_is_shipped():
 @pytest.mark.parametrize(
     "name,unet,block,i2v",
     [
-        ("jensen_kv_core_ar_chunkwise_t2v_int2_jensen", SELF_FORCING_CAUSAL, 3, False),
-        ("jensen_kv_core_ar_framewise_t2v_int2_jensen", CAUSAL_FORCING_FRAMEWISE, 1, False),
-        ("jensen_kv_core_ar_i2v_framewise_int2_jensen", CAUSAL_FORCING_FRAMEWISE, 1, True),
+        ("13 Core AR sampler, chunk-wise", SELF_FORCING_CAUSAL, 3, False),
+        ("14 Core AR sampler, frame-wise", CAUSAL_FORCING_FRAMEWISE, 1, False),
+        ("15 Core AR sampler, image to video", CAUSAL_FORCING_FRAMEWISE, 1, True),
     ],
 )
 def test_wan_core_workflows_wire_the_pack_in_front_of_core_sampler(name, unet, block, i2v):
@@ -124,8 +124,8 @@ def test_wan_core_workflows_wire_the_pack_in_front_of_core_sampler(name, unet, b
 
 
 def test_tiny_core_demo_mirrors_the_chunked_ar_demo_with_three_caches():
-    g = graph("jensen_kv_core_ar_tiny_cpu_demo")
-    old = graph("jensen_kv_tiny_ar_cpu_demo")
+    g = graph("02 Tiny AR, core sampler - runs on a CPU, no download")
+    old = graph("01 Tiny AR demo - runs on a CPU, no download")
     assert only(g, "UNETLoader")["widgets_values"][0] == TINY_AR
     assert only(g, "ModelSamplingSD3")["widgets_values"] == only(old, "ModelSamplingSD3")["widgets_values"] == [3]
     assert only(g, "JensenKVTinyARPrompt")["widgets_values"] == only(old, "JensenKVTinyARPrompt")["widgets_values"]
@@ -184,7 +184,7 @@ def test_tiny_core_demo_runs_three_different_caches_in_a_live_server(server):
     import numpy as np
     from PIL import Image
 
-    wf = json.loads((WORKFLOW_DIR / "jensen_kv_core_ar_tiny_cpu_demo.json").read_text())
+    wf = json.loads((WORKFLOW_DIR / "02 Tiny AR, core sampler - runs on a CPU, no download.json").read_text())
     unets = server.object_info["UNETLoader"]["input"]["required"]["unet_name"][0]
     assert TINY_AR in unets  # the pack registered its bundled model folder
     prompt = ui_to_api(wf, server.object_info)

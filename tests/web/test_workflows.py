@@ -1,4 +1,4 @@
-"""The shipped workflows (workflows/*.json, UI format) against a live ComfyUI's /object_info.
+"""The shipped workflows (example_workflows/*.json, UI format) against a live ComfyUI's /object_info.
 
 Every node type exists, every widget value is valid for its input (combo value among the options,
 numbers in range, the right kind), every link joins an output and an input of the same type,
@@ -33,7 +33,7 @@ from workflow_specs import (
     write_placeholder_files,
 )
 
-WORKFLOW_DIR = PACK_ROOT / "workflows"
+WORKFLOW_DIR = PACK_ROOT / "example_workflows"
 FILES = sorted(WORKFLOW_DIR.glob("*.json"))
 FRONTEND_ONLY = {"Note", "MarkdownNote", "Reroute", "PrimitiveNode"}  # virtual nodes of the front end
 #: input types whose widgets depend on another widget's value (0.33's Save Video ``format``)
@@ -265,7 +265,7 @@ def test_every_model_file_has_an_entry_with_a_url_and_the_folder_its_loader_read
             )
             assert name in MODEL_FILES[entry["directory"]], f"{name} is not a placeholder of {entry['directory']}"
             assert entry["url"].endswith((".safetensors", ".sft")), entry  # the file itself, not a page
-    if "tiny" not in path.stem:
+    if "tiny" not in path.stem.lower():
         assert named, f"{path.name} names no model file"
 
 
@@ -277,9 +277,9 @@ def _sampler_widgets(g: Graph, node: dict) -> dict:
 @pytest.mark.parametrize(
     "name,preset,steps",
     [
-        ("jensen_kv_self_forcing_t2v_int2_jensen", "self_forcing_4step", 4),
-        ("jensen_kv_longlive_t2v_int2_jensen", "longlive_4step", 4),
-        ("jensen_kv_causvid_t2v_int2_jensen", "causvid_3step", 3),
+        ("03 Self-Forcing text to video", "self_forcing_4step", 4),
+        ("06 LongLive 30 s text to video", "longlive_4step", 4),
+        ("05 CausVid text to video", "causvid_3step", 3),
     ],
 )
 def test_few_step_workflows_use_their_reference_schedule(name, preset, steps):
@@ -310,7 +310,7 @@ def test_the_longlive_workflow_keeps_what_longlive_attends():
     and the base is converted with its LoRA merged."""
     from jensen_core.retention import Retention
 
-    g = Graph(by_name("jensen_kv_longlive_t2v_int2_jensen"))
+    g = Graph(by_name("06 LongLive 30 s text to video"))
     (sampler,) = g.of_type("JensenKVChunkedARSampler")
     w = _sampler_widgets(g, sampler)
     rule = Retention.from_local_attention(12, 3, 3)
@@ -322,7 +322,7 @@ def test_the_longlive_workflow_keeps_what_longlive_attends():
     assert "--lora lora.pt" in note and "generator entry" in note and "local_attn_size 12 and sink_size 3" in note
 
 
-@pytest.mark.parametrize("name", ["jensen_kv_longlive_t2v_int2_jensen", "jensen_kv_story_prompt_schedule_int2_jensen"])
+@pytest.mark.parametrize("name", ["06 LongLive 30 s text to video", "16 Story with a prompt schedule"])
 def test_prompt_switches_re_cache_as_longlive_does_and_the_note_says_which_is_which(name):
     """LongLive keeps the old prompt's sink on a switch: the workflows re-cache its way, and their Notes call the
     causal mode the pack's own, not LongLive's."""
@@ -339,7 +339,7 @@ def test_prompt_switches_re_cache_as_longlive_does_and_the_note_says_which_is_wh
 def test_the_causal_forcing_workflow_runs_its_first_frame_on_four_steps():
     """Causal Forcing++ frame-wise 2-step: chunk_frames 1, lcm, the 2-step preset as sigmas and the 4-step one on
     first_chunk_sigmas (the reference's denoising_step_list_first_chunk)."""
-    g = Graph(by_name("jensen_kv_causal_forcing_framewise_2step_int2_jensen"))
+    g = Graph(by_name("08 Causal Forcing frame-wise 2-step"))
     (sampler,) = g.of_type("JensenKVChunkedARSampler")
     w = _sampler_widgets(g, sampler)
     assert (w["chunk_frames"], w["cfg"], w["first_chunk_frames"]) == (1, 1, 0)
@@ -352,7 +352,7 @@ def test_the_causal_forcing_workflow_runs_its_first_frame_on_four_steps():
 
 
 def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt_and_full_unipc_sigmas():
-    g = Graph(by_name("jensen_kv_skyreels_v2_df_cfg_int2_jensen"))
+    g = Graph(by_name("07 SkyReels-V2 DF with cfg 6"))
     (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
     assert sampler["type"] == "JensenKVChunkedARSampler", "the KSampler-style node would drop UniPC's penultimate sigma"
     assert _sampler_widgets(g, sampler)["cfg"] > 1, "cfg > 1: both CFG branches cached"
@@ -368,7 +368,7 @@ def test_skyreels_uses_cfg_above_1_with_a_real_negative_prompt_and_full_unipc_si
         assert fact in note, fact
 
 
-@pytest.mark.parametrize("name", ["jensen_kv_skyreels_v2_df_cfg_int2_jensen", "jensen_kv_extend_clip_skyreels_v2_df"])
+@pytest.mark.parametrize("name", ["07 SkyReels-V2 DF with cfg 6", "18 Extend a clip with SkyReels-V2 DF"])
 def test_skyreels_notes_say_it_is_an_experimental_causal_variant_and_the_fps_drop_changes_the_output(name):
     note = " ".join(Graph(by_name(name)).note_text().split())
     for fact in (
@@ -384,7 +384,7 @@ def test_skyreels_notes_say_it_is_an_experimental_causal_variant_and_the_fps_dro
 
 
 def test_long_video_workflows_wire_what_they_promise():
-    story = Graph(by_name("jensen_kv_story_prompt_schedule_int2_jensen"))
+    story = Graph(by_name("16 Story with a prompt schedule"))
     (sampler,) = [n for n in story.wf["nodes"] if n["type"] in SAMPLERS]
     starts, n = [], story.upstream(sampler, "positive")
     while n is not None and n["type"] == "JensenKVPromptSchedule":
@@ -396,13 +396,13 @@ def test_long_video_workflows_wire_what_they_promise():
     (save,) = story.of_type("JensenKVSaveKVCache")
     assert story.upstream(save, "kv_cache")["id"] == sampler["id"]
     assert STORY_CACHE.split("/")[-1].startswith(save["widgets_values"][0].split("/")[-1])
-    cont = Graph(by_name("jensen_kv_continue_saved_kv_cache"))
+    cont = Graph(by_name("19 Continue from a saved KV cache"))
     (sampler,) = [n for n in cont.wf["nodes"] if n["type"] in SAMPLERS]
     load = cont.upstream(sampler, "kv_cache")
     assert load["type"] == "JensenKVLoadKVCache" and load["widgets_values"][0] == STORY_CACHE
     cw = _sampler_widgets(cont, sampler)
     assert (cw["chunk_frames"], cw["window_chunks"], cw["sink_chunks"]) == (3, 6, 1)  # as the story saved it
-    for name in ("jensen_kv_extend_clip_self_forcing", "jensen_kv_extend_clip_skyreels_v2_df"):
+    for name in ("17 Extend a clip with Self-Forcing", "18 Extend a clip with SkyReels-V2 DF"):
         g = Graph(by_name(name))
         (sampler,) = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
         enc = g.upstream(sampler, "prefix")
@@ -415,7 +415,7 @@ def test_the_magi1_workflow_samples_the_distilled_4p5b_through_int2_and_jensen()
     """MAGI-1 4.5B distill, text to video: Load MAGI-1 Model -> Quantize KV Cache (INT2) -> Jensen (taylor) -> MAGI-1
     AR Sampler at the reference's window 4 and key ranges 5,4,3,2, decoded by MAGI-1 VAE Decode; T5 through MAGI-1
     Text Encode; the Note names the converter and the memory it saves."""
-    g = Graph(by_name("jensen_kv_magi1_4p5b_distill_t2v_int2_jensen"))
+    g = Graph(by_name("10 MAGI-1 4.5B distill text to video"))
     (sampler,) = g.of_type("JensenKVMagi1ARSampler")
     assert g.model_chain(sampler) == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache", "JensenKVLoadMagi1"]
     (load,) = g.of_type("JensenKVLoadMagi1")
@@ -445,7 +445,7 @@ def test_the_magi1_workflow_samples_the_distilled_4p5b_through_int2_and_jensen()
 
 
 def test_tiny_cpu_demo_runs_three_caches_of_the_bundled_model():
-    g = Graph(by_name("jensen_kv_tiny_ar_cpu_demo"))
+    g = Graph(by_name("01 Tiny AR demo - runs on a CPU, no download"))
     (unet,) = g.of_type("UNETLoader")
     assert unet["widgets_values"][0] == "jensen-kv-tiny-ar.safetensors"
     samplers = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
@@ -477,7 +477,7 @@ def test_tiny_cpu_demo_runs_three_caches_of_the_bundled_model():
 
 
 def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():
-    g = Graph(by_name("jensen_kv_ab_bf16_int2_jensen"))
+    g = Graph(by_name("04 Same seed - BF16, INT2, INT2 + Jensen"))
     samplers = [n for n in g.wf["nodes"] if n["type"] in SAMPLERS]
     assert len(samplers) == 3
     assert len({tuple(s["widgets_values"]) for s in samplers}) == 1, "same seed, cfg, chunking for all arms"
@@ -534,7 +534,7 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
         assert "default" in specs[name][1], f"{name} needs a default for old workflows"
     assert specs["method"][1]["default"] == "rtn"  # an old workflow keeps plain RTN
     assert specs["recent_chunks_bits"][1]["default"] == specs["sink_bits"][1]["default"] == "off"  # and one precision
-    wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
+    wf = by_name("03 Self-Forcing text to video")
     quant = next(n for n in wf["nodes"] if n["type"] == "JensenKVQuantizeKVCache")
     assert quant["widgets_values"][len(old) : len(old) + len(qvg)] == [specs[n][1]["default"] for n in qvg]
     # such a file is valid: the front end fills the four new widgets with their defaults
@@ -549,7 +549,7 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
 @pytest.mark.server
 def test_validator_catches_broken_workflows(object_info):
     """The checks above can fail: break a copy of a workflow in each way they look for."""
-    wf = by_name("jensen_kv_self_forcing_t2v_int2_jensen")
+    wf = by_name("03 Self-Forcing text to video")
     assert validate(wf, object_info) == []
 
     def broken(mutate):
@@ -614,7 +614,7 @@ def test_family_loaders_list_no_bundled_tiny_wan_file(object_info):
 @pytest.mark.comfyui
 @pytest.mark.server
 def test_server_offers_the_workflows_as_templates(object_info):
-    """ComfyUI lists a pack's workflows/ (or example_workflows/) in its template browser."""
+    """ComfyUI lists a pack's example_workflows/ (or example_workflows/) in its template browser."""
     listed = object_info["__templates__"]
     ours = next((v for k, v in listed.items() if k.endswith("comfyui-jensen-kv")), None)
     assert ours is not None, listed

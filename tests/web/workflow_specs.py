@@ -3,7 +3,7 @@
 ``python tests/web/build_workflows.py`` starts a throwaway ComfyUI server with the pack, opens the
 front end in headless Chromium, creates each graph below with LiteGraph (nodes, widget values by
 name, links by slot name), and saves ``app.graph.serialize()`` - exactly what ComfyUI's Save writes
-- to ``workflows/<name>.json``. The tests read the JSON files; this module also tells them which
+- to ``example_workflows/<name>.json``. The tests read the JSON files; this module also tells them which
 model file names the loaders use, so placeholder files can be created for combo validation.
 """
 
@@ -280,7 +280,7 @@ SkyReels-V2's video-extension mode (its prefix_video, with addnoise_condition 0)
 {_COMMON_FILES}
 {_SKYREELS_FILE}"""
 
-NOTE_TINY = """Try it on any CPU: the pack's tiny trained AR model, one seed through three caches
+NOTE_TINY = """Tiny AR demo - runs on a CPU, no download: the pack's tiny trained AR model, one seed through three caches
 
 jensen-kv-tiny-ar is a 6M-parameter Wan 2.1 model (2 heads x 128, 4 blocks) trained by this pack on
 synthetic latent videos: coloured balls that bounce and occlude over a panning texture
@@ -415,7 +415,7 @@ def _self_forcing() -> dict:
     return _few_step(
         SELF_FORCING,
         NOTE_SELF_FORCING,
-        "jensen_kv_self_forcing_t2v_int2_jensen",
+        "03 Self-Forcing text to video",
         SF_SCHEDULE,
         "jensen_kv/self_forcing_int2_jensen",
         "Self-Forcing schedule (t = 1000, 937.5, 833.3, 625)",
@@ -426,7 +426,7 @@ def _longlive() -> dict:
     spec = _few_step(
         LONGLIVE,
         NOTE_LONGLIVE,
-        "jensen_kv_longlive_t2v_int2_jensen",
+        "06 LongLive 30 s text to video",
         {**SF_SCHEDULE, "preset": "longlive_4step"},
         "jensen_kv/longlive_int2_jensen",
         "LongLive schedule (t = 1000, 937.5, 833.3, 625)",
@@ -470,7 +470,7 @@ def _causal_forcing() -> dict:
     spec = _few_step(
         CAUSAL_FORCING,
         NOTE_CAUSAL_FORCING,
-        "jensen_kv_causal_forcing_framewise_2step_int2_jensen",
+        "08 Causal Forcing frame-wise 2-step",
         {**SF_SCHEDULE, "preset": "causal_forcing_framewise_2step"},
         "jensen_kv/causal_forcing_2step_int2_jensen",
         "Causal Forcing++ 2-step schedule (t = 1000, 833.3)",
@@ -496,7 +496,7 @@ def _krea() -> dict:
     spec = _few_step(
         KREA,
         NOTE_KREA,
-        "jensen_kv_krea_realtime_14b_t2v_int2_jensen",
+        "09 Krea Realtime 14B text to video",
         {**SF_SCHEDULE, "preset": "manual", "manual": "1000, 750, 500, 250"},
         "jensen_kv/krea_realtime_int2_jensen",
         "Krea schedule (t = 1000, 750, 500, 250, unwarped)",
@@ -515,7 +515,7 @@ def _causvid() -> dict:
     return _few_step(
         CAUSVID,
         NOTE_CAUSVID,
-        "jensen_kv_causvid_t2v_int2_jensen",
+        "05 CausVid text to video",
         {**SF_SCHEDULE, "preset": "causvid_3step"},
         "jensen_kv/causvid_int2_jensen",
         "CausVid 3-step schedule (t = 1000, 757, 522)",
@@ -569,7 +569,7 @@ def _skyreels() -> dict:
         ("vae", "VAE", "decode", "vae"),
         ("decode", "IMAGE", "save", "images"),
     ]
-    return {"name": "jensen_kv_skyreels_v2_df_cfg_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+    return {"name": "07 SkyReels-V2 DF with cfg 6", "nodes": nodes, "links": links, "groups": []}
 
 
 def _ab() -> dict:
@@ -627,7 +627,13 @@ def _ab() -> dict:
         {"title": "B: INT2 cache", "members": ["quant", "s_int2", "d_int2"], "color": "#a1309b"},
         {"title": "C: INT2 + Jensen bias correction", "members": ["jensen", "s_jensen", "d_jensen"], "color": "#8A8"},
     ]
-    return {"name": "jensen_kv_ab_bf16_int2_jensen", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
+    return {
+        "name": "04 Same seed - BF16, INT2, INT2 + Jensen",
+        "nodes": nodes,
+        "links": links,
+        "groups": groups,
+        "gap_y": 110,
+    }
 
 
 def _story() -> dict:
@@ -696,7 +702,7 @@ def _story() -> dict:
         ("vae", "VAE", "decode", "vae"),
         ("decode", "IMAGE", "save", "images"),
     ]
-    return {"name": "jensen_kv_story_prompt_schedule_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+    return {"name": "16 Story with a prompt schedule", "nodes": nodes, "links": links, "groups": []}
 
 
 def _continue() -> dict:
@@ -745,7 +751,7 @@ def _continue() -> dict:
         ("vae", "VAE", "decode", "vae"),
         ("decode", "IMAGE", "save", "images"),
     ]
-    return {"name": "jensen_kv_continue_saved_kv_cache", "nodes": nodes, "links": links, "groups": []}
+    return {"name": "19 Continue from a saved KV cache", "nodes": nodes, "links": links, "groups": []}
 
 
 def _extend(model: str) -> dict:
@@ -808,7 +814,7 @@ def _extend(model: str) -> dict:
         ("vae", "VAE", "decode", "vae"),
         ("decode", "IMAGE", "save", "images"),
     ]
-    name = "jensen_kv_extend_clip_skyreels_v2_df" if sky else "jensen_kv_extend_clip_self_forcing"
+    name = "18 Extend a clip with SkyReels-V2 DF" if sky else "17 Extend a clip with Self-Forcing"
     return {"name": name, "nodes": nodes, "links": links, "groups": []}
 
 
@@ -903,7 +909,13 @@ def _tiny_cpu_demo() -> dict:
         {"title": "B: INT2 cache", "members": ["quant", "s_int2", "d_int2"], "color": "#a1309b"},
         {"title": "C: INT2 + Jensen bias correction", "members": ["jensen", "s_jensen", "d_jensen"], "color": "#8A8"},
     ]
-    return {"name": "jensen_kv_tiny_ar_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
+    return {
+        "name": "01 Tiny AR demo - runs on a CPU, no download",
+        "nodes": nodes,
+        "links": links,
+        "groups": groups,
+        "gap_y": 110,
+    }
 
 
 NOTE_MAGI1 = f"""MAGI-1 4.5B distill, text to video, with a 2-bit KV cache + Jensen bias correction
@@ -988,7 +1000,7 @@ def _magi1() -> dict:
         ("vae", "MAGI1_VAE", "decode", "magi1_vae"),
         ("decode", "IMAGE", "save", "images"),
     ]
-    return {"name": "jensen_kv_magi1_4p5b_distill_t2v_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+    return {"name": "10 MAGI-1 4.5B distill text to video", "nodes": nodes, "links": links, "groups": []}
 
 
 WORKFLOWS: list[dict] = [
@@ -1256,7 +1268,7 @@ sink 1).
 {_COMMON_FILES}
 {_CAUSAL_FORCING_FRAMEWISE_FILE}"""
 
-NOTE_CORE_TINY = """Try ComfyUI's own AR sampler on any CPU: the pack's tiny trained AR model, one seed through three caches
+NOTE_CORE_TINY = """Tiny AR on ComfyUI's own AR sampler - runs on a CPU, no download: the pack's tiny trained AR model, one seed through three caches
 
 The tiny CPU demo again, sampled by ComfyUI's own AR sampler (SamplerCustomAdvanced + SamplerARVideo)
 instead of the pack's Chunked AR Video Sampler. jensen-kv-tiny-ar is a 6M-parameter Wan 2.1 model
@@ -1372,9 +1384,9 @@ def _core_ar(kind: str) -> dict:
         ("sampler", "LATENT", "report", "samples"),
     ]
     name = {
-        "chunkwise": "jensen_kv_core_ar_chunkwise_t2v_int2_jensen",
-        "framewise": "jensen_kv_core_ar_framewise_t2v_int2_jensen",
-        "i2v": "jensen_kv_core_ar_i2v_framewise_int2_jensen",
+        "chunkwise": "13 Core AR sampler, chunk-wise",
+        "framewise": "14 Core AR sampler, frame-wise",
+        "i2v": "15 Core AR sampler, image to video",
     }[kind]
     return {"name": name, "nodes": nodes, "links": links, "groups": []}
 
@@ -1489,7 +1501,13 @@ def _core_ar_tiny_cpu_demo() -> dict:
             "color": "#8A8",
         },
     ]
-    return {"name": "jensen_kv_core_ar_tiny_cpu_demo", "nodes": nodes, "links": links, "groups": groups, "gap_y": 110}
+    return {
+        "name": "02 Tiny AR, core sampler - runs on a CPU, no download",
+        "nodes": nodes,
+        "links": links,
+        "groups": groups,
+        "gap_y": 110,
+    }
 
 
 #: the workflows on ComfyUI's own AR sampler (v0.27+), built and tested apart from the others (see above)
@@ -1626,7 +1644,7 @@ def _worldplay_i2v() -> dict:
         ("vae", "VAE", "decode", "vae"),
         ("decode", "IMAGE", "save", "images"),
     ]
-    return {"name": "jensen_kv_worldplay_i2v_480p_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+    return {"name": "12 HY-WorldPlay image to video", "nodes": nodes, "links": links, "groups": []}
 
 
 #: the workflows on ComfyUI's HunyuanVideo 1.5 (v0.27+), built and tested apart from the others (see above)
@@ -1727,7 +1745,7 @@ def _lingbot_i2v() -> dict:
         ("vae", "VAE", "decode", "vae"),
         ("decode", "IMAGE", "save", "images"),
     ]
-    return {"name": "jensen_kv_lingbot_world_1p3b_i2v_int2_jensen", "nodes": nodes, "links": links, "groups": []}
+    return {"name": "11 LingBot-World image to video", "nodes": nodes, "links": links, "groups": []}
 
 
 LINGBOT_WORKFLOWS: list[dict] = [_lingbot_i2v()]
