@@ -1,6 +1,6 @@
 """The paper's Table 1 in MAGI-1's own setting, on the pack's trained tiny MAGI-1 (issue 40, item 2).
 
-    nice -n 10 python benchmarks/magi1_quality.py --threads 1 --out docs/results   # 8 seeds x 6 chunks, ~25 min
+    nice -n 10 python benchmarks/magi1_quality.py --threads 1 --out docs/results   # 8 seeds x 6 chunks: 36 min (shared)
     python benchmarks/magi1_quality.py --quick                    # 2 seeds x 2 chunks, 8 steps (the test runs it)
 
 The model: ``models/tiny_magi1`` (5.4M parameters, 4 query heads over 2 K/V heads of 64, chunks of 6 latent frames
