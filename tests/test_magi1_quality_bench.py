@@ -105,7 +105,7 @@ def test_latent_ssim_and_psnr(bench):
     assert 0 < one < 1
 
 
-@pytest.mark.slow  # --quick: 36 rollouts, 50 s on the shared 2 cores
+@pytest.mark.slow  # --quick: 36 rollouts, 50-90 s on the shared 2 cores
 def test_quick_run_gives_every_row_paired_and_finite(bench, tmp_path):
     r = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
