@@ -49,12 +49,14 @@ class Position(NamedTuple):
 
 class CacheUsage(NamedTuple):
     """What a run's caches cost, as its report reads it: the peak bytes (and what the same tokens cost in BF16), the
-    chunks requantized as they left an age tier, the CFG branches cached (0 = cond, 1 = uncond)."""
+    chunks requantized as they left an age tier, the CFG branches cached (0 = cond, 1 = uncond), and under precision
+    by head the K/V heads each layer kept at the head bits (the first branch written; empty without it)."""
 
     peak_bytes: int
     peak_bf16_bytes: int
     chunks_demoted: int
     branches: list[int]
+    promoted_heads: Mapping[int, tuple[int, ...]] | None = None
 
 
 class RunCaches:
@@ -98,6 +100,7 @@ class RunCaches:
         self._step = 0
         self._peak_bytes = 0
         self._peak_bf16_bytes = 0
+        self._promoted_heads: dict[int, tuple[int, ...]] = {}  # precision by head: each layer's choice, kept past free
         self._chunks_demoted = 0  # chunks requantized at the specs' bits as they left an age tier (all caches)
         self._active = True
         self._head_offset = 0  # global index of the caches' first head (a sequence-parallel rank's share)
@@ -134,7 +137,9 @@ class RunCaches:
     @property
     def usage(self) -> CacheUsage:
         """The peak, the demotions and the branches, in one read (survives :meth:`free`)."""
-        return CacheUsage(self._peak_bytes, self._peak_bf16_bytes, self._chunks_demoted, self.branches)
+        return CacheUsage(
+            self._peak_bytes, self._peak_bf16_bytes, self._chunks_demoted, self.branches, dict(self._promoted_heads)
+        )
 
     @property
     def bytes_after_write(self) -> list[int]:
@@ -386,6 +391,8 @@ class RunCaches:
         else:
             cache.append(k, v, q)
         self._chunks_demoted += cache.chunks_demoted - before
+        if cache.promoted_heads is not None:
+            self._promoted_heads.setdefault(layer, cache.promoted_heads)
         self._written[key] = self._chunk
         self._branches_written.add(branch)
 

@@ -33,6 +33,8 @@ const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale
   "method", "qvg_stages", "qvg_centroids", "qvg_iters"];
 // precision by age: only the plan takes them (each held chunk at its own bits)
 const TIER_WIDGETS = ["recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"];
+// precision by head: only the plan takes them too (the promoted heads' keys at head_bits)
+const HEAD_WIDGETS = ["head_bits", "head_fraction"];
 // planner fields that "follow the workflow" reads from the latent and sampler nodes
 const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
 const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches", "ranks"];
@@ -404,7 +406,7 @@ function requestFor(node, state) {
   const { found, fields, sampler } = state.follow ? fromWorkflow(node) : { found: {}, fields: {}, sampler: null };
   const values = { ...state, ...found };
   const plan = { ...spec, preset: values.preset, ...fields };
-  for (const name of TIER_WIDGETS) {
+  for (const name of [...TIER_WIDGETS, ...HEAD_WIDGETS]) {
     const v = widgetValue(node, name);
     if (v != null) plan[name] = String(v);
   }
