@@ -3,9 +3,9 @@
     python benchmarks/head_bits.py                 # both trained tiny models, 4 seeds each (~25 min, shared 2 cores)
     python benchmarks/head_bits.py --quick         # 1 seed, 2 chunks each (~2 min): the smoke test's run
 
-On the pack's trained tiny MAGI-1 (models/tiny_magi1: 4 layers, 4 query heads over 2 K/V heads of 64, chunks of 6
+On the pack's trained tiny MAGI-1 (models/tiny_magi1: 4 layers of 4 query heads over 2 K/V heads of 64, chunks of 6
 latent frames, text to video through the MAGI-1 AR Sampler's recipe, window 4) and the trained tiny AR model
-(models/tiny_ar: the Wan-style model, 4 heads of 64, chunks of 3 latent frames, a 2-chunk ground-truth prefix, then
+(models/tiny_ar: the Wan-style model, 4 layers of 2 heads of 128, chunks of 3 latent frames, a 2-chunk ground-truth prefix, then
 ``--chunks`` generated chunks, window 3), each setting's rollout is compared with the full-precision rollout of the
 same seed: latent PSNR over the generated chunks (MAGI-1: every chunk but the first, which no cache reaches).
 
@@ -17,7 +17,8 @@ Settings (all QuaRot, FP8 scales, group 32, values INT2, Jensen Taylor correctio
 - ``K INT3``: uniform INT3 keys, 3.75 bits: the *same* key bits spent on every head (the equal-bits match).
 
 Paired over seeds: each row's mean PSNR +- SE, and its difference from ``K INT2 + head_bits`` per seed (mean +- SE).
-The effective bits are the run's report (peak bytes x 8 / elements, keys and values together).
+The effective bits are the run's report (peak bytes x 8 / elements, keys and values together); the promoted heads
+are the report's, one digit per layer (the promoted K/V head of each of the 4 layers), one group per seed.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _rows(name_to_psnr: dict[str, list[float]], bits: dict[str, float], heads: d
                 "psnr_se": se,
                 "minus_head_bits": statistics.fmean(diff),
                 "minus_head_bits_se": dse,
-                "promoted": heads.get(name),
+                "promoted": None if heads.get(name, [None])[0] is None else " ".join(heads[name]),
                 "per_seed": vals,
             }
         )
@@ -95,7 +96,7 @@ def tiny_ar_rows(args, nodes) -> list[dict]:
             ]
             psnrs[name].append(statistics.fmean(per_chunk))
             bits[name] = report["effective_bits"]
-            heads[name] = report["promoted_heads"]
+            heads.setdefault(name, []).append(_heads_text(report["promoted_heads"]))
         print(f"   tiny AR seed {i + 1}/{args.seeds} done at {time.perf_counter() - T0:.0f} s", flush=True)
     return _rows(psnrs, bits, heads)
 
@@ -135,9 +136,16 @@ def magi1_rows(args, nodes, pack) -> list[dict]:
             ]
             psnrs[name].append(statistics.fmean(per_chunk))
             bits[name] = report["effective_bits"]
-            heads[name] = report.get("promoted_heads")
+            heads.setdefault(name, []).append(_heads_text(report["promoted_heads"]))
         print(f"   MAGI-1 seed {i + 1}/{args.seeds} done at {time.perf_counter() - T0:.0f} s", flush=True)
     return _rows(psnrs, bits, heads)
+
+
+def _heads_text(promoted) -> str | None:
+    """``[[1], [0], [1], [0]]`` -> ``"1010"`` (each layer's promoted heads; None without precision by head)."""
+    if promoted is None:
+        return None
+    return "".join("".join(map(str, p)) if p is not None else "-" for p in promoted)
 
 
 def _psnr(ref: torch.Tensor, x: torch.Tensor, peak: float) -> float:
@@ -147,7 +155,9 @@ def _psnr(ref: torch.Tensor, x: torch.Tensor, peak: float) -> float:
 
 def print_rows(title: str, rows: list[dict]) -> None:
     print(title)
-    print(f"{'setting':40} {'eff. bits':>9} {'latent PSNR (dB)':>17} {'minus head_bits (dB)':>21}  promoted K/V heads")
+    print(
+        f"{'setting':40} {'eff. bits':>9} {'latent PSNR (dB)':>17} {'minus head_bits (dB)':>21}  promoted K/V head per layer, per seed"
+    )
     for r in rows:
         print(
             f"{r['setting']:40} {r['effective_bits']:9.3f} {r['psnr']:10.2f} +- {r['psnr_se']:.2f} "

@@ -29,6 +29,6 @@ def test_quick_head_bits_benchmark_is_at_equal_bits_and_beats_uniform_int2(comfy
         assert promoted["effective_bits"] == pytest.approx((3.75 + 2.75) / 2, abs=1e-9)
         assert uniform["effective_bits"] == pytest.approx(2.75, abs=1e-9)
         # both models have 2 K/V heads per layer (MAGI-1: 4 query heads over 2), half promoted: one per layer
-        assert all(len(p) == 1 for p in promoted["promoted"]) and len(promoted["promoted"]) == 4
+        assert len(promoted["promoted"]) == 4 and set(promoted["promoted"]) <= set("01")  # 1 seed: "1010"
         # 1 seed: the measured gap is > 1 dB on this CPU (docs/results.md); a 0.3 dB margin leaves room for others
         assert promoted["psnr"] > uniform["psnr"] + 0.3, (model, promoted["psnr"], uniform["psnr"])
