@@ -415,8 +415,8 @@ class ChunkCache:
         """Flat dict of tensors (safetensors-ready); the layout is JSON in ``__jensen_kv_meta__``."""
         if self.head_bits is not None:
             raise ValueError(
-                "a KV cache with head_bits (precision by head) cannot be saved yet; set head_bits off in Quantize KV "
-                "Cache to save or hand on the cache"
+                "a KV cache with head_bits (precision by head) cannot be saved to a file yet; set head_bits off in "
+                "Quantize KV Cache to save it"
             )
         sd: dict[str, Tensor] = {}
         for i, e in enumerate(self._entries):

@@ -188,7 +188,7 @@ def test_a_cache_with_head_bits_refuses_to_save_and_copies_its_choice():
     assert other.promoted_heads == (3,) and other.nbytes == cache.nbytes
     cache.clear()
     assert cache.promoted_heads == (3,)  # fixed for the run, even when the cache is emptied and written again
-    with pytest.raises(ValueError, match="cannot be saved yet; set head_bits off"):
+    with pytest.raises(ValueError, match="cannot be saved to a file yet; set head_bits off"):
         other.state_dict()
     # a chunk prepared by a fresh cache (core's block in flight) sets the choice of the cache that stores it
     fresh = ChunkCache(SPEC, SPEC, head_bits=HeadBits(4, 0.25))
