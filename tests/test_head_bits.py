@@ -198,3 +198,22 @@ def test_a_cache_with_head_bits_refuses_to_save_and_copies_its_choice():
     q2, k2, v2 = _qkv(seed=3, loud=0)
     with pytest.raises(ValueError, match="keeps heads \\(0,\\) at head_bits but this cache keeps \\(3,\\)"):
         target.append_prepared(ChunkCache(SPEC, SPEC, head_bits=HeadBits(4, 0.25)).prepare(k2, v2, q2))
+
+
+def test_sequence_parallel_ranks_promote_within_their_own_heads():
+    """2 ranks of 2 of 4 K/V heads, a quarter promoted: each rank's caches promote ceil(0.25 x 2) = 1 of their heads
+    (2 in all, where one process would promote 1); the plan's bytes are one rank's cache, the all-ranks bytes twice."""
+    hb = HeadBits(4, 0.25)
+    kw = dict(
+        latent_frames=3, latent_height=2, latent_width=2, chunk_frames=1, window_chunks=0, layers=1, heads=4,
+        head_dim=64, geometry=GEOMETRY, spec_k=SPEC, spec_v=SPEC, head_bits=hb,
+    )  # fmt: skip
+    plan = plan_by_fields(**kw, ranks=2)
+    assert plan.promoted_heads == 1 and plan_by_fields(**kw).promoted_heads == 1
+    gen = torch.Generator().manual_seed(0)
+    rank = ChunkCache(SPEC, SPEC, head_bits=hb, head_offset=2)
+    for _ in range(2):
+        rank.append(*(torch.randn(1, 2, 1, 64, generator=gen) for _ in range(3)))
+    assert len(rank.promoted_heads) == 1
+    assert plan.quantized_bytes == rank.nbytes and plan.quantized_bytes_all_ranks == 2 * rank.nbytes
+    assert plan.quantized_bytes_all_ranks > plan_by_fields(**kw).quantized_bytes  # 2 heads promoted, not 1
