@@ -14,7 +14,9 @@ Settings (all QuaRot, FP8 scales, group 32, values INT2, Jensen Taylor correctio
 - ``K INT2``: uniform INT2 keys (2.75 bits) + correction, the baseline the issue names;
 - ``K INT2 + head_bits 4 @0.5``: half of each layer's K/V heads (those with the largest predicted bias at the first
   chunk) keep their keys at INT4: 0.5 x 4.75 + 0.5 x 2.75 = 3.75 key bits;
-- ``K INT3``: uniform INT3 keys, 3.75 bits: the *same* key bits spent on every head (the equal-bits match).
+- ``K INT3``: uniform INT3 keys, 3.75 bits: the *same* key bits spent on every head (the equal-bits match);
+- ``other half``: the same bytes on the heads with the *smallest* predicted bias (a control: does the choice
+  matter?), ``HeadBits(pick="smallest")`` put on the node's config (not a node input).
 
 Paired over seeds: each row's mean PSNR +- SE, and its difference from ``K INT2 + head_bits`` per seed (mean +- SE).
 The effective bits are the run's report (peak bytes x 8 / elements, keys and values together); the promoted heads
@@ -36,21 +38,32 @@ if str(ROOT) not in sys.path:  # the pack's jensen_core and jensen_testing; appe
 
 import torch  # noqa: E402
 
-#: (name, key bits, head_bits, head_fraction)
+#: (name, key bits, head_bits, head_fraction, which heads: the largest predicted bias, or the control's smallest)
 SETTINGS = [
-    ("K INT2", 2, "off", 0.5),
-    ("K INT2 + head_bits 4 @0.5", 2, "4", 0.5),
-    ("K INT3 (equal bits)", 3, "off", 0.5),
+    ("K INT2", 2, "off", 0.5, "largest"),
+    ("K INT2 + head_bits 4 @0.5", 2, "4", 0.5, "largest"),
+    ("K INT3 (equal bits)", 3, "off", 0.5, "largest"),
+    ("K INT2 + head_bits 4 @0.5, other half", 2, "4", 0.5, "smallest"),
 ]
 MAIN = SETTINGS[1][0]
 MAGI_SCALE = 0.18215  # the MAGI-1 LATENT is the DiT's latent / 0.18215
 
 
-def _patched(nodes, model, key_bits: int, head_bits: str, fraction: float):
+def _patched(nodes, model, key_bits: int, head_bits: str, fraction: float, pick: str):
     m = nodes.JensenKVQuantizeKVCache.execute(
         model, str(key_bits), "2", "32", "hadamard", "fp8_e4m3", 0, "rtn", 1, 0, 2, "off", 2, "off", "same",
         head_bits, fraction,
     ).args[0]  # fmt: skip
+    if pick != "largest":  # the control: the node's config with the other heads picked
+        import dataclasses
+        import importlib
+
+        pack = nodes.__name__.rsplit(".", 1)[0]  # the pack as ComfyUI imports it
+        config_mod = importlib.import_module(f"{pack}.runtime.config")
+        hb_mod = importlib.import_module(f"{pack}.jensen_core.head_bits")
+        config = config_mod.get_config(m.model_options)
+        hb = hb_mod.HeadBits(config.head_bits.bits, config.head_bits.fraction, pick)
+        config_mod.set_config(m, dataclasses.replace(config, head_bits=hb))  # m is the node's clone
     return nodes.JensenKVBiasCorrection.execute(m, "taylor", 1.0).args[0]
 
 
@@ -87,8 +100,8 @@ def tiny_ar_rows(args, nodes) -> list[dict]:
         seed = 100 + i
         ref, _ = tiny_ar.rollout(model, prompt, vseed, seed, args.chunks, 2, tiny_ar.STEPS, with_report=True)
         peak = float(ref.max() - ref.min())
-        for name, kb, hb, frac in SETTINGS:
-            m = _patched(nodes, model, kb, hb, frac)
+        for name, kb, hb, frac, pick in SETTINGS:
+            m = _patched(nodes, model, kb, hb, frac, pick)
             x, report = tiny_ar.rollout(m, prompt, vseed, seed, args.chunks, 2, tiny_ar.STEPS, with_report=True)
             per_chunk = [
                 tiny_ar.psnr(ref[:, c * Fr : (c + 1) * Fr], x[:, c * Fr : (c + 1) * Fr], peak)
@@ -128,8 +141,8 @@ def magi1_rows(args, nodes, pack) -> list[dict]:
         prompt, seed = i % len(tv.PROMPTS), 11 + i
         ref, _ = run(patcher, prompt, seed)
         peak = float(ref.max() - ref.min())
-        for name, kb, hb, frac in SETTINGS:
-            m = _patched(nodes, patcher, kb, hb, frac)
+        for name, kb, hb, frac, pick in SETTINGS:
+            m = _patched(nodes, patcher, kb, hb, frac, pick)
             x, report = run(m, prompt, seed)
             per_chunk = [
                 _psnr(ref[:, :, c * Fr : (c + 1) * Fr], x[:, :, c * Fr : (c + 1) * Fr], peak) for c in range(1, chunks)

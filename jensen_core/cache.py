@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .attention import CacheEntry, cached_attention
 from .cache_values import CachePrecision, check_head_bits
-from .head_bits import HeadBits, HeadBitsTensor, choose_heads, predicted_head_bias
+from .head_bits import HeadBits, HeadBitsTensor, predicted_head_bias
 from .methods import method_of
 from .quant import QuantizedTensor, StoredTensor, check_finite, quantize
 from .retention import Retention
@@ -260,7 +260,7 @@ class ChunkCache:
         hb = self.head_bits
         if self._promoted is None:
             low = quantize(k, self.spec_k, head_offset=self.head_offset)
-            self._promoted = choose_heads(predicted_head_bias(low, q), hb.count(k.shape[1]))
+            self._promoted = hb.choose(predicted_head_bias(low, q), k.shape[1])
         return HeadBitsTensor.quantize(k, self.spec_k, hb.spec_for(self.spec_k), self._promoted)
 
     def _new_chunk_specs(self) -> tuple[QuantSpec | None, QuantSpec | None]:

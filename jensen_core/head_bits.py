@@ -39,6 +39,8 @@ from .stored import StoredTensor
 
 #: bits a promoted head's keys may be stored at (0 = precision by head off, in the node's terms "off")
 HEAD_BITS = (3, 4, 8)
+#: which heads a :class:`HeadBits` promotes: those with the largest predicted bias, or (a control) the smallest
+PICKS = ("largest", "smallest")
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,12 @@ class HeadBits:
 
     bits: int = 4
     fraction: float = 0.25
+    #: which heads: "largest" predicted bias (the option); "smallest" is a control for benchmarks (not a node input)
+    pick: str = "largest"
 
     def __post_init__(self) -> None:
+        if self.pick not in PICKS:
+            raise ValueError(f"pick={self.pick!r} is not supported; use one of {PICKS}")
         b = self.bits
         if isinstance(b, bool) or not isinstance(b, int) or b not in HEAD_BITS:
             raise ValueError(f"head_bits={b!r} is not supported; use 3, 4 or 8 (or off)")
@@ -93,14 +99,18 @@ class HeadBits:
         hi = method_of(spec_k).effective_bits_for(self.spec_for(spec_k), head_dim, chunk_tokens)
         return (n * hi + (kv_heads - n) * lo) / kv_heads
 
+    def choose(self, score: Tensor, kv_heads: int) -> tuple[int, ...]:
+        """The heads to promote of ``kv_heads`` with predicted biases ``score`` (:func:`choose_heads`)."""
+        return choose_heads(score if self.pick == "largest" else -score, self.count(kv_heads))
+
     def __str__(self) -> str:
-        return f"{self.fraction:g}@{self.bits}"
+        return f"{self.fraction:g}@{self.bits}" + ("" if self.pick == "largest" else f"@{self.pick}")
 
     def describe(self) -> str:
         return f"keys of the {self.fraction:g} of heads with the largest predicted bias at {self.bits} bits"
 
     def to_dict(self) -> dict:
-        return {"bits": self.bits, "fraction": self.fraction}
+        return {"bits": self.bits, "fraction": self.fraction, **({} if self.pick == "largest" else {"pick": self.pick})}
 
 
 def predicted_head_bias(k_low: StoredTensor, q: Tensor | None = None) -> Tensor:

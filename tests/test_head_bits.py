@@ -43,6 +43,8 @@ def test_head_bits_counts_heads_and_names_bad_values():
         CachePrecision(None, SPEC, head_bits=HeadBits(4))
     with pytest.raises(ValueError, match="method 'rtn' only"):
         CachePrecision(QuantSpec(bits=2, method="qvg"), None, head_bits=HeadBits(4))
+    with pytest.raises(ValueError, match="pick='most' is not supported"):
+        HeadBits(4, 0.25, "most")
     with pytest.raises(ValueError, match="cannot be combined yet"):
         CachePrecision(SPEC, SPEC, AgeTiers(4, 1), HeadBits(4))
 
@@ -64,6 +66,15 @@ def test_the_head_whose_query_is_loud_is_promoted_and_no_other():
         cache.append(k2, v2, q2)
         assert cache.promoted_heads == (loud,)
         assert all(e.k.heads == (loud,) for e in cache.entries)
+
+
+def test_the_control_pick_promotes_the_smallest_bias_instead():
+    q, k, v = _qkv(loud=2)
+    score = predicted_head_bias(quantize(k, SPEC), q)
+    cache = ChunkCache(SPEC, SPEC, head_bits=HeadBits(4, 0.25, "smallest"))
+    cache.append(k, v, q)
+    assert cache.promoted_heads == (int(score.argmin()),) and cache.promoted_heads != (2,)
+    assert str(cache.head_bits) == "0.25@4@smallest" and str(HeadBits(4, 0.25)) == "0.25@4"
 
 
 def test_grouped_query_attention_promotes_per_kv_head():

@@ -30,5 +30,9 @@ def test_quick_head_bits_benchmark_is_at_equal_bits_and_beats_uniform_int2(comfy
         assert uniform["effective_bits"] == pytest.approx(2.75, abs=1e-9)
         # both models have 2 K/V heads per layer (MAGI-1: 4 query heads over 2), half promoted: one per layer
         assert len(promoted["promoted"]) == 4 and set(promoted["promoted"]) <= set("01")  # 1 seed: "1010"
+        # the control promotes the other head of every layer
+        other = rows["K INT2 + head_bits 4 @0.5, other half"]
+        assert other["effective_bits"] == promoted["effective_bits"]
+        assert all(a != b for a, b in zip(other["promoted"], promoted["promoted"]))
         # 1 seed: the measured gap is > 1 dB on this CPU (docs/results.md); a 0.3 dB margin leaves room for others
         assert promoted["psnr"] > uniform["psnr"] + 0.3, (model, promoted["psnr"], uniform["psnr"])
