@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from .attention import CacheEntry, cached_attention
-from .cache_values import CachePrecision
+from .cache_values import CachePrecision, check_head_bits
+from .head_bits import HeadBits, HeadBitsTensor, predicted_head_bias
 from .methods import method_of
 from .quant import QuantizedTensor, StoredTensor, check_finite, quantize
 from .retention import Retention
@@ -60,6 +61,10 @@ class ChunkCache:
     than the specs': a chunk is stored at its tier's bits and requantized at the spec's bits (from its
     stored form) when it leaves the recent tier. Every chunk keeps its own spec and step sizes.
 
+    ``head_bits`` (:class:`~jensen_core.head_bits.HeadBits`) keeps the keys of the K/V heads with the largest
+    predicted bias at more bits: chosen at the first chunk stored (from that chunk's queries, when given to
+    :meth:`append` / :meth:`prepare`) and kept for the cache's life (:attr:`promoted_heads`; :meth:`clear` keeps it).
+
     The cache holds the K/V heads (``heads`` in its layout); queries may have a multiple of them
     (grouped-query attention, :meth:`attend`). ``head_offset`` is the global index of its first head
     when it holds a slice of a layer's heads (a sequence-parallel rank): QVG's k-means is seeded per
@@ -74,6 +79,7 @@ class ChunkCache:
         sink_chunks: int = 0,
         tiers: AgeTiers | None = None,
         head_offset: int = 0,
+        head_bits: HeadBits | None = None,
     ):
         if isinstance(head_offset, bool) or not isinstance(head_offset, int) or not 0 <= head_offset <= MAX_DIM:
             raise ValueError(
@@ -84,7 +90,13 @@ class ChunkCache:
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
         if tiers is not None and not isinstance(tiers, AgeTiers):
             raise TypeError(f"tiers must be an AgeTiers or None, got {type(tiers).__name__}")
+        if head_bits is not None:
+            if not isinstance(head_bits, HeadBits):
+                raise TypeError(f"head_bits must be a HeadBits or None, got {type(head_bits).__name__}")
+            check_head_bits(spec_k, tiers, head_bits)
         self.retention = Retention(window_chunks, sink_chunks)  # checks both, names a bad one
+        self.head_bits = head_bits
+        self._promoted: tuple[int, ...] | None = None  # precision by head: chosen at the first chunk, then fixed
         self.spec_k = spec_k
         self.spec_v = spec_v
         self.tiers = tiers
@@ -102,12 +114,25 @@ class ChunkCache:
     ) -> ChunkCache:
         """A cache storing as ``precision`` says (a :class:`~jensen_core.cache_values.CachePrecision`: the specs and
         the age tiers), with this window, sink and first head."""
-        return cls(precision.spec_k, precision.spec_v, window_chunks, sink_chunks, precision.tiers, head_offset)
+        return cls(
+            precision.spec_k,
+            precision.spec_v,
+            window_chunks,
+            sink_chunks,
+            precision.tiers,
+            head_offset,
+            getattr(precision, "head_bits", None),
+        )
 
     @property
     def precision(self) -> CachePrecision:
-        """How this cache stores its chunks (the specs and the age tiers)."""
-        return CachePrecision(self.spec_k, self.spec_v, self.tiers)
+        """How this cache stores its chunks (the specs, the age tiers, precision by head)."""
+        return CachePrecision(self.spec_k, self.spec_v, self.tiers, self.head_bits)
+
+    @property
+    def promoted_heads(self) -> tuple[int, ...] | None:
+        """The K/V heads whose keys are kept at ``head_bits`` (None: not chosen yet, or precision by head off)."""
+        return self._promoted
 
     @property
     def window_chunks(self) -> int | None:
@@ -200,28 +225,43 @@ class ChunkCache:
         check_finite("k", k)
         check_finite("v", v)
 
-    def append(self, k: Tensor, v: Tensor) -> None:
+    def append(self, k: Tensor, v: Tensor, q: Tensor | None = None) -> None:
         """Store one finished chunk (shape (batch, heads, tokens, head_dim), keys after RoPE).
 
         Everything is validated and quantized before the cache changes: a rejected chunk leaves
-        the cache as it was. Beyond ``window_chunks`` the oldest chunk is dropped.
+        the cache as it was. Beyond ``window_chunks`` the oldest chunk is dropped. ``q`` (the chunk's
+        queries, (batch, H_q, tokens, head_dim)) chooses the promoted heads under ``head_bits`` at the
+        first chunk; it is read nowhere else.
         """
-        self.append_prepared(self.prepare(k, v))
+        self.append_prepared(self.prepare(k, v, q))
 
-    def prepare(self, k: Tensor, v: Tensor) -> PreparedChunk:
+    def prepare(self, k: Tensor, v: Tensor, q: Tensor | None = None) -> PreparedChunk:
         """Validate and quantize a chunk exactly as :meth:`append` stores it, without storing it.
 
         For a caller that learns only later whether the chunk is final (ComfyUI core's AR
         sampler): it holds the chunk at the cache's precision meanwhile, then hands it to
-        :meth:`append_prepared` or drops it.
+        :meth:`append_prepared` or drops it. Under ``head_bits`` the first chunk prepared chooses
+        the promoted heads (from ``q``), whether or not it is appended.
         """
         self._validate_chunk(k, v)
         spec_k, spec_v = self._new_chunk_specs()
+        if self.head_bits is not None:
+            k_stored = self._quantize_head_bits(k, q)
+        else:
+            k_stored = quantize(k, spec_k, head_offset=self.head_offset) if spec_k is not None else k.detach().clone()
         entry = CacheEntry(
-            k=quantize(k, spec_k, head_offset=self.head_offset) if spec_k is not None else k.detach().clone(),
+            k=k_stored,
             v=quantize(v, spec_v, head_offset=self.head_offset) if spec_v is not None else v.detach().clone(),
         )
         return PreparedChunk(entry, (k.shape[0], k.shape[1], k.shape[-1], k.dtype, k.device))
+
+    def _quantize_head_bits(self, k: Tensor, q: Tensor | None) -> HeadBitsTensor:
+        """``k`` with the promoted heads' keys at ``head_bits`` (chosen now from ``q`` if not yet)."""
+        hb = self.head_bits
+        if self._promoted is None:
+            low = quantize(k, self.spec_k, head_offset=self.head_offset)
+            self._promoted = hb.choose(predicted_head_bias(low, q), k.shape[1])
+        return HeadBitsTensor.quantize(k, self.spec_k, hb.spec_for(self.spec_k), self._promoted)
 
     def _new_chunk_specs(self) -> tuple[QuantSpec | None, QuantSpec | None]:
         """The specs a chunk appended now is stored at: the newest chunk, a sink chunk while the sink fills."""
@@ -254,6 +294,14 @@ class ChunkCache:
         if self._layout is not None and chunk.layout != self._layout:
             raise ValueError(f"prepared chunk layout {chunk.layout} differs from the cached chunks' {self._layout}")
         entry = chunk.entry
+        if self.head_bits is not None:
+            heads = entry.k.heads if isinstance(entry.k, HeadBitsTensor) else None
+            if heads is None or (self._promoted is not None and heads != self._promoted):
+                raise ValueError(
+                    f"prepared chunk keeps heads {heads} at head_bits but this cache keeps {self._promoted}; prepare "
+                    "the chunks of one cache with that cache"
+                )
+            self._promoted = heads  # a chunk prepared by a fresh cache (core's block in flight) sets the choice
         if self._layout is None:
             self._layout = chunk.layout
         self.chunks_appended += 1
@@ -265,8 +313,15 @@ class ChunkCache:
     def copy(self) -> ChunkCache:
         """A new cache holding the same chunks (stored tensors are shared, never modified in place)."""
         other = ChunkCache(
-            self.spec_k, self.spec_v, self.window_chunks, self.sink_chunks, self.tiers, head_offset=self.head_offset
+            self.spec_k,
+            self.spec_v,
+            self.window_chunks,
+            self.sink_chunks,
+            self.tiers,
+            head_offset=self.head_offset,
+            head_bits=self.head_bits,
         )
+        other._promoted = self._promoted
         other._entries = deque(self._entries)
         other._sink_held, other._layout = self._sink_held, self._layout
         other.chunks_appended, other.chunks_evicted = self.chunks_appended, self.chunks_evicted
@@ -358,6 +413,11 @@ class ChunkCache:
 
     def state_dict(self) -> dict[str, Tensor]:
         """Flat dict of tensors (safetensors-ready); the layout is JSON in ``__jensen_kv_meta__``."""
+        if self.head_bits is not None:
+            raise ValueError(
+                "a KV cache with head_bits (precision by head) cannot be saved to a file yet; set head_bits off in "
+                "Quantize KV Cache to save it"
+            )
         sd: dict[str, Tensor] = {}
         for i, e in enumerate(self._entries):
             for name, t in (("k", e.k), ("v", e.v)):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .geometry import LatentGeometry
+from .head_bits import HeadBits
 from .spec import QuantSpec
 from .tiers import AgeTiers
 
@@ -21,6 +22,16 @@ def _is(value, cls: type, *members: str) -> bool:
     """``value`` is a ``cls``, or the same class of another import of this package (ComfyUI imports the pack as
     ``comfyui_jensen_kv.jensen_core``, tests and tools as ``jensen_core``): same name, the same members."""
     return isinstance(value, cls) or (type(value).__name__ == cls.__name__ and all(hasattr(value, m) for m in members))
+
+
+def check_head_bits(spec_k: QuantSpec | None, tiers: AgeTiers | None, head_bits: HeadBits) -> None:
+    """ValueError naming the fix when precision by head cannot go with these keys and age tiers."""
+    head_bits.check_spec(spec_k)
+    if tiers is not None:
+        raise ValueError(
+            "head_bits (precision by head) and the age tiers (recent_chunks_bits / sink_bits) cannot be combined yet; "
+            "set one of them off"
+        )
 
 
 def _whole(name: str, value, lo: int = 1) -> None:
@@ -79,12 +90,14 @@ class CacheShape:
 @dataclass(frozen=True)
 class CachePrecision:
     """How cached keys and values are stored: ``spec_k`` / ``spec_v`` (None keeps that side in the model's dtype;
-    QVG's stages, centroids and iterations are the specs' ``qvg_*`` fields) and ``tiers`` (precision by age, None for
-    every chunk at the specs' bits)."""
+    QVG's stages, centroids and iterations are the specs' ``qvg_*`` fields), ``tiers`` (precision by age, None for
+    every chunk at the specs' bits) and ``head_bits`` (precision by head, :class:`~jensen_core.head_bits.HeadBits`:
+    the keys of the heads with the largest predicted bias at more bits; None for every head at the keys' spec)."""
 
     spec_k: QuantSpec | None = None
     spec_v: QuantSpec | None = None
     tiers: AgeTiers | None = None
+    head_bits: HeadBits | None = None
 
     def __post_init__(self) -> None:
         for name in ("spec_k", "spec_v"):
@@ -93,6 +106,10 @@ class CachePrecision:
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
         if self.tiers is not None and not _is(self.tiers, AgeTiers, "specs_for", "recent_bits"):
             raise TypeError(f"tiers must be an AgeTiers or None, got {type(self.tiers).__name__}")
+        if self.head_bits is not None:
+            if not _is(self.head_bits, HeadBits, "count", "spec_for"):
+                raise TypeError(f"head_bits must be a HeadBits or None, got {type(self.head_bits).__name__}")
+            check_head_bits(self.spec_k, self.tiers, self.head_bits)
 
     @property
     def quantized(self) -> bool:

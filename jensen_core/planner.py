@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from .cache import chunk_bytes
 from .cache_values import CachePrecision, CacheShape
 from .geometry import LatentGeometry as LatentGeometry  # re-exported: callers build the geometry from here
+from .head_bits import HeadBits, head_bits_key_bytes
 from .methods import method_of
 from .retention import Retention
 from .spec import QuantSpec
@@ -52,6 +53,10 @@ class CachePlan:
     ranks: int = 1
     bf16_bytes_all_ranks: int = 0
     quantized_bytes_all_ranks: int | None = None
+    #: precision by head's string form (``"0.25@4"``: a quarter of the heads' keys at 4 bits), None without it
+    head_bits: str | None = None
+    #: K/V heads per layer (per rank) whose keys are kept at the head bits (0 without precision by head)
+    promoted_heads: int = 0
 
     @property
     def runnable(self) -> bool:
@@ -197,13 +202,24 @@ def plan_cache(
             return [(spec_k, spec_v)] * n
         return list(zip(tiers.specs_for(spec_k, n, sink_held, "k"), tiers.specs_for(spec_v, n, sink_held, "v")))
 
+    head_bits = precision.head_bits
+    rank_heads = kv_heads // ranks if kv_heads % ranks == 0 else kv_heads
+
+    def one_chunk(pair: tuple[QuantSpec | None, QuantSpec | None]) -> int:
+        """Bytes of one held chunk of one (layer, branch) cache, every rank's."""
+        if head_bits is None or pair[0] is None:
+            return chunk_bytes(*pair, lead, chunk_tokens, head_dim, full_bytes=full_bytes)
+        # precision by head: each rank's caches keep count(its heads) of them at the head bits
+        keys = ranks * head_bits_key_bytes(pair[0], head_bits, batch, rank_heads, chunk_tokens, head_dim)
+        return keys + chunk_bytes(pair[1], pair[1], lead, chunk_tokens, head_dim, full_bytes=full_bytes) // 2
+
     def held_bytes(n: int, sink_held: int) -> int:
         """Bytes of ``n`` held chunks of one (layer, branch) cache: each chunk at its own specs."""
         sizes: dict[tuple, int] = {}
         total = 0
         for pair in held_specs(n, sink_held):
             if pair not in sizes:
-                sizes[pair] = chunk_bytes(*pair, lead, chunk_tokens, head_dim, full_bytes=full_bytes)
+                sizes[pair] = one_chunk(pair)
             total += sizes[pair]
         return total
 
@@ -224,7 +240,15 @@ def plan_cache(
         return spec.effective_bits if errors else method_of(spec).effective_bits_for(spec, head_dim, chunk_tokens)
 
     def side_bits(spec: QuantSpec | None, side: int) -> float:
-        """The side's stored bits per element: its spec's, or under tiers the average over the peak's chunks."""
+        """The side's stored bits per element: its spec's, or under tiers the average over the peak's chunks (under
+        precision by head, the keys' average over the heads)."""
+        if head_bits is not None and side == 0 and spec is not None:
+            if errors:
+                n = head_bits.count(rank_heads)
+                return (
+                    n * head_bits.spec_for(spec).effective_bits + (rank_heads - n) * spec.effective_bits
+                ) / rank_heads
+            return head_bits.key_bits_mean(spec, rank_heads, head_dim, chunk_tokens)
         if tiers is None or not peak_specs:
             return spec_bits(spec)
         return sum(spec_bits(pair[side]) for pair in peak_specs) / len(peak_specs)
@@ -233,6 +257,8 @@ def plan_cache(
     eb = (ebk + ebv) / 2
     if tiers is not None:
         warnings.extend(_tier_warnings(tiers, spec_k, spec_v, retention, held, peak_specs))
+    if head_bits is not None:
+        warnings.extend(_head_bits_warnings(head_bits, rank_heads))
     for side, spec in (("key", spec_k), ("value", spec_v)):
         if spec is not None and not errors:
             warnings.extend(method_of(spec).plan_warnings(spec, side, chunk_tokens))
@@ -258,7 +284,19 @@ def plan_cache(
         ranks=ranks,
         bf16_bytes_all_ranks=bf16,
         quantized_bytes_all_ranks=quant,
+        head_bits=None if head_bits is None else str(head_bits),
+        promoted_heads=0 if head_bits is None else head_bits.count(rank_heads),
     )
+
+
+def _head_bits_warnings(head_bits: HeadBits, kv_heads: int) -> list[str]:
+    """Precision by head that promotes every head: the same as uniform keys at the head bits."""
+    if head_bits.count(kv_heads) == kv_heads:
+        return [
+            f"head_fraction {head_bits.fraction:g} of {kv_heads} K/V head(s) keeps every head's keys at "
+            f"{head_bits.bits} bits: the same as key_bits {head_bits.bits}"
+        ]
+    return []
 
 
 def _tier_warnings(
@@ -324,4 +362,9 @@ def block_in_flight_bytes(
         )
     early = all(s is None or method_of(s).quantizes_early for s in (spec_k, spec_v))
     k, v = (spec_k, spec_v) if early else (None, None)
+    head_bits = precision.head_bits
+    if head_bits is not None and k is not None:  # the block is prepared with the promoted heads' keys at more bits
+        keys = head_bits_key_bytes(k, head_bits, batch, kv_heads, block_tokens, head_dim)
+        values = chunk_bytes(v, v, batch * kv_heads, block_tokens, head_dim, full_bytes=full_bytes) // 2
+        return layers * cfg_branches * (keys + values)
     return layers * cfg_branches * chunk_bytes(k, v, batch * kv_heads, block_tokens, head_dim, full_bytes=full_bytes)

@@ -79,6 +79,9 @@ def cat_quantized(parts: list[StoredTensor]) -> StoredTensor:
     """
     if not parts:
         raise ValueError("cat_quantized needs at least one tensor")
+    join = getattr(parts[0], "cat_tokens", None)
+    if join is not None:  # a format made of stored parts (precision by head) joins them part by part
+        return join(parts)
     if any(p.spec.bits != parts[0].spec.bits for p in parts):  # age tiers: each chunk keeps its own bits
         from .tiers import TieredTensor
 

@@ -13,7 +13,7 @@ from jensen_core.planner import CachePlan, plan_cache
 
 #: the fields of :class:`CacheShape` and of :class:`CachePrecision`
 SHAPE_FIELDS = ("layers", "heads", "head_dim", "geometry", "kv_heads", "cfg_branches", "batch", "full_bytes", "ranks")
-PRECISION_FIELDS = ("spec_k", "spec_v", "tiers")
+PRECISION_FIELDS = ("spec_k", "spec_v", "tiers", "head_bits")
 
 
 def values(**fields) -> dict:

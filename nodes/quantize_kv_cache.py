@@ -8,6 +8,8 @@ from ..jensen_core import QuantSpec
 from ..runtime.config import (
     BITS_CHOICES,
     GROUP_SIZE_CHOICES,
+    HEAD_BITS_CHOICES,
+    HEAD_FRACTION_RANGE,
     METHOD_CHOICES,
     QUANTIZE_DEFAULTS,
     QVG_CENTROIDS_RANGE,
@@ -22,6 +24,7 @@ from ..runtime.config import (
     get_config,
     method_fields,
     parse_bits,
+    parse_head_bits,
     parse_tiers,
     set_config,
 )
@@ -45,6 +48,8 @@ def build_config(
     recent_chunks: int = RECENT_CHUNKS_RANGE[0],
     sink_bits: str = QUANTIZE_DEFAULTS["sink_bits"],
     recent_chunks_key_bits: str = QUANTIZE_DEFAULTS["recent_chunks_key_bits"],
+    head_bits: str = QUANTIZE_DEFAULTS["head_bits"],
+    head_fraction: float = HEAD_FRACTION_RANGE[0],
 ) -> JensenKVConfig:
     try:
         g = int(group_size)
@@ -66,7 +71,8 @@ def build_config(
     tiers = parse_tiers(specs[0], specs[1], recent_chunks_bits, recent_chunks, sink_bits, recent_chunks_key_bits)
     # model None: settings for models elsewhere (Jensen KV Cache (Ray)); their head_dim is checked when they run
     upstream = None if model is None else get_config(model.model_options)
-    config = (upstream or JensenKVConfig()).with_specs(*specs, tiers)
+    per_head = parse_head_bits(specs[0], head_bits, head_fraction, tiers)
+    config = (upstream or JensenKVConfig()).with_specs(*specs, tiers, per_head)
     shape = None if model is None else attention_shape(model)
     if shape is not None:
         config.check_head_dim(shape.head_dim)
@@ -222,6 +228,26 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
                     "= key_bits, so only the values are sharper (on the tiny model the values carry most of the "
                     "gain for fewer bits: docs/tiers.md); or their own bits.",
                 ),
+                # precision by head (optional, after the others: older prompts run with every head at key_bits)
+                Combo(
+                    "head_bits",
+                    options=list(HEAD_BITS_CHOICES),
+                    default=QUANTIZE_DEFAULTS["head_bits"],
+                    optional=True,
+                    tooltip="Stores the keys of the heads the correction can't fix at 3, 4 or 8 bits instead of key_bits "
+                    "(a quarter of the heads at 4 over INT2, group 32: +9% memory, see the planner). The heads with the "
+                    "largest predicted bias (query group norms x step sizes) at the first chunk, kept for the run.",
+                ),
+                io.Float.Input(
+                    "head_fraction",
+                    optional=True,
+                    default=HEAD_FRACTION_RANGE[0],
+                    min=HEAD_FRACTION_RANGE[1],
+                    max=HEAD_FRACTION_RANGE[2],
+                    step=0.01,
+                    tooltip="Share of each layer's heads whose keys head_bits keeps sharper (rounded up: at least one "
+                    "head). Ignored when head_bits is off.",
+                ),
             ],
             outputs=[
                 io.Model.Output(
@@ -248,6 +274,8 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
         recent_chunks=RECENT_CHUNKS_RANGE[0],
         sink_bits=QUANTIZE_DEFAULTS["sink_bits"],
         recent_chunks_key_bits=QUANTIZE_DEFAULTS["recent_chunks_key_bits"],
+        head_bits=QUANTIZE_DEFAULTS["head_bits"],
+        head_fraction=HEAD_FRACTION_RANGE[0],
     ) -> io.NodeOutput:
         config = build_config(
             model,
@@ -265,6 +293,8 @@ class JensenKVQuantizeKVCache(io.ComfyNode):
             recent_chunks,
             sink_bits,
             recent_chunks_key_bits,
+            head_bits,
+            head_fraction,
         )
         logger.info("jensen_kv: KV cache %s", config.describe())
         return patched_model(model, config, set_config)

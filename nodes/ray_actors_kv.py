@@ -15,6 +15,7 @@ from __future__ import annotations
 from comfy_api.latest import io, ui
 
 from ..jensen_core import QuantSpec
+from ..jensen_core.head_bits import HeadBits
 from ..jensen_core.tiers import AgeTiers
 from ..runtime.config import JensenKVConfig, get_config, parse_correction, set_config
 from ..runtime.core_ar import CacheWindow, attach, set_window
@@ -36,6 +37,7 @@ def settings_payload(config: JensenKVConfig, window: CacheWindow) -> dict:
         "correction": config.correction,
         "strength": float(config.strength),
         "tiers": None if config.tiers is None else config.tiers.to_dict(),
+        "head_bits": None if config.head_bits is None else config.head_bits.to_dict(),
         "window_chunks": int(window.window_chunks),
         "sink_chunks": int(window.sink_chunks),
     }
@@ -49,6 +51,7 @@ def settings_from_payload(d: dict) -> tuple[JensenKVConfig, CacheWindow]:
         correction=d["correction"],
         strength=float(d["strength"]),
         tiers=None if d["tiers"] is None else AgeTiers.from_dict(d["tiers"]),
+        head_bits=None if d.get("head_bits") is None else HeadBits(**d["head_bits"]),
     )
     return config, CacheWindow(int(d["window_chunks"]), int(d["sink_chunks"]))
 

@@ -42,6 +42,8 @@ from ..runtime.config import (
     BITS_CHOICES,
     CHUNK_DEFAULTS,
     GROUP_SIZE_CHOICES,
+    HEAD_BITS_CHOICES,
+    HEAD_FRACTION_RANGE,
     METHOD_CHOICES,
     QUANTIZE_DEFAULTS,
     QVG_CENTROIDS_RANGE,
@@ -52,6 +54,7 @@ from ..runtime.config import (
     ROTATION_CHOICES,
     SCALE_FORMAT_CHOICES,
     TIER_BITS_CHOICES,
+    parse_head_bits,
     parse_tiers,
 )
 from ..runtime.families import FAMILIES, ModelPreset, PlannerFieldError, family_named, planner_presets
@@ -130,9 +133,12 @@ SPEC_PARAMS = (
     "chunk_tokens",
 )
 TIER_PARAMS = ("recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits")
+#: precision by head (Quantize KV Cache's head_bits, head_fraction): only the plan takes them
+HEAD_PARAMS = ("head_bits", "head_fraction")
 PLAN_PARAMS = (
     *(p for p in SPEC_PARAMS if p != "chunk_tokens"),
     *TIER_PARAMS,
+    *HEAD_PARAMS,
     "width",
     "height",
     "frames",
@@ -239,6 +245,21 @@ def _tiers(params: Mapping[str, str], spec_k: QuantSpec | None, spec_v: QuantSpe
         else:
             name = "recent_chunks_bits" if bits["recent_chunks_bits"] != "off" else "sink_bits"
             value = bits[name]
+        raise ParamError(name, value, "does not fit the other settings", text) from None
+
+
+def _head_bits(params: Mapping[str, str], spec_k: QuantSpec | None, tiers):
+    """Precision by head from Quantize KV Cache's head_bits / head_fraction (None when off), with the node's checks."""
+    bits = _choice(params, "head_bits", HEAD_BITS_CHOICES)
+    if bits == "off":
+        return None
+    raw = params.get("head_fraction")
+    fraction = HEAD_FRACTION_RANGE[0] if raw is None or str(raw).strip() == "" else str(raw).strip()
+    try:
+        return parse_head_bits(spec_k, bits, fraction, tiers)
+    except ValueError as exc:
+        text = str(exc)
+        name, value = ("head_fraction", fraction) if text.startswith("head_fraction=") else ("head_bits", bits)
         raise ParamError(name, value, "does not fit the other settings", text) from None
 
 
@@ -475,6 +496,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     _check_known(params, PLAN_PARAMS + FAMILY_PLAN_PARAMS)
     spec_k, spec_v = _side_spec(params, "key"), _side_spec(params, "value")
     tiers = _tiers(params, spec_k, spec_v)
+    head_bits = _head_bits(params, spec_k, tiers)
     file_family, file_preset, file_shape, file_note = model_of_file(params) or (None, None, None, None)
     if file_family is not None:  # the loader's file: the model the run will really have
         family, preset, shape = file_family, file_preset, file_shape
@@ -544,7 +566,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
     chunk_tokens = chunk_frames * geometry.tokens_per_frame(latent_h, latent_w)
     spec = spec_summary(
         {
-            **{k: v for k, v in params.items() if k in SPEC_PARAMS and k not in TIER_PARAMS},
+            **{k: v for k, v in params.items() if k in SPEC_PARAMS and k not in TIER_PARAMS + HEAD_PARAMS},
             "head_dim": str(head_dim),
             "chunk_tokens": str(chunk_tokens),
         }
@@ -565,7 +587,7 @@ def plan_summary(params: Mapping[str, str]) -> dict:
             batch=batch,
             ranks=ranks,
         ),
-        precision=CachePrecision(spec_k, spec_v, tiers),
+        precision=CachePrecision(spec_k, spec_v, tiers, head_bits),
         sink_chunks=sink,
     )
     d = plan.to_dict()

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from ..jensen_core import MODES, CachePrecision, QuantSpec
 from ..jensen_core.bias import check_mode
+from ..jensen_core.head_bits import HeadBits
 from ..jensen_core.methods import method_of
 from ..jensen_core.spec import METHOD_KNOBS, METHODS, QVG_MAX_CENTROIDS, QVG_MAX_ITERS, QVG_MAX_STAGES
 from ..jensen_core.tiers import AgeTiers
@@ -42,12 +43,16 @@ QUANTIZE_DEFAULTS: dict[str, str] = {
     "recent_chunks_bits": "off",
     "sink_bits": "off",
     "recent_chunks_key_bits": "same",
+    "head_bits": "off",
 }
 #: age tiers (precision by age): the bits the sink and the newest chunks may keep, and how many newest chunks
 TIER_BITS_CHOICES = ("off", "3", "4", "8")
 #: the recent tier's keys: "same" as recent_chunks_bits, "off" (values only: keys stay at key_bits), or bits
 RECENT_KEY_BITS_CHOICES = ("same",) + TIER_BITS_CHOICES
 RECENT_CHUNKS_RANGE = (2, 1, 64)  # default, min, max (recent_chunks counts only with recent_chunks_bits on)
+#: precision by head: the bits the keys of the heads with the largest predicted bias are kept at, and what share
+HEAD_BITS_CHOICES = ("off", "3", "4", "8")
+HEAD_FRACTION_RANGE = (0.25, 0.01, 1.0)  # default, min, max (counts only with head_bits on)
 #: the Chunked AR sampler's chunking defaults (latent frames per chunk, window and sink in chunks; 0 = all / none)
 CHUNK_DEFAULTS: dict[str, int] = {"chunk_frames": 3, "window_chunks": 0, "sink_chunks": 0}
 
@@ -141,6 +146,46 @@ def parse_tiers(
     )
 
 
+def parse_head_bits(
+    spec_k: QuantSpec | None,
+    head_bits: str = "off",
+    head_fraction: float | str = HEAD_FRACTION_RANGE[0],
+    tiers: AgeTiers | None = None,
+) -> HeadBits | None:
+    """Quantize KV Cache's precision-by-head inputs as :class:`HeadBits` (None when off); ValueError naming the fix."""
+    v = str(head_bits).strip().lower()
+    if v not in HEAD_BITS_CHOICES:
+        raise ValueError(f"head_bits={head_bits!r} is not supported; use one of {', '.join(HEAD_BITS_CHOICES)}")
+    if v == "off":
+        return None
+    lo, hi = HEAD_FRACTION_RANGE[1:]
+    try:
+        f = float(head_fraction)
+    except (TypeError, ValueError):
+        f = None
+    if f is None or not (lo <= f <= hi):
+        raise ValueError(
+            f"head_fraction={head_fraction!r} with head_bits={v}: give the share of each layer's heads to keep at "
+            f"{v} bits, from {lo:g} to {hi:g} (e.g. 0.25), or set head_bits off"
+        )
+    hb = HeadBits(int(v), f)
+    if tiers is not None:
+        raise ValueError(
+            f"head_bits={v} cannot be combined with recent_chunks_bits / sink_bits yet; set head_bits off or the "
+            "age tiers off"
+        )
+    if spec_k is None:
+        raise ValueError(f"head_bits={v} keeps some heads' keys at more bits, but key_bits is off; set key_bits 2 or 3")
+    if spec_k.bits >= hb.bits:
+        raise ValueError(
+            f"head_bits={v} is not above key_bits={spec_k.bits}: no head would be stored sharper; use head_bits "
+            f"above key_bits (e.g. key_bits 2 with head_bits 4) or set it off"
+        )
+    if spec_k.method != "rtn":
+        raise ValueError(f"head_bits={v} works with method rtn only, not {spec_k.method}; use rtn or head_bits off")
+    return hb
+
+
 def parse_correction(value: str) -> str:
     """A correction widget's value as one of :data:`CORRECTION_CHOICES` (an old "none" reads as "off")."""
     try:
@@ -158,7 +203,8 @@ class JensenKVConfig:
     "per_channel" or "off") applied to the scores of cached keys, scaled by ``strength``; ``guard`` (on by
     default) scales it down per (layer, head, chunk) where it would overshoot the bias the noise is predicted to
     have caused (:func:`jensen_core.bias.guard_scale`). ``tiers``:
-    precision by age (:class:`jensen_core.tiers.AgeTiers`), None for every chunk at the specs' bits.
+    precision by age (:class:`jensen_core.tiers.AgeTiers`), None for every chunk at the specs' bits. ``head_bits``:
+    precision by head (:class:`jensen_core.head_bits.HeadBits`), None for every head's keys at ``spec_k``.
     """
 
     spec_k: QuantSpec | None = None
@@ -167,6 +213,7 @@ class JensenKVConfig:
     strength: float = 1.0
     tiers: AgeTiers | None = None
     guard: bool = True
+    head_bits: HeadBits | None = None
 
     def __post_init__(self) -> None:
         for name in ("spec_k", "spec_v"):
@@ -175,6 +222,8 @@ class JensenKVConfig:
                 raise TypeError(f"{name} must be a QuantSpec or None, got {type(s).__name__}")
         if self.tiers is not None and not isinstance(self.tiers, AgeTiers):
             raise TypeError(f"tiers must be an AgeTiers or None, got {type(self.tiers).__name__}")
+        if self.head_bits is not None:
+            CachePrecision(self.spec_k, self.spec_v, self.tiers, self.head_bits)  # checks it against keys and tiers
         try:  # a config made before "none" was renamed "off" still reads
             object.__setattr__(self, "correction", check_mode(self.correction))
         except ValueError:
@@ -189,8 +238,9 @@ class JensenKVConfig:
 
     @property
     def precision(self) -> CachePrecision:
-        """How the cache stores keys and values (the specs and the age tiers), as the planner and caches take it."""
-        return CachePrecision(self.spec_k, self.spec_v, self.tiers)
+        """How the cache stores keys and values (the specs, the age tiers, precision by head), as the planner and caches
+        take it."""
+        return CachePrecision(self.spec_k, self.spec_v, self.tiers, self.head_bits)
 
     @property
     def keys_quantized(self) -> bool:
@@ -211,9 +261,13 @@ class JensenKVConfig:
         return replace(self, correction=correction, strength=float(strength), guard=bool(guard))
 
     def with_specs(
-        self, spec_k: QuantSpec | None, spec_v: QuantSpec | None, tiers: AgeTiers | None = None
+        self,
+        spec_k: QuantSpec | None,
+        spec_v: QuantSpec | None,
+        tiers: AgeTiers | None = None,
+        head_bits: HeadBits | None = None,
     ) -> JensenKVConfig:
-        return replace(self, spec_k=spec_k, spec_v=spec_v, tiers=tiers)
+        return replace(self, spec_k=spec_k, spec_v=spec_v, tiers=tiers, head_bits=head_bits)
 
     def check_head_dim(self, head_dim: int) -> None:
         """ValueError naming the fix when a spec cannot quantize this model's head_dim."""
@@ -239,6 +293,8 @@ class JensenKVConfig:
                 parts.append(knobs)
         if self.tiers is not None:
             parts.append(f"age tiers: {self.tiers.describe()}")
+        if self.head_bits is not None:
+            parts.append(f"precision by head: {self.head_bits.describe()}")
         corr = self.effective_correction
         parts.append(
             f"correction {corr}"

@@ -82,6 +82,7 @@ def build_report(
         "sink_bits": tiers.sink_bits if tiers else 0,
         "recent_chunks_key_bits": tiers.recent_side_bits("k") if tiers else 0,
         "chunks_demoted": int(usage.chunks_demoted),
+        **_head_bits_fields(run, precision, shape),
         "correction": correction,
         "strength": float(strength),
         "guard": bool(guard),
@@ -96,6 +97,20 @@ def build_report(
         "state_file_bytes": None if state_file_bytes is None else int(state_file_bytes),
         "state_file_mib": None if state_file_bytes is None else state_file_bytes / MIB,
         "peak_memory": peak_memory,
+    }
+
+
+def _head_bits_fields(run: RunCaches, precision: CachePrecision, shape: CacheShape) -> dict:
+    """Precision by head as the run kept it: the option, and per layer (the first branch written) the K/V heads whose
+    keys were stored at the head bits (None for a layer that cached nothing)."""
+    hb = getattr(precision, "head_bits", None)
+    if hb is None:
+        return {"head_bits": "off", "head_fraction": None, "promoted_heads": None}
+    by_layer = run.usage.promoted_heads or {}
+    return {
+        "head_bits": hb.bits,
+        "head_fraction": hb.fraction,
+        "promoted_heads": [None if layer not in by_layer else list(by_layer[layer]) for layer in range(shape.layers)],
     }
 
 
@@ -137,6 +152,10 @@ def report_text(report: dict) -> str:
         if report.get("sink_bits"):
             tiers.append(f"sink at {report['sink_bits']} bits")
         kind += "; " + ", ".join(tiers)
+    if report.get("head_bits", "off") != "off":
+        kind += (
+            f"; keys of the {report['head_fraction']:g} of heads with the largest bias at {report['head_bits']} bits"
+        )
     start = report.get("first_chunk", 0)
     made = f"chunks {start}-{start + report['chunks'] - 1}" if start else f"{report['chunks']} chunks"
     lines = [
@@ -173,6 +192,16 @@ def report_text(report: dict) -> str:
             f"Sequence parallel: rank {report['rank']} of {report['ranks']} holds heads {report['head_offset']}-"
             f"{report['head_offset'] + report['heads_per_rank'] - 1} (the peak above is this rank's); all ranks "
             f"together {report['cache_bytes_all_ranks'] / 2**20:.2f} MiB."
+        )
+    promoted = [p for p in report.get("promoted_heads") or [] if p is not None]
+    if promoted:
+        shown = "; ".join(
+            f"layer {i}: {', '.join(map(str, p))}" for i, p in enumerate(report["promoted_heads"][:4]) if p is not None
+        )
+        more = " ..." if len(report["promoted_heads"]) > 4 else ""
+        lines.append(
+            f"Precision by head: {len(promoted[0])} of {report['kv_heads']} K/V head(s) per layer kept their keys at "
+            f"{report['head_bits']} bits ({shown}{more})."
         )
     peak = peak_text(report.get("peak_memory"))
     if peak:

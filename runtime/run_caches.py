@@ -49,12 +49,14 @@ class Position(NamedTuple):
 
 class CacheUsage(NamedTuple):
     """What a run's caches cost, as its report reads it: the peak bytes (and what the same tokens cost in BF16), the
-    chunks requantized as they left an age tier, the CFG branches cached (0 = cond, 1 = uncond)."""
+    chunks requantized as they left an age tier, the CFG branches cached (0 = cond, 1 = uncond), and under precision
+    by head the K/V heads each layer kept at the head bits (the first branch written; empty without it)."""
 
     peak_bytes: int
     peak_bf16_bytes: int
     chunks_demoted: int
     branches: list[int]
+    promoted_heads: Mapping[int, tuple[int, ...]] | None = None
 
 
 class RunCaches:
@@ -98,6 +100,7 @@ class RunCaches:
         self._step = 0
         self._peak_bytes = 0
         self._peak_bf16_bytes = 0
+        self._promoted_heads: dict[int, tuple[int, ...]] = {}  # precision by head: each layer's choice, kept past free
         self._chunks_demoted = 0  # chunks requantized at the specs' bits as they left an age tier (all caches)
         self._active = True
         self._head_offset = 0  # global index of the caches' first head (a sequence-parallel rank's share)
@@ -134,7 +137,9 @@ class RunCaches:
     @property
     def usage(self) -> CacheUsage:
         """The peak, the demotions and the branches, in one read (survives :meth:`free`)."""
-        return CacheUsage(self._peak_bytes, self._peak_bf16_bytes, self._chunks_demoted, self.branches)
+        return CacheUsage(
+            self._peak_bytes, self._peak_bf16_bytes, self._chunks_demoted, self.branches, dict(self._promoted_heads)
+        )
 
     @property
     def bytes_after_write(self) -> list[int]:
@@ -280,22 +285,25 @@ class RunCaches:
         q: Tensor | None = None,
         out: Tensor | None = None,
         frame_offset: int | None = None,
+        queries_choose_heads: bool = True,
     ) -> None:
         """Append one finished chunk (the chunk the run is at) to the (layer, branch) cache: raw ``k``, ``v``, or
         ``prepared`` by :meth:`prepare`. With ``q`` (and ``out``), a seam that stores outside :meth:`attend` (MAGI-1's
         attention, core's commit) shows observers the write first: the K/V as written, at first frame
-        ``frame_offset`` (default: the run's)."""
+        ``frame_offset`` (default: the run's). ``q`` also chooses the heads kept at ``head_bits`` at a cache's first
+        chunk, unless ``queries_choose_heads`` is False (a ``q`` that is not the chunk's queries)."""
         if q is not None and self._observer is not None:
             offset = self._frame_offset if frame_offset is None else frame_offset
             cache = self._caches.get((layer, branch))
             self._show(layer, branch, self._chunk, offset, PHASE_WRITE, q, k, v, out, cache, None, None)
-        self._append(layer, branch, k, v, prepared)
+        self._append(layer, branch, k, v, prepared, q if queries_choose_heads else None)
 
-    def prepare(self, layer: int, branch: int, k: Tensor, v: Tensor):
+    def prepare(self, layer: int, branch: int, k: Tensor, v: Tensor, q: Tensor | None = None):
         """``k``, ``v`` of the (layer, branch) prepared as its cache will store them (core's block in flight, held
-        until it is final), at the bits the cache gives its next chunk."""
+        until it is final), at the bits the cache gives its next chunk; ``q`` (the block's queries) chooses the heads
+        kept at ``head_bits`` when the cache has not chosen yet (the cache that stores the chunk adopts them)."""
         cache = self._caches.get((layer, branch)) or self._new_cache()
-        return cache.prepare(k, v)
+        return cache.prepare(k, v, q)
 
     def commit(
         self, chunk: int, frame_offset: int, blocks: Iterable[tuple[int, int, Tensor | None, Tensor | None, object]]
@@ -305,7 +313,7 @@ class RunCaches:
         the peak recorded."""
         self._begin(chunk, frame_offset, PHASE_WRITE)
         for layer, branch, k, v, prepared in blocks:
-            self.store(layer, branch, k, v, prepared=prepared, q=k, out=v)
+            self.store(layer, branch, k, v, prepared=prepared, q=k, out=v, queries_choose_heads=False)
         self._record_peak()
 
     def shard_heads(self, head_offset: int) -> None:
@@ -369,7 +377,9 @@ class RunCaches:
         if total > self._peak_bytes:
             self._peak_bytes, self._peak_bf16_bytes = total, bf16
 
-    def _append(self, layer: int, branch: int, k: Tensor | None, v: Tensor | None, prepared) -> None:
+    def _append(
+        self, layer: int, branch: int, k: Tensor | None, v: Tensor | None, prepared, q: Tensor | None = None
+    ) -> None:
         """One finished chunk into the (layer, branch) cache (made on first use), its demotions counted."""
         key = (layer, branch)
         cache = self._caches.get(key)
@@ -379,8 +389,10 @@ class RunCaches:
         if prepared is not None:
             cache.append_prepared(prepared)
         else:
-            cache.append(k, v)
+            cache.append(k, v, q)
         self._chunks_demoted += cache.chunks_demoted - before
+        if cache.promoted_heads is not None:
+            self._promoted_heads.setdefault(layer, cache.promoted_heads)
         self._written[key] = self._chunk
         self._branches_written.add(branch)
 
@@ -434,7 +446,7 @@ class RunCaches:
                     )  # fmt: skip
             if writing:
                 for _, _, part in parts:
-                    self._append(layer, branch, kb[:, :, part], vb[:, :, part], None)
+                    self._append(layer, branch, kb[:, :, part], vb[:, :, part], None, qb[:, :, part])
             outs.append(out)
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 

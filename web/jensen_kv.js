@@ -33,6 +33,8 @@ const SPEC_WIDGETS = ["key_bits", "value_bits", "group_size", "rotation", "scale
   "method", "qvg_stages", "qvg_centroids", "qvg_iters"];
 // precision by age: only the plan takes them (each held chunk at its own bits)
 const TIER_WIDGETS = ["recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"];
+// precision by head: only the plan takes them too (the promoted heads' keys at head_bits)
+const HEAD_WIDGETS = ["head_bits", "head_fraction"];
 // planner fields that "follow the workflow" reads from the latent and sampler nodes
 const FOLLOWED = ["width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches"];
 const PLANNER_FIELDS = ["preset", "width", "height", "frames", "batch", "chunk_frames", "window_chunks", "sink_chunks", "cfg_branches", "ranks"];
@@ -412,7 +414,7 @@ function requestFor(node, state) {
   const { found, fields, sampler } = state.follow ? fromWorkflow(node) : { found: {}, fields: {}, sampler: null };
   const values = { ...state, ...found };
   const plan = { ...spec, preset: values.preset, ...fields };
-  for (const name of TIER_WIDGETS) {
+  for (const name of [...TIER_WIDGETS, ...HEAD_WIDGETS]) {
     const v = widgetValue(node, name);
     if (v != null) plan[name] = String(v);
   }
@@ -500,6 +502,9 @@ function render(node, options, state, req) {
       : plan?.tiers
         ? `K ${side(spec.key)} · V ${side(spec.value)}, tiers ${plan.tiers} → ${num(plan.effective_bits, 3)} bits on average, `
           + `${num(plan.compression, 2)}× smaller than BF16`
+        : plan?.head_bits && plan.runnable
+          ? `K ${num(plan.effective_bits_k, 3)} bits (${plan.promoted_heads} head(s) per layer at ${plan.head_bits.split("@")[1]}) · `
+            + `V ${side(spec.value)} → ${num(plan.compression, 2)}× smaller than BF16`
         : `K ${side(spec.key)} · V ${side(spec.value)} → ${num(spec.compression, 2)}× smaller than BF16`;
     ui.bits.title = [BITS_TITLE, ...new Set([spec.key.note, spec.value.note].filter(Boolean))].join("\n");
     ui.bits.dataset.effectiveBits = spec.effective_bits;
@@ -578,6 +583,12 @@ function render(node, options, state, req) {
       const bits = (list) => list.map((b) => (b ? b : "full")).join(" ");
       row("age tiers", `${plan.tiers}: keys ${bits(plan.chunk_bits_k)} · values ${bits(plan.chunk_bits_v)} bits (oldest first)`,
         { "data-jkv": "tiers", "data-bits": num(plan.effective_bits, 3) });
+    }
+    if (plan.runnable && plan.head_bits) {
+      // precision by head: how many K/V heads of each layer keep their keys at the head bits
+      row("precision by head", `keys of ${plan.promoted_heads} K/V head(s) per layer at ${plan.head_bits.split("@")[1]} bits `
+        + `(those with the largest predicted bias) → keys ${num(plan.effective_bits_k, 3)} bits on average`,
+        { "data-jkv": "head-bits", "data-bits": num(plan.effective_bits_k, 3) });
     }
     if (plan.runnable && plan.state_file_bytes != null && !m.context_frames) {  // a rebuilt context saves no cache
       row("cache file", `${bytesText(plan.state_file_bytes)} (Save KV Cache, to continue later)`,

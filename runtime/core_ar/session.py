@@ -325,7 +325,7 @@ class CoreARSession:
             kb, vb = k[sl].detach(), v[sl].detach()
             prepared = None
             if self.prepare_pending:
-                prepared = run.prepare(layer, branch, kb, vb)
+                prepared = run.prepare(layer, branch, kb, vb, q[sl].detach())
             self.pending[(layer, branch)] = PendingBlock(prepared, kb if keep_raw else None, vb if keep_raw else None)
             self.reached.add((layer, branch))
         cache_dict["end"] = self.call_start + s

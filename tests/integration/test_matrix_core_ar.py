@@ -219,6 +219,32 @@ def test_tiers(cell, nodes, loop, core_ar, causal):
     assert rep["cache_bytes"] == rep["planned_bytes"]
 
 
+@pytest.mark.parametrize("recipe", list(ROWS))
+def test_precision_by_head(recipe, nodes, loop, core_ar, causal):
+    """head_bits 4 on half the heads (not a matrix column: one option of Quantize KV Cache): the cache and the block
+    in flight hold the planner's bytes, each layer keeps one promoted head; one step == the pack's own loop (the block
+    core commits was prepared from its sigma-0 pass, whose queries choose the heads as the pack's write pass does)."""
+    lat = torch.zeros(1, 16, FRAMES, 8, 8)
+    m = quantized(nodes, causal, "2", head_bits="4", head_fraction=0.5)
+    core(m, lat, recipe)
+    rep = core_ar.last_report(m)
+    assert (
+        rep["cache_bytes"]
+        == rep["planned_bytes"]
+        > core_ar.last_report(_ran(nodes, causal, lat, recipe))["cache_bytes"]
+    )
+    assert rep["in_flight_bytes"] == rep["planned_in_flight_bytes"] > 0
+    assert rep["head_bits"] == 4 and [len(p) for p in rep["promoted_heads"]] == [1] * LAYERS
+    if recipe == "plain":
+        pack_loop_equals_core(loop, m, lat)
+
+
+def _ran(nodes, causal, lat, recipe):
+    m = quantized(nodes, causal, "2")
+    core(m, lat, recipe)
+    return m
+
+
 @cells("qvg")
 def test_qvg(cell, nodes, loop, core_ar, causal):
     """QVG: the cache holds the planner's bytes; the block in flight waits in the model's dtype, as planned (its

@@ -53,6 +53,10 @@ REPORT_KEYS = {
     "sink_bits",
     "recent_chunks_key_bits",
     "chunks_demoted",
+    # precision by head
+    "head_bits",
+    "head_fraction",
+    "promoted_heads",
     # each chunk's latent frames (a shorter last or first one), what the run warned of
     "chunk_lengths",
     "warnings",
@@ -105,6 +109,8 @@ def test_schemas_follow_the_contract(nodes):
                 "recent_chunks",
                 "sink_bits",
                 "recent_chunks_key_bits",
+                "head_bits",
+                "head_fraction",
             ],
             ["MODEL"],
         ),
@@ -485,6 +491,53 @@ def test_quantize_sets_age_tiers_and_names_bad_ones(nodes, tiny):
     inputs = {i.id: i for i in _schema(q).inputs}
     for name in ("recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"):
         assert inputs[name].optional and inputs[name].tooltip
+
+
+def test_quantize_sets_precision_by_head_and_names_bad_values(nodes, tiny):
+    q = nodes.JensenKVQuantizeKVCache
+    base = (tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0, "rtn", 1, 0, 2, "off", 2, "off", "same")
+    cfg = q.execute(*base, "4", 0.5).args[0].model_options["transformer_options"]["jensen_kv"]
+    assert str(cfg.head_bits) == "0.5@4" and "precision by head" in cfg.describe()
+    assert q.execute(*base).args[0].model_options["transformer_options"]["jensen_kv"].head_bits is None
+    assert q.execute(*base, "off", 7).args[0].model_options["transformer_options"]["jensen_kv"].head_bits is None
+    with pytest.raises(ValueError, match="head_bits='5' is not supported; use one of off, 3, 4, 8"):
+        q.execute(*base, "5", 0.25)
+    for bad in (0, 1.5, "x"):
+        with pytest.raises(ValueError, match=f"head_fraction={bad!r} with head_bits=4: .* from 0.01 to 1"):
+            q.execute(*base, "4", bad)
+    with pytest.raises(ValueError, match="head_bits=4 is not above key_bits=4"):
+        q.execute(tiny, "4", "2", *base[3:], "4", 0.25)
+    with pytest.raises(ValueError, match="head_bits=4 keeps some heads' keys at more bits, but key_bits is off"):
+        q.execute(tiny, "off", "2", *base[3:], "4", 0.25)
+    with pytest.raises(ValueError, match="cannot be combined with recent_chunks_bits / sink_bits yet"):
+        q.execute(*base[:11], "4", 1, "off", "same", "8", 0.25)
+    inputs = {i.id: i for i in _schema(q).inputs}
+    for name in ("head_bits", "head_fraction"):
+        assert inputs[name].optional and inputs[name].tooltip
+
+
+def test_sampler_with_precision_by_head_stores_the_planned_bytes_and_reports_the_heads(nodes, tiny):
+    """3 chunks of 2 latent frames, 2 layers x 2 heads, half the heads at 4 bits: the report's bytes are the planner's
+    to the byte (the last chunk too: the kv_cache output counts as connected), more than uniform INT2's, and the
+    report names one promoted head per layer."""
+    inputs = {**_sampler_inputs(tiny), "latent": wan_tiny.video_latent(6)}
+    base = (tiny, "2", "2", "16", "hadamard", "fp8_e4m3", 0, "rtn", 1, 0, 2, "off", 2, "off", "same")
+    reports = {}
+    for head_bits in ("off", "4"):
+        m = nodes.JensenKVQuantizeKVCache.execute(*base, head_bits, 0.5).args[0]
+        m = nodes.JensenKVBiasCorrection.execute(m, "taylor", 1.0).args[0]
+        out = nodes.JensenKVChunkedARSampler.execute(m, **inputs)
+        reports[head_bits] = (out.args[1], out.ui["text"][0])
+    report, text = reports["4"]
+    assert set(report) == REPORT_KEYS
+    assert report["cache_bytes"] == report["planned_bytes"] > reports["off"][0]["cache_bytes"]
+    assert reports["off"][0]["cache_bytes"] == reports["off"][0]["planned_bytes"]
+    assert report["head_bits"] == 4 and report["head_fraction"] == 0.5
+    assert len(report["promoted_heads"]) == 2 and all(len(p) == 1 and p[0] in (0, 1) for p in report["promoted_heads"])
+    # keys 1/2 at INT4 + 1/2 at INT2 (g16: 3.5 and 5.5 bits), values INT2: (4.5 + 3.5) / 2
+    assert report["effective_bits"] == pytest.approx(4.0)
+    assert "Precision by head: 1 of 2 K/V head(s) per layer kept their keys at 4 bits (layer 0: " in text
+    assert reports["off"][0]["promoted_heads"] is None and "Precision by head" not in reports["off"][1]
 
 
 def test_a_window_past_the_video_is_said_in_the_log_and_the_report(nodes, tiny, caplog):

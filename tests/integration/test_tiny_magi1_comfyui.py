@@ -54,3 +54,23 @@ def test_the_magi1_ar_sampler_recipe_gives_the_pure_rollout(magi1, patcher, wind
     special = {k: v.float() for k, v in dm.special_tokens.items()}
     pure = mt.rollout(dm, special, prompt, chunks, window, seed)
     assert float((result.samples * SCALE - pure).abs().max()) <= 1e-5 * float(pure.abs().max())
+
+
+def test_precision_by_head_on_magi1_stores_the_planned_bytes(magi1, patcher, nodes):
+    """head_bits 4 on one of MAGI-1's 2 K/V heads per layer (4 query heads over 2: promotion is per K/V head): the run
+    stores the planner's bytes, 0.5 bits per element more than uniform INT2 g32, and names one head per layer."""
+    reports = {}
+    for head_bits in ("off", "4"):
+        m = nodes.JensenKVQuantizeKVCache.execute(
+            patcher, "2", "2", "32", "hadamard", "fp8_e4m3", 0, "rtn", 1, 0, 2, "off", 2, "off", "same", head_bits, 0.5
+        ).args[0]
+        req = magi1.Magi1Request.from_options(
+            m, [[tv.prompt_embedding(1), {"magi1_caption": True}]], latent_frames=3 * mt.CHUNK_FRAMES,
+            latent_height=mt.LATENT_HW, latent_width=mt.LATENT_HW, seed=3, num_steps=4, window_size=4,
+            chunk_frames=mt.CHUNK_FRAMES, progress=False,
+        )  # fmt: skip
+        reports[head_bits] = magi1.run(req).report
+    rep, uniform = reports["4"], reports["off"]
+    assert rep["cache_bytes"] == rep["planned_bytes"] > uniform["cache_bytes"] == uniform["planned_bytes"]
+    assert rep["effective_bits"] == pytest.approx(uniform["effective_bits"] + 0.5)
+    assert rep["kv_heads"] == 2 and [len(p) for p in rep["promoted_heads"]] == [1] * mt.CONFIG.num_layers

@@ -591,6 +591,29 @@ def test_plan_rejects_bad_tiers_naming_value_and_fix(params, param, words):
         assert w in body["error"], body["error"]
 
 
+def test_plan_counts_precision_by_head_and_names_bad_values():
+    """head_bits 4 on a quarter of Wan 1.3B's 12 heads (3 per layer) over INT2 g32: the keys' bits rise by 3/12 x 2 =
+    0.5, the bytes are the planner's; a bad value names the input and the fix."""
+    q = {"preset": "wan2.1-1.3b", "key_bits": "2", "value_bits": "2", "group_size": "32"}
+    uniform = routes.plan_summary(q)
+    out = routes.plan_summary({**q, "head_bits": "4", "head_fraction": "0.25"})
+    assert out["head_bits"] == "0.25@4" and out["promoted_heads"] == 3 and uniform["promoted_heads"] == 0
+    assert out["effective_bits_k"] == pytest.approx(uniform["effective_bits_k"] + 0.5)
+    assert out["effective_bits_v"] == uniform["effective_bits_v"]
+    assert out["quantized_bytes"] > uniform["quantized_bytes"]
+    assert routes.plan_summary({**q, "head_bits": "off", "head_fraction": "7"})["head_bits"] is None
+    for params, param, words in (
+        ({"head_bits": "5"}, "head_bits", "head_bits='5' is not supported"),
+        ({"head_bits": "4", "head_fraction": "0"}, "head_fraction", "from 0.01 to 1"),
+        ({"head_bits": "4", "key_bits": "4"}, "head_bits", "not above key_bits=4"),
+        ({"head_bits": "4", "recent_chunks_bits": "4"}, "head_bits", "cannot be combined"),
+    ):
+        with pytest.raises(routes.ParamError) as exc:
+            routes.plan_summary({**q, **params})
+        body = exc.value.to_json()
+        assert body["param"] == param and words in body["error"], body
+
+
 def test_the_lingbot_presets_plan_the_reference_window_as_2_frame_entries():
     """LingBot-World's window of 18 latent frames with a sink of 6 (the sampler's local_attn_size / sink_size, its
     defaults when absent) is planned as 2-frame entries (sink 3, window 4: 14 cached frames) at chunk 4, whatever window

@@ -529,7 +529,8 @@ def test_workflows_saved_before_the_qvg_inputs_keep_their_widgets(object_info):
     specs = {**info["input"]["required"], **info["input"].get("optional", {})}
     new = widgets[len(old) :]
     qvg = ["method", "qvg_stages", "qvg_centroids", "qvg_iters"]
-    assert new == [*qvg, "recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"]  # then tiers
+    tiers = ["recent_chunks_bits", "recent_chunks", "sink_bits", "recent_chunks_key_bits"]
+    assert new == [*qvg, *tiers, "head_bits", "head_fraction"]  # then tiers, then precision by head
     for name in new:
         assert "default" in specs[name][1], f"{name} needs a default for old workflows"
     assert specs["method"][1]["default"] == "rtn"  # an old workflow keeps plain RTN
