@@ -706,6 +706,47 @@ function nodeOfLocator(id) {
   return graph?.getNodeById?.(local) ?? null;
 }
 
+// ------------------------------------------------------------------------------------- model folders
+// The pack's loaders and the ComfyUI folder each reads (models/<folder>). ComfyUI's front end (1.45+, v0.27 and 0.33)
+// names a missing model's folder from its "model to node" registry (the modelToNode store: folder -> loader node and
+// widget, core's loaders only) and from the workflow's model entries (properties.models); a file with no entry (one
+// made by tools/convert_checkpoint.py) on a loader it does not know shows as "Unknown". Registering the loaders
+// names the folder there. The store has no public API: it is reached through the app's Pinia, and nothing happens
+// where it or its getCategoryForNodeType is absent (1.27, ComfyUI v0.3.64, whose dialog reads only the entries) or
+// where it already knows the loader.
+const LOADER_FOLDERS = [
+  ["diffusion_models", "JensenKVLoadMagi1", "model_name"],
+  ["vae", "JensenKVLoadMagi1VAE", "vae_name"],
+  ["diffusion_models", "JensenKVLoadWorldPlay", "unet_name"],
+  ["diffusion_models", "JensenKVLoadLingBot", "unet_name"],
+];
+let loaderFoldersRegistered = false;
+
+function frontEndStore(id) {
+  const vueApp = (document.querySelector("#vue-app") ?? document.querySelector("[data-v-app]"))?.__vue_app__;
+  return vueApp?.config?.globalProperties?.$pinia?._s?.get?.(id) ?? null;
+}
+
+function registerLoaderFolders() {
+  if (loaderFoldersRegistered) return;
+  try {
+    const models = frontEndStore("modelToNode");
+    const defs = frontEndStore("nodeDef")?.nodeDefsByName;
+    // getCategoryForNodeType is what the missing-model scan asks (1.45+); 1.27's registry lacks it and its dialog
+    // reads only the model entries: nothing to do there
+    if (typeof models?.registerNodeProvider !== "function" || typeof models.getCategoryForNodeType !== "function"
+      || !defs || !Object.keys(defs).length) return;
+    loaderFoldersRegistered = true;
+    for (const [folder, node, widget] of LOADER_FOLDERS) {
+      const nodeDef = defs[node];
+      // the registry's defaults (core's loaders) come first, so a folder's first loader stays core's
+      if (nodeDef && !models.getCategoryForNodeType(node)) models.registerNodeProvider(folder, { nodeDef, key: widget });
+    }
+  } catch (err) {
+    console.warn("jensen_kv: could not register the loaders' model folders", err);
+  }
+}
+
 // ------------------------------------------------------------------------------------- registration
 app.registerExtension({
   name: "jensen_kv.ui",
@@ -763,7 +804,11 @@ app.registerExtension({
       if (node?.jensenKvReportBox && node.jensenKvReport !== report) showReport(node, report);
     }
   },
+  beforeConfigureGraph() {
+    registerLoaderFolders(); // before the front end looks for missing models in the graph it loads
+  },
   setup() {
+    registerLoaderFolders();
     // one cheap loop: re-ask the server only when a node's request would change (widgets, planner
     // inputs, or - when following the workflow - the latent and sampler values)
     setInterval(() => {
