@@ -48,7 +48,6 @@ seed) of each INT2 + correction row against INT4 and against the same row withou
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import shlex
 import statistics
@@ -66,6 +65,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from jensen_testing import magi1_trained as mt  # noqa: E402
 from jensen_testing.pack import load_pack_module  # noqa: E402
+from jensen_testing.results import write_csv  # noqa: E402
 
 # the pack's MAGI-1 cache seam and the cache's config, imported as ComfyUI imports the pack (no ComfyUI needed)
 _jk = load_pack_module("jensen_core")
@@ -382,11 +382,7 @@ def main(argv=None) -> int:
         f"total {time.perf_counter() - t_start:.0f} s"
     )
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "magi1_quality_per_seed.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(records[0]))
-            w.writeheader()
-            w.writerows(records)
+        write_csv(args.out / "magi1_quality_per_seed.csv", records)
     return 0
 
 

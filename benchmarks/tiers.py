@@ -24,7 +24,6 @@ Numbers and the decision they led to: docs/tiers.md.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -41,6 +40,7 @@ import torch.nn.functional as F  # noqa: E402
 from jensen_core import CacheEntry, QuantSpec, cached_attention, quantize  # noqa: E402
 from jensen_core.tiers import requantize  # noqa: E402
 from jensen_core.workload import make_workload  # noqa: E402
+from jensen_testing.results import write_csv  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------ 1. requantize or keep
@@ -227,11 +227,7 @@ def main(argv=None) -> int:
     if args.frontier or both:
         rows = frontier(args)
         print_frontier(rows, args)
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "tiers_frontier.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(args.out / "tiers_frontier.csv", rows)
     return 0
 
 

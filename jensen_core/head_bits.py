@@ -35,7 +35,7 @@ from .hadamard import rotate
 from .methods import method_of
 from .quant import cat_quantized, quantize
 from .spec import QuantSpec
-from .stored import StoredTensor
+from .stored import JoinedTensor, StoredTensor
 
 #: bits a promoted head's keys may be stored at (0 = precision by head off, in the node's terms "off")
 HEAD_BITS = (3, 4, 8)
@@ -140,7 +140,7 @@ def choose_heads(score: Tensor, count: int) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in order[:count]))
 
 
-class HeadBitsTensor(StoredTensor):
+class HeadBitsTensor(JoinedTensor):
     """Stored keys whose heads (dimension -3) are split: ``high`` holds the promoted heads at more bits, ``low`` the
     others at the cache's spec; ``promoted`` (bool, one per head) says which is which. Every part is an ordinary
     stored tensor with its own step sizes; :meth:`step_sizes` and :meth:`dequantize` put the heads back in order.
@@ -173,37 +173,9 @@ class HeadBitsTensor(StoredTensor):
         return [p for p in (self.low, self.high) if p is not None]
 
     @property
-    def _first(self) -> StoredTensor:
-        return self.low if self.low is not None else self.high
-
-    @property
-    def spec(self) -> QuantSpec:
-        return self._first.spec
-
-    @property
     def shape(self) -> torch.Size:
         s = self.high.shape
         return torch.Size((*s[:-3], self.promoted.numel(), *s[-2:]))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.high.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.high.device
-
-    @property
-    def scale_format(self) -> str:
-        return self._first.scale_format
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-    @property
-    def interleaved(self) -> bool:
-        return False
 
     @property
     def heads(self) -> tuple[int, ...]:

@@ -54,3 +54,36 @@ class StoredTensor:
         self, dtype: torch.dtype | None = None, rotated: bool = False, out: Tensor | None = None
     ) -> Tensor:  # pragma: no cover - every format defines it
         raise NotImplementedError
+
+
+class JoinedTensor(StoredTensor):
+    """A stored tensor made of stored ``parts`` whose specs differ in ``bits`` only (chunks at their age's bits:
+    :class:`jensen_core.tiers.TieredTensor`; heads at their own: :class:`jensen_core.head_bits.HeadBitsTensor`).
+    Spec, dtype, device and scale format are the first part's; its bytes are the parts'; never interleaved."""
+
+    __slots__ = ()
+    parts: list[StoredTensor]
+
+    @property
+    def spec(self):
+        return self.parts[0].spec
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.parts[0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.parts[0].device
+
+    @property
+    def scale_format(self) -> str:
+        return self.parts[0].scale_format
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def interleaved(self) -> bool:
+        return False

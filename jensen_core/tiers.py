@@ -32,7 +32,7 @@ import torch
 
 from .methods import method_of
 from .spec import QuantSpec
-from .stored import StoredTensor
+from .stored import JoinedTensor, StoredTensor
 
 #: bits a tier may keep chunks at (0 = that tier is off)
 TIER_BITS = (0, 3, 4, 8)
@@ -224,7 +224,7 @@ def requantize(t: StoredTensor, spec: QuantSpec, head_offset: int = 0) -> Stored
     return method_of(spec).quantize(xf, spec, t.dtype, head_offset)
 
 
-class TieredTensor(StoredTensor):
+class TieredTensor(JoinedTensor):
     """Stored chunks whose specs differ in ``bits`` only, joined along the token axis (what diagnostics concatenate).
 
     Each part keeps its own codes and step sizes: :meth:`step_sizes` and :meth:`dequantize` are the parts'
@@ -242,33 +242,9 @@ class TieredTensor(StoredTensor):
         self.parts = list(parts)
 
     @property
-    def spec(self) -> QuantSpec:
-        return self.parts[0].spec
-
-    @property
     def shape(self) -> torch.Size:
         first = self.parts[0].shape
         return torch.Size((*first[:-2], sum(p.tokens for p in self.parts), first[-1]))
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.parts[0].dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.parts[0].device
-
-    @property
-    def scale_format(self) -> str:
-        return self.parts[0].scale_format
-
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
-    @property
-    def interleaved(self) -> bool:
-        return False
 
     def to(self, device) -> TieredTensor:
         return TieredTensor([p.to(device) for p in self.parts])

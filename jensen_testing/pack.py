@@ -48,12 +48,13 @@ def load_pack_module(dotted: str) -> types.ModuleType:
     return importlib.import_module(f"{PACK_PACKAGE}.{dotted}")
 
 
-def load_tool(name: str) -> types.ModuleType:
-    """``load_tool("convert_checkpoint")`` -> ``tools/convert_checkpoint.py`` as a module (tools/ is no package)."""
-    mod_name = f"jensen_kv_tool_{name}"
+def load_script(path: str) -> types.ModuleType:
+    """``load_script("benchmarks/sweep.py")`` -> that script of the pack as a module (benchmarks/ and tools/ are no
+    packages), loaded once; registered in ``sys.modules`` first, as dataclasses look their module up."""
+    mod_name = "jensen_kv_script_" + path.removesuffix(".py").replace("/", "_")
     if mod_name in sys.modules:
         return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, PACK_ROOT / "tools" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(mod_name, PACK_ROOT / path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
     try:
@@ -62,3 +63,8 @@ def load_tool(name: str) -> types.ModuleType:
         del sys.modules[mod_name]
         raise
     return module
+
+
+def load_tool(name: str) -> types.ModuleType:
+    """``load_tool("convert_checkpoint")`` -> ``tools/convert_checkpoint.py`` as a module (tools/ is no package)."""
+    return load_script(f"tools/{name}.py")

@@ -9,7 +9,6 @@ lowering the mass shift, the bits of the run's own report)."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import subprocess
 import sys
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from jensen_testing.pack import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "magi1_quality.py"
@@ -34,11 +35,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("jensen_kv_magi1_quality_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/magi1_quality.py")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ the comparison rows it writes hold the numbers of the settings they compare."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from support import comfyui as support_comfyui
+
+from jensen_testing.pack import load_script
 
 pytestmark = pytest.mark.slow  # runs benchmarks/sweep.py --quick (minutes on 2 cores)
 
@@ -27,11 +28,7 @@ COMPARISON_COLUMNS = ["comparison", "setting", "reference", "metric", "value", "
 
 
 def _sweep_module():
-    spec = importlib.util.spec_from_file_location("jensen_kv_sweep_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/sweep.py")
 
 
 def test_quick_sweep_writes_csv_and_plots(tmp_path):
