@@ -92,7 +92,7 @@ T_WP = "tests/integration/test_worldplay_recipe.py tests/test_worldplay_context.
 T_RAY = "tests/integration/test_raylight_ulysses.py tests/test_planner_ranks.py"
 T_MX_MAGI = "tests/integration/test_matrix_magi1.py"
 T_MX_WP = "tests/integration/test_matrix_worldplay.py"
-T_MX_RAY = ""
+T_MX_RAY = "tests/integration/test_matrix_raylight.py"
 
 MUTANTS: list[Mutant] = []  # filled by the table at the end of this file
 
