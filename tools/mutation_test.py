@@ -149,9 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="mutant ids to run")
     ap.add_argument("--min-kill", type=float, default=0.95, help="exit 1 when the kill rate is below this")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant's tests")
+    ap.add_argument(
+        "--tests",
+        nargs="*",
+        default=None,
+        help="run every mutant against these tests instead of its own (which kills it)",
+    )
     args = ap.parse_args(argv)
 
     mutants = [m for m in MUTANTS if args.only is None or m.id in args.only]
+    if args.tests:
+        mutants = [Mutant(m.id, m.file, m.find, m.replace, tuple(args.tests), m.bug) for m in mutants]
     if args.only and len(mutants) != len(set(args.only)):
         known = {m.id for m in MUTANTS}
         raise SystemExit(f"unknown mutant ids: {sorted(set(args.only) - known)}")
@@ -183,10 +191,13 @@ def main(argv: list[str] | None = None) -> int:
                 rc, dt, out = run_tests(pack, m.tests, args.timeout)
             finally:
                 (pack / m.file).write_text(original)
-            killed = rc != 0
+            killed = rc not in (0, 124)  # out of time is no kill: the tests said nothing (counted as surviving)
             rows.append((m, killed, dt))
+            by = next((ln.split(" - ")[0] for ln in out.splitlines() if ln.startswith(("FAILED ", "ERROR "))), "")
+            status = "killed  " if killed else "TIMED OUT" if rc == 124 else "SURVIVED"
             print(
-                f"[{i:2d}/{len(mutants)}] {m.id:5s} {'killed  ' if killed else 'SURVIVED'} {dt:5.0f} s  {m.bug}",
+                f"[{i:2d}/{len(mutants)}] {m.id:5s} {status} {dt:5.0f} s  {m.bug}"
+                + (f"\n        by {by}" if killed and by else ""),
                 flush=True,
             )
 
