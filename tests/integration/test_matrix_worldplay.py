@@ -224,6 +224,24 @@ def test_the_paths_reach_the_rule_where_a_bug_would_show():
     assert reference_context(tie, 6, 0)[4:8] == [8, 9, 10, 11]
 
 
+#: older chunks that see none of chunk 6's view: every candidate scores 1, an exact tie (the oldest wins)
+BLIND = [0.0] * 4 + [AWAY] * 20 + [0.0] * 4
+
+
+@pytest.mark.parametrize("name,seed", [("tiny", 5), ("revisit", 3), ("tie", 7), ("tie", 0), ("blind", 0)])
+def test_the_family_selection_is_the_reference_rule(name, seed):
+    """Without a run: the family's selection (the context module the recipe calls) on each path == the rule written
+    here, chunk by chunk; the blind path ties exactly and takes the oldest candidate."""
+    context = pack_module("runtime.families.worldplay.model.context")
+    path = yaw_path(BLIND) if name == "blind" else path_of(name)
+    points = context.sphere_points(seed=seed)
+    got = [list(context.plan_chunk(path.w2c, c, points).context_frames) for c in range(SEVEN // 4)]
+    want = [reference_context(path.c2w, c, seed) for c in range(SEVEN // 4)]
+    assert got == want, (name, seed, got[-1], want[-1])
+    if name == "blind":
+        assert want[-1][4:8] == [4, 5, 6, 7]
+
+
 @pytest.fixture
 def memory_requests(pack, monkeypatch):
     """The memory_required of every ComfyUI model load in this test (the pack's memory request)."""
