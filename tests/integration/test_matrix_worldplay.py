@@ -3,10 +3,16 @@
 Refusals: every schedule or option HY-WorldPlay's sampler refuses is refused before any model call (the DiT's
 ``forward`` and ComfyUI's ``sample_custom`` are counted), with a message that names the value; one test each.
 
-Running cells (``tests/support/matrix.py``'s HY-WorldPlay rows): each checked against a computation that does not
-use the pack's output of the same run - the planner's bytes counted by hand from each chunk's context selection
-(made again here from the seed's points and the trajectory), the raw K/V of the re-encode quantized at the chunk's
-bits, the family's plain forward with the reference's full-precision memory.
+Running cells (``tests/support/matrix.py``'s HY-WorldPlay row, 7 chunks: chunk 6 is the first to select its
+context): each checked against a computation that does not use the pack's output of the same run - every chunk's
+context by the reference's rule written here (:func:`reference_context`: its own points after
+``torch.manual_seed(seed)``, its own view test, frames h and h + 2, ties to the oldest), the planner's bytes counted
+by hand from those contexts and each chunk's bits, the raw K/V of the re-encode quantized at the chunk's bits, and in
+full precision the model's own calls with the reference's full-precision memory over the test's contexts
+(``jensen_testing.worldplay_tiny.plain_rollout(contexts=...)``). Two camera paths are built so that a wrong rule
+shows: one revisits chunk 6's view at a candidate's frame h + 2 and another's h + 3, one makes two candidates tie in
+expectation so that the seed's points decide; :func:`test_the_paths_reach_the_rule_where_a_bug_would_show` checks
+that power on the rule itself.
 """
 
 from __future__ import annotations
