@@ -8,9 +8,9 @@ Taylor layout, and a shard padded by a whole rank's tokens. ``jensen_testing/ray
 Each running cell is checked against the one-process float32 run holding every head (Ulysses 1: the same pack,
 Raylight's same arithmetic, every per-head seed and sign drawn for its global head), never against the other rank:
 each rank's video within float32 rounding in another order (``TOL``, as in ``test_raylight_ulysses.py``; QVG within
-``QVG_TOL``: its k-means and its guard's factor are float32 sums over the heads a process holds, so 2 heads per rank
-against 4 in one process sum in another order and can move a code across a boundary: measured 5.9e-5, 6.2e-5
-unguarded), half the one-process bytes on each rank, and the heads each rank reports. The
+``QVG_TOL``: its k-means and its guard's factor run batched over the heads a process holds, and a batch of 2 heads
+against one of 4 rounds in another order, where a token near two centroids can change its assignment: measured
+5.9e-5, 6.2e-5 unguarded, against 1.3e-5 with 1 head per rank in ``test_raylight_ulysses.py``), half the one-process bytes on each rank, and the heads each rank reports. The
 tolerance is far below what the correction modes move (``test_the_modes_differ_far_beyond_the_tolerance``), and a
 rank that draws its heads' Hadamard signs or QVG centroids for other global heads moves its cache by INT2's own effect.
 """

@@ -388,8 +388,8 @@ RAYLIGHT = FamilyTable(
         "exact": "as rtn",
         "per_channel": "as rtn",
         "off": "as rtn",
-        "qvg": "as rtn within 2e-4 (its k-means and guard sum over a rank's heads in another order; its centroids "
-        "seeded per global head)",
+        "qvg": "as rtn within 2e-4 (its k-means and guard run batched over a process's heads: another rounding order; "
+        "its centroids seeded per global head)",
         "qvg_auto": "as qvg",
         "no_layout": "as rtn; and every rank's Taylor layout is rank 0's: none (one buffer)",
         "pad_rank": "refused",
