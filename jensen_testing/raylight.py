@@ -144,6 +144,32 @@ def cases() -> list[dict]:
     return out
 
 
+def matrix_cases() -> list[dict]:
+    """The combination matrix's runs (``tests/support/matrix.py``'s Raylight rows, ``--set matrix``): 4 heads over
+    Ulysses 2, so each rank holds 2 heads (rank 1: global heads 2 and 3), crossed with the quantizer, every correction
+    mode, tiers with window + sink, Raylight's padding, a rank 0 without a Taylor layout, and a shard padded by a whole
+    rank's tokens. In this set rank 0 finds no Taylor layout at group 8 (:func:`main`), and rank 1 asks for none."""
+    h4 = dict(heads=4, hw=ODD_HW)
+    quarot = dict(bits="2", group="16", rotation="hadamard", window=2, sink=1, tiers=True, frames=5, **h4)
+    qvg = dict(bits="2", group="16", method="qvg", mode="taylor", frames=4, **h4)
+    out = [
+        dict(name="mx_rtn", bits="2", group="16", rotation="none", mode="taylor", heads=4, hw=EVEN_HW, frames=4),
+        dict(name="mx_quarot", mode="taylor", **quarot),
+    ]
+    out += [dict(name=f"mx_{m}", mode=m, **quarot) for m in ("chunk_mean", "exact", "per_channel", "off")]
+    out += [
+        dict(name="mx_qvg", qvg_k=4, **qvg),
+        dict(name="mx_qvg_auto", qvg_k=0, **qvg),
+        dict(name="mx_no_layout", bits="2", group="8", rotation="hadamard", mode="taylor", frames=4, **h4),
+        dict(name="refuse_pad_rank", fault="pad_rank", **{**quarot, "mode": "taylor"}),
+    ]
+    return out
+
+
+#: the Taylor layout key (head_dim, G) where rank 0 of ``--set matrix`` finds no layout (group 8 of head_dim 32)
+NO_LAYOUT_KEY = (32, 4)
+
+
 def _arch(case: dict) -> dict:
     heads = case.get("heads", 2)
     return dict(dim=32 * heads, num_heads=heads, text_len=TEXT_LEN)
@@ -163,7 +189,7 @@ def pack_model(nodes, model, case: dict):
         0,
         case.get("method", "rtn"),
         1,
-        4,
+        case.get("qvg_k", 4),
         2,
         "4" if tiers else "off",
         1,
@@ -242,6 +268,18 @@ def _fault(case: dict, model):
 
         for i in range(n):
             model.set_model_patch_replace(block_patch, "dit", "double_block", i)
+    elif fault == "pad_rank":  # the block's real token count one rank count short: a whole rank's tokens of padding
+        import torch.distributed as dist
+
+        n, ranks = len(model.model.diffusion_model.blocks), dist.get_world_size()
+
+        def short_patch(args, extra):
+            to = dict(args["transformer_options"])
+            to["usp_ar_block_seq_len"] = int(to["usp_ar_block_seq_len"]) - ranks
+            return extra["original_block"]({**args, "transformer_options": to})
+
+        for i in range(n):
+            model.set_model_patch_replace(short_patch, "dit", "double_block", i)
     elif fault == "foreign":  # an unknown sequence-parallel wrapper over Raylight's forward (ON_LOAD, after Raylight)
         import comfy.patcher_extension as pe
 
@@ -288,8 +326,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(out: Path, python: str = sys.executable, world: int = 2) -> list:
-    """Start ``world`` ranks and the one-process reference (``--world 1``) writing into ``out``; returns the processes."""
+def start(out: Path, python: str = sys.executable, world: int = 2, case_set: str = "area") -> list:
+    """Start ``world`` ranks and the one-process reference (``--world 1``) writing into ``out``; returns the processes.
+    ``case_set``: ``"area"`` (:func:`cases`) or ``"matrix"`` (:func:`matrix_cases`)."""
     import subprocess
 
     out.mkdir(parents=True, exist_ok=True)
@@ -300,6 +339,7 @@ def start(out: Path, python: str = sys.executable, world: int = 2) -> list:
         for r in ranks:
             log = open(out / f"world{w}_rank{r}.log", "w")  # noqa: SIM115 - closed in collect()
             cmd = [python, "-m", "jensen_testing.raylight", "--rank", str(r), "--world", str(w), "--port", str(port)]
+            cmd += ["--set", case_set]
             p = subprocess.Popen(
                 [*cmd, "--out", str(out)], cwd=jc.PACK_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
             )
@@ -339,6 +379,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--only", nargs="*", help="case names (default: all)")
+    p.add_argument("--set", choices=("area", "matrix"), default="area", help="cases() or matrix_cases()")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     jc.setup_inprocess_comfyui()
@@ -349,12 +390,22 @@ def main(argv: list[str] | None = None) -> None:
     importlib.import_module(f"{jc.PACK_MODULE}.runtime.core_ar")
     init_ulysses(a.rank, a.world, a.port)
     # rank 1 asks for another Taylor layout than rank 0 chooses; it must run rank 0's (agree_taylor_layout)
-    if a.rank == 1 and a.world > 1:
+    if a.rank == 1 and a.world > 1 and a.set == "area":
         from comfyui_jensen_kv.jensen_core.correction_layouts import set_layout_preference
 
         set_layout_preference("flex")
+    # the matrix: rank 0 on a device where no Taylor layout passes its check at group 8 (it takes none: one buffer);
+    # rank 1, which would find one, must take none too
+    if a.rank == 0 and a.world > 1 and a.set == "matrix":
+        layouts = importlib.import_module(f"{jc.PACK_MODULE}.jensen_core.correction_layouts")
+        offered = layouts.candidate_layouts
+
+        def candidates(device, dtype, head_dim, G):
+            return [] if (head_dim, G) == NO_LAYOUT_KEY else offered(device, dtype, head_dim, G)
+
+        layouts.candidate_layouts = candidates
     results = {}
-    for case in cases():
+    for case in cases() if a.set == "area" else matrix_cases():
         if (a.only and case["name"] not in a.only) or (a.world == 1 and case["name"].startswith("refuse_")):
             continue
         results[case["name"]] = run_sharded(case, nodes)
@@ -380,6 +431,7 @@ __all__ = [
     "find_raylight",
     "import_raylight",
     "init_ulysses",
+    "matrix_cases",
     "missing",
     "run_sharded",
     "run_single",

@@ -166,17 +166,29 @@ def worldplay_sigmas() -> torch.Tensor:
     return pack_module("runtime.schedules").ar_sigmas("worldplay_4step")
 
 
-def sample(model, frames: int, *, seed: int = 7, cond_seed: int = 1, noise=None, sampler=None, **options):
-    """The pack's HY-WorldPlay run (the recipe HY-WorldPlay AR Sampler runs) of ``frames`` latent frames."""
+def sample(
+    model,
+    frames: int,
+    *,
+    seed: int = 7,
+    cond_seed: int = 1,
+    noise=None,
+    sampler=None,
+    path=None,
+    hw=LATENT_HW,
+    **options,
+):
+    """The pack's HY-WorldPlay run (the recipe HY-WorldPlay AR Sampler runs) of ``frames`` latent frames, on the camera
+    path ``path`` (default :func:`trajectory`) and a latent of ``hw``."""
     import comfy.samplers
 
     recipe = pack_module("runtime.families.worldplay.recipe")
     sigmas = options.pop("sigmas", None)
     request = recipe.WorldPlayRequest.from_options(
         model,
-        conditioning(cond_seed, frames),
-        latent(frames),
-        trajectory(frames),
+        conditioning(cond_seed, frames, hw=hw),
+        latent(frames, hw=hw),
+        trajectory(frames) if path is None else path,
         seed,
         sampler if sampler is not None else comfy.samplers.sampler_object("euler"),
         worldplay_sigmas() if sigmas is None else sigmas,
@@ -186,10 +198,14 @@ def sample(model, frames: int, *, seed: int = 7, cond_seed: int = 1, noise=None,
     return recipe.run(request)
 
 
-def plain_rollout(model, frames: int, noise: torch.Tensor, *, seed: int = 7, cond_seed: int = 1, sigmas=None):
+def plain_rollout(
+    model, frames: int, noise: torch.Tensor, *, seed: int = 7, cond_seed: int = 1, sigmas=None, path=None, contexts=None
+):
     """The family's plain forward: the reference's AR rollout on the model's own calls, full precision
     (``ContextKV``), from the video's initial ``noise``; returns the LATENT's samples (ComfyUI's latent space, as
-    a sampler returns them). The context points are drawn from ``seed``, as the pack's run draws them."""
+    a sampler returns them). The context points are drawn from ``seed``, as the pack's run draws them; ``contexts``
+    (each chunk's context frames, e.g. from a selection written in a test) replaces the pack's selection, and
+    ``path`` the default camera path."""
     attention = pack_module("runtime.families.worldplay.model.attention")
     context = pack_module("runtime.families.worldplay.model.context")
     model_mod = pack_module("runtime.families.worldplay.comfy_model")
@@ -198,7 +214,7 @@ def plain_rollout(model, frames: int, noise: torch.Tensor, *, seed: int = 7, con
     dm = base.diffusion_model
     ((text, opts),) = conditioning(cond_seed, frames)
     vision = opts["clip_vision_output"].last_hidden_state
-    traj = trajectory(frames)
+    traj = trajectory(frames) if path is None else path
     cpu = torch.device("cpu")
     with torch.no_grad():
         prefix = dm.text_prefix(text, None, opts["conditioning_byt5small"], vision)
@@ -227,6 +243,8 @@ def plain_rollout(model, frames: int, noise: torch.Tensor, *, seed: int = 7, con
 
         for c in range(frames // 4):
             plan = context.plan_chunk(traj.w2c[:frames], c, points)
+            if contexts is not None:
+                plan = context.ContextPlan(c, plan.chunk_frames, tuple(contexts[c]))
             memory.clear()
             if plan.context_frames:
                 memory.mode = "write"

@@ -311,7 +311,95 @@ MAGI1 = FamilyTable(
 )
 
 
-FAMILIES: dict[str, FamilyTable] = {t.key: t for t in (MAGI1,)}
+#: what every running HY-WorldPlay cell checks besides its column's own check
+CONTEXT_BY_HAND = (
+    "each chunk's context frames == the reference's rule written in the test (select_aligned_memory_frames: every "
+    "earlier frame up to 20, then chunk 0, the last 3 chunks and the older chunk whose frames h and h + 2 overlap the "
+    "new chunk's views most, over 50,000 points drawn after torch.manual_seed(the run's seed))"
+)
+
+WORLDPLAY = FamilyTable(
+    key="worldplay",
+    path="the HY-WorldPlay AR Sampler (runtime.families.worldplay.recipe.run), tiny HY-WorldPlay (2 double blocks x "
+    "2 streams, 2 heads x 32), 7 chunks of 4 latent frames (chunk 6 selects its context)",
+    rows={
+        "ar_4step": "the AR distilled recipe: 4 Euler steps at shift 5 per chunk, cfg 1, the context re-encoded at t 14"
+    },
+    columns={
+        "revisit": "a path that revisits chunk 6's view at chunk 1's third frame and chunk 2's last frame, with tiers "
+        "(as the tiers column), seed 3",
+        "tie": "a path where chunk 1 and chunk 2 look 20 degrees either side of chunk 6's view (their overlaps tie in "
+        "expectation; the seed's points decide), full precision, seed 7",
+        "fp": "full precision (no patch nodes), the tiny camera path (forward, yaw right, strafe, ...), seed 5",
+        "rtn": "INT2 keys and values, RTN without rotation, Taylor correction at strength 1",
+        "quarot": "INT2, Hadamard rotation (QuaRot), chunk_mean correction at strength 0.5",
+        "qvg": "QVG on both sides, explicit K (16 centroids), exact correction",
+        "qvg_auto": "QVG on both sides, auto K, per_channel correction",
+        "tiers": "tiers per side: keys 2/8, values 2/4 (old / newest context chunk), Hadamard, Taylor",
+        "odd_size": "a 5 x 7 latent (odd height and width: 35 tokens per frame), INT2 RTN, Taylor at strength 0.5",
+        "window_sink": "window 2 + sink 1",
+    },
+    checks={
+        "revisit": "as tiers; the rule takes chunk 1 (by its frame h + 2), not chunk 2 (whose h + 3 looks there)",
+        "tie": "as fp; the rule at seed 7 takes chunk 1, at seed 0 chunk 2",
+        "fp": "the samples == the model's own calls with the reference's full-precision memory (ContextKV) over the "
+        "context chosen in the test, within float32 rounding; " + CONTEXT_BY_HAND + "; " + PLAN_EQUALS_MEASURED,
+        "rtn": "every context chunk held at the last chunk == its raw K/V (the re-encode's) quantized at its bits, "
+        "bit for bit, on both streams; " + CONTEXT_BY_HAND + "; " + PLAN_EQUALS_MEASURED,
+        "quarot": "as rtn (Hadamard codes); the report's correction is the one asked",
+        "qvg": "every held chunk's reconstruction within its residual's Delta/2 of its raw K/V; "
+        + CONTEXT_BY_HAND
+        + "; "
+        + PLAN_EQUALS_MEASURED,
+        "qvg_auto": "as qvg, at the auto K",
+        "tiers": "each held chunk's bits per side == its position's by hand (the newest context chunk at 8 / 4); "
+        "never-demoted chunks == raw K/V quantized at their bits, bit for bit, demoted ones within both forms' "
+        "Delta/2; " + CONTEXT_BY_HAND + "; " + PLAN_EQUALS_MEASURED,
+        "odd_size": "as rtn, at 35 tokens per frame",
+        "window_sink": "refused",
+    },
+    refused={("*", "window_sink"): r"window_chunks=2, sink_chunks=1.*set both to 0"},
+    absent={},
+    test="tests/integration/test_matrix_worldplay.py (the refusals of the sampler: one test each, there too)",
+)
+
+RAYLIGHT = FamilyTable(
+    key="raylight",
+    path="Raylight's Ulysses sequence parallelism (runtime.families.wan.raylight) on core's sample_ar_video, tiny "
+    "causal Wan, two gloo CPU ranks against one process holding every head",
+    rows={"heads4": "4 heads over Ulysses 2: each rank holds 2 heads (rank 1: global heads 2 and 3)"},
+    columns={
+        "rtn": "INT2 RTN without rotation, Taylor, 16 tokens per frame (no padding), 4 frames",
+        "quarot": "INT2 Hadamard, Taylor, age tiers, window 2 + sink 1, 9 tokens per frame (Raylight pads to 10)",
+        "chunk_mean": "as quarot, chunk_mean",
+        "exact": "as quarot, exact",
+        "per_channel": "as quarot, per_channel",
+        "off": "as quarot, no correction",
+        "qvg": "QVG, explicit K (4 centroids), Taylor, 9 tokens per frame",
+        "qvg_auto": "QVG, auto K, Taylor, 9 tokens per frame",
+        "no_layout": "INT2 Hadamard, Taylor at group 8, where no Taylor layout passes its check on rank 0",
+        "pad_rank": "a shard padded by a whole rank's tokens (the block's usp_ar_block_seq_len one rank count short)",
+    },
+    checks={
+        "rtn": "each rank's video == the one-process float32 run over every head (5e-6); rank 0 == rank 1; each rank "
+        "holds half the one-process bytes, reports 2 heads from global head 2 x rank",
+        "quarot": "as rtn (the Hadamard signs per global head)",
+        "chunk_mean": "as rtn",
+        "exact": "as rtn",
+        "per_channel": "as rtn",
+        "off": "as rtn",
+        "qvg": "as rtn within 2e-4 (its k-means and guard run batched over a process's heads: another rounding order; "
+        "its centroids seeded per global head)",
+        "qvg_auto": "as qvg",
+        "no_layout": "as rtn; and every rank's Taylor layout is rank 0's: none (one buffer)",
+        "pad_rank": "refused",
+    },
+    refused={("*", "pad_rank"): r"not the block's \d+ tokens \(usp_ar_block_seq_len\) padded to a multiple of 2"},
+    absent={},
+    test="tests/integration/test_matrix_raylight.py",
+)
+
+FAMILIES: dict[str, FamilyTable] = {t.key: t for t in (MAGI1, WORLDPLAY, RAYLIGHT)}
 
 
 def render_all() -> str:
