@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import subprocess
 import sys
 import types
 
@@ -68,3 +69,13 @@ def load_script(path: str) -> types.ModuleType:
 def load_tool(name: str) -> types.ModuleType:
     """``load_tool("convert_checkpoint")`` -> ``tools/convert_checkpoint.py`` as a module (tools/ is no package)."""
     return load_script(f"tools/{name}.py")
+
+
+def run_script(path: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run the pack's script ``path`` (e.g. ``benchmarks/sweep.py``) with ``args`` in a fresh interpreter from the
+    pack's root, as its docstring's command does; AssertionError with its output's tail when it fails."""
+    proc = subprocess.run(
+        [sys.executable, str(PACK_ROOT / path), *args], cwd=PACK_ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc

@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from jensen_testing.pack import load_script
+from jensen_testing.pack import load_script, run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "magi1_quality.py"
@@ -104,14 +102,7 @@ def test_latent_ssim_and_psnr(bench):
 
 @pytest.mark.slow  # --quick: 36 rollouts, 50-90 s on the shared 2 cores
 def test_quick_run_gives_every_row_paired_and_finite(bench, tmp_path):
-    r = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = run_script("benchmarks/magi1_quality.py", "--quick", "--out", str(tmp_path))
     assert "command: python benchmarks/magi1_quality.py --quick --out" in r.stdout
     with open(tmp_path / "magi1_quality_per_seed.csv") as f:
         rows = list(csv.DictReader(f))

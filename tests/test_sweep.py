@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support import comfyui as support_comfyui
 
-from jensen_testing.pack import load_script
+from jensen_testing.pack import load_script, run_script
 
 pytestmark = pytest.mark.slow  # runs benchmarks/sweep.py --quick (minutes on 2 cores)
 
@@ -33,14 +31,7 @@ def _sweep_module():
 
 def test_quick_sweep_writes_csv_and_plots(tmp_path):
     have_wan = support_comfyui.find_comfyui() is not None
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script("benchmarks/sweep.py", "--quick", "--out", str(tmp_path), timeout=300)
     assert "elapsed:" in proc.stdout
     assert " wins" not in proc.stdout  # data only: what the numbers say is written in the docs by hand
     if not have_wan:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.comfyui import pack_module
 
 from jensen_testing import worldplay_tiny as wt
 
