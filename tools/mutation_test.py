@@ -14,8 +14,9 @@ mutant, the same tests run on the unmutated copy and must pass; a mutant whose t
 or whose edit does not compile, is an error of this script (stale after a refactor), not a kill.
 
 The new families' mutants (G1-G30, issue 43): baseline kill rate 12/30 with the areas' tests; with the matrix files
-G19-G30 12/12 (HY-WorldPlay 8/8 and Raylight 3/4 by their matrix files alone, G29 by its area's test), the table
-27/30, survivors G3 G12 G18 (the G table has the commands). ``--tests FILE ...`` runs the chosen mutants against those tests instead of their own, which shows
+G19-G30 12/12 (HY-WorldPlay 8/8 and Raylight 3/4 by their matrix files alone, G29 by its area's test), G3 and G12
+by test_magi1_cache.py's new checks: the table 29/30; G18 is equivalent (no input reaches the check it mutates; see the
+G table, which has the commands). ``--tests FILE ...`` runs the chosen mutants against those tests instead of their own, which shows
 what one file kills.
 
 Not run in CI: about 12 minutes on 2 idle cores for the 63 mutants before the X table (5 to 30 s each), and
@@ -1002,8 +1003,15 @@ MUTANTS += [
 # The MAGI-1 matrix alone (its file's baseline took 991 s here): 15/17 killed (G1-G17 but G3 and G12): G3 (the text
 # '5,0' still meets the G2 check) and G12 (a window one chunk short gives no warning) survive it.
 # Every mutant's own tests are its area's and its matrix file, and pytest -x fails on either, so with the baseline's
-# area kills: the table 27/30 (G19-G30 12/12), survivors G3 G12 G18 (G18, the loader's, has no matrix file). Derived
-# from these runs, not one run of the whole table; its command, for idle cores (hours on busy ones),
+# area kills: G19-G30 12/12. G3 and G12 then got their tests in the area's file (tests/integration/test_magi1_cache.py:
+# '5,0' refused by the parser itself; a window of reached - 1 warned), killed by
+#     python tools/mutation_test.py --only G3 G12 --tests \
+#         "tests/integration/test_magi1_cache.py::test_a_window_short_of_what_the_key_ranges_reach_is_said" \
+#         "tests/integration/test_magi1_cache.py::test_what_the_recipe_refuses_names_the_fix" --min-kill 0   # 2/2, 1 min
+# The table: 29/30. G18 is an equivalent mutant: checkpoint.py's "a tensor in two shards" check is unreachable (an
+# index's weight_map names each tensor once and _add_file reads only a shard's listed names; one file's names are
+# unique), so no test can tell it apart. Derived from these runs, not one run of the whole table; its command, for
+# idle cores (hours on busy ones),
 #     python tools/mutation_test.py --only G1 G2 ... G30 --timeout 1500 --min-kill 0
 MAGI_W = "runtime/families/magi1/window.py"
 MAGI_R = "runtime/families/magi1/recipe.py"

@@ -83,6 +83,21 @@ def test_a_full_precision_pack_run_gives_the_references_own_outputs(magi1, expec
     assert result.report["cache_bytes"] > 0 and result.report["key_bits"] == "off"
 
 
+# ------------------------------------------------------------------------------------------ the window's warning
+@pytest.mark.parametrize("window_chunks,warns", [(1, True), (2, True), (3, False), (5, False)])
+def test_a_window_short_of_what_the_key_ranges_reach_is_said(magi1, window_chunks, warns):
+    """At window_size 2 the key ranges reach 3 finished chunks: a window of 2 (one short) or 1 keeps fewer than the
+    reference reads, and the run says so (log and report); a window of 3 or more keeps them all and says nothing."""
+    model = magi1_tiny.build_patcher(qk_gain=MAGI1_QK_GAIN)
+    request = _request(magi1, model, magi1_tiny.conditioning(0), 7, window_size=2, window_chunks=window_chunks)
+    recipe = magi1.Magi1Recipe(request)  # what it checks and warns about, before any model call
+    assert recipe.reached == 3
+    said = [w for w in recipe.warnings if "keeps fewer finished chunks than the key ranges reach" in w]
+    assert bool(said) is warns, recipe.warnings
+    if warns:
+        assert f"window_chunks {window_chunks} " in said[0] and "(3 at window_size 2" in said[0], said[0]
+
+
 # ------------------------------------------------------------------------------------------ memory
 @pytest.mark.parametrize("window_size,reach", [(4, 1), (2, 3), (1, 4)])
 def test_the_cache_holds_what_the_key_ranges_reach(magi1, window_size, reach):
@@ -262,6 +277,9 @@ def test_what_the_recipe_refuses_names_the_fix(magi1, window, tiny):
         _request(magi1, model, cond, 8, cw=6)
     with pytest.raises(ValueError, match="'all'"):
         window.parse_kv_ranges("5,x")
+    for zero in ("5,0", "0", "5,4,-1"):  # a range of 0 chunks (a chunk that does not read itself) is no range
+        with pytest.raises(ValueError, match=r"kv_ranges=.*whole chunk counts >= 1"):
+            window.parse_kv_ranges(zero)
     assert window.parse_kv_ranges(" 8, 8 ") == (8, 8) and window.parse_kv_ranges("all") == ()
 
 
