@@ -67,6 +67,22 @@ def worldplay(pack):
     return support_comfyui.pack_module("runtime.families.worldplay.recipe")
 
 
+@pytest.fixture
+def memory_requests(pack, monkeypatch):
+    """The memory_required of every ComfyUI model load in this test (the pack's memory request)."""
+    import comfy.model_management as mm
+
+    seen: list[int] = []
+    original = mm.load_models_gpu
+
+    def recording(models, memory_required=0, *a, **k):
+        seen.append(int(memory_required))
+        return original(models, memory_required, *a, **k)
+
+    monkeypatch.setattr(mm, "load_models_gpu", recording)
+    return seen
+
+
 @pytest.fixture(scope="session")
 def loop(pack):
     import importlib

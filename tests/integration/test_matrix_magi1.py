@@ -153,22 +153,6 @@ def models(pack):
     return {d: magi1_tiny.build_patcher(replace(TINY, distill=d), qk_gain=MAGI1_QK_GAIN) for d in (True, False)}
 
 
-@pytest.fixture
-def memory_requests(pack, monkeypatch):
-    """The memory_required of every ComfyUI model load in this test (the pack's memory request)."""
-    import comfy.model_management as mm
-
-    seen: list[int] = []
-    original = mm.load_models_gpu
-
-    def recording(models, memory_required=0, *a, **k):
-        seen.append(int(memory_required))
-        return original(models, memory_required, *a, **k)
-
-    monkeypatch.setattr(mm, "load_models_gpu", recording)
-    return seen
-
-
 class Spy:
     """Layer 0's raw K/V of every write (by chunk) and its cache entries as the last read of the run saw them."""
 

@@ -243,22 +243,6 @@ def test_the_family_selection_is_the_reference_rule(name, seed):
         assert want[-1][4:8] == [4, 5, 6, 7]
 
 
-@pytest.fixture
-def memory_requests(pack, monkeypatch):
-    """The memory_required of every ComfyUI model load in this test (the pack's memory request)."""
-    import comfy.model_management as mm
-
-    seen: list[int] = []
-    original = mm.load_models_gpu
-
-    def recording(models, memory_required=0, *a, **k):
-        seen.append(int(memory_required))
-        return original(models, memory_required, *a, **k)
-
-    monkeypatch.setattr(mm, "load_models_gpu", recording)
-    return seen
-
-
 class Spy:
     """Cache layers 0 and 1 (block 0's two streams): the raw K/V of the last re-encode (by context chunk) and the
     entries the last read of the run saw."""
