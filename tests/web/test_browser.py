@@ -93,6 +93,17 @@ class UI:
             "measured": q("measured").text_content(),
         }
 
+    def run(self, timeout: float = 600) -> dict:
+        """Queue the loaded workflow with the Run button, as a user does: the server takes it without node errors and
+        it finishes successfully; its history entry."""
+        with self.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
+            self.page.get_by_role("button", name="Run").first.click()
+        body = queued.value.json()
+        assert queued.value.status == 200 and not body.get("node_errors"), body
+        entry = self.server.wait_for_prompt(body["prompt_id"], timeout=timeout)
+        assert entry["status"]["status_str"] == "success", (entry["status"], self.server.log_tail())
+        return entry
+
     def wait_planner(self, predicate_js: str, timeout_ms: int = 10_000) -> dict:
         """Wait until ``predicate_js`` (a JS expression over ``el``, the panel) holds, then read the panel."""
         self.page.wait_for_function(
@@ -595,12 +606,7 @@ def test_cpu_demo_planner_follows_the_bundled_model_and_agrees_with_the_run_to_t
     assert [shown.get_attribute(f"data-{k}") for k in ("layers", "heads", "head-dim")] == ["4", "2", "128"], row
     assert f"read from {loader_file}'s header" in shown.text_content(), shown.text_content()
     assert el.query_selector("[data-jkv=in-layers]").is_disabled()
-    with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
-        ui.page.get_by_role("button", name="Run").first.click()
-    body = queued.value.json()
-    assert queued.value.status == 200 and not body.get("node_errors"), body
-    entry = ui.server.wait_for_prompt(body["prompt_id"], timeout=600)
-    assert entry["status"]["status_str"] == "success", (entry["status"], ui.server.log_tail())
+    ui.run()
     after = ui.wait_planner("el.querySelector('[data-jkv=measured]')?.dataset.agrees", timeout_ms=60_000)
     measured = el.query_selector("[data-jkv=measured]")
     assert int(measured.get_attribute("data-bytes")) == planned["quant_bytes"], (after, planned)
@@ -628,12 +634,7 @@ def test_the_report_survives_a_workflow_tab_switch(ui):
     other = json.loads((WORKFLOW_DIR / "03 Self-Forcing text to video.json").read_text())
     ui.page.evaluate("async (wf) => { await app.loadGraphData(wf, true, true, 'jkv_report_demo'); }", demo)
     ui.page.wait_for_timeout(500)
-    with ui.page.expect_response(lambda r: r.url.endswith("/prompt") and r.request.method == "POST") as queued:
-        ui.page.get_by_role("button", name="Run").first.click()
-    body = queued.value.json()
-    assert queued.value.status == 200 and not body.get("node_errors"), body
-    entry = ui.server.wait_for_prompt(body["prompt_id"], timeout=600)
-    assert entry["status"]["status_str"] == "success", (entry["status"], ui.server.log_tail())
+    ui.run()
     ui.page.wait_for_function(f"() => !!({REPORT_TEXT_JS})()", timeout=60_000)
     shown = ui.page.evaluate(REPORT_TEXT_JS)
     assert shown.startswith("KV cache ") and "chunks" in shown, shown
