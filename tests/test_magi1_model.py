@@ -387,6 +387,33 @@ def test_vae_config_from_the_published_shapes():
     assert config_from_decoder_shapes(decoder_shapes(VAE_TINY), num_heads=4, latent_length=2) == VAE_TINY
 
 
+def test_the_published_vae_file_loads_as_it_is_downloaded(tmp_path):
+    """The MAGI-1 workflow's model entry downloads Sand AI's ``ckpt/vae/diffusion_pytorch_model.safetensors`` alone
+    (no config.json beside it, no metadata, encoder and decoder) into models/vae: Load MAGI-1 VAE reads it as it
+    is, its config from the decoder's shapes (heads of 64 and 4 latent frames, as published), the encoder left out.
+    A grid of 2 latent frames (a VAE unlike the published one) is refused with the way on (its config.json)."""
+    from safetensors.torch import save_file
+
+    from runtime.families.magi1.model.checkpoint import CheckpointError, inspect_vae
+
+    cfg = VAEConfig(video_size=32, video_length=16, embed_dim=256, depth=2, num_heads=4)  # 256 / 64 heads, 4 frames
+    decoder = seeded_weights({"decoder." + k: v for k, v in decoder_shapes(cfg).items()})
+    encoder = {"encoder.patch_embed.proj.weight": torch.randn(256, 3, 4, 8, 8)}
+    path = tmp_path / "magi1_vae.safetensors"
+    save_file({**encoder, **decoder}, str(path))
+    ck = inspect_vae(path)
+    assert ck.config == cfg
+    got = ck.decoder_state_dict()
+    assert set(got) == {k[len("decoder.") :] for k in decoder}
+    assert all(torch.equal(got[k[len("decoder.") :]], v) for k, v in decoder.items())
+    MagiVAE(cfg).decoder.load_state_dict(got, strict=True)
+
+    other = tmp_path / "two_frames.safetensors"
+    save_file({"decoder." + k: v for k, v in seeded_weights(decoder_shapes(VAE_TINY)).items()}, str(other))
+    with pytest.raises(CheckpointError, match="config.json"):
+        inspect_vae(other)
+
+
 @pytest.mark.parametrize("name", ["4.5B", "24B"])
 def test_the_published_models_build_with_the_reference_names(name):
     """Built on the meta device (no memory): every tensor and shape the checkpoints hold, nothing else."""

@@ -439,7 +439,7 @@ def test_the_magi1_workflow_samples_the_distilled_4p5b_through_int2_and_jensen()
     assert g.upstream(decode, "samples")["id"] == sampler["id"]
     assert g.upstream(decode, "magi1_vae")["type"] == "JensenKVLoadMagi1VAE"
     note = " ".join(g.note_text().split())
-    for fact in ("--magi1 --special-tokens", "--magi1-vae", 'type "pixart"', "annealed from 5 to 2",
+    for fact in ("--magi1 --special-tokens", "diffusion_pytorch_model.safetensors of the same repository, as it is", 'type "pixart"', "annealed from 5 to 2",
                  "benchmarks/magi1_memory.py", "A/B baseline"):  # fmt: skip
         assert fact in note, fact
 

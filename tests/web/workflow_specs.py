@@ -25,7 +25,7 @@ CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
 
 MAGI1_DISTILL = "magi1_4.5b_distill.safetensors"  # Sand AI's 4.5B distill folder, converted --magi1 (Load MAGI-1 Model)
-MAGI1_VAE = "magi1_vae.safetensors"  # Sand AI's VAE folder, converted --magi1-vae (Load MAGI-1 VAE)
+MAGI1_VAE = "magi1_vae.safetensors"  # Sand AI's ckpt/vae/diffusion_pytorch_model.safetensors (Load MAGI-1 VAE)
 T5_XXL = "t5xxl_fp16.safetensors"  # T5 v1.1 XXL, loaded with CLIPLoader type pixart (MAGI-1 Text Encode)
 
 # folder (under ComfyUI/models) -> files the workflows name
@@ -942,7 +942,8 @@ Model files (put them under ComfyUI/models/, then press R to refresh the loaders
         models/diffusion_models/{MAGI1_DISTILL} --magi1 --special-tokens special_tokens.npz
   (Load MAGI-1 Model also lists Sand AI's folder as it is, if you put it under models/diffusion_models.)
 - models/vae/{MAGI1_VAE}
-  ckpt/vae of the same repository, converted: convert_checkpoint.py vae models/vae/{MAGI1_VAE} --magi1-vae
+  ckpt/vae/diffusion_pytorch_model.safetensors of the same repository, as it is, saved under this name
+  (the Missing Models list downloads it; Load MAGI-1 VAE reads its config from the decoder's shapes).
 - models/text_encoders/{T5_XXL}
   T5 v1.1 XXL (e.g. comfyanonymous/flux_text_encoders); load it with CLIPLoader type "pixart" (no padding),
   then MAGI-1 Text Encode.
@@ -1793,7 +1794,13 @@ MODEL_SOURCES: dict[str, tuple[str, str, bool]] = {
     KREA: ("diffusion_models", "https://huggingface.co/daydreamlive/krea-realtime-video", False),
     CAUSAL_FORCING: ("diffusion_models", "https://huggingface.co/zhuhz22/Causal-Forcing", False),
     MAGI1_DISTILL: ("diffusion_models", "https://huggingface.co/sand-ai/MAGI-1", False),
-    MAGI1_VAE: ("vae", "https://huggingface.co/sand-ai/MAGI-1", False),
+    # published as ckpt/vae/diffusion_pytorch_model.safetensors (what diffusers' MAGI-1 conversion script downloads):
+    # saved under this name, Load MAGI-1 VAE reads it as it is (tests/test_magi1_model.py)
+    MAGI1_VAE: (
+        "vae",
+        "https://huggingface.co/sand-ai/MAGI-1/resolve/main/ckpt/vae/diffusion_pytorch_model.safetensors",
+        True,
+    ),
 }
 #: the model loaders the workflows use: node type -> {widget: the ComfyUI folder it lists}
 MODEL_LOADERS: dict[str, dict[str, str]] = {
