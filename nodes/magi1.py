@@ -42,16 +42,20 @@ class JensenKVLoadMagi1(io.ComfyNode):
             display_name="Load MAGI-1 Model",
             category=MAGI1_CATEGORY,
             description=(
-                "Load Sand AI's MAGI-1 (4.5B or 24B, base or distill) as a MODEL: a .safetensors file (e.g. made by "
-                "tools/convert_checkpoint.py --magi1) or Sand AI's folder with model.safetensors.index.json and its "
-                "shards. Refused with the reason: other models, .zst shards (decompress them first) and the "
-                "distill_quant fp8 weights (use the distill weights with weight_dtype fp8_e4m3fn)."
+                "Load Sand AI's MAGI-1 (4.5B or 24B, base or distill) as a MODEL: Sand AI's shards as published, saved "
+                "side by side as <name>-0000k-of-0000N.safetensors (listed as the first), Sand AI's folder with "
+                "model.safetensors.index.json and its shards, or a .safetensors file (e.g. made by "
+                "tools/convert_checkpoint.py --magi1). The caption's special tokens come from the file, else from "
+                "Sand AI's special_tokens.npz beside it. Refused with the reason: other models, .zst shards "
+                "(decompress them first) and the distill_quant fp8 weights (use the distill weights with weight_dtype "
+                "fp8_e4m3fn)."
             ),
             inputs=[
                 Combo(
                     "model_name",
                     options=names or [NONE_FOUND],
-                    tooltip="A file, or a folder (ending in /) holding an index and its shards, under models/diffusion_models.",
+                    tooltip="A file, the first of shards saved side by side, or a folder (ending in /) holding an "
+                    "index and its shards, under models/diffusion_models.",
                 ),
                 Combo(
                     "weight_dtype",

@@ -318,3 +318,34 @@ def test_auto_refuses_to_guess_a_variant_nothing_names_and_the_loader_says_what_
         dm = load_node.execute("magi-meta.safetensors", "default", "auto").args[0].model.diffusion_model
     assert not dm.config.distill and dm.variant_from == "file metadata"
     assert any("base from file metadata" in r.getMessage() for r in caplog.records)
+
+
+def test_shards_downloaded_side_by_side_list_as_one_and_load_with_the_tokens_beside(load_node, model_dir):
+    """The MAGI-1 workflow's model entries save Sand AI's two shards as ``magi1_4.5b_distill-0000k-of-00002`` in
+    models/diffusion_models and the Note puts ``special_tokens.npz`` beside them: the list shows the set once (its
+    first shard), and the node loads every tensor with the caption's tokens, as from a converted file."""
+    import numpy as np
+
+    sd = tiny_dit_weights(special=False)
+    folder = model_dir / "diffusion_models"
+    names = sorted(sd)
+    for i in range(2):
+        save_file(
+            {k: sd[k].contiguous() for k in names[i::2]},
+            str(folder / f"magi1_4.5b_distill-{i + 1:05d}-of-00002.safetensors"),
+        )
+    files = pack_module("runtime.families.magi1.files")
+    listed = [c for c in files.choices() if c.startswith("magi1_4.5b_distill")]
+    assert listed == ["magi1_4.5b_distill-00001-of-00002.safetensors"]
+    rng = np.random.default_rng(1)
+    width = pure_config.TINY.caption_channels
+    np.savez(folder / "special_tokens.npz", caption_token=rng.standard_normal((1, width)),
+             logo_token=rng.standard_normal((1, width)), other_tokens=rng.standard_normal((100, width)))  # fmt: skip
+    dm = load_node.execute(listed[0], "default", "auto").args[0].model.diffusion_model
+    got = dm.state_dict()
+    assert set(got) == set(sd) and all(torch.equal(got[k].float(), sd[k]) for k in sd)
+    assert dm.config.distill and dm.variant_from == "path name"
+    assert {"HQ_TOKEN", "DURATION_TOKEN_1"} <= set(dm.special_tokens)
+    (folder / "magi1_4.5b_distill-00002-of-00002.safetensors").unlink()
+    with pytest.raises(ValueError, match="magi1_4.5b_distill-00002-of-00002.safetensors is not beside it"):
+        load_node.execute(listed[0], "default", "auto")

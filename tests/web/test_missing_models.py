@@ -14,6 +14,9 @@ What the front end does with the workflows' model entries (``properties.models``
 - 1.27 (ComfyUI v0.3.64) reads only the entries with a URL, checks each against its folder's listing and shows the
   missing ones in the "Missing Models" dialog as "<folder> / <name>" with a Download button; node types play no
   part, and a file with no entry is not listed.
+- Every version reads only the entries whose name a widget of the node shows ("selected" models): the second
+  shard of MAGI-1's pair (workflow_specs.COMPANIONS) has its entry on the loader for the record, but no dialog lists
+  it; the Note names it, and Load MAGI-1 Model names it with the way on when only the first is there.
 
 The HY-WorldPlay and core-AR workflows are deselected against v0.3.64 with the other ``hunyuan15`` / ``core_ar``
 tests (tests/web/conftest.py); every other workflow runs on every version.

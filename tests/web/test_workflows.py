@@ -23,6 +23,7 @@ from support.workflow_api import (
 )
 from workflow_specs import (
     BUNDLED_MODELS,
+    COMPANIONS,
     MAGI1_SAMPLER,
     MODEL_FILES,
     MODEL_LOADERS,
@@ -240,7 +241,9 @@ def test_every_model_file_has_an_entry_with_a_url_and_the_folder_its_loader_read
         assert entries == [] or widgets, f"{node['type']} carries model entries but is no model loader"
         values = dict(zip(widgets, node.get("widgets_values") or [], strict=False))
         by_name = {e["name"]: e for e in entries}
-        assert {e["name"] for e in entries} <= set(values.values()), (node["type"], entries, values)
+        others = {c for v in values.values() for c in COMPANIONS.get(v, ())}  # a checkpoint's other shards
+        assert {e["name"] for e in entries} <= set(values.values()) | others, (node["type"], entries, values)
+        assert others <= set(by_name), f"{node['type']}: the other shards of {values} have no entry"
         for widget, name in values.items():
             if name in bundled:
                 assert name not in by_name, f"{name} ships with the pack: no download entry"
@@ -439,7 +442,7 @@ def test_the_magi1_workflow_samples_the_distilled_4p5b_through_int2_and_jensen()
     assert g.upstream(decode, "samples")["id"] == sampler["id"]
     assert g.upstream(decode, "magi1_vae")["type"] == "JensenKVLoadMagi1VAE"
     note = " ".join(g.note_text().split())
-    for fact in ("--magi1 --special-tokens", "diffusion_pytorch_model.safetensors of the same repository, as it is", 'type "pixart"', "annealed from 5 to 2",
+    for fact in ("--magi1 --special-tokens", "model-00002-of-00002.safetensors, each saved under the name above", "special_tokens.npz, beside them", "diffusion_pytorch_model.safetensors of the same repository, as it is", 'type "pixart"', "annealed from 5 to 2",
                  "benchmarks/magi1_memory.py", "A/B baseline"):  # fmt: skip
         assert fact in note, fact
 
@@ -605,11 +608,15 @@ def test_family_loaders_list_no_bundled_tiny_wan_file(object_info):
     bundled = set(BUNDLED_MODELS["diffusion_models"])
     assert bundled <= set(options("UNETLoader", "unet_name"))
     placeholders = set(MODEL_FILES["diffusion_models"])
+    later_shards = {c for names in COMPANIONS.values() for c in names}  # Load MAGI-1 Model lists a set as its first
     for node, widget in (("JensenKVLoadMagi1", "model_name"), ("JensenKVLoadWorldPlay", "unet_name")):
         if node in object_info:
             listed = set(options(node, widget))
+            want = placeholders - later_shards if node == "JensenKVLoadMagi1" else placeholders
             assert not listed & bundled, f"{node} lists {listed & bundled}"
-            assert placeholders <= listed, f"{node} lists less than diffusion_models holds: {placeholders - listed}"
+            assert want <= listed, f"{node} lists less than diffusion_models holds: {want - listed}"
+            if node == "JensenKVLoadMagi1":
+                assert not listed & later_shards, f"{node} lists a set's later shards: {listed & later_shards}"
 
 
 @pytest.mark.comfyui

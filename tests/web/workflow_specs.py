@@ -24,13 +24,25 @@ TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_
 CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
 
-MAGI1_DISTILL = "magi1_4.5b_distill.safetensors"  # Sand AI's 4.5B distill folder, converted --magi1 (Load MAGI-1 Model)
+# Sand AI's 4.5B distill shards as published (ckpt/magi/4.5B_distill/inference_weight.distill/model-0000k-of-00002),
+# saved side by side under these names: Load MAGI-1 Model lists the set as its first shard and reads both
+MAGI1_DISTILL = "magi1_4.5b_distill-00001-of-00002.safetensors"
+MAGI1_DISTILL_2 = "magi1_4.5b_distill-00002-of-00002.safetensors"
 MAGI1_VAE = "magi1_vae.safetensors"  # Sand AI's ckpt/vae/diffusion_pytorch_model.safetensors (Load MAGI-1 VAE)
 T5_XXL = "t5xxl_fp16.safetensors"  # T5 v1.1 XXL, loaded with CLIPLoader type pixart (MAGI-1 Text Encode)
 
 # folder (under ComfyUI/models) -> files the workflows name
 MODEL_FILES: dict[str, tuple[str, ...]] = {
-    "diffusion_models": (SELF_FORCING, CAUSVID, SKYREELS_DF, LONGLIVE, KREA, CAUSAL_FORCING, MAGI1_DISTILL),
+    "diffusion_models": (
+        SELF_FORCING,
+        CAUSVID,
+        SKYREELS_DF,
+        LONGLIVE,
+        KREA,
+        CAUSAL_FORCING,
+        MAGI1_DISTILL,
+        MAGI1_DISTILL_2,
+    ),
     "text_encoders": (TEXT_ENCODER, T5_XXL),
     "vae": (VAE, MAGI1_VAE),
 }
@@ -935,12 +947,16 @@ Lower window_size (advanced: kv_ranges, window_chunks) trades speed for a longer
 
 Model files (put them under ComfyUI/models/, then press R to refresh the loaders):
 - models/diffusion_models/{MAGI1_DISTILL}
-  Sand AI's MAGI-1 (huggingface sand-ai/MAGI-1, ckpt/magi/4.5B_distill/inference_weight.distill),
-  converted once into one file with the caption's special tokens (example/assets/special_tokens.npz
-  of github SandAI-org/MAGI-1):
-    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py 4.5B_distill/inference_weight.distill \\
-        models/diffusion_models/{MAGI1_DISTILL} --magi1 --special-tokens special_tokens.npz
-  (Load MAGI-1 Model also lists Sand AI's folder as it is, if you put it under models/diffusion_models.)
+  models/diffusion_models/{MAGI1_DISTILL_2}
+  Sand AI's MAGI-1 4.5B distill as published, no conversion: the two shards of huggingface sand-ai/MAGI-1
+  ckpt/magi/4.5B_distill/inference_weight.distill/model-00001-of-00002.safetensors and
+  model-00002-of-00002.safetensors, each saved under the name above (the Missing Models list downloads
+  the first; Load MAGI-1 Model names the second if it is not there).
+- models/diffusion_models/special_tokens.npz, beside them
+  the caption's special tokens: example/assets/special_tokens.npz of github SandAI-org/MAGI-1 (the
+  loader reads it from the shards' folder; without it the sampler says so before it starts).
+  One file instead (smaller to move): convert_checkpoint.py 4.5B_distill/inference_weight.distill \\
+      models/diffusion_models/magi1_4.5b_distill.safetensors --magi1 --special-tokens special_tokens.npz
 - models/vae/{MAGI1_VAE}
   ckpt/vae/diffusion_pytorch_model.safetensors of the same repository, as it is, saved under this name
   (the Missing Models list downloads it; Load MAGI-1 VAE reads its config from the decoder's shapes).
@@ -1759,6 +1775,7 @@ WORKFLOWS += LINGBOT_WORKFLOWS
 # published; where the pack's converter must run first (the Note says how), it is the repository page of the file
 # to convert (no ready file is published: downloading it as it is would give a file no loader reads).
 _COMFY_WAN = "https://huggingface.co/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files"
+_MAGI1_DISTILL = "https://huggingface.co/sand-ai/MAGI-1/resolve/main/ckpt/magi/4.5B_distill/inference_weight.distill"
 _COMFY_HY15 = "https://huggingface.co/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files"
 #: file name -> (ComfyUI folder, URL, ready as published (True) or to convert with tools/convert_checkpoint.py)
 MODEL_SOURCES: dict[str, tuple[str, str, bool]] = {
@@ -1793,7 +1810,9 @@ MODEL_SOURCES: dict[str, tuple[str, str, bool]] = {
     LONGLIVE: ("diffusion_models", "https://huggingface.co/Efficient-Large-Model/LongLive-1.3B", False),
     KREA: ("diffusion_models", "https://huggingface.co/daydreamlive/krea-realtime-video", False),
     CAUSAL_FORCING: ("diffusion_models", "https://huggingface.co/zhuhz22/Causal-Forcing", False),
-    MAGI1_DISTILL: ("diffusion_models", "https://huggingface.co/sand-ai/MAGI-1", False),
+    # the shards as published (what diffusers' MAGI-1 conversion script downloads), saved under the names above
+    MAGI1_DISTILL: ("diffusion_models", f"{_MAGI1_DISTILL}/model-00001-of-00002.safetensors", True),
+    MAGI1_DISTILL_2: ("diffusion_models", f"{_MAGI1_DISTILL}/model-00002-of-00002.safetensors", True),
     # published as ckpt/vae/diffusion_pytorch_model.safetensors (what diffusers' MAGI-1 conversion script downloads):
     # saved under this name, Load MAGI-1 VAE reads it as it is (tests/test_magi1_model.py)
     MAGI1_VAE: (
@@ -1815,10 +1834,17 @@ MODEL_LOADERS: dict[str, dict[str, str]] = {
 }
 
 
+#: a file a widget names -> the files loaded with it that no widget names (a checkpoint's other shards): their entries
+#: go on the same node, for the record (the front ends list only the entries a widget names; the Note and the
+#: loader's message name the other shards)
+COMPANIONS: dict[str, tuple[str, ...]] = {MAGI1_DISTILL: (MAGI1_DISTILL_2,)}
+
+
 def model_entries(node: dict) -> list[dict]:
     """The ``properties.models`` of a UI-format node: one entry per model file its widgets name that is downloaded
     as published (bundled files need none: they ship with the pack; files to convert get none)."""
     names = [v for v in node.get("widgets_values") or [] if isinstance(v, str) and v in MODEL_SOURCES]
+    names += [c for n in names for c in COMPANIONS.get(n, ())]  # the other shards of a set the widget names
     # a file to convert first has no entry: its URL would be a repository page, which the front end's download
     # would save under the model's name; the workflow's Note says how to make it (tools/convert_checkpoint.py)
     return [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .model.checkpoint import INDEX, VAE_CONFIG, VAE_FILE
+from .model.checkpoint import INDEX, MAX_SHARDS, SHARD_NAME, SPECIAL_NPZ, VAE_CONFIG, VAE_FILE
 
 #: how deep below a model folder a sharded checkpoint folder is looked for (ckpt/magi/4.5B_base/inference_weight)
 MAX_DEPTH = 4
@@ -43,15 +43,24 @@ def sharded_folders(kind: str = "diffusion_models") -> list[str]:
     return sorted(found)
 
 
+def _later_shard(name: str) -> bool:
+    """A shard other than the first of a checkpoint downloaded file by file (the list shows a set as its shard 1)."""
+    m = SHARD_NAME.match(os.path.basename(name))
+    return m is not None and int(m["i"]) != 1
+
+
 def choices(kind: str = "diffusion_models") -> list[str]:
-    """The loader's list: sharded folders (``name/``) and the single files ComfyUI lists, shards left out."""
+    """The loader's list: sharded folders (``name/``) and the single files ComfyUI lists, shards left out (a set of
+    shards saved side by side, ``<stem>-0000k-of-0000N.safetensors``, is listed as its first)."""
     import folder_paths
 
     folders = sharded_folders(kind)
     files = [
         f
         for f in folder_paths.get_filename_list(kind)
-        if f.endswith((".safetensors", ".sft")) and not any(f.replace(os.sep, "/").startswith(d) for d in folders)
+        if f.endswith((".safetensors", ".sft"))
+        and not any(f.replace(os.sep, "/").startswith(d) for d in folders)
+        and not _later_shard(f)
     ]
     return folders + sorted(files)
 
@@ -77,10 +86,19 @@ def resolve(name: str, kind: str = "diffusion_models") -> str:
 
 
 def version(path: str) -> str:
-    """Sizes and modification times of the checkpoint's files (what a loader's fingerprint changes with)."""
+    """Sizes and modification times of the checkpoint's files (what a loader's fingerprint changes with): a folder's
+    files; a file, the shards of its set and a ``special_tokens.npz`` beside it (a shard or the tokens put there
+    later load afresh)."""
     paths = [path]
     if os.path.isdir(path):
         paths = sorted(os.path.join(path, f) for f in os.listdir(path))
+    else:
+        m = SHARD_NAME.match(os.path.basename(path))
+        folder = os.path.dirname(path)
+        if m is not None and int(m["n"]) <= MAX_SHARDS:
+            n = int(m["n"])
+            paths = [os.path.join(folder, f"{m['stem']}-{k:05d}-of-{m['n']}.safetensors") for k in range(1, n + 1)]
+        paths.append(os.path.join(folder, SPECIAL_NPZ))
     parts = []
     for p in paths:
         try:

@@ -75,9 +75,10 @@ def special_tokens_from_arrays(arrays: Mapping[str, object]) -> dict[str, Tensor
 def _token(special: Mapping[str, Tensor] | None, name: str) -> Tensor:
     if not special or name not in special:
         raise ValueError(
-            f"MAGI-1 caption: the special token {name} is not available. Convert the DiT with "
-            "tools/convert_checkpoint.py --special-tokens example/assets/special_tokens.npz (from "
-            "github:SandAI-org/MAGI-1) so the file carries them, or turn the special tokens off"
+            f"MAGI-1 caption: the special token {name} is not available. Put Sand AI's special_tokens.npz "
+            "(example/assets/ of github SandAI-org/MAGI-1) beside the checkpoint in models/diffusion_models and "
+            "load the model again, or convert the DiT with tools/convert_checkpoint.py --special-tokens "
+            "special_tokens.npz so the file carries them, or turn the special tokens off"
         )
     return special[name].float().reshape(-1)
 

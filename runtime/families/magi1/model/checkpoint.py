@@ -31,6 +31,13 @@ from .config import FP8_QUANT_REFUSAL, ConfigError, MagiConfig, config_from_shap
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+#: Sand AI's caption tokens as published (``example/assets/special_tokens.npz`` of github SandAI-org/MAGI-1), read when
+#: found beside a checkpoint that does not carry them
+SPECIAL_NPZ = "special_tokens.npz"
+#: one shard of a checkpoint downloaded file by file: ``<stem>-0000k-of-0000N.safetensors`` (Sand AI's shards saved
+#: under a name of the user's, e.g. ``magi1_4.5b_distill-00001-of-00002.safetensors``), no index needed
+MAX_SHARDS = 1000
+SHARD_NAME = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.safetensors$")
 VAE_FILE = "diffusion_pytorch_model.safetensors"
 VAE_CONFIG = "config.json"
 META_CONFIG = "magi1_config"
@@ -186,9 +193,42 @@ def _read_index(index: Path) -> dict[str, list[str]]:
     return shards
 
 
-def locate(path: str | os.PathLike, single_name: str = SINGLE) -> Files:
-    """The tensors of a checkpoint: a ``.safetensors`` file, or a folder with an index and shards or one file."""
+def shard_set(path: str | os.PathLike) -> list[Path] | None:
+    """The files of the checkpoint whose shard ``path`` is (``<stem>-0000k-of-0000N.safetensors``, k = 1 .. N, in
+    ``path``'s folder), or None for a file named otherwise. Raises :class:`CheckpointError` naming the shards that are
+    not there."""
     path = Path(path)
+    m = SHARD_NAME.match(path.name)
+    if m is None:
+        return None
+    n = int(m["n"])
+    if not 1 <= int(m["i"]) <= n or n > MAX_SHARDS:
+        raise CheckpointError(
+            f"{path.name}: shard {int(m['i'])} of {n} is no shard of a checkpoint this loader reads (1 to "
+            f"{MAX_SHARDS} shards)"
+        )
+    shards = [path.with_name(f"{m['stem']}-{k:05d}-of-{m['n']}.safetensors") for k in range(1, n + 1)]
+    absent = [p.name for p in shards if not p.is_file()]
+    if absent:
+        raise CheckpointError(
+            f"{path.name} is one of {n} shards, and {', '.join(absent)} {'is' if len(absent) == 1 else 'are'} not "
+            f"beside it in {path.parent}: download every shard of the checkpoint (Sand AI's "
+            "ckpt/magi/<model>/inference_weight[.distill]/model-0000k-of-0000N.safetensors) into that folder, each saved "
+            f"as {m['stem']}-0000k-of-{m['n']}.safetensors"
+        )
+    return shards
+
+
+def locate(path: str | os.PathLike, single_name: str = SINGLE) -> Files:
+    """The tensors of a checkpoint: a ``.safetensors`` file (every shard of its set, for a shard: :func:`shard_set`),
+    or a folder with an index and shards or one file."""
+    path = Path(path)
+    shards = shard_set(path) if path.is_file() else None
+    if shards is not None:
+        files = Files(path.parent)
+        for shard in shards:
+            _add_file(files, shard)
+        return files
     if path.is_file() or path.suffix == ".zst":
         files = Files(path.parent)
         _add_file(files, path)
@@ -238,13 +278,39 @@ class DitCheckpoint:
     config: MagiConfig
     special_tokens: list[str]
     variant_from: str  # where base / distill came from
+    #: the caption tokens of a ``special_tokens.npz`` found beside a checkpoint that carries none (:func:`npz_beside`)
+    special_npz: Path | None = None
 
     def state_dict(self, device="cpu") -> dict[str, torch.Tensor]:
         return load_tensors(self.files, sorted(expected_shapes(self.config)), device)
 
     def special(self, device="cpu") -> dict[str, torch.Tensor]:
+        if not self.special_tokens and self.special_npz is not None:
+            return {k: v.to(device) for k, v in read_special_npz(self.special_npz).items()}
         t = load_tensors(self.files, self.special_tokens, device)
         return {k[len(SPECIAL_PREFIX) :]: v.float().reshape(-1) for k, v in t.items()}
+
+
+def read_special_npz(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The caption's special tokens of Sand AI's ``special_tokens.npz`` (no pickles read), as the reference uses them
+    (:func:`runtime.families.magi1.model.caption.special_tokens_from_arrays`)."""
+    import numpy as np
+
+    from .caption import special_tokens_from_arrays
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+        return special_tokens_from_arrays(arrays)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: not Sand AI's special_tokens.npz ({e})") from None
+
+
+def npz_beside(path: str | os.PathLike) -> Path | None:
+    """``special_tokens.npz`` in a checkpoint folder, or beside a checkpoint file (None where there is none)."""
+    path = Path(path)
+    found = (path if path.is_dir() else path.parent) / SPECIAL_NPZ
+    return found if found.is_file() else None
 
 
 def _describe(names) -> str:
@@ -332,7 +398,10 @@ def inspect_dit(path: str | os.PathLike, variant: str = "auto") -> DitCheckpoint
             "pipelines (base: 3 passes per step, no step embedding). Set variant to base or distill"
         )
     special = sorted(k for k in files.where if k.startswith(SPECIAL_PREFIX))
-    return DitCheckpoint(files, config, special, source)
+    npz = None if special else npz_beside(path)
+    if npz is not None:
+        read_special_npz(npz)  # a damaged file is refused here, while loading, not in the middle of a run
+    return DitCheckpoint(files, config, special, source, npz)
 
 
 # ---------------------------------------------------------------------------------------------- the VAE
