@@ -15,6 +15,7 @@ from ..runtime.saved_run import FORMAT, load_saved_run
 from .common import CATEGORY, Combo, JensenKVCache, logger
 
 ROOTS = ("output", "input")
+SUFFIX = ".safetensors"
 MAX_LISTED = 1000
 #: at most this many ``.safetensors`` files are looked at per listing (output first, then input)
 MAX_EXAMINED = 20000
@@ -127,7 +128,10 @@ def _safetensors_files(base: str):
 
 
 def list_cache_files() -> list[str]:
-    """``output/...`` and ``input/...`` names of the Jensen KV cache files ComfyUI's folders hold.
+    """``output/...`` and ``input/...`` names of the Jensen KV cache files ComfyUI's folders hold, without their
+    ``.safetensors``: the front end takes a combo value ending in a model extension for a model file and lists a
+    missing one under "Missing Models", in folder "Unknown" (a saved cache is a run's output, not a model to
+    download). :func:`resolve` reads either form, so workflows saved with the extension still load.
 
     Runs on ComfyUI's event loop (every ``/object_info`` and ``/prompt`` builds the combo), so it must
     never block: only regular files whose real path is inside the folder are considered, only the start of
@@ -143,7 +147,7 @@ def list_cache_files() -> list[str]:
             is_cache = cached[1] if cached is not None and cached[0] == key else _header_format(real) == FORMAT
             seen[real] = (key, is_cache)
             if is_cache:
-                found.append(f"{root}/{os.path.relpath(path, base)}")
+                found.append(f"{root}/{os.path.relpath(path, base)[: -len(SUFFIX)]}")
                 if len(found) >= MAX_LISTED:
                     break
             if len(seen) >= MAX_EXAMINED:
@@ -155,11 +159,14 @@ def list_cache_files() -> list[str]:
 
 
 def resolve(name: str) -> str:
-    """The file behind a listed name; refuses anything outside ComfyUI's output and input folders."""
+    """The file behind a listed name (``.safetensors`` added where the name has none, as the list shows them);
+    refuses anything outside ComfyUI's output and input folders."""
     root, _, rel = str(name).partition("/")
     if root not in ROOTS or not rel:
         raise ValueError(f"cache_file {name!r} must be a listed name starting with output/ or input/")
     base = os.path.realpath(_root_dir(root))
+    if os.path.isfile(os.path.join(base, rel + SUFFIX)) or not rel.endswith(SUFFIX):
+        rel += SUFFIX  # the listed form; a name with the extension (a workflow saved before) is the file itself
     path = os.path.realpath(os.path.join(base, rel))
     if os.path.commonpath((base, path)) != base:
         raise ValueError(f"cache_file {name!r} points outside ComfyUI's {root} folder")
@@ -185,7 +192,8 @@ class JensenKVLoadKVCache(io.ComfyNode):
                 Combo(
                     "cache_file",
                     options=files or ["(no saved KV cache yet)"],
-                    tooltip="A .safetensors file written by Save KV Cache, in ComfyUI's output or input folder.",
+                    tooltip="A KV cache Save KV Cache wrote, in ComfyUI's output or input folder (listed without "
+                    "its .safetensors).",
                 ),
             ],
             outputs=[

@@ -103,7 +103,7 @@ def hostile_folder(out, inp, outside) -> list[str]:
         os.mknod(out / "null.safetensors", stat.S_IFCHR | 0o600, os.makedev(1, 3))
     os.mkdir(out / "dir.safetensors")
     cache_file(out / "not_this.safetensors", fmt="something_else")
-    return ["input/shared.safetensors", "output/alias.safetensors", "output/jensen_kv/good_00001_.safetensors"]
+    return ["input/shared", "output/alias", "output/jensen_kv/good_00001_"]  # listed without the extension
 
 
 # ----------------------------------------------------------------------------- item 3: the listing
@@ -158,7 +158,7 @@ def test_each_header_is_read_once_until_the_file_changes(lk, folders, monkeypatc
     real = lk._header_format
     monkeypatch.setattr(lk, "_header_format", lambda p: reads.append(p) or real(p))
     names = lk.list_cache_files()
-    assert names == [f"output/kv_{i}.safetensors" for i in range(3)] and len(reads) == 203
+    assert names == [f"output/kv_{i}" for i in range(3)] and len(reads) == 203
     reads.clear()
     assert lk.list_cache_files() == names and reads == []
     # a changed file (mtime or size) is read again, and only that one
@@ -197,7 +197,7 @@ def test_the_listing_reads_a_header_only_up_to_its_cap(lk, folders, monkeypatch)
     read = []
     real_read = lk._read_upto
     monkeypatch.setattr(lk, "_read_upto", lambda fd, n: read.append(n) or real_read(fd, n))
-    assert lk.list_cache_files() == ["output/fine.safetensors", "output/long_state.safetensors"]
+    assert lk.list_cache_files() == ["output/fine", "output/long_state"]
     assert sum(read) <= 6 * 8 + 3 * (64 << 10) + (1 << 20) + 70000, read  # nothing of the three liars' headers
 
 
@@ -217,8 +217,25 @@ def test_a_cache_file_is_known_by_its_metadata_alone(lk, folders, monkeypatch):
     read = []
     real_read = lk._read_upto
     monkeypatch.setattr(lk, "_read_upto", lambda fd, n: read.append(n) or real_read(fd, n))
-    assert lk.list_cache_files() == ["output/long_00001_.safetensors"]
+    assert lk.list_cache_files() == ["output/long_00001_"]
     assert read == [8, 64 << 10]
+
+
+def test_a_listed_name_is_no_model_file_name_and_both_forms_resolve(lk, folders):
+    """Issue 41: the front end takes a combo value ending in .safetensors for a model and lists a missing one under
+    "Missing Models" in folder "Unknown"; the list drops the extension, and a workflow saved with it (before) still
+    resolves to the same file. A name with the extension whose listed form is another file is that other file."""
+    out, _, _ = folders
+    path = cache_file(out / "jensen_kv" / "story_00001_.safetensors")
+    (listed,) = lk.list_cache_files()
+    assert listed == "output/jensen_kv/story_00001_" and not listed.endswith((".safetensors", ".sft", ".pt"))
+    assert lk.resolve(listed) == lk.resolve(listed + ".safetensors") == os.path.realpath(path)
+    twice = cache_file(out / "a.safetensors.safetensors")
+    cache_file(out / "a.safetensors")
+    assert lk.resolve("output/a.safetensors") == os.path.realpath(twice)  # the listed name of a.safetensors.safetensors
+    assert lk.resolve("output/a") == os.path.realpath(out / "a.safetensors")
+    with pytest.raises(ValueError, match="does not exist"):
+        lk.resolve("output/jensen_kv/story_00002_")
 
 
 # ----------------------------------------------------------------------------- item 7: Save KV Cache's path

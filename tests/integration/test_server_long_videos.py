@@ -81,9 +81,9 @@ def test_continue_later_through_files_equals_one_run(server):
     assert any("saved" in t and ".safetensors" in t for t in texts), texts
     files = glob.glob(str(server.base_dir / "output" / "jensen_kv" / f"{tag}_kv_*.safetensors"))
     assert len(files) == 1
-    name = "output/" + os.path.relpath(files[0], server.base_dir / "output")
+    name = "output/" + os.path.relpath(files[0], server.base_dir / "output")[: -len(".safetensors")]
     info = server.get("/object_info/JensenKVLoadKVCache")["JensenKVLoadKVCache"]
-    assert name in info["input"]["required"]["cache_file"][1]["options"]  # listed for the user
+    assert name in info["input"]["required"]["cache_file"][1]["options"]  # listed for the user (no extension)
     _run(server, _graph(frames=4, prefix=f"jensen_kv/{tag}_second", kv_in=name))
     whole, first, second = (_latent(server, f"jensen_kv/{tag}_{k}") for k in ("whole", "first", "second"))
     assert whole.shape[2] == 8 and first.shape[2] == 4 and second.shape[2] == 4

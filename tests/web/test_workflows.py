@@ -29,6 +29,7 @@ from workflow_specs import (
     MODEL_LOADERS,
     MODEL_SOURCES,
     STORY_CACHE,
+    STORY_CACHE_NAME,
     T5_XXL,
     WORKFLOWS,
     write_placeholder_files,
@@ -402,7 +403,8 @@ def test_long_video_workflows_wire_what_they_promise():
     cont = Graph(by_name("19 Continue from a saved KV cache"))
     (sampler,) = [n for n in cont.wf["nodes"] if n["type"] in SAMPLERS]
     load = cont.upstream(sampler, "kv_cache")
-    assert load["type"] == "JensenKVLoadKVCache" and load["widgets_values"][0] == STORY_CACHE
+    assert load["type"] == "JensenKVLoadKVCache" and load["widgets_values"][0] == STORY_CACHE_NAME
+    assert STORY_CACHE == STORY_CACHE_NAME + ".safetensors"  # the file Save KV Cache writes, listed without it
     cw = _sampler_widgets(cont, sampler)
     assert (cw["chunk_frames"], cw["window_chunks"], cw["sink_chunks"]) == (3, 6, 1)  # as the story saved it
     for name in ("17 Extend a clip with Self-Forcing", "18 Extend a clip with SkyReels-V2 DF"):

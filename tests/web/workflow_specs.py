@@ -23,6 +23,8 @@ CAUSAL_FORCING = "causal_forcing-framewise-2step.safetensors"  # Causal Forcing+
 TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_ar), listed by Load Diffusion Model
 CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
+#: how Load KV Cache lists that file (no extension: the front end would take it for a missing model)
+STORY_CACHE_NAME = STORY_CACHE[: -len(".safetensors")]
 
 # Sand AI's 4.5B distill shards as published (ckpt/magi/4.5B_distill/inference_weight.distill/model-0000k-of-00002),
 # saved side by side under these names: Load MAGI-1 Model lists the set as its first shard and reads both
@@ -722,7 +724,7 @@ def _continue() -> dict:
     nodes = [
         _note(NOTE_CONTINUE, size=(560, 640)),
         *_loaders(),
-        _n("load", "JensenKVLoadKVCache", 2, {"cache_file": STORY_CACHE}, size=[420, 90]),
+        _n("load", "JensenKVLoadKVCache", 2, {"cache_file": STORY_CACHE_NAME}, size=[420, 90]),
         _n(
             "pos",
             "CLIPTextEncode",
