@@ -115,6 +115,7 @@ from runtime.families.wan.model.checkpoint import (  # noqa: E402
     check_prefixes,
     check_recorded_dtype,
     check_wan_t2v,
+    conversion_metadata,
     convert,
     load_checkpoint,
     lora_metadata,
@@ -124,6 +125,7 @@ from runtime.families.wan.model.checkpoint import (  # noqa: E402
     select_state_dict,
     strip_key,
     strip_wrappers,
+    stripped_metadata,
     with_causal_config,
 )
 
@@ -365,13 +367,7 @@ def _copy_safetensors(args, src: Path, out: Path) -> int:
     info = check_wan_t2v(sd)
     metadata = dict(header.get("__metadata__") or {})
     if prefixes:
-        metadata.update(
-            {
-                "converted_from": src.name,
-                "stripped_prefixes": ",".join(prefixes),
-                "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py",
-            }
-        )
+        metadata.update(stripped_metadata(src.name, prefixes))
     if args.causal:
         metadata = with_causal_config(metadata)
     detection = _detection(sd, args, metadata)
@@ -417,13 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         info = check_wan_t2v(sd)
         del state
-        metadata = {
-            "format": "pt",
-            "converted_from": src.name,
-            "source_key": used or "(bare state dict)",
-            "dtype": dtype,
-            "converted_by": "comfyui-jensen-kv tools/convert_checkpoint.py",
-        }
+        metadata = conversion_metadata(src.name, used, dtype)
         if lora is not None:
             metadata.update(lora_metadata(Path(args.lora), lora, args.lora_alpha))
         if args.causal:

@@ -1805,6 +1805,8 @@ MODEL_LOADERS: dict[str, dict[str, str]] = {
     "JensenKVLoadMagi1": {"model_name": "diffusion_models"},
     "JensenKVLoadMagi1VAE": {"vae_name": "vae"},
     "JensenKVLoadWorldPlay": {"unet_name": "diffusion_models"},
+    # its first two widgets; LongLive's LoRA sits beside its base (lora_name "none" names no file)
+    "JensenKVLoadARCheckpoint": {"ckpt_name": "diffusion_models", "lora_name": "diffusion_models"},
 }
 
 

@@ -673,6 +673,26 @@ def convert(
     return {k: (v.to(target) if v.is_floating_point() else v).contiguous() for k, v in sd.items()}
 
 
+#: who wrote a converted file's metadata (the tool's files record it; Load AR Video Checkpoint gives the same record)
+CONVERTED_BY = "comfyui-jensen-kv tools/convert_checkpoint.py"
+
+
+def conversion_metadata(source_name: str, used: str | None, dtype: str) -> dict[str, str]:
+    """The metadata of a ``.pt`` checkpoint converted by :func:`convert`: its file name, the entry used, the dtype."""
+    return {
+        "format": "pt",
+        "converted_from": source_name,
+        "source_key": used or "(bare state dict)",
+        "dtype": dtype,
+        "converted_by": CONVERTED_BY,
+    }
+
+
+def stripped_metadata(source_name: str, prefixes: list[str]) -> dict[str, str]:
+    """What a safetensors file whose key prefixes were stripped (Krea) adds to its metadata."""
+    return {"converted_from": source_name, "stripped_prefixes": ",".join(prefixes), "converted_by": CONVERTED_BY}
+
+
 # ----------------------------------------------------------------------------- the causal AR flag
 def with_causal_config(metadata: dict[str, str] | None) -> dict[str, str]:
     """``metadata`` (safetensors: str -> str) with ``config`` = its JSON plus ``{"transformer": {"causal_ar": true}}``.
@@ -814,6 +834,9 @@ def check_recorded_dtype(header: dict) -> None:
 
 
 __all__ = [
+    "CONVERTED_BY",
+    "conversion_metadata",
+    "stripped_metadata",
     "ANYWHERE_WRAPPERS",
     "AUTO_KEYS",
     "CAUSAL_AR",
