@@ -198,6 +198,7 @@ def test_refusals_name_the_file_and_the_fix(pack, weights, tmp_path, monkeypatch
         assert text.startswith(path.name + ":") and text.count(path.name) >= 1, text
         for p in pattern:
             assert p in text, (p, text)
+        assert text.endswith(loader.FIX), text  # and what to do
 
     not_wan = tmp_path / "sdxl_unet.pt"
     torch.save({"generator": {"model.input_blocks.0.0.weight": torch.zeros(4, 4)}}, not_wan)

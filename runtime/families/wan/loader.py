@@ -26,6 +26,11 @@ WEIGHTS = ("auto", "generator_ema", "generator")
 WEIGHT_DTYPES = ("default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2")
 #: the dtype the published fp32 weights are converted to in memory (the converter's default)
 CONVERT_DTYPE = "bf16"
+#: what every refusal of a file ends with
+FIX = (
+    "Load AR Video Checkpoint reads the Wan 2.1 T2V checkpoints Self-Forcing, CausVid, LongLive, Causal Forcing and "
+    "Krea publish, as they publish them: pick one of those, downloaded whole from its official source"
+)
 #: what the Note and errors call the ComfyUI versions with core's causal AR model class
 CAUSAL_COMFYUI = "ComfyUI v0.27 or newer"
 
@@ -83,7 +88,7 @@ def converted_state_dict(
         if causal:
             metadata = ck.with_causal_config(metadata)
     except ck.ConversionError as e:
-        raise ck.ConversionError(f"{path.name}: {e}") from None
+        raise ck.ConversionError(f"{path.name}: {e}. {FIX}") from None
     return sd, metadata, what
 
 
