@@ -221,8 +221,8 @@ def test_refusals_name_the_file_and_the_fix(pack, weights, tmp_path, monkeypatch
     monkeypatch.undo()
 
     refused(tmp_path / "missing.pt", "does not exist")
-    with pytest.raises(ck.ConversionError, match="'generator_ema' is not in the checkpoint"):
-        loader.load_ar_checkpoint(src, weights="generator_ema")
+    refused(src, "weights 'generator_ema': the checkpoint has no such entry (it has 'generator')", "set weights to auto",
+            weights="generator_ema")  # fmt: skip
 
 
 def test_a_krea_style_safetensors_loads_with_its_prefix_stripped(pack, weights, tmp_path):

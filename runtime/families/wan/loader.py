@@ -113,6 +113,11 @@ def _safetensors(path: Path):
 def _training_checkpoint(path: Path, key: str | None, lora_path):
     lora = ck.read_lora(ck.load_checkpoint(lora_path)) if lora_path is not None else None
     state = ck.load_checkpoint(path)
+    if key is not None and isinstance(state, dict) and key not in state:  # the widget's words, not the tool's --key
+        entries = ", ".join(repr(k) for k in list(state)[:10])
+        raise ck.ConversionError(
+            f"weights {key!r}: the checkpoint has no such entry (it has {entries}); set weights to auto"
+        )
     used, _ = ck.select_state_dict(state, key, lora=lora is not None)
     sd = ck.convert(
         state,
