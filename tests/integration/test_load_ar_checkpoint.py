@@ -151,6 +151,12 @@ def test_a_longlive_base_and_lora_merge_as_the_clis_lora(nodes, weights, folders
     merged = model.model.diffusion_model.state_dict()
     assert not torch.equal(plain[targets[0]], merged[targets[0]])  # the LoRA changed the weights
     assert cls.validate_inputs(ckpt_name=src.name, lora_name="nope.pt").startswith("'nope.pt' is not in")
+    # ComfyUI caches the node's output: a changed LoRA file (or checkpoint) must change the fingerprint
+    before = cls.fingerprint_inputs(ckpt_name=src.name, lora_name=lora_path.name)
+    assert before == cls.fingerprint_inputs(ckpt_name=src.name, lora_name=lora_path.name)
+    torch.save({"generator_lora": {k: v * 2 for k, v in lora.items()}, "x": torch.zeros(3)}, lora_path)
+    assert cls.fingerprint_inputs(ckpt_name=src.name, lora_name=lora_path.name) != before
+    assert cls.fingerprint_inputs(ckpt_name=src.name, lora_name="none") != before
 
 
 def test_causal_gives_core_causal_wan_or_a_clear_refusal(pack, weights, self_forcing_pt, tmp_path):
