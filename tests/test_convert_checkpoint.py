@@ -589,7 +589,7 @@ def test_a_compressed_member_is_refused_before_loading(tmp_path, capsys, member)
 
 def test_a_pickle_over_the_cap_is_refused_before_loading(tmp_path, capsys, monkeypatch, no_torch_load):
     src = _saved(tmp_path / "in.pt", {"generator": fake_wan(0)})
-    monkeypatch.setattr(cc, "MAX_PICKLE_BYTES", 256)  # the real cap is 16 MiB; this pickle is a few KiB
+    monkeypatch.setattr(cc.wan_checkpoint, "MAX_PICKLE_BYTES", 256)  # the real cap is 16 MiB; this pickle is a few KiB
     assert cc.main([str(src), str(tmp_path / "o.safetensors")]) == 2
     err = capsys.readouterr().err
     assert "data.pkl" in err and "refused before loading" in err

@@ -54,9 +54,11 @@ def test_the_krea_workflow_runs_krea_settings():
     assert jensen["type"] == "JensenKVBiasCorrection" and jensen["widgets_values"][0] == "taylor"
     quant = upstream(jensen, "model")
     assert quant["type"] == "JensenKVQuantizeKVCache" and quant["widgets_values"][:2] == ["2", "2"]
-    assert upstream(quant, "model")["widgets_values"][0] == "krea_realtime_video_14b.safetensors"
+    loader = upstream(quant, "model")  # the file as published, its model. prefix stripped at load
+    assert loader["type"] == "JensenKVLoadARCheckpoint"
+    assert loader["widgets_values"] == ["krea-realtime-video-14b.safetensors", "none", "auto", "default", False]
     (note,) = of_type("Note")
     text = note["widgets_values"][0]
     assert "convert_checkpoint.py krea-realtime-video-14b.safetensors" in text
-    assert "models/diffusion_models/krea_realtime_video_14b.safetensors" in text
+    assert "models/diffusion_models/krea-realtime-video-14b.safetensors" in text and "no conversion step" in text
     assert "kv_cache_attention_bias 0.3" in text and "recompute_frames = kv_cache_num_frames 3" in text

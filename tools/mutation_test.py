@@ -226,7 +226,7 @@ METH = "jensen_core/methods.py"
 LAY = "jensen_core/correction_layouts.py"
 LSE = "jensen_core/sdpa_lse.py"
 PLAN = "jensen_core/planner.py"
-CONV = "tools/convert_checkpoint.py"
+CONV = "runtime/families/wan/model/checkpoint.py"  # the converter's checks (tools/convert_checkpoint.py imports them)
 WAN = "runtime/families/wan/family.py"
 LKV = "nodes/load_kv_cache.py"
 

@@ -719,6 +719,7 @@ const LOADER_FOLDERS = [
   ["vae", "JensenKVLoadMagi1VAE", "vae_name"],
   ["diffusion_models", "JensenKVLoadWorldPlay", "unet_name"],
   ["diffusion_models", "JensenKVLoadLingBot", "unet_name"],
+  ["diffusion_models", "JensenKVLoadARCheckpoint", "ckpt_name"],
 ];
 let loaderFoldersRegistered = false;
 

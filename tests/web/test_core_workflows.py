@@ -40,7 +40,6 @@ PACK_CHAIN = [
     "JensenKVBiasCorrection",
     "JensenKVQuantizeKVCache",
     "ModelSamplingSD3",
-    "UNETLoader",
 ]
 TINY_COLUMN, TINY_GAP = 128, 4  # Tiny AR Decode scale 8 on 16x16 latents; ImageStitch spacing
 
@@ -82,11 +81,16 @@ def test_wan_core_workflows_wire_the_pack_in_front_of_core_sampler(name, unet, b
     assert guider["type"] == "CFGGuider" and guider["widgets_values"] == [1]
     assert g.upstream(guider, "negative")["type"] == "CLIPTextEncode"
     chain = [g.upstream(guider, "model")["type"], *g.model_chain(g.upstream(guider, "model"))]
-    assert chain == (["ARVideoI2V"] if i2v else []) + PACK_CHAIN, chain
-    assert only(g, "UNETLoader")["widgets_values"][0] == unet
+    # Self-Forcing as published: Load AR Video Checkpoint with causal on; Causal Forcing frame-wise: ComfyUI's file
+    loader = "JensenKVLoadARCheckpoint" if block == 3 else "UNETLoader"
+    assert chain == (["ARVideoI2V"] if i2v else []) + PACK_CHAIN + [loader], chain
+    if loader == "UNETLoader":
+        assert only(g, "UNETLoader")["widgets_values"][0] == unet
+    else:  # ckpt_name, lora_name, weights, weight_dtype, causal
+        assert only(g, loader)["widgets_values"] == [unet, "none", "auto", "default", True]
     assert only(g, "ModelSamplingSD3")["widgets_values"] == [5]
     assert only(g, "JensenKVQuantizeKVCache")["widgets_values"][:4] == ["2", "2", "32", "hadamard"]
-    assert only(g, "JensenKVBiasCorrection")["widgets_values"] == ["taylor", 1]
+    assert only(g, "JensenKVBiasCorrection")["widgets_values"][:2] == ["taylor", 1]  # then guard (on), if saved
     assert only(g, "JensenKVARCacheWindow")["widgets_values"] == [0, 0]
     assert g.upstream(sampler, "sampler")["type"] == "SamplerARVideo"
     assert g.upstream(sampler, "sampler")["widgets_values"] == [block]

@@ -44,6 +44,8 @@ LOADERS = {**MODEL_LOADERS, "JensenKVLoadLingBot": {"unet_name": "diffusion_mode
 #: front end does not take it for a model: no workflow shows a missing entry in folder "Unknown" (the test fails
 #: when it does)
 BUNDLED = {n for names in BUNDLED_MODELS.values() for n in names}
+#: what the front end takes for a model file name (1.45+: isModelFileName)
+MODEL_SUFFIXES = (".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".sft", ".onnx", ".gguf")
 
 #: the front end's store of the missing models it found (1.45+), or null (1.27)
 CANDIDATES_JS = """() => {
@@ -75,8 +77,8 @@ def expected_missing(wf: dict) -> list[dict]:
     for node in wf["nodes"]:
         widgets = LOADERS.get(node["type"], {})
         for widget, name in zip(widgets, node.get("widgets_values") or [], strict=False):
-            if name in BUNDLED:
-                continue
+            if name in BUNDLED or not name.lower().endswith(MODEL_SUFFIXES):  # "none": no file (Load AR Video
+                continue  # Checkpoint's lora_name), which the front end does not take for a model
             source = MODEL_SOURCES.get(name)
             url = source[1] if source and source[2] else None
             out.append(

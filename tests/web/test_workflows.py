@@ -28,6 +28,7 @@ from workflow_specs import (
     MODEL_FILES,
     MODEL_LOADERS,
     MODEL_SOURCES,
+    NO_LORA,
     STORY_CACHE,
     STORY_CACHE_NAME,
     T5_XXL,
@@ -246,6 +247,8 @@ def test_every_model_file_has_an_entry_with_a_url_and_the_folder_its_loader_read
         assert {e["name"] for e in entries} <= set(values.values()) | others, (node["type"], entries, values)
         assert others <= set(by_name), f"{node['type']}: the other shards of {values} have no entry"
         for widget, name in values.items():
+            if name == NO_LORA:  # Load AR Video Checkpoint's lora_name: no LoRA, no file
+                continue
             if name in bundled:
                 assert name not in by_name, f"{name} ships with the pack: no download entry"
                 continue
@@ -268,7 +271,8 @@ def test_every_model_file_has_an_entry_with_a_url_and_the_folder_its_loader_read
                 f"{name}: {entry['directory']} is not what {node['type']} reads"
             )
             assert name in MODEL_FILES[entry["directory"]], f"{name} is not a placeholder of {entry['directory']}"
-            assert entry["url"].endswith((".safetensors", ".sft")), entry  # the file itself, not a page
+            # the file itself, not a page (the training checkpoints Load AR Video Checkpoint reads are .pt)
+            assert entry["url"].endswith((".safetensors", ".sft", ".pt")), entry
     if "tiny" not in path.stem.lower():
         assert named, f"{path.name} names no model file"
 
@@ -487,7 +491,9 @@ def test_ab_runs_one_seed_through_bf16_int2_and_int2_jensen_side_by_side():
     assert len(samplers) == 3
     assert len({tuple(s["widgets_values"]) for s in samplers}) == 1, "same seed, cfg, chunking for all arms"
     assert all(s["widgets_values"][1] == "fixed" for s in samplers)
-    arms = sorted(tuple(t for t in g.model_chain(s) if t.startswith("JensenKV")) for s in samplers)
+    chains = [g.model_chain(s) for s in samplers]
+    assert all(c[-1] == "JensenKVLoadARCheckpoint" for c in chains), chains  # one loader, Self-Forcing as published
+    arms = sorted(tuple(t for t in c[:-1] if t.startswith("JensenKV")) for c in chains)
     assert arms == [(), ("JensenKVBiasCorrection", "JensenKVQuantizeKVCache"), ("JensenKVQuantizeKVCache",)]
     # all three decoded and stitched into the one saved video
     (save,) = g.of_type("SaveAnimatedWEBP")
@@ -572,7 +578,7 @@ def test_validator_catches_broken_workflows(object_info):
     )
     assert "> max" in broken(lambda w: node(w, "JensenKVBiasCorrection")["widgets_values"].__setitem__(1, 9.0))
     assert "is not one of" in broken(
-        lambda w: node(w, "UNETLoader")["widgets_values"].__setitem__(0, "nope.safetensors")
+        lambda w: node(w, "JensenKVLoadARCheckpoint")["widgets_values"].__setitem__(0, "nope.pt")
     )
     assert "left over" in broken(lambda w: node(w, "VAELoader")["widgets_values"].append("x"))
     assert "no widget value for vae_name (a required input)" in broken(
@@ -609,7 +615,9 @@ def test_family_loaders_list_no_bundled_tiny_wan_file(object_info):
 
     bundled = set(BUNDLED_MODELS["diffusion_models"])
     assert bundled <= set(options("UNETLoader", "unet_name"))
-    placeholders = set(MODEL_FILES["diffusion_models"])
+    # the .pt training checkpoints are Load AR Video Checkpoint's alone (it lists every file, the bundled ones too)
+    assert set(MODEL_FILES["diffusion_models"]) | bundled <= set(options("JensenKVLoadARCheckpoint", "ckpt_name"))
+    placeholders = {n for n in MODEL_FILES["diffusion_models"] if n.endswith(".safetensors")}
     later_shards = {c for names in COMPANIONS.values() for c in names}  # Load MAGI-1 Model lists a set as its first
     for node, widget in (("JensenKVLoadMagi1", "model_name"), ("JensenKVLoadWorldPlay", "unet_name")):
         if node in object_info:

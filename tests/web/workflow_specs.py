@@ -14,12 +14,17 @@ from support.workflow_api import JENSEN_TAYLOR, QUANT_INT2
 # ------------------------------------------------------------------------------------------ models
 VAE = "wan_2.1_vae.safetensors"
 TEXT_ENCODER = "umt5_xxl_fp8_e4m3fn_scaled.safetensors"
-SELF_FORCING = "self_forcing_dmd.safetensors"
-CAUSVID = "causvid_autoregressive_3step.safetensors"
+# the Wan checkpoints as their authors publish them, read by Load AR Video Checkpoint (no conversion step)
+SELF_FORCING = "self_forcing_dmd.pt"  # gdhe17/Self-Forcing checkpoints/self_forcing_dmd.pt
+CAUSVID = (
+    "causvid_autoregressive_3step.pt"  # tianweiy/CausVid autoregressive_checkpoint/model.pt, saved under this name
+)
 SKYREELS_DF = "Wan2_1-SkyReels-V2-DF-1_3B-540P_fp32.safetensors"
-LONGLIVE = "longlive.safetensors"  # LongLive 1.0's base with its LoRA merged (tools/convert_checkpoint.py --lora)
-KREA = "krea_realtime_video_14b.safetensors"  # Krea Realtime 14B's single file, prefixes stripped by the converter
-CAUSAL_FORCING = "causal_forcing-framewise-2step.safetensors"  # Causal Forcing++ frame-wise 2-step (generator_ema)
+LONGLIVE = "longlive_base.pt"  # LongLive 1.0's base (Efficient-Large-Model/LongLive-1.3B models/longlive_base.pt)
+LONGLIVE_LORA = "longlive_lora.pt"  # its LoRA (models/lora.pt), saved under this name beside the base, merged at load
+KREA = "krea-realtime-video-14b.safetensors"  # Krea Realtime 14B's single file, its model. prefix stripped at load
+CAUSAL_FORCING = "causal_forcing-framewise-2step.pt"  # Causal Forcing++ causal-forcing++/framewise-2step.pt
+NO_LORA = "none"
 TINY_AR = "jensen-kv-tiny-ar.safetensors"  # bundled with the pack (models/tiny_ar), listed by Load Diffusion Model
 CLIP_IN = "jensen_kv_clip_to_extend.mp4"  # the video the extend workflows start from (ComfyUI/input)
 STORY_CACHE = "output/jensen_kv/story_kv_cache_00001_.safetensors"  # written by the story workflow's Save KV Cache
@@ -40,6 +45,7 @@ MODEL_FILES: dict[str, tuple[str, ...]] = {
         CAUSVID,
         SKYREELS_DF,
         LONGLIVE,
+        LONGLIVE_LORA,
         KREA,
         CAUSAL_FORCING,
         MAGI1_DISTILL,
@@ -61,6 +67,7 @@ def write_placeholder_files(base) -> None:
 
     base = Path(base)
     write_placeholder_models(base, MODEL_FILES)
+    write_published_checkpoints(base / "models" / "diffusion_models")
     (base / "input").mkdir(parents=True, exist_ok=True)
     (base / "input" / CLIP_IN).touch()
     cache = base / STORY_CACHE
@@ -70,6 +77,51 @@ def write_placeholder_files(base) -> None:
     save_file({"placeholder": torch.zeros(1)}, str(cache), metadata={"format": "jensen_kv_run_state"})
 
 
+#: each published checkpoint's layout (what write_published_checkpoints writes): the entries and their key prefix
+PUBLISHED_LAYOUTS: dict[str, dict[str, str]] = {
+    SELF_FORCING: {"generator": "model._fsdp_wrapped_module.", "generator_ema": "model."},
+    CAUSAL_FORCING: {"generator": "model.", "generator_ema": "model."},
+    CAUSVID: {"generator": "model._fsdp_wrapped_module."},
+    LONGLIVE: {"generator": "model."},
+}
+
+
+def write_published_checkpoints(folder, dim: int = 128, ffn_dim: int = 256, layers: int = 1) -> None:
+    """Tiny Wan 2.1 T2V checkpoints in their authors' published layouts under the workflows' names: the .pt training
+    checkpoints (entries and key prefixes as :data:`PUBLISHED_LAYOUTS`), LongLive's PEFT LoRA and Krea's prefixed
+    safetensors, random weights of the smallest shapes ComfyUI detects as wan2.1 (dim 128, 4096-wide text):
+    files Load AR Video Checkpoint really loads. Pure torch (the converter's own list of shapes)."""
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import save_file
+    from support.pack import load_pack_module
+
+    wan_t2v_shapes = load_pack_module("runtime.families.wan.model.checkpoint").wan_t2v_shapes
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    shapes = wan_t2v_shapes(dim, ffn_dim, layers)
+
+    def weights():
+        return {k: torch.randn(s, generator=g) * 0.02 for k, s in shapes.items()}
+
+    for name, layout in PUBLISHED_LAYOUTS.items():
+        state = {}
+        for entry, prefix in layout.items():
+            state[entry] = {prefix + k: v for k, v in weights().items()}
+        torch.save(state, folder / name)
+    lora = {}
+    for k, s in shapes.items():
+        if k.startswith("blocks.") and len(s) == 2:
+            module = k.removesuffix(".weight")
+            lora[f"base_model.model.{module}.lora_A.weight"] = torch.randn(2, s[1], generator=g) * 0.02
+            lora[f"base_model.model.{module}.lora_B.weight"] = torch.randn(s[0], 2, generator=g) * 0.02
+    torch.save({"generator_lora": lora}, folder / LONGLIVE_LORA)
+    save_file({f"model.{k}": v.bfloat16() for k, v in weights().items()}, str(folder / KREA))
+
+
 _COMMON_FILES = f"""Model files (put them under ComfyUI/models/, then press R to refresh the loaders):
 - models/text_encoders/{TEXT_ENCODER}
   from Comfy-Org/Wan_2.1_ComfyUI_repackaged (split_files/text_encoders); load it with CLIPLoader type "wan".
@@ -77,15 +129,14 @@ _COMMON_FILES = f"""Model files (put them under ComfyUI/models/, then press R to
   from Comfy-Org/Wan_2.1_ComfyUI_repackaged (split_files/vae)."""
 
 _SELF_FORCING_FILE = f"""- models/diffusion_models/{SELF_FORCING}
-  Self-Forcing (Wan 2.1 T2V 1.3B, chunk-wise causal): gdhe17/Self-Forcing ships checkpoints/self_forcing_dmd.pt.
-  Convert its EMA generator once (never unpickles code, checks the result is detected as Wan 2.1 T2V):
-    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py self_forcing_dmd.pt \\
-        models/diffusion_models/{SELF_FORCING} --key generator_ema"""
+  Self-Forcing (Wan 2.1 T2V 1.3B, chunk-wise causal): gdhe17/Self-Forcing's checkpoints/self_forcing_dmd.pt.
+  Load AR Video Checkpoint reads it as published, its EMA weights (weights auto): no conversion step.
+  (tools/convert_checkpoint.py stays the way to make a smaller BF16 file for Load Diffusion Model once.)"""
 
 _CAUSVID_FILE = f"""- models/diffusion_models/{CAUSVID}
-  CausVid (tianweiy/CausVid, autoregressive_checkpoint/model.pt, the released 3-step model). Convert it:
-    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py model.pt \\
-        models/diffusion_models/{CAUSVID} --key generator"""
+  CausVid (tianweiy/CausVid, autoregressive_checkpoint/model.pt, the released 3-step model), published under
+  that generic name: saved under this one, Load AR Video Checkpoint reads it as it is (its generator entry).
+  (tools/convert_checkpoint.py stays the way to make a smaller BF16 file for Load Diffusion Model once.)"""
 
 _SKYREELS_FILE = f"""- models/diffusion_models/{SKYREELS_DF}
   from Kijai/WanVideo_comfy (Skyreels/ folder), or Skywork/SkyReels-V2-DF-1.3B-540P converted to one
@@ -144,12 +195,13 @@ that matches the checkpoint you converted. 832x480, 81 frames, 3 latent frames p
 
 {_PLANNER_TIP}"""
 
-_LONGLIVE_FILE = f"""- models/diffusion_models/{LONGLIVE}
-  LongLive 1.0 (Wan 2.1 T2V 1.3B, chunk-wise causal): NVlabs ships longlive_models/models/longlive_base.pt
-  (the base generator) and lora.pt (a rank-256 LoRA). Convert the base with the LoRA merged in once:
-    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py longlive_base.pt \\
-        models/diffusion_models/{LONGLIVE} --lora lora.pt
-  (with --lora it merges into the base's generator entry, as LongLive's inference does)"""
+_LONGLIVE_FILE = f"""- models/diffusion_models/{LONGLIVE} and models/diffusion_models/{LONGLIVE_LORA}
+  LongLive 1.0 (Wan 2.1 T2V 1.3B, chunk-wise causal): Efficient-Large-Model/LongLive-1.3B ships
+  models/longlive_base.pt (the base generator) and models/lora.pt (a rank-256 LoRA), published under that
+  generic name: saved as {LONGLIVE_LORA} beside the base, it loads. Load AR Video Checkpoint merges the LoRA
+  into the base's generator entry at load (lora_name), as LongLive's inference does: no conversion step.
+  (tools/convert_checkpoint.py longlive_base.pt longlive.safetensors --lora lora.pt makes one merged BF16
+  file for Load Diffusion Model once.)"""
 
 #: LongLive's configs/longlive_inference.yaml: local_attn_size 12, sink_size 3 (latent frames), 3 per block
 LONGLIVE_WINDOW = {"chunk_frames": 3, "window_chunks": 2, "sink_chunks": 1}
@@ -177,10 +229,10 @@ pack's own re-cache, not LongLive's: it re-writes the sink under the new prompt 
 
 _KREA_FILE = f"""- models/diffusion_models/{KREA}
   Krea Realtime 14B (Wan 2.1 T2V 14B, Self-Forcing-trained): daydreamlive/krea-realtime-video ships
-  krea-realtime-video-14b.safetensors, whose keys may carry a training prefix (model.). Convert it once
-  (only the key names change; the tensor bytes are copied as they are):
-    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py krea-realtime-video-14b.safetensors \\
-        models/diffusion_models/{KREA}"""
+  krea-realtime-video-14b.safetensors, whose keys may carry a training prefix (model.). Load AR Video
+  Checkpoint strips it at load (the tensors as stored): no conversion step.
+  (tools/convert_checkpoint.py krea-realtime-video-14b.safetensors krea_realtime_video_14b.safetensors makes
+  a copy for Load Diffusion Model once.)"""
 
 #: Krea's settings (daydreamlive/scope krea_realtime_video: model.yaml, pipeline.py, schema.py)
 KREA_SAMPLER = {
@@ -368,8 +420,28 @@ def _note(text, size=(560, 640)):
     )
 
 
-def _loaders(unet=SELF_FORCING, shift=None):
-    nodes = [_n("unet", "UNETLoader", 1, {"unet_name": unet, "weight_dtype": "default"}, size=[340, 90])]
+#: the checkpoints Load AR Video Checkpoint reads as published, with the LoRA each merges at load
+AR_CHECKPOINTS = {
+    SELF_FORCING: NO_LORA,
+    CAUSVID: NO_LORA,
+    LONGLIVE: LONGLIVE_LORA,
+    KREA: NO_LORA,
+    CAUSAL_FORCING: NO_LORA,
+}
+
+
+def _model_loader(unet, causal=False):
+    """Load AR Video Checkpoint for a checkpoint as published (``causal``: core's WAN21_CausalAR), else UNETLoader."""
+    if unet in AR_CHECKPOINTS:
+        widgets = {"ckpt_name": unet, "lora_name": AR_CHECKPOINTS[unet], "weights": "auto", "weight_dtype": "default",
+                   "causal": causal}  # fmt: skip
+        return _n("unet", "JensenKVLoadARCheckpoint", 1, widgets, size=[340, 180])
+    assert not causal, f"{unet} is loaded by UNETLoader: its file says whether it is causal"
+    return _n("unet", "UNETLoader", 1, {"unet_name": unet, "weight_dtype": "default"}, size=[340, 90])
+
+
+def _loaders(unet=SELF_FORCING, shift=None, causal=False):
+    nodes = [_model_loader(unet, causal)]
     if shift is not None:
         nodes.append(_n("shift", "ModelSamplingSD3", 1, {"shift": shift}))
     return nodes + [
@@ -455,11 +527,11 @@ def _longlive() -> dict:
 
 
 _CAUSAL_FORCING_FILE = f"""- models/diffusion_models/{CAUSAL_FORCING}
-  Causal Forcing++ frame-wise 2-step (Wan 2.1 T2V 1.3B): thu-ml/Causal-Forcing ships
-  checkpoints/causal-forcing++/framewise-2step.pt; its README samples with --use_ema (generator_ema, the
-  entry the converter takes by default). Convert it once:
-    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py framewise-2step.pt \\
-        models/diffusion_models/{CAUSAL_FORCING}"""
+  Causal Forcing++ frame-wise 2-step (Wan 2.1 T2V 1.3B): zhuhz22/Causal-Forcing ships
+  causal-forcing++/framewise-2step.pt, published under that generic name: saved under this one, it loads.
+  Its README samples with --use_ema (generator_ema, what Load AR Video Checkpoint's weights auto takes):
+  no conversion step.
+  (tools/convert_checkpoint.py stays the way to make a smaller BF16 file for Load Diffusion Model once.)"""
 
 NOTE_CAUSAL_FORCING = f"""Causal Forcing++ frame-wise 2-step text-to-video with INT2 + Jensen
 
@@ -1169,10 +1241,10 @@ def tiny_workflow() -> dict:
 # pack's nodes in front of the guider. SamplerARVideo, EmptyARVideoLatent and ARVideoI2V exist from ComfyUI v0.27 on:
 # build_workflows.py builds these with a ComfyUI that has core's AR path (and the rest with the oldest supported
 # one); their tests are marked core_ar (tests/web/conftest.py marks the shared per-file tests too).
-SELF_FORCING_CAUSAL = "self_forcing_dmd_causal.safetensors"  # Self-Forcing converted with --causal
+SELF_FORCING_CAUSAL = SELF_FORCING  # Self-Forcing as published, loaded with causal on (Load AR Video Checkpoint)
 CAUSAL_FORCING_FRAMEWISE = "causal_forcing-framewise.safetensors"  # the name ComfyUI's own Causal Forcing template uses
 START_IMAGE = "jensen_kv_start_frame.png"  # the I2V workflow's start image (ComfyUI/input)
-MODEL_FILES["diffusion_models"] = (*MODEL_FILES["diffusion_models"], SELF_FORCING_CAUSAL, CAUSAL_FORCING_FRAMEWISE)
+MODEL_FILES["diffusion_models"] = (*MODEL_FILES["diffusion_models"], CAUSAL_FORCING_FRAMEWISE)
 
 _write_placeholder_files_before_core_ar = write_placeholder_files
 
@@ -1190,10 +1262,10 @@ def write_placeholder_files(base) -> None:  # noqa: F811 - extends the one above
 
 
 _CORE_AR_NEEDS = """Needs ComfyUI v0.27 or later: SamplerARVideo, EmptyARVideoLatent and ARVideoI2V are core nodes from
-v0.27 on, and the checkpoint must load as a causal-AR Wan (WAN21_CausalAR): ComfyUI picks that class
-when the file's metadata carries the causal flag, which convert_checkpoint.py --causal writes (a
-checkpoint without it loads as plain Wan 2.1, and SamplerARVideo refuses it). On older ComfyUI use
-the Chunked AR Video Sampler workflows."""
+v0.27 on, and the checkpoint must load as a causal-AR Wan (WAN21_CausalAR): Load AR Video Checkpoint
+with causal on gives that class; a file loads as one in Load Diffusion Model when its metadata carries
+the causal flag, which convert_checkpoint.py --causal writes (a checkpoint without it loads as plain
+Wan 2.1, and SamplerARVideo refuses it). On older ComfyUI use the Chunked AR Video Sampler workflows."""
 
 _CORE_AR_CACHE = """The pack's nodes take over core's KV cache (core's own is one dense K and V per layer for the whole
 video, allocated up front: no window, no quantization):
@@ -1213,12 +1285,12 @@ t = 1000, 937.5, 833.3, 625 (Self-Forcing's and Causal Forcing's [1000, 750, 500
 shift 5; BasicScheduler simple, 4 steps on shift 5 gives the same sigmas)."""
 
 _SELF_FORCING_CAUSAL_FILE = f"""- models/diffusion_models/{SELF_FORCING_CAUSAL}
-  Self-Forcing (gdhe17/Self-Forcing, checkpoints/self_forcing_dmd.pt), converted once with the causal flag:
-    python custom_nodes/comfyui-jensen-kv/tools/convert_checkpoint.py self_forcing_dmd.pt \\
-        models/diffusion_models/{SELF_FORCING_CAUSAL} --key generator_ema --causal
+  Self-Forcing (gdhe17/Self-Forcing, checkpoints/self_forcing_dmd.pt) as published: Load AR Video
+  Checkpoint reads it with causal on (its EMA weights, as WAN21_CausalAR): no conversion step.
   Causal Forcing chunk-wise runs the same way: zhuhz22/Causal-Forcing chunkwise/causal_forcing.pt,
-  converted with --key generator --causal (its reference samples the generator weights); pick the
-  file you wrote in Load Diffusion Model."""
+  weights generator (its reference samples the generator weights). (tools/convert_checkpoint.py
+  self_forcing_dmd.pt self_forcing_dmd_causal.safetensors --causal makes a BF16 file for Load Diffusion
+  Model once.)"""
 
 _CAUSAL_FORCING_FRAMEWISE_FILE = f"""- models/diffusion_models/{CAUSAL_FORCING_FRAMEWISE}
   Causal Forcing frame-wise, the file ComfyUI's own Causal Forcing template loads (already marked causal):
@@ -1331,7 +1403,7 @@ def _core_ar(kind: str) -> dict:
     }[kind]
     nodes = [
         _note(note, size=(600, 1040 if i2v else 940)),
-        *_loaders(unet, shift=5.0),
+        *_loaders(unet, shift=5.0, causal=kind == "chunkwise"),
         _n("pos", "CLIPTextEncode", 2, {"text": PROMPT_I2V if i2v else PROMPT}, title="Prompt", size=[400, 160]),
         _n(
             "neg",
@@ -1805,13 +1877,41 @@ MODEL_SOURCES: dict[str, tuple[str, str, bool]] = {
         "https://huggingface.co/tencent/HY-WorldPlay/resolve/main/ar_distilled_action_model/model.safetensors",
         True,
     ),
-    # converted by tools/convert_checkpoint.py first (docs/checkpoints.md): the repository the Note names
-    SELF_FORCING: ("diffusion_models", "https://huggingface.co/gdhe17/Self-Forcing", False),
-    SELF_FORCING_CAUSAL: ("diffusion_models", "https://huggingface.co/gdhe17/Self-Forcing", False),
-    CAUSVID: ("diffusion_models", "https://huggingface.co/tianweiy/CausVid", False),
-    LONGLIVE: ("diffusion_models", "https://huggingface.co/Efficient-Large-Model/LongLive-1.3B", False),
-    KREA: ("diffusion_models", "https://huggingface.co/daydreamlive/krea-realtime-video", False),
-    CAUSAL_FORCING: ("diffusion_models", "https://huggingface.co/zhuhz22/Causal-Forcing", False),
+    # the training checkpoints as published, read by Load AR Video Checkpoint (paths from the authors' READMEs,
+    # download commands and inference scripts; docs/checkpoints.md)
+    SELF_FORCING: (
+        "diffusion_models",
+        "https://huggingface.co/gdhe17/Self-Forcing/resolve/main/checkpoints/self_forcing_dmd.pt",
+        True,
+    ),
+    # published under another name (autoregressive_checkpoint/model.pt): saved under this one, it loads
+    CAUSVID: (
+        "diffusion_models",
+        "https://huggingface.co/tianweiy/CausVid/resolve/main/autoregressive_checkpoint/model.pt",
+        True,
+    ),
+    LONGLIVE: (
+        "diffusion_models",
+        "https://huggingface.co/Efficient-Large-Model/LongLive-1.3B/resolve/main/models/longlive_base.pt",
+        True,
+    ),
+    # published under another name (models/lora.pt): saved under this one beside the base, it loads
+    LONGLIVE_LORA: (
+        "diffusion_models",
+        "https://huggingface.co/Efficient-Large-Model/LongLive-1.3B/resolve/main/models/lora.pt",
+        True,
+    ),
+    KREA: (
+        "diffusion_models",
+        f"https://huggingface.co/daydreamlive/krea-realtime-video/resolve/main/{KREA}",  # what scope downloads
+        True,
+    ),
+    # published under another name (causal-forcing++/framewise-2step.pt): saved under this one, it loads
+    CAUSAL_FORCING: (
+        "diffusion_models",
+        "https://huggingface.co/zhuhz22/Causal-Forcing/resolve/main/causal-forcing%2B%2B/framewise-2step.pt",
+        True,
+    ),
     # the shards as published (what diffusers' MAGI-1 conversion script downloads), saved under the names above
     MAGI1_DISTILL: ("diffusion_models", f"{_MAGI1_DISTILL}/model-00001-of-00002.safetensors", True),
     MAGI1_DISTILL_2: ("diffusion_models", f"{_MAGI1_DISTILL}/model-00002-of-00002.safetensors", True),
@@ -1833,6 +1933,8 @@ MODEL_LOADERS: dict[str, dict[str, str]] = {
     "JensenKVLoadMagi1": {"model_name": "diffusion_models"},
     "JensenKVLoadMagi1VAE": {"vae_name": "vae"},
     "JensenKVLoadWorldPlay": {"unet_name": "diffusion_models"},
+    # its first two widgets; LongLive's LoRA sits beside its base (lora_name "none" names no file)
+    "JensenKVLoadARCheckpoint": {"ckpt_name": "diffusion_models", "lora_name": "diffusion_models"},
 }
 
 
