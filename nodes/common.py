@@ -10,6 +10,8 @@ from pathlib import Path
 
 from comfy_api.latest import io, ui
 
+from ..runtime.model_loading import folder_version, is_model_folder, model_folders
+
 logger = logging.getLogger("jensen_kv")
 
 CATEGORY = "jensen_kv"
@@ -156,26 +158,51 @@ def diffusion_model_files() -> list[str]:
 
 
 def diffusion_model_path(name: str) -> str:
+    """The file behind a listed name, or for a name ending in ``/`` the diffusers folder (inside one of ComfyUI's
+    diffusion_models folders, never outside)."""
     import folder_paths
 
-    return folder_paths.get_full_path_or_raise("diffusion_models", name)
+    if not name.endswith("/"):
+        return folder_paths.get_full_path_or_raise("diffusion_models", name)
+    for base in folder_paths.get_folder_paths("diffusion_models"):
+        base = os.path.realpath(base)
+        path = os.path.realpath(os.path.join(base, name))
+        if os.path.commonpath((base, path)) == base and is_model_folder(path):
+            return path
+    raise FileNotFoundError(f"{name!r} is no model folder in ComfyUI's models/diffusion_models; press R to refresh")
+
+
+def diffusion_models_with_folders(accept) -> list[str]:
+    """A loader's list: the diffusers folders ``accept`` takes (``name/``, :func:`runtime.model_loading.model_folders`)
+    and the files of :func:`diffusion_model_files` less those inside any diffusers folder (shards, never loaded
+    alone)."""
+    import folder_paths
+
+    every = model_folders(folder_paths.get_folder_paths("diffusion_models"), lambda _: True)
+    folders = [d for d in every if accept(diffusion_model_path(d))]
+    files = [f for f in diffusion_model_files() if not any(f.replace(os.sep, "/").startswith(d) for d in every)]
+    return folders + files
 
 
 def model_file_fingerprint(unet_name: str, weight_dtype: str) -> str:
-    """A loader node's ``fingerprint_inputs``: the file's name, size and modification time, and the dtype."""
+    """A loader node's ``fingerprint_inputs``: the file's name, size and modification time (a folder's files'),
+    and the dtype."""
     try:
-        st = os.stat(diffusion_model_path(unet_name))
+        path = diffusion_model_path(unet_name)
+        if os.path.isdir(path):
+            return f"{unet_name}|{weight_dtype}|{folder_version(path)}"
+        st = os.stat(path)
     except Exception:  # noqa: BLE001 - an unknown name is validate_inputs' to report
         return f"{unet_name}|{weight_dtype}"
     return f"{unet_name}|{weight_dtype}|{st.st_size}|{st.st_mtime_ns}"
 
 
-def check_model_file(unet_name, no_files: str, put_it_there: str):
+def check_model_file(unet_name, no_files: str, put_it_there: str, listed=None):
     """A loader node's ``validate_inputs`` of ``unet_name``: True, or what to do (``put_it_there`` where the list
-    is empty, ``no_files`` being its placeholder)."""
+    is empty, ``no_files`` being its placeholder). ``listed``: the node's own list (default the files)."""
     if unet_name == no_files:
         return put_it_there
-    if unet_name is not None and unet_name not in diffusion_model_files():
+    if unet_name is not None and unet_name not in (diffusion_model_files() if listed is None else listed()):
         return f"{unet_name!r} is not in ComfyUI's models/diffusion_models: put it there and press R"
     return True
 

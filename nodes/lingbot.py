@@ -7,7 +7,7 @@ import os
 
 from comfy_api.latest import io, ui
 
-from ..runtime.families.lingbot.loader import WEIGHT_DTYPES, describe, load_lingbot
+from ..runtime.families.lingbot.loader import WEIGHT_DTYPES, describe, is_lingbot_folder, load_lingbot
 from ..runtime.families.lingbot.model.camera import CameraError, CameraPath, path_from_arrays, path_from_keys
 from ..runtime.families.lingbot.model.schedule import DEFAULT_INDICES, DEFAULT_SHIFT, parse_indices
 from ..runtime.families.lingbot.model.window import DEFAULT_CHUNK, DEFAULT_LOCAL_ATTN, DEFAULT_SINK
@@ -18,14 +18,22 @@ from .common import (
     JensenKVReport,
     advanced,
     check_model_file,
-    diffusion_model_files,
     diffusion_model_path,
+    diffusion_models_with_folders,
     logger,
     model_file_fingerprint,
     sampled_output,
 )
 
 NO_FILES = "(no file in models/diffusion_models)"
+
+
+def lingbot_choices() -> list[str]:
+    """Load LingBot-World's list: the release's folders as published (``transformers/``: config.json and shards,
+    LingBot's tensors; shown as ``name/``) and the files of models/diffusion_models (a merged file)."""
+    return diffusion_models_with_folders(is_lingbot_folder)
+
+
 INDICES_TEXT = ",".join(map(str, DEFAULT_INDICES))
 #: the camera path between LingBot-World Camera and LingBot-World AR Sampler
 LingBotCamera = io.Custom("LINGBOT_WORLD_CAMERA")
@@ -40,14 +48,16 @@ class JensenKVLoadLingBot(io.ComfyNode):
             category=CATEGORY,
             description=(
                 "LingBot-World 2.0 (Robbyant, causal-fast 1.3B or 14B) on ComfyUI's Wan 2.1 blocks with its camera "
-                "layers. UNETLoader reads the file as plain Wan 2.1 and drops the camera layers; use this node."
+                "layers: the release's transformers/ folder as published (config.json and its shards, listed as "
+                "name/), or one merged .safetensors. UNETLoader reads the file as plain Wan 2.1 and drops the "
+                "camera layers; use this node."
             ),
             inputs=[
                 Combo(
                     "unet_name",
-                    options=diffusion_model_files() or [NO_FILES],
-                    tooltip="The merged DiT of lingbot-world-v2-*-causal-fast (one .safetensors, official key names), "
-                    "in models/diffusion_models.",
+                    options=lingbot_choices() or [NO_FILES],
+                    tooltip="lingbot-world-v2-*-causal-fast as downloaded (its transformers/ folder, ending in /) or "
+                    "its DiT merged into one .safetensors, in models/diffusion_models.",
                 ),
                 Combo(
                     "weight_dtype",
@@ -69,7 +79,9 @@ class JensenKVLoadLingBot(io.ComfyNode):
         return check_model_file(
             unet_name,
             NO_FILES,
-            "put LingBot-World's merged .safetensors into ComfyUI's models/diffusion_models and press R",
+            "download lingbot-world-v2-1.3b-causal-fast (huggingface robbyant) into ComfyUI's models/diffusion_models "
+            "and press R",
+            lingbot_choices,
         )
 
     @classmethod

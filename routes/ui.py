@@ -58,7 +58,7 @@ from ..runtime.config import (
     parse_tiers,
 )
 from ..runtime.families import FAMILIES, ModelPreset, PlannerFieldError, family_named, planner_presets
-from ..runtime.model_loading import HeaderError, read_shapes
+from ..runtime.model_loading import HeaderError, is_model_folder, read_shapes
 from ..runtime.options import Chunking
 
 logger = logging.getLogger("jensen_kv")
@@ -434,6 +434,13 @@ def _file_path(folder: str, name: str) -> str | None:
     except ImportError:
         return None
     try:
+        if name.endswith("/"):  # a diffusers folder as its loader lists it (LingBot-World's release)
+            for base in folder_paths.get_folder_paths(folder):
+                base = os.path.realpath(base)
+                path = os.path.realpath(os.path.join(base, name))
+                if os.path.commonpath((base, path)) == base and is_model_folder(path):
+                    return path
+            return None
         return folder_paths.get_full_path(folder, name)
     except Exception:  # noqa: BLE001 - a folder ComfyUI does not know: not found
         return None

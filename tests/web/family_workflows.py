@@ -32,7 +32,7 @@ def int2_jensen_sampler(g: Graph, sampler_type: str, loader_type: str, unet: str
     assert g.model_chain(sampler) == ["JensenKVBiasCorrection", "JensenKVQuantizeKVCache", loader_type]
     assert only(g, loader_type)["widgets_values"] == [unet, "default"]
     assert only(g, "JensenKVQuantizeKVCache")["widgets_values"][:4] == ["2", "2", "32", "hadamard"]
-    assert only(g, "JensenKVBiasCorrection")["widgets_values"] == ["taylor", 1]
+    assert only(g, "JensenKVBiasCorrection")["widgets_values"][:2] == ["taylor", 1]  # the guard after: its defaults
     return sampler
 
 

@@ -38,7 +38,7 @@ pytestmark = [pytest.mark.comfyui, pytest.mark.server, pytest.mark.browser, pyte
 ARTIFACTS = PACK_ROOT / "artifacts" / "browser"
 WORKFLOWS = sorted((PACK_ROOT / "example_workflows").glob("*.json"))
 #: loader node -> {widget: the folder it lists}: the workflows' loaders (workflow_specs.MODEL_LOADERS) and LingBot's,
-#: whose file is merged from shards by hand (docs/lingbot.md), so it has no entry and no source in MODEL_SOURCES
+#: whose workflow names the release's folder as downloaded (a folder: no front end takes it for a model file)
 LOADERS = {**MODEL_LOADERS, "JensenKVLoadLingBot": {"unet_name": "diffusion_models"}}
 #: Load KV Cache's output/jensen_kv/... (written by the story workflow) is listed without its .safetensors, so the
 #: front end does not take it for a model: no workflow shows a missing entry in folder "Unknown" (the test fails

@@ -1256,6 +1256,7 @@ def write_placeholder_files(base) -> None:  # noqa: F811 - extends the one above
     from PIL import Image
 
     _write_placeholder_files_before_core_ar(base)
+    write_lingbot_release_placeholder(Path(base) / "models" / "diffusion_models")
     image = Image.new("RGB", (832, 480))
     image.putdata([(x * 255 // 831, y * 255 // 479, 128) for y in range(480) for x in range(832)])
     image.save(Path(base) / "input" / START_IMAGE)
@@ -1747,8 +1748,29 @@ WORKFLOWS += WORLDPLAY_WORKFLOWS
 # ============================================================================ LingBot-World 2.0 (every ComfyUI)
 # LingBot-World 2.0 is Wan 2.1's stack with camera layers (runtime/families/lingbot): WanImageToVideo, CLIPLoader
 # "wan" and Wan 2.1's VAE exist on every supported ComfyUI, so it is built with the oldest, as the Wan workflows.
-LINGBOT_UNET = "lingbot_world_v2_1.3b_causal_fast.safetensors"  # the merged transformers/ shards (see the Note)
-MODEL_FILES["diffusion_models"] = (*MODEL_FILES["diffusion_models"], LINGBOT_UNET)
+#: the release as huggingface-cli downloads it (robbyant/lingbot-world-v2-1.3b-causal-fast): Load LingBot-World lists its
+#: transformers/ folder (config.json, the index and the shards) as a folder and reads it as it is
+LINGBOT_REPO = "lingbot-world-v2-1.3b-causal-fast"
+LINGBOT_UNET = f"{LINGBOT_REPO}/transformers/"
+
+
+def write_lingbot_release_placeholder(diffusion_models) -> None:
+    """A folder shaped like the release (config.json, an index naming LingBot's tensors, empty shards), so Load
+    LingBot-World lists :data:`LINGBOT_UNET` (the listing reads the index alone)."""
+    import json
+    from pathlib import Path
+
+    folder = Path(diffusion_models) / LINGBOT_UNET
+    folder.mkdir(parents=True, exist_ok=True)
+    shard = "diffusion_pytorch_model-00001-of-00001.safetensors"
+    (folder / shard).touch()
+    names = ("head.modulation", "patch_embedding_wancamctrl.weight")
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": dict.fromkeys(names, shard)})
+    )
+    (folder / "config.json").write_text(json.dumps({"_class_name": "WanModelFast", "num_heads": 12}))
+
+
 LINGBOT_PATH = "w-15, w+right-8, w-8"  # 1 + 31 = 32 latent frames = 125 video frames = 8 chunks of 4
 LINGBOT_PROMPT = "A sunlit stone courtyard with arches and potted olive trees, the camera walking through it"
 LINGBOT_SAMPLER = {
@@ -1785,8 +1807,11 @@ here (the 14B: 17.89 GB and 3.08 GB; docs/lingbot.md); remove the two nodes for 
 
 Model files (put them under ComfyUI/models/, then press R to refresh the loaders):
 - models/diffusion_models/{LINGBOT_UNET}
-  robbyant/lingbot-world-v2-1.3b-causal-fast: its transformers/ folder holds the DiT as safetensors shards;
-  merge them into this one file (docs/lingbot.md gives the command; tools/convert_checkpoint.py does not).
+  the release as published, no merging: from ComfyUI's folder,
+    huggingface-cli download robbyant/{LINGBOT_REPO} --local-dir models/diffusion_models/{LINGBOT_REPO}
+  (the README's command, for the 1.3B; Load LingBot-World lists its transformers/ folder, config.json and the
+  safetensors shards, and reads it as it is. A folder has no single download link, so the Missing
+  Models list cannot offer it.)
 - models/text_encoders/{TEXT_ENCODER}
   from Comfy-Org/Wan_2.1_ComfyUI_repackaged (split_files/text_encoders); CLIPLoader type "wan".
 - models/vae/{VAE}

@@ -19,7 +19,15 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from ...model_loading import check_weight_dtype, load_strict, model_patcher, strip_prefix
+from ...model_loading import (
+    check_weight_dtype,
+    folder_config,
+    folder_tensor_names,
+    load_folder,
+    load_strict,
+    model_patcher,
+    strip_prefix,
+)
 from .comfy_model import classes
 from .model import keys as lb_keys
 
@@ -72,11 +80,26 @@ def file_metadata(path: str) -> dict:
         return {}
 
 
+def is_lingbot_folder(folder) -> bool:
+    """A diffusers folder whose tensors are LingBot-World's (names read from its index or header alone)."""
+    return lb_keys.is_lingbot(dict.fromkeys(strip_prefix(dict.fromkeys(folder_tensor_names(folder)))))
+
+
 def load_lingbot(path: str, weight_dtype: str = "default", load_device=None, offload_device=None):
     """:func:`lingbot_from_state_dict` of the file at ``path`` (``num_heads`` / ``text_len`` from its metadata, or a
-    ``config`` JSON entry with the diffusers config's fields)."""
+    ``config`` JSON entry with the diffusers config's fields), or of the release's folder as it is published
+    (``transformers/``: ``config.json`` and the shards, read by :func:`runtime.model_loading.load_folder`)."""
+    import os
+
     import comfy.utils
 
+    if os.path.isdir(path):
+        cfg = folder_config(path)
+        heads, text_len = cfg.get("num_heads"), cfg.get("text_len", 512)
+        return lingbot_from_state_dict(
+            load_folder(path), weight_dtype, int(heads) if heads else None, int(text_len or 512), load_device,
+            offload_device,
+        )  # fmt: skip
     meta = file_metadata(path)
     heads, text_len = meta.get("num_heads"), meta.get("text_len")
     if "config" in meta:
@@ -99,4 +122,12 @@ def describe(model_patcher) -> str:
     )
 
 
-__all__ = ["WEIGHT_DTYPES", "describe", "file_metadata", "lingbot_from_state_dict", "load_lingbot", "strip_prefix"]
+__all__ = [
+    "WEIGHT_DTYPES",
+    "describe",
+    "file_metadata",
+    "is_lingbot_folder",
+    "lingbot_from_state_dict",
+    "load_lingbot",
+    "strip_prefix",
+]
