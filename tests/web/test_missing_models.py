@@ -196,6 +196,8 @@ def test_every_missing_model_shows_its_folder_and_a_download_where_it_has_a_url(
         pass
     found = {_key(c): c for c in page.evaluate(CANDIDATES_JS)}
     assert sorted(found) == want, {"missing": set(want) - set(found), "extra": set(found) - set(want)}
+    # issue 41's bar: every missing model the front end finds has its download URL and its folder
+    assert not [c for c in found.values() if not (c["url"] and c["directory"])], found
     for e in expected:
         c = found[_key(e)]
         assert (c["directory"], c["url"]) == (e["directory"], e["url"]), (e["name"], c)
