@@ -9,8 +9,8 @@ What the front end does with the workflows' model entries (``properties.models``
   (Pinia store ``modelToNode``) gives the node type (core's loaders only), else the one of a model entry of that
   name; the URL is the entry's. The Errors panel lists them under "Missing Models" with the folder (``Unknown``
   without one) and a Download button where there is a URL. The web extension registers the pack's loaders with
-  that registry (``web/jensen_kv.js``: ``LOADER_FOLDERS``), so a file with no entry (one made by
-  tools/convert_checkpoint.py) still shows its folder.
+  that registry (``web/jensen_kv.js``: ``LOADER_FOLDERS``), so the folder shows even where an entry is absent
+  (every shipped workflow's files have one: the test asserts each found file's URL and folder).
 - 1.27 (ComfyUI v0.3.64) reads only the entries with a URL, checks each against its folder's listing and shows the
   missing ones in the "Missing Models" dialog as "<folder> / <name>" with a Download button; node types play no
   part, and a file with no entry is not listed.
