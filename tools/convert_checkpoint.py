@@ -456,18 +456,12 @@ def _magi1_modules():
 
 
 def _special_token_tensors(path: Path) -> dict[str, torch.Tensor]:
-    import numpy as np
-
+    """The npz's caption tokens as the loader reads them beside a checkpoint (the same function), stored float16."""
     m = _magi1_modules()
     try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
-        raise ConversionError(f"--special-tokens {path}: not a readable .npz without pickles ({e})") from None
-    try:
-        tokens = m.caption.special_tokens_from_arrays(arrays)
-    except ValueError as e:
-        raise ConversionError(f"--special-tokens {path}: {e}") from None
+        tokens = m.checkpoint.read_special_npz(path)
+    except m.checkpoint.CheckpointError as e:
+        raise ConversionError(f"--special-tokens {e}") from None
     return {m.caption.PREFIX + k: v.half() for k, v in tokens.items()}
 
 
