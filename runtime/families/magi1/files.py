@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .model.checkpoint import INDEX, MAX_SHARDS, SHARD_NAME, SPECIAL_NPZ, VAE_CONFIG, VAE_FILE
+from .model.checkpoint import INDEX, SHARD_NAME, SPECIAL_NPZ, VAE_CONFIG, VAE_FILE, shard_paths
 
 #: how deep below a model folder a sharded checkpoint folder is looked for (ckpt/magi/4.5B_base/inference_weight)
 MAX_DEPTH = 4
@@ -93,12 +93,8 @@ def version(path: str) -> str:
     if os.path.isdir(path):
         paths = sorted(os.path.join(path, f) for f in os.listdir(path))
     else:
-        m = SHARD_NAME.match(os.path.basename(path))
-        folder = os.path.dirname(path)
-        if m is not None and int(m["n"]) <= MAX_SHARDS:
-            n = int(m["n"])
-            paths = [os.path.join(folder, f"{m['stem']}-{k:05d}-of-{m['n']}.safetensors") for k in range(1, n + 1)]
-        paths.append(os.path.join(folder, SPECIAL_NPZ))
+        paths = [str(p) for p in shard_paths(path) or [path]]
+        paths.append(os.path.join(os.path.dirname(path), SPECIAL_NPZ))
     parts = []
     for p in paths:
         try:

@@ -193,21 +193,30 @@ def _read_index(index: Path) -> dict[str, list[str]]:
     return shards
 
 
+def shard_paths(path: str | os.PathLike) -> list[Path] | None:
+    """Every shard's path of the set ``path`` names (``<stem>-0000k-of-0000N.safetensors``, k = 1 .. N, in ``path``'s
+    folder, there or not), or None for a file named otherwise or no shard of a set this loader reads."""
+    path = Path(path)
+    m = SHARD_NAME.match(path.name)
+    if m is None or not 1 <= int(m["i"]) <= int(m["n"]) <= MAX_SHARDS:
+        return None
+    return [path.with_name(f"{m['stem']}-{k:05d}-of-{m['n']}.safetensors") for k in range(1, int(m["n"]) + 1)]
+
+
 def shard_set(path: str | os.PathLike) -> list[Path] | None:
-    """The files of the checkpoint whose shard ``path`` is (``<stem>-0000k-of-0000N.safetensors``, k = 1 .. N, in
-    ``path``'s folder), or None for a file named otherwise. Raises :class:`CheckpointError` naming the shards that are
-    not there."""
+    """The files of the checkpoint whose shard ``path`` is (:func:`shard_paths`), or None for a file named otherwise.
+    Raises :class:`CheckpointError` naming the shards that are not there."""
     path = Path(path)
     m = SHARD_NAME.match(path.name)
     if m is None:
         return None
     n = int(m["n"])
-    if not 1 <= int(m["i"]) <= n or n > MAX_SHARDS:
+    shards = shard_paths(path)
+    if shards is None:
         raise CheckpointError(
             f"{path.name}: shard {int(m['i'])} of {n} is no shard of a checkpoint this loader reads (1 to "
             f"{MAX_SHARDS} shards)"
         )
-    shards = [path.with_name(f"{m['stem']}-{k:05d}-of-{m['n']}.safetensors") for k in range(1, n + 1)]
     absent = [p.name for p in shards if not p.is_file()]
     if absent:
         raise CheckpointError(
